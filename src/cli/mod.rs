@@ -1,0 +1,201 @@
+//! The command-line interface: flag definitions (their doc comments are the `--help` text),
+//! dispatch, and the mapping from errors to the documented exit codes.
+//!
+//! Exit codes: 0 success; 1 internal error (a bug); 2 usage error; 3 bad input (unknown name,
+//! malformed config, impossible size; the message names the file and where); 4 infeasible;
+//! 130 interrupted. A closed stdout (`trainplan … | head`) exits 0.
+
+mod output;
+mod replay;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use output::write_atomic;
+
+/// Exit codes of the binary.
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const INTERNAL: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const BAD_INPUT: u8 = 3;
+    pub const INFEASIBLE: u8 = 4;
+    pub const INTERRUPTED: u8 = 130;
+}
+
+/// An error on its way to the user: a one-line message and an exit code.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: u8,
+    pub message: String,
+}
+
+impl CliError {
+    pub fn bad_input(e: impl std::fmt::Display) -> Self {
+        CliError {
+            code: exit::BAD_INPUT,
+            message: e.to_string(),
+        }
+    }
+    pub fn usage(e: impl std::fmt::Display) -> Self {
+        CliError {
+            code: exit::USAGE,
+            message: e.to_string(),
+        }
+    }
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        CliError {
+            code: exit::INTERNAL,
+            message: e.to_string(),
+        }
+    }
+    /// Writing to stdout failed: a closed pipe is a normal end, anything else is reported.
+    pub fn stdout(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            CliError {
+                code: exit::OK,
+                message: String::new(),
+            }
+        } else {
+            CliError {
+                code: exit::INTERNAL,
+                message: format!("failed to write to stdout: {e}"),
+            }
+        }
+    }
+}
+
+/// trainplan: predict a training iteration's time, memory and critical path from traces or a
+/// built-in model, and plan how to make it faster.
+#[derive(Debug, Parser)]
+#[command(name = "trainplan", version, about, long_about = None, after_help = EXAMPLES)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  trainplan replay --model bert-base --cluster dpro-16xv100-rdma
+  trainplan replay --model gpt --layers 24 --hidden 1024 --heads 16 --cluster 64xh100-ib --json
+  trainplan replay --model resnet50 --cluster 128xv100-rdma --timeline resnet.json
+  trainplan models
+  trainplan clusters
+
+Logs go to stderr; set RUST_LOG=debug for more.";
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the built-in models (the zoo).
+    Models(ListArgs),
+    /// List the built-in clusters with their GPUs and networks.
+    Clusters(ListArgs),
+    /// Replay one training iteration: predicted iteration time, compute/communication overlap,
+    /// critical path and peak memory.
+    #[command(after_help = "\
+Examples:
+  trainplan replay --model bert-base --cluster dpro-16xv100-rdma
+  trainplan replay --model resnet50 --batch 64 --cluster my-cluster.yaml --json
+  trainplan replay --model vgg16 --cluster dpro-16xv100-tcp --timeline vgg.json   (open in ui.perfetto.dev)
+  trainplan replay --model bert-large --cluster 128xv100-rdma --symmetric")]
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where the iteration comes from: a zoo model on a cluster.
+#[derive(Debug, Args, Clone)]
+pub struct InputArgs {
+    /// Zoo model name (see `trainplan models`).
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Built-in cluster name (see `trainplan clusters`) or a cluster YAML file.
+    #[arg(long, value_name = "NAME|FILE")]
+    pub cluster: Option<String>,
+    /// Per-GPU batch size (default: the model's, see `trainplan models`).
+    #[arg(long, value_name = "N")]
+    pub batch: Option<u32>,
+    /// Transformer hidden size (bert-*, gpt); sets the feed-forward width to 4x.
+    #[arg(long, value_name = "N")]
+    pub hidden: Option<u32>,
+    /// Transformer attention heads.
+    #[arg(long, value_name = "N")]
+    pub heads: Option<u32>,
+    /// Transformer layers.
+    #[arg(long, value_name = "N")]
+    pub layers: Option<u32>,
+    /// Transformer sequence length.
+    #[arg(long, value_name = "N")]
+    pub seq: Option<u32>,
+    /// Transformer vocabulary size.
+    #[arg(long, value_name = "N")]
+    pub vocab: Option<u32>,
+    /// Replay the symmetric form: one worker plus the quotient ring chain, standing for all
+    /// workers (ring all-reduce only; exact when the ring's links are alike, otherwise paced by
+    /// the slowest link). Much faster for large clusters.
+    #[arg(long)]
+    pub symmetric: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Write the replayed timeline as a Chrome trace (open in ui.perfetto.dev).
+    #[arg(long, value_name = "OUT.json")]
+    pub timeline: Option<std::path::PathBuf>,
+    /// Print one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_logging();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if !e.message.is_empty() {
+                let _ = writeln!(std::io::stderr(), "error: {}", e.message);
+            }
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Run a parsed command.
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Models(a) => replay::models(&a),
+        Command::Clusters(a) => replay::clusters(&a),
+        Command::Replay(a) => replay::replay_cmd(&a),
+    }
+}

@@ -1,0 +1,693 @@
+//! Hardware descriptions: GPUs, networks and clusters, read from the YAML files in `configs/`.
+//!
+//! The files in `configs/` are compiled into the binary (so `--cluster dpro-16xv100-rdma` works
+//! from any directory); a user's own file is given by path (`--cluster my.yaml`). A cluster names
+//! its GPU and networks by built-in name or by a path relative to the cluster file.
+//!
+//! Every error names the file, the line and the field: `configs/gpus/x.yaml:7:3: field
+//! memory_gbps: must be > 0, got -1`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A number format a GPU computes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    Fp64,
+    Fp32,
+    Tf32,
+    Fp16,
+    Bf16,
+    Fp8,
+}
+
+impl Dtype {
+    /// Bytes per element in memory (TF32 is stored as FP32).
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Fp64 => 8,
+            Dtype::Fp32 | Dtype::Tf32 => 4,
+            Dtype::Fp16 | Dtype::Bf16 => 2,
+            Dtype::Fp8 => 1,
+        }
+    }
+}
+
+/// A GPU's datasheet (or measured) peaks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSpec {
+    pub name: String,
+    /// Marketing name, for reports.
+    pub model: String,
+    pub vendor: String,
+    /// Dense matrix-unit (tensor core / matrix core) peak per dtype, TFLOP/s. A dtype missing
+    /// here runs its matrix math on the vector units.
+    pub matrix_tflops: BTreeMap<Dtype, f64>,
+    /// Vector (CUDA core / SIMD) peak per dtype, TFLOP/s.
+    pub vector_tflops: BTreeMap<Dtype, f64>,
+    /// Peak DRAM bandwidth, GB/s (10⁹ bytes/s).
+    pub memory_gbps: f64,
+    /// DRAM capacity, GiB.
+    pub memory_gib: f64,
+    /// GPU-side cost of one kernel launch (launch latency plus tail), µs.
+    pub launch_overhead_us: f64,
+    /// Where the figures come from.
+    #[serde(default)]
+    pub source: String,
+}
+
+impl GpuSpec {
+    /// Matrix-math peak for `dtype` in FLOP/ns (falls back to the vector peak).
+    pub fn matrix_flops_per_ns(&self, dtype: Dtype) -> f64 {
+        self.matrix_tflops
+            .get(&dtype)
+            .or_else(|| self.vector_tflops.get(&dtype))
+            .or_else(|| self.vector_tflops.get(&Dtype::Fp32))
+            .copied()
+            .unwrap_or(1.0)
+            * 1e3
+    }
+    /// Vector peak for `dtype` in FLOP/ns (falls back to FP32's).
+    pub fn vector_flops_per_ns(&self, dtype: Dtype) -> f64 {
+        self.vector_tflops
+            .get(&dtype)
+            .or_else(|| self.vector_tflops.get(&Dtype::Fp32))
+            .copied()
+            .unwrap_or(1.0)
+            * 1e3
+    }
+    /// DRAM bandwidth in bytes/ns.
+    pub fn memory_bytes_per_ns(&self) -> f64 {
+        self.memory_gbps
+    }
+    pub fn memory_bytes(&self) -> u64 {
+        (self.memory_gib * (1u64 << 30) as f64) as u64
+    }
+}
+
+/// Which side of a server a network sits on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkScope {
+    /// Between GPUs of one server.
+    Intra,
+    /// Between servers.
+    Inter,
+}
+
+/// One network: a per-hop α–β model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    pub name: String,
+    pub scope: NetworkScope,
+    /// Line rate of one port/link bundle, Gb/s (10⁹ bits/s), as marketed.
+    pub line_rate_gbit_s: f64,
+    /// Fraction of the line rate a collective's hop achieves (protocol and NCCL overheads).
+    pub efficiency: f64,
+    /// Per-message latency of one hop, µs.
+    pub alpha_us: f64,
+    #[serde(default)]
+    pub source: String,
+}
+
+impl NetworkSpec {
+    /// Achieved bandwidth of one hop, bytes/ns.
+    pub fn bytes_per_ns(&self) -> f64 {
+        self.line_rate_gbit_s / 8.0 * self.efficiency
+    }
+}
+
+/// How gradients are synchronised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncScheme {
+    /// Ring all-reduce (NCCL, Horovod): 2(n−1) chunk steps per tensor.
+    #[default]
+    Ring,
+    /// Binary-tree all-reduce: reduce up, broadcast down.
+    Tree,
+    /// Parameter servers (BytePS, PS-lite): push to and pull from `ps_servers` servers.
+    Ps,
+}
+
+/// A cluster as written in its file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Built-in GPU name or a path relative to this file.
+    pub gpu: String,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    /// Network between GPUs of one node (built-in name or path).
+    pub intra: String,
+    /// Network between nodes (built-in name or path); may be omitted for one node.
+    #[serde(default)]
+    pub inter: Option<String>,
+    /// NICs per node; the inter-node hop of a ring gets their aggregate bandwidth.
+    #[serde(default = "one")]
+    pub nics_per_node: u32,
+    #[serde(default)]
+    pub sync: SyncScheme,
+    /// Parameter servers (only with `sync: ps`); 0 means one per node.
+    #[serde(default)]
+    pub ps_servers: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A cluster with its GPU and networks resolved.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Cluster {
+    pub name: String,
+    pub description: String,
+    pub gpu: GpuSpec,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub intra: NetworkSpec,
+    pub inter: Option<NetworkSpec>,
+    pub nics_per_node: u32,
+    pub sync: SyncScheme,
+    pub ps_servers: u32,
+}
+
+impl Cluster {
+    /// Total workers (one per GPU).
+    pub fn workers(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+    /// The node a worker sits on (workers are numbered node-major).
+    pub fn node_of(&self, worker: u32) -> u32 {
+        worker / self.gpus_per_node.max(1)
+    }
+    /// The same cluster with `nodes` nodes (for scaling studies).
+    pub fn with_nodes(&self, nodes: u32) -> Cluster {
+        Cluster {
+            nodes,
+            name: format!("{}@{}nodes", self.name, nodes),
+            ..self.clone()
+        }
+    }
+}
+
+/// Errors from reading configuration files.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}:{line}:{column}: {message}")]
+    At {
+        file: String,
+        line: u64,
+        column: u64,
+        message: String,
+    },
+    #[error("{file}: {message}")]
+    File { file: String, message: String },
+    #[error("unknown {what} `{name}`; built-in ones: {known}")]
+    Unknown {
+        what: &'static str,
+        name: String,
+        known: String,
+    },
+}
+
+/// The configuration files compiled into the binary: (path under `configs/`, text).
+pub const BUILTIN: &[(&str, &str)] = &[
+    (
+        "gpus/v100-32gb.yaml",
+        include_str!("../../configs/gpus/v100-32gb.yaml"),
+    ),
+    (
+        "gpus/a100-80gb.yaml",
+        include_str!("../../configs/gpus/a100-80gb.yaml"),
+    ),
+    (
+        "gpus/h100-sxm.yaml",
+        include_str!("../../configs/gpus/h100-sxm.yaml"),
+    ),
+    (
+        "gpus/h200.yaml",
+        include_str!("../../configs/gpus/h200.yaml"),
+    ),
+    (
+        "gpus/mi300x.yaml",
+        include_str!("../../configs/gpus/mi300x.yaml"),
+    ),
+    (
+        "networks/nvlink-v100.yaml",
+        include_str!("../../configs/networks/nvlink-v100.yaml"),
+    ),
+    (
+        "networks/nvlink-a100.yaml",
+        include_str!("../../configs/networks/nvlink-a100.yaml"),
+    ),
+    (
+        "networks/nvlink-h100.yaml",
+        include_str!("../../configs/networks/nvlink-h100.yaml"),
+    ),
+    (
+        "networks/xgmi-mi300x.yaml",
+        include_str!("../../configs/networks/xgmi-mi300x.yaml"),
+    ),
+    (
+        "networks/rdma-100g.yaml",
+        include_str!("../../configs/networks/rdma-100g.yaml"),
+    ),
+    (
+        "networks/tcp-25g.yaml",
+        include_str!("../../configs/networks/tcp-25g.yaml"),
+    ),
+    (
+        "networks/ib-400g.yaml",
+        include_str!("../../configs/networks/ib-400g.yaml"),
+    ),
+    (
+        "clusters/dpro-16xv100-rdma.yaml",
+        include_str!("../../configs/clusters/dpro-16xv100-rdma.yaml"),
+    ),
+    (
+        "clusters/dpro-16xv100-tcp.yaml",
+        include_str!("../../configs/clusters/dpro-16xv100-tcp.yaml"),
+    ),
+    (
+        "clusters/128xv100-rdma.yaml",
+        include_str!("../../configs/clusters/128xv100-rdma.yaml"),
+    ),
+    (
+        "clusters/8xh200.yaml",
+        include_str!("../../configs/clusters/8xh200.yaml"),
+    ),
+    (
+        "clusters/64xh100-ib.yaml",
+        include_str!("../../configs/clusters/64xh100-ib.yaml"),
+    ),
+];
+
+fn builtin_names(dir: &str) -> Vec<&'static str> {
+    BUILTIN
+        .iter()
+        .filter_map(|(p, _)| {
+            p.strip_prefix(dir)?
+                .strip_prefix('/')?
+                .strip_suffix(".yaml")
+        })
+        .collect()
+}
+
+/// Names of the built-in GPUs, networks or clusters (`dir` = `gpus`, `networks`, `clusters`).
+pub fn builtins(dir: &str) -> Vec<&'static str> {
+    builtin_names(dir)
+}
+
+/// Parse YAML text into `T`, turning errors into one line naming file, line, column and field.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &str,
+) -> Result<T, ConfigError> {
+    serde_saphyr::from_str::<T>(text).map_err(|e| {
+        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+        ConfigError::At {
+            file: file.to_string(),
+            line,
+            column,
+            message: one_line_message(&e.to_string()),
+        }
+    })
+}
+
+/// serde-saphyr renders a snippet under a first line `error: line L column C: message`; keep
+/// only the message.
+fn one_line_message(rendered: &str) -> String {
+    let first = rendered.lines().next().unwrap_or("").trim();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    if first.starts_with("line ") {
+        if let Some(i) = first.find(": ") {
+            return first[i + 2..].to_string();
+        }
+    }
+    first.to_string()
+}
+
+/// 1-based line and column of the first `key:` in `text`, for validation errors.
+fn locate_key(text: &str, key: &str) -> (u64, u64) {
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with(key) && t[key.len()..].trim_start().starts_with(':') {
+            return ((i + 1) as u64, (line.len() - t.len() + 1) as u64);
+        }
+    }
+    (0, 0)
+}
+
+fn invalid(text: &str, file: &str, field: &str, message: String) -> ConfigError {
+    let leaf = field.rsplit('.').next().unwrap_or(field);
+    let (line, column) = locate_key(text, leaf);
+    ConfigError::At {
+        file: file.to_string(),
+        line,
+        column,
+        message: format!("field {field}: {message}"),
+    }
+}
+
+fn check_pos(text: &str, file: &str, field: &str, v: f64, max: f64) -> Result<(), ConfigError> {
+    if !(v.is_finite() && v > 0.0 && v <= max) {
+        return Err(invalid(
+            text,
+            file,
+            field,
+            format!("must be > 0 and ≤ {max}, got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parse and validate a GPU file.
+pub fn parse_gpu(text: &str, file: &str) -> Result<GpuSpec, ConfigError> {
+    let g: GpuSpec = parse_yaml(text, file)?;
+    for (d, v) in g.matrix_tflops.iter() {
+        check_pos(
+            text,
+            file,
+            &format!("matrix_tflops.{}", dtype_key(*d)),
+            *v,
+            1e5,
+        )?;
+    }
+    for (d, v) in g.vector_tflops.iter() {
+        check_pos(
+            text,
+            file,
+            &format!("vector_tflops.{}", dtype_key(*d)),
+            *v,
+            1e5,
+        )?;
+    }
+    if !g.vector_tflops.contains_key(&Dtype::Fp32) {
+        return Err(invalid(
+            text,
+            file,
+            "vector_tflops",
+            "must give an fp32 peak".into(),
+        ));
+    }
+    check_pos(text, file, "memory_gbps", g.memory_gbps, 1e6)?;
+    check_pos(text, file, "memory_gib", g.memory_gib, 1e5)?;
+    if !(g.launch_overhead_us.is_finite() && (0.0..=1e4).contains(&g.launch_overhead_us)) {
+        return Err(invalid(
+            text,
+            file,
+            "launch_overhead_us",
+            format!("must be between 0 and 10000, got {}", g.launch_overhead_us),
+        ));
+    }
+    Ok(g)
+}
+
+fn dtype_key(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Fp64 => "fp64",
+        Dtype::Fp32 => "fp32",
+        Dtype::Tf32 => "tf32",
+        Dtype::Fp16 => "fp16",
+        Dtype::Bf16 => "bf16",
+        Dtype::Fp8 => "fp8",
+    }
+}
+
+/// Parse and validate a network file.
+pub fn parse_network(text: &str, file: &str) -> Result<NetworkSpec, ConfigError> {
+    let n: NetworkSpec = parse_yaml(text, file)?;
+    check_pos(text, file, "line_rate_gbit_s", n.line_rate_gbit_s, 1e6)?;
+    check_pos(text, file, "efficiency", n.efficiency, 1.0)?;
+    if !(n.alpha_us.is_finite() && (0.0..=1e6).contains(&n.alpha_us)) {
+        return Err(invalid(
+            text,
+            file,
+            "alpha_us",
+            format!("must be between 0 and 1e6, got {}", n.alpha_us),
+        ));
+    }
+    Ok(n)
+}
+
+/// Largest cluster accepted: beyond this the fine-grained graph would not fit in memory.
+pub const MAX_WORKERS: u32 = 1 << 16;
+
+/// Where a referenced file is looked up: built-ins first, then a path next to the referrer.
+fn load_ref<T>(
+    name: &str,
+    dir: &'static str,
+    what: &'static str,
+    base: Option<&Path>,
+    parse: fn(&str, &str) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    if let Some((path, text)) = BUILTIN.iter().find(|(p, _)| {
+        p.strip_prefix(dir).and_then(|r| r.strip_prefix('/')) == Some(&format!("{name}.yaml"))
+    }) {
+        return parse(text, &format!("configs/{path}"));
+    }
+    let candidate = match base {
+        Some(b) => b.join(name),
+        None => PathBuf::from(name),
+    };
+    if name.ends_with(".yaml") || name.ends_with(".yml") || candidate.is_file() {
+        let text = std::fs::read_to_string(&candidate).map_err(|e| ConfigError::File {
+            file: candidate.display().to_string(),
+            message: format!("failed to read: {e}"),
+        })?;
+        return parse(&text, &candidate.display().to_string());
+    }
+    Err(ConfigError::Unknown {
+        what,
+        name: name.to_string(),
+        known: builtin_names(dir).join(", "),
+    })
+}
+
+/// Parse and validate a cluster file, resolving its GPU and networks.
+pub fn parse_cluster(text: &str, file: &str, base: Option<&Path>) -> Result<Cluster, ConfigError> {
+    let c: ClusterFile = parse_yaml(text, file)?;
+    let count = |field: &str, v: u32, max: u32| -> Result<(), ConfigError> {
+        if v == 0 || v > max {
+            return Err(invalid(
+                text,
+                file,
+                field,
+                format!("must be between 1 and {max}, got {v}"),
+            ));
+        }
+        Ok(())
+    };
+    count("nodes", c.nodes, MAX_WORKERS)?;
+    count("gpus_per_node", c.gpus_per_node, 64)?;
+    count("nics_per_node", c.nics_per_node, 64)?;
+    let workers = c.nodes as u64 * c.gpus_per_node as u64;
+    if workers > MAX_WORKERS as u64 {
+        return Err(invalid(
+            text,
+            file,
+            "nodes",
+            format!("{workers} workers in all; at most {MAX_WORKERS} are supported"),
+        ));
+    }
+    let at = |field: &str, e: ConfigError| -> ConfigError {
+        let (line, column) = locate_key(text, field);
+        ConfigError::At {
+            file: file.to_string(),
+            line,
+            column,
+            message: format!("field {field}: {e}"),
+        }
+    };
+    let gpu = load_ref(&c.gpu, "gpus", "GPU", base, parse_gpu).map_err(|e| at("gpu", e))?;
+    let intra = load_ref(&c.intra, "networks", "network", base, parse_network)
+        .map_err(|e| at("intra", e))?;
+    let inter = match &c.inter {
+        Some(n) => Some(
+            load_ref(n, "networks", "network", base, parse_network).map_err(|e| at("inter", e))?,
+        ),
+        None if c.nodes > 1 => {
+            return Err(invalid(
+                text,
+                file,
+                "nodes",
+                format!("{} nodes need an `inter` network", c.nodes),
+            ));
+        }
+        None => None,
+    };
+    if c.sync != SyncScheme::Ps && c.ps_servers != 0 {
+        return Err(invalid(
+            text,
+            file,
+            "ps_servers",
+            "only meaningful with `sync: ps`".into(),
+        ));
+    }
+    if c.ps_servers > MAX_WORKERS {
+        return Err(invalid(
+            text,
+            file,
+            "ps_servers",
+            format!("at most {MAX_WORKERS}"),
+        ));
+    }
+    let ps_servers = if c.sync == SyncScheme::Ps && c.ps_servers == 0 {
+        c.nodes
+    } else {
+        c.ps_servers
+    };
+    Ok(Cluster {
+        name: c.name,
+        description: c.description,
+        gpu,
+        nodes: c.nodes,
+        gpus_per_node: c.gpus_per_node,
+        intra,
+        inter,
+        nics_per_node: c.nics_per_node,
+        sync: c.sync,
+        ps_servers,
+    })
+}
+
+/// A cluster by built-in name or by file path.
+pub fn load_cluster(name_or_path: &str) -> Result<Cluster, ConfigError> {
+    if let Some((path, text)) = BUILTIN.iter().find(|(p, _)| {
+        p.strip_prefix("clusters/")
+            .and_then(|r| r.strip_suffix(".yaml"))
+            == Some(name_or_path)
+    }) {
+        return parse_cluster(text, &format!("configs/{path}"), None);
+    }
+    let p = Path::new(name_or_path);
+    if p.is_file() || name_or_path.ends_with(".yaml") || name_or_path.ends_with(".yml") {
+        let text = std::fs::read_to_string(p).map_err(|e| ConfigError::File {
+            file: name_or_path.to_string(),
+            message: format!("failed to read: {e}"),
+        })?;
+        return parse_cluster(&text, name_or_path, p.parent());
+    }
+    Err(ConfigError::Unknown {
+        what: "cluster",
+        name: name_or_path.to_string(),
+        known: builtin_names("clusters").join(", "),
+    })
+}
+
+/// A GPU by built-in name or file path.
+pub fn load_gpu(name_or_path: &str) -> Result<GpuSpec, ConfigError> {
+    load_ref(name_or_path, "gpus", "GPU", None, parse_gpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_parses() {
+        for (path, text) in BUILTIN {
+            let file = format!("configs/{path}");
+            let res: Result<(), ConfigError> = if path.starts_with("gpus/") {
+                parse_gpu(text, &file).map(drop)
+            } else if path.starts_with("networks/") {
+                parse_network(text, &file).map(drop)
+            } else {
+                parse_cluster(text, &file, None).map(drop)
+            };
+            res.unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    #[test]
+    fn names_match_file_names() {
+        for (path, text) in BUILTIN {
+            let stem = path.rsplit('/').next().unwrap().trim_end_matches(".yaml");
+            assert!(
+                text.contains(&format!("name: {stem}\n")),
+                "{path}: name must be {stem}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_file_in_configs_is_builtin() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        for dir in ["gpus", "networks", "clusters"] {
+            for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+                let name = entry.unwrap().file_name().into_string().unwrap();
+                let key = format!("{dir}/{name}");
+                assert!(
+                    BUILTIN.iter().any(|(p, _)| *p == key),
+                    "{key} is not in BUILTIN"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn dpro_testbed_is_two_by_eight_v100() {
+        let c = load_cluster("dpro-16xv100-rdma").unwrap();
+        assert_eq!((c.nodes, c.gpus_per_node, c.workers()), (2, 8, 16));
+        assert_eq!(c.gpu.name, "v100-32gb");
+        assert_eq!(c.inter.as_ref().unwrap().line_rate_gbit_s, 100.0);
+        assert_eq!(c.node_of(7), 0);
+        assert_eq!(c.node_of(8), 1);
+    }
+
+    fn err(text: &str) -> String {
+        parse_cluster(text, "my.yaml", None)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let base = "name: x\ngpu: v100-32gb\nnodes: 2\ngpus_per_node: 8\nintra: nvlink-v100\ninter: rdma-100g\n";
+        assert_eq!(
+            err(&base.replace("nodes: 2", "nodes: 0")),
+            "my.yaml:3:1: field nodes: must be between 1 and 65536, got 0"
+        );
+        let e = err(&base.replace("gpu: v100-32gb", "gpu: v200"));
+        assert!(
+            e.starts_with("my.yaml:2:1: field gpu: unknown GPU `v200`; built-in ones: v100-32gb,"),
+            "{e}"
+        );
+        let e = err(&format!("{base}colour: red\n"));
+        assert!(e.starts_with("my.yaml:7:1: unknown field `colour`"), "{e}");
+        let e = err("name: [x\n");
+        assert!(e.starts_with("my.yaml:1:"), "{e}");
+        let e = err(&base.replace("inter: rdma-100g\n", ""));
+        assert!(
+            e.contains("field nodes: 2 nodes need an `inter` network"),
+            "{e}"
+        );
+        let e = err(&base.replace("nodes: 2", "nodes: 65536"));
+        assert!(e.contains("524288 workers in all"), "{e}");
+    }
+
+    #[test]
+    fn gpu_validation_names_the_dtype() {
+        let t = "name: g\nmodel: G\nvendor: x\nmatrix_tflops: {fp16: -3}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\n";
+        let e = parse_gpu(t, "g.yaml").unwrap_err().to_string();
+        assert!(e.contains("field matrix_tflops.fp16: must be > 0"), "{e}");
+    }
+
+    #[test]
+    fn unknown_cluster_lists_the_known_ones() {
+        let e = load_cluster("nope").unwrap_err().to_string();
+        assert!(
+            e.contains("dpro-16xv100-rdma") && e.contains("8xh200"),
+            "{e}"
+        );
+    }
+}

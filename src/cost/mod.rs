@@ -1,0 +1,6 @@
+//! Cost models: compute (roofline), communication (α–β per link) and the hardware descriptions
+//! they read (`configs/`).
+
+pub mod comm;
+pub mod compute;
+pub mod config;

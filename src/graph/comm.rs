@@ -1,0 +1,506 @@
+//! Fine-grained communication topologies (dPRO §4.1): how one tensor's synchronisation becomes
+//! SEND/RECV ops on links, wired between the tensor's per-worker `Out` (gradient ready) and `In`
+//! (synchronised) virtual ops.
+//!
+//! * **Ring all-reduce**: 2(n−1) steps; in step `s` worker `i` SENDs a chunk of `S/n` bytes on
+//!   link `i → i+1` and worker `i+1` RECVs it. SEND(i, s) waits for RECV(i, s−1) (the chunk it
+//!   forwards); SEND(i, 0) waits for the gradient and for the worker's previous collective
+//!   (NCCL runs one collective at a time per communicator, in issue order).
+//! * **Tree all-reduce**: a binary tree (parent of `i` is `(i−1)/2`); the whole tensor is reduced
+//!   up and broadcast down, one message per tree edge and direction (unpipelined).
+//! * **Parameter server**: the tensor is sharded over the servers; each worker PUSHes one shard to
+//!   every server on its NIC, each server aggregates the shard from all workers and PULLs it back
+//!   to every worker on its own NIC.
+//! * **Symmetric ring** ([`CommTopology::symmetric_ring`]): the quotient graph of a ring over `n`
+//!   identical workers. Worker `i`'s RECV in step `s` happens when worker `i−1`'s SEND in step
+//!   `s` ends, which by symmetry is when its own SEND ends: one worker and a chain of 2(n−1)
+//!   SEND → RECV pairs replay exactly like the full ring when all ring links are alike. With
+//!   mixed links (NVLink inside, network between nodes) the chain uses the slowest link, the one
+//!   that paces a real ring.
+//!
+//! Per-hop costs are α–β ([`AlphaBeta`]): a SEND of `b` bytes takes `α + b/B` on its link; the
+//! RECV carries no extra time (NCCL's fused receive-reduce-send kernel is inside the calibrated
+//! α–β); a PS aggregation streams the shard through the server's memory.
+//!
+//! Link bandwidth between nodes is the NIC's times the NICs per node: NCCL spreads its rings over
+//! all NICs.
+
+use std::collections::BTreeMap;
+
+use crate::cost::comm::AlphaBeta;
+use crate::cost::compute::ns;
+use crate::cost::config::{Cluster, SyncScheme};
+
+use super::{
+    DeviceId, DeviceKind, DfgBuilder, LinkClass, NONE, OpId, OpKind, OpSpec, Phase, TensorId,
+};
+
+/// α–β of the two link classes and the PS aggregation rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CommCost {
+    pub intra: AlphaBeta,
+    pub inter: AlphaBeta,
+    /// Bytes/ns a parameter server sums (one input stream).
+    pub aggregate_bytes_per_ns: f64,
+}
+
+impl CommCost {
+    /// Costs from a cluster's network descriptions.
+    pub fn from_cluster(c: &Cluster) -> CommCost {
+        let intra = AlphaBeta {
+            alpha_ns: c.intra.alpha_us * 1e3,
+            bytes_per_ns: c.intra.bytes_per_ns(),
+        };
+        let inter = c.inter.as_ref().map_or(intra, |n| AlphaBeta {
+            alpha_ns: n.alpha_us * 1e3,
+            bytes_per_ns: n.bytes_per_ns() * c.nics_per_node.min(c.gpus_per_node).max(1) as f64,
+        });
+        CommCost {
+            intra,
+            inter,
+            // A server sums with AVX at ~20 GB/s per core (BytePS summation service).
+            aggregate_bytes_per_ns: 20.0,
+        }
+    }
+
+    fn link(&self, class: LinkClass) -> AlphaBeta {
+        match class {
+            LinkClass::IntraNode => self.intra,
+            LinkClass::InterNode => self.inter,
+        }
+    }
+}
+
+/// What [`CommTopology`] needs to know of a cluster.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CommSpec {
+    pub scheme: SyncScheme,
+    /// Workers per node: ring and tree hops between nodes use the inter-node link.
+    pub gpus_per_node: u32,
+    /// Nodes (the symmetric ring uses the inter-node link when there are several).
+    pub nodes: u32,
+    /// Parameter servers (PS only).
+    pub ps_servers: u32,
+    pub cost: CommCost,
+}
+
+impl CommSpec {
+    pub fn from_cluster(c: &Cluster) -> CommSpec {
+        CommSpec {
+            scheme: c.sync,
+            gpus_per_node: c.gpus_per_node.max(1),
+            nodes: c.nodes.max(1),
+            ps_servers: c.ps_servers,
+            cost: CommCost::from_cluster(c),
+        }
+    }
+}
+
+/// The communication devices of a job and the wiring of each tensor's synchronisation.
+#[derive(Clone, Debug)]
+pub struct CommTopology {
+    scheme: SyncScheme,
+    /// Workers that exist in the graph (1 in the symmetric form).
+    workers: u32,
+    /// Workers taking part in the collective (n).
+    n: u32,
+    gpus_per_node: u32,
+    cost: CommCost,
+    comm_stream: Vec<DeviceId>,
+    /// Ring: link i → i+1. Symmetric: the single quotient link.
+    ring_links: Vec<DeviceId>,
+    links: BTreeMap<(u32, u32), DeviceId>,
+    worker_nic: Vec<DeviceId>,
+    server_nic: Vec<DeviceId>,
+    server_agg: Vec<DeviceId>,
+    /// Each worker's previous collective's last op (NCCL's one-at-a-time order).
+    last: Vec<OpId>,
+}
+
+impl CommTopology {
+    /// The full topology of `cluster` over `comm_stream.len()` workers, one comm stream each.
+    pub fn new(b: &mut DfgBuilder, spec: &CommSpec, comm_stream: Vec<DeviceId>) -> Self {
+        let n = comm_stream.len() as u32;
+        let mut t = CommTopology {
+            scheme: spec.scheme,
+            workers: n,
+            n,
+            gpus_per_node: spec.gpus_per_node.max(1),
+            cost: spec.cost,
+            comm_stream,
+            ring_links: Vec::new(),
+            links: BTreeMap::new(),
+            worker_nic: Vec::new(),
+            server_nic: Vec::new(),
+            server_agg: Vec::new(),
+            last: vec![NONE; n as usize],
+        };
+        match t.scheme {
+            SyncScheme::Ring if n > 1 => {
+                for i in 0..n {
+                    let to = (i + 1) % n;
+                    let class = t.class(i, to);
+                    t.ring_links
+                        .push(b.add_device(DeviceKind::Link { from: i, to, class }));
+                }
+            }
+            SyncScheme::Ps => {
+                let servers = spec.ps_servers.max(1);
+                for w in 0..n {
+                    t.worker_nic.push(b.add_device(DeviceKind::NicTx {
+                        node: w,
+                        server: false,
+                    }));
+                }
+                for s in 0..servers {
+                    t.server_nic.push(b.add_device(DeviceKind::NicTx {
+                        node: s,
+                        server: true,
+                    }));
+                    t.server_agg
+                        .push(b.add_device(DeviceKind::Server { server: s }));
+                }
+                // Servers sit on their own machines: every push and pull crosses the network.
+                t.gpus_per_node = 1;
+            }
+            _ => {}
+        }
+        t
+    }
+
+    /// The quotient form of a ring over `n` identical workers: one worker, one comm stream, one
+    /// link with the slowest class of the ring.
+    pub fn symmetric_ring(
+        b: &mut DfgBuilder,
+        spec: &CommSpec,
+        n: u32,
+        comm_stream: DeviceId,
+    ) -> Self {
+        let class = if spec.nodes > 1 {
+            LinkClass::InterNode
+        } else {
+            LinkClass::IntraNode
+        };
+        let mut cost = spec.cost;
+        // The slowest hop paces the ring; take it even if the intra link were the slower one.
+        if cost.intra.bytes_per_ns < cost.inter.bytes_per_ns && class == LinkClass::InterNode {
+            cost.inter = cost.intra;
+        }
+        let link = b.add_device(DeviceKind::Link {
+            from: 0,
+            to: 1 % n.max(1),
+            class,
+        });
+        CommTopology {
+            scheme: SyncScheme::Ring,
+            workers: 1,
+            n,
+            gpus_per_node: spec.gpus_per_node.max(1),
+            cost,
+            comm_stream: vec![comm_stream],
+            ring_links: vec![link],
+            links: BTreeMap::new(),
+            worker_nic: Vec::new(),
+            server_nic: Vec::new(),
+            server_agg: Vec::new(),
+            last: vec![NONE],
+        }
+    }
+
+    /// True for the quotient form.
+    pub fn is_symmetric(&self) -> bool {
+        self.workers < self.n
+    }
+
+    fn class(&self, a: u32, b: u32) -> LinkClass {
+        if a / self.gpus_per_node == b / self.gpus_per_node {
+            LinkClass::IntraNode
+        } else {
+            LinkClass::InterNode
+        }
+    }
+
+    fn link(&mut self, b: &mut DfgBuilder, from: u32, to: u32) -> DeviceId {
+        let class = self.class(from, to);
+        *self
+            .links
+            .entry((from, to))
+            .or_insert_with(|| b.add_device(DeviceKind::Link { from, to, class }))
+    }
+
+    fn comm_op(kind: OpKind, device: DeviceId, tensor: TensorId, step: u32, dur_ns: u64) -> OpSpec {
+        OpSpec {
+            step,
+            tensor,
+            ..OpSpec::new(kind, Phase::Comm, device, dur_ns)
+        }
+    }
+
+    /// Ops one all-reduce of a tensor adds (for capacity planning).
+    pub fn ops_per_tensor(&self) -> usize {
+        let n = self.n as usize;
+        match self.scheme {
+            _ if n <= 1 => 0,
+            SyncScheme::Ring if self.is_symmetric() => 4 * (n - 1),
+            SyncScheme::Ring => 4 * n * (n - 1),
+            SyncScheme::Tree => 4 * (n - 1),
+            SyncScheme::Ps => {
+                let s = self.server_agg.len();
+                4 * n * s + s
+            }
+        }
+    }
+
+    /// Wire the synchronisation of `tensor` (`bytes` per worker) from each worker's `ready[w]`
+    /// to its `done[w]` (both indexed by the graph's workers).
+    pub fn allreduce(
+        &mut self,
+        b: &mut DfgBuilder,
+        tensor: TensorId,
+        bytes: u64,
+        ready: &[OpId],
+        done: &[OpId],
+    ) {
+        debug_assert_eq!(ready.len(), self.workers as usize);
+        debug_assert_eq!(done.len(), self.workers as usize);
+        if self.n <= 1 {
+            for (&r, &d) in ready.iter().zip(done) {
+                b.add_edge(r, d);
+            }
+            return;
+        }
+        match self.scheme {
+            SyncScheme::Ring if self.is_symmetric() => {
+                self.ring_quotient(b, tensor, bytes, ready[0], done[0])
+            }
+            SyncScheme::Ring => self.ring(b, tensor, bytes, ready, done),
+            SyncScheme::Tree => self.tree(b, tensor, bytes, ready, done),
+            SyncScheme::Ps => self.ps(b, tensor, bytes, ready, done),
+        }
+    }
+
+    fn ring(
+        &mut self,
+        b: &mut DfgBuilder,
+        tensor: TensorId,
+        bytes: u64,
+        ready: &[OpId],
+        done: &[OpId],
+    ) {
+        let n = self.n;
+        let chunk = bytes as f64 / n as f64;
+        let steps = 2 * (n - 1);
+        let durs: Vec<u64> = (0..n)
+            .map(|i| ns(self.cost.link(self.class(i, (i + 1) % n)).time_ns(chunk)))
+            .collect();
+        // prev[i] = the op worker i must finish before its next SEND.
+        let mut prev: Vec<OpId> = ready.to_vec();
+        let mut recv = vec![0 as OpId; n as usize];
+        for s in 0..steps {
+            for i in 0..n {
+                let send = b.add_op(Self::comm_op(
+                    OpKind::Send,
+                    self.ring_links[i as usize],
+                    tensor,
+                    s,
+                    durs[i as usize],
+                ));
+                b.add_edge(prev[i as usize], send);
+                if s == 0 && self.last[i as usize] != NONE {
+                    b.add_edge(self.last[i as usize], send);
+                }
+                let to = (i + 1) % n;
+                let r = b.add_op(Self::comm_op(
+                    OpKind::Recv,
+                    self.comm_stream[to as usize],
+                    tensor,
+                    s,
+                    0,
+                ));
+                b.add_edge(send, r);
+                recv[to as usize] = r;
+            }
+            prev.copy_from_slice(&recv);
+        }
+        for i in 0..n as usize {
+            b.add_edge(prev[i], done[i]);
+            self.last[i] = prev[i];
+        }
+    }
+
+    fn ring_quotient(
+        &mut self,
+        b: &mut DfgBuilder,
+        tensor: TensorId,
+        bytes: u64,
+        ready: OpId,
+        done: OpId,
+    ) {
+        let n = self.n;
+        let class = match b.devices()[self.ring_links[0] as usize] {
+            DeviceKind::Link { class, .. } => class,
+            _ => LinkClass::IntraNode,
+        };
+        let dur = ns(self.cost.link(class).time_ns(bytes as f64 / n as f64));
+        let mut prev = ready;
+        for s in 0..2 * (n - 1) {
+            let send = b.add_op(Self::comm_op(
+                OpKind::Send,
+                self.ring_links[0],
+                tensor,
+                s,
+                dur,
+            ));
+            b.add_edge(prev, send);
+            if s == 0 && self.last[0] != NONE {
+                b.add_edge(self.last[0], send);
+            }
+            let r = b.add_op(Self::comm_op(
+                OpKind::Recv,
+                self.comm_stream[0],
+                tensor,
+                s,
+                0,
+            ));
+            b.add_edge(send, r);
+            prev = r;
+        }
+        b.add_edge(prev, done);
+        self.last[0] = prev;
+    }
+
+    fn tree(
+        &mut self,
+        b: &mut DfgBuilder,
+        tensor: TensorId,
+        bytes: u64,
+        ready: &[OpId],
+        done: &[OpId],
+    ) {
+        let n = self.n;
+        // Reduce: children before parents, so visit workers from the highest index down.
+        let mut reduced: Vec<Vec<OpId>> = (0..n as usize).map(|i| vec![ready[i]]).collect();
+        for i in 0..n as usize {
+            if self.last[i] != NONE {
+                reduced[i].push(self.last[i]);
+            }
+        }
+        for i in (1..n).rev() {
+            let p = (i - 1) / 2;
+            let link = self.link(b, i, p);
+            let dur = ns(self.cost.link(self.class(i, p)).time_ns(bytes as f64));
+            let send = b.add_op(Self::comm_op(OpKind::Send, link, tensor, 0, dur));
+            for &d in &reduced[i as usize] {
+                b.add_edge(d, send);
+            }
+            let r = b.add_op(Self::comm_op(
+                OpKind::Recv,
+                self.comm_stream[p as usize],
+                tensor,
+                0,
+                0,
+            ));
+            b.add_edge(send, r);
+            reduced[p as usize].push(r);
+        }
+        // Broadcast: parents before children.
+        let mut have: Vec<OpId> = vec![NONE; n as usize];
+        let root_done = b.add_op(Self::comm_op(
+            OpKind::Recv,
+            self.comm_stream[0],
+            tensor,
+            1,
+            0,
+        ));
+        for &d in &reduced[0] {
+            b.add_edge(d, root_done);
+        }
+        have[0] = root_done;
+        for i in 1..n {
+            let p = (i - 1) / 2;
+            let link = self.link(b, p, i);
+            let dur = ns(self.cost.link(self.class(p, i)).time_ns(bytes as f64));
+            let send = b.add_op(Self::comm_op(OpKind::Send, link, tensor, 1, dur));
+            b.add_edge(have[p as usize], send);
+            let r = b.add_op(Self::comm_op(
+                OpKind::Recv,
+                self.comm_stream[i as usize],
+                tensor,
+                1,
+                0,
+            ));
+            b.add_edge(send, r);
+            // A worker's own gradient and reduce must be in before it takes the result.
+            for &d in &reduced[i as usize] {
+                b.add_edge(d, r);
+            }
+            have[i as usize] = r;
+        }
+        for i in 0..n as usize {
+            b.add_edge(have[i], done[i]);
+            self.last[i] = have[i];
+        }
+    }
+
+    fn ps(
+        &mut self,
+        b: &mut DfgBuilder,
+        tensor: TensorId,
+        bytes: u64,
+        ready: &[OpId],
+        done: &[OpId],
+    ) {
+        let servers = self.server_agg.len() as u32;
+        let shard = bytes.div_ceil(servers as u64) as f64;
+        let net = self.cost.link(LinkClass::InterNode);
+        let xfer = ns(net.time_ns(shard));
+        let agg_dur = ns(shard * self.n as f64 / self.cost.aggregate_bytes_per_ns);
+        for j in 0..servers {
+            let agg = b.add_op(Self::comm_op(
+                OpKind::Aggregate,
+                self.server_agg[j as usize],
+                tensor,
+                j,
+                agg_dur,
+            ));
+            for w in 0..self.n {
+                let push = b.add_op(Self::comm_op(
+                    OpKind::Send,
+                    self.worker_nic[w as usize],
+                    tensor,
+                    j,
+                    xfer,
+                ));
+                b.add_edge(ready[w as usize], push);
+                let got = b.add_op(Self::comm_op(
+                    OpKind::Recv,
+                    self.server_agg[j as usize],
+                    tensor,
+                    j,
+                    0,
+                ));
+                b.add_edge(push, got);
+                b.add_edge(got, agg);
+            }
+            for w in 0..self.n {
+                let pull = b.add_op(Self::comm_op(
+                    OpKind::Send,
+                    self.server_nic[j as usize],
+                    tensor,
+                    j,
+                    xfer,
+                ));
+                b.add_edge(agg, pull);
+                let got = b.add_op(Self::comm_op(
+                    OpKind::Recv,
+                    self.comm_stream[w as usize],
+                    tensor,
+                    j,
+                    0,
+                ));
+                b.add_edge(pull, got);
+                b.add_edge(got, done[w as usize]);
+            }
+        }
+    }
+}

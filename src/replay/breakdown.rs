@@ -1,0 +1,135 @@
+//! Where a worker's iteration goes: time with compute running, time with communication running,
+//! their overlap, and the critical path grouped by layer or tensor.
+
+use std::collections::BTreeMap;
+
+use crate::graph::{DeviceKind, Dfg, NONE, OpId, OpKind};
+
+use super::{CriticalPath, Replay};
+
+/// Compute / communication breakdown of one worker (union of intervals, so parallel streams are
+/// not double-counted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Breakdown {
+    /// Time at least one compute op of the worker runs.
+    pub compute_ns: u64,
+    /// Time at least one of the worker's communication ops runs (its SENDs, its RECVs).
+    pub comm_ns: u64,
+    /// Time both run.
+    pub overlap_ns: u64,
+}
+
+fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    v.retain(|&(a, b)| b > a);
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (a, b) in v {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+fn total(v: &[(u64, u64)]) -> u64 {
+    v.iter().map(|&(a, b)| b - a).sum()
+}
+
+fn intersect(x: &[(u64, u64)], y: &[(u64, u64)]) -> u64 {
+    let (mut i, mut j, mut t) = (0, 0, 0);
+    while i < x.len() && j < y.len() {
+        let lo = x[i].0.max(y[j].0);
+        let hi = x[i].1.min(y[j].1);
+        if hi > lo {
+            t += hi - lo;
+        }
+        if x[i].1 < y[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    t
+}
+
+/// Breakdown of `worker`'s time in a replay.
+pub fn breakdown(g: &Dfg, r: &Replay, worker: u32) -> Breakdown {
+    let mut compute = Vec::new();
+    let mut comm = Vec::new();
+    for op in 0..g.op_count() as OpId {
+        let kind = g.kind(op);
+        let dev = g.device_kind(g.device(op));
+        let i = op as usize;
+        let iv = (r.start_ns[i], r.end_ns[i]);
+        match dev {
+            DeviceKind::GpuStream { worker: w, .. } if w == worker && !kind.is_comm() => {
+                compute.push(iv)
+            }
+            _ if kind.is_comm() && dev.worker() == Some(worker) => comm.push(iv),
+            _ => {}
+        }
+    }
+    let (compute, comm) = (merge(compute), merge(comm));
+    Breakdown {
+        compute_ns: total(&compute),
+        comm_ns: total(&comm),
+        overlap_ns: intersect(&compute, &comm),
+    }
+}
+
+/// One line of the critical path grouped by what it works on.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PathItem {
+    /// Layer and phase (`layer3.2.conv2 BW`) or tensor synchronisation (`fc.weight sync`).
+    pub name: String,
+    /// Time its ops occupy on the critical path.
+    pub dur_ns: u64,
+}
+
+/// The critical path's time grouped by layer+phase or tensor, largest first (ties by name).
+pub fn critical_path_items(g: &Dfg, cp: &CriticalPath) -> Vec<PathItem> {
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for &op in &cp.ops {
+        let dur = g.dur_ns(op);
+        if dur == 0 {
+            continue;
+        }
+        let name = if g.kind(op).is_comm() && g.tensor(op) != NONE {
+            format!("{} sync", g.tensors()[g.tensor(op) as usize].name)
+        } else if g.layer(op) != NONE {
+            let phase = match g.phase(op) {
+                crate::graph::Phase::Fw => "FW",
+                crate::graph::Phase::Bw => "BW",
+                crate::graph::Phase::Update => "UPDATE",
+                _ => "",
+            };
+            format!("{} {phase}", g.layers()[g.layer(op) as usize])
+        } else if g.kind(op) == OpKind::Gap {
+            "(gaps)".to_string()
+        } else {
+            g.op_label(op)
+        };
+        *by.entry(name).or_default() += dur;
+    }
+    let mut v: Vec<PathItem> = by
+        .into_iter()
+        .map(|(name, dur_ns)| PathItem { name, dur_ns })
+        .collect();
+    v.sort_by(|a, b| b.dur_ns.cmp(&a.dur_ns).then_with(|| a.name.cmp(&b.name)));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_algebra() {
+        let a = merge(vec![(0, 5), (3, 8), (10, 12), (12, 12)]);
+        assert_eq!(a, vec![(0, 8), (10, 12)]);
+        let b = merge(vec![(4, 11)]);
+        assert_eq!(total(&a), 10);
+        assert_eq!(intersect(&a, &b), 4 + 1);
+    }
+}

@@ -1,0 +1,318 @@
+//! The replayer (dPRO §4.3): predicts when every op of a [`Dfg`] starts and ends.
+//!
+//! Each device has one queue and one clock. An op is enqueued on its device when all its
+//! predecessors have ended (its *ready* time is the latest of their ends). Repeatedly, the device
+//! whose next op can start earliest runs it: start = max(device clock, ready), end = start +
+//! duration, and the device's clock becomes end + gap. Among ops that are ready when a device
+//! frees up, the lowest scheduling priority runs first, then the earliest ready, then the lowest
+//! op id; devices tie by id. Ops on [`DeviceKind::Virtual`] start the moment they are ready. The
+//! iteration time is the latest end.
+//!
+//! Everything is integer nanoseconds, so a replay is exact and deterministic.
+//!
+//! **Invariant:** the replayer does no IO and never fails: a frozen [`Dfg`] is acyclic, so every
+//! op is replayed.
+
+pub mod breakdown;
+pub mod critical;
+pub mod memory;
+pub mod timeline;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::graph::{DeviceKind, Dfg, NONE, OpId};
+
+pub use critical::{CriticalPath, critical_path, dependency_bound_ns};
+pub use memory::{MemoryReport, peak_memory};
+
+/// The replayed schedule of a graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replay {
+    /// Start of every op, ns from the start of the iteration.
+    pub start_ns: Vec<u64>,
+    /// End of every op.
+    pub end_ns: Vec<u64>,
+    /// The op whose end set this op's start: a dependency or the previous op on the same device
+    /// (the execution graph's edge on the critical path); [`NONE`] when nothing delayed it.
+    pub binding: Vec<OpId>,
+    /// Sum of the durations run on each device.
+    pub device_busy_ns: Vec<u64>,
+    /// The latest end.
+    pub iteration_ns: u64,
+    /// An op that ends last (the lowest id among them); [`NONE`] for an empty graph.
+    pub last_op: OpId,
+}
+
+impl Replay {
+    /// The busiest device's busy time.
+    pub fn max_device_busy_ns(&self) -> u64 {
+        self.device_busy_ns.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// Replay the whole graph from time 0.
+pub fn replay(g: &Dfg) -> Replay {
+    Engine::new(g, None).run()
+}
+
+/// Replay with per-op release times: no op starts before `release_ns[op]` (used by partial
+/// replay, where the ops outside the sub-graph are already placed).
+pub fn replay_with_release(g: &Dfg, release_ns: &[u64]) -> Replay {
+    assert_eq!(release_ns.len(), g.op_count(), "one release time per op");
+    Engine::new(g, Some(release_ns)).run()
+}
+
+/// Result of replaying part of a graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartialReplay {
+    /// The sub-graph's ops, in the parent graph's ids.
+    pub ops: Vec<OpId>,
+    /// Their replayed schedule, indexed like `ops`.
+    pub replay: Replay,
+    /// The earliest start among them.
+    pub first_start_ns: u64,
+}
+
+impl PartialReplay {
+    /// Latest end minus earliest start: the span the sub-graph takes (e.g. a tensor's t_sync).
+    pub fn span_ns(&self) -> u64 {
+        self.replay.iteration_ns.saturating_sub(self.first_start_ns)
+    }
+}
+
+/// Replay only `ops` (for the search's t_sync estimates): predecessors outside the set are taken
+/// as done at their end in `base` (or at 0 without a base); devices start idle. Same semantics as
+/// a full replay of the induced sub-graph.
+pub fn partial_replay(g: &Dfg, ops: &[OpId], base: Option<&Replay>) -> PartialReplay {
+    let mut inside = vec![false; g.op_count()];
+    for &o in ops {
+        inside[o as usize] = true;
+    }
+    let (sub, map) = g.induced(ops);
+    let release: Vec<u64> = map
+        .iter()
+        .map(|&o| {
+            g.preds(o)
+                .iter()
+                .filter(|&&p| !inside[p as usize])
+                .map(|&p| base.map_or(0, |b| b.end_ns[p as usize]))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let replay = replay_with_release(&sub, &release);
+    let first_start_ns = replay.start_ns.iter().copied().min().unwrap_or(0);
+    PartialReplay {
+        ops: map,
+        replay,
+        first_start_ns,
+    }
+}
+
+/// One device's queue of ready ops.
+#[derive(Default)]
+struct Queue {
+    /// Ready ops by (ready time, op id).
+    pending: BinaryHeap<Reverse<(u64, OpId)>>,
+    /// With priorities: ops ready by the device clock, by (priority, ready, op id).
+    avail: BinaryHeap<Reverse<(i32, u64, OpId)>>,
+    clock: u64,
+    prev: OpId,
+    /// The key of the device's live entry in the global heap, or `u64::MAX`.
+    scheduled_at: u64,
+}
+
+struct Engine<'g> {
+    g: &'g Dfg,
+    virt: Vec<bool>,
+    prios: bool,
+    left: Vec<u32>,
+    ready: Vec<u64>,
+    ready_by: Vec<OpId>,
+    start: Vec<u64>,
+    end: Vec<u64>,
+    binding: Vec<OpId>,
+    busy: Vec<u64>,
+    queues: Vec<Queue>,
+    /// Devices by (earliest start of their next op, device id); stale entries are skipped.
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    stack: Vec<OpId>,
+}
+
+impl<'g> Engine<'g> {
+    fn new(g: &'g Dfg, release: Option<&[u64]>) -> Self {
+        let n = g.op_count();
+        let nd = g.device_count();
+        let left: Vec<u32> = (0..n as OpId).map(|o| g.preds(o).len() as u32).collect();
+        Engine {
+            g,
+            virt: g
+                .devices()
+                .iter()
+                .map(|d| *d == DeviceKind::Virtual)
+                .collect(),
+            prios: g.priorities().iter().any(|&p| p != 0),
+            left,
+            ready: release.map_or_else(|| vec![0; n], <[u64]>::to_vec),
+            ready_by: vec![NONE; n],
+            start: vec![0; n],
+            end: vec![0; n],
+            binding: vec![NONE; n],
+            busy: vec![0; nd],
+            queues: (0..nd)
+                .map(|_| Queue {
+                    prev: NONE,
+                    scheduled_at: u64::MAX,
+                    ..Queue::default()
+                })
+                .collect(),
+            heap: BinaryHeap::with_capacity(nd * 2),
+            stack: Vec::new(),
+        }
+    }
+
+    fn run(mut self) -> Replay {
+        let g = self.g;
+        for o in 0..g.op_count() as OpId {
+            if self.left[o as usize] == 0 {
+                self.enqueue(o);
+            }
+        }
+        self.drain_virtual();
+        while let Some(Reverse((t, d))) = self.heap.pop() {
+            let q = &mut self.queues[d as usize];
+            if q.scheduled_at != t {
+                continue; // stale
+            }
+            q.scheduled_at = u64::MAX;
+            let op = self.pick(d as usize);
+            self.execute(op, d as usize);
+            self.drain_virtual();
+            self.reschedule(d as usize);
+        }
+        let mut iteration_ns = 0;
+        let mut last_op = NONE;
+        for (o, &e) in self.end.iter().enumerate() {
+            if e > iteration_ns || last_op == NONE {
+                iteration_ns = e;
+                last_op = o as OpId;
+            }
+        }
+        Replay {
+            start_ns: self.start,
+            end_ns: self.end,
+            binding: self.binding,
+            device_busy_ns: self.busy,
+            iteration_ns,
+            last_op,
+        }
+    }
+
+    /// Take the op device `d` runs next (its queue is non-empty).
+    #[inline]
+    fn pick(&mut self, d: usize) -> OpId {
+        let q = &mut self.queues[d];
+        if !self.prios {
+            let Reverse((_, op)) = q.pending.pop().expect("scheduled device has work");
+            return op;
+        }
+        let horizon = match q.avail.peek() {
+            Some(_) => q.clock,
+            None => q
+                .pending
+                .peek()
+                .map_or(q.clock, |Reverse((r, _))| (*r).max(q.clock)),
+        };
+        while let Some(&Reverse((r, op))) = q.pending.peek() {
+            if r > horizon {
+                break;
+            }
+            q.pending.pop();
+            q.avail.push(Reverse((self.g.priority(op), r, op)));
+        }
+        let Reverse((_, _, op)) = q.avail.pop().expect("scheduled device has work");
+        op
+    }
+
+    #[inline]
+    fn execute(&mut self, op: OpId, d: usize) {
+        let g = self.g;
+        let i = op as usize;
+        let q = &mut self.queues[d];
+        let r = self.ready[i];
+        let (start, why) = if q.clock > r {
+            (q.clock, q.prev)
+        } else {
+            (r, self.ready_by[i])
+        };
+        let dur = g.dur_ns(op);
+        let end = start + dur;
+        q.clock = end + g.gap_ns(op);
+        q.prev = op;
+        self.busy[d] += dur;
+        self.start[i] = start;
+        self.end[i] = end;
+        self.binding[i] = why;
+        self.release_succs(op, end);
+    }
+
+    #[inline]
+    fn release_succs(&mut self, op: OpId, end: u64) {
+        for &s in self.g.succs(op) {
+            let si = s as usize;
+            if end > self.ready[si] || self.ready_by[si] == NONE && end == self.ready[si] {
+                self.ready[si] = end;
+                self.ready_by[si] = op;
+            }
+            self.left[si] -= 1;
+            if self.left[si] == 0 {
+                self.enqueue(s);
+            }
+        }
+    }
+
+    #[inline]
+    fn enqueue(&mut self, op: OpId) {
+        let d = self.g.device(op) as usize;
+        if self.virt[d] {
+            self.stack.push(op);
+            return;
+        }
+        let r = self.ready[op as usize];
+        self.queues[d].pending.push(Reverse((r, op)));
+        self.reschedule(d);
+    }
+
+    /// Run ops on the virtual device: they start when ready, in parallel.
+    fn drain_virtual(&mut self) {
+        while let Some(op) = self.stack.pop() {
+            let i = op as usize;
+            let t = self.ready[i];
+            self.start[i] = t;
+            self.end[i] = t + self.g.dur_ns(op);
+            self.binding[i] = self.ready_by[i];
+            self.release_succs(op, self.end[i]);
+        }
+    }
+
+    /// Make sure the global heap holds the device's current earliest start.
+    #[inline]
+    fn reschedule(&mut self, d: usize) {
+        let q = &mut self.queues[d];
+        let next = if !q.avail.is_empty() {
+            q.clock
+        } else if let Some(Reverse((r, _))) = q.pending.peek() {
+            (*r).max(q.clock)
+        } else {
+            return;
+        };
+        if next != q.scheduled_at {
+            q.scheduled_at = next;
+            self.heap.push(Reverse((next, d as u32)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,281 @@
+//! Hand-computed replays: every expected time below was worked out on paper from the semantics
+//! in the module docs.
+
+use super::*;
+use crate::cost::comm::AlphaBeta;
+use crate::cost::config::SyncScheme;
+use crate::graph::comm::{CommCost, CommSpec, CommTopology};
+use crate::graph::{DeviceKind, DfgBuilder, OpKind, OpSpec, Phase};
+
+fn op(b: &mut DfgBuilder, dev: u32, dur: u64) -> OpId {
+    b.add_op(OpSpec::new(OpKind::Compute, Phase::Fw, dev, dur))
+}
+
+fn gpu(b: &mut DfgBuilder, w: u32) -> u32 {
+    b.add_device(DeviceKind::GpuStream {
+        worker: w,
+        stream: 0,
+    })
+}
+
+/// Replay `g` and compare (start, end) of every op.
+fn check(g: &Dfg, expect: &[(u64, u64)], iteration: u64) -> Replay {
+    let r = replay(g);
+    let got: Vec<(u64, u64)> = r
+        .start_ns
+        .iter()
+        .copied()
+        .zip(r.end_ns.iter().copied())
+        .collect();
+    assert_eq!(got, expect);
+    assert_eq!(r.iteration_ns, iteration);
+    r
+}
+
+#[test]
+fn cpu_launches_feed_a_gpu_stream() {
+    let mut b = DfgBuilder::new();
+    let cpu = b.add_device(DeviceKind::CpuThread {
+        worker: 0,
+        thread: 0,
+    });
+    let g0 = gpu(&mut b, 0);
+    let l1 = b.add_op(OpSpec::new(OpKind::Launch, Phase::Fw, cpu, 5));
+    let l2 = b.add_op(OpSpec::new(OpKind::Launch, Phase::Fw, cpu, 5));
+    let k1 = op(&mut b, g0, 10);
+    let k2 = op(&mut b, g0, 10);
+    b.add_edge(l1, k1);
+    b.add_edge(l2, k2);
+    b.add_edge(l1, l2);
+    let g = b.build().unwrap();
+    let r = check(&g, &[(0, 5), (5, 10), (5, 15), (15, 25)], 25);
+    assert_eq!(r.device_busy_ns, vec![10, 20]);
+    // K2 waited for the stream (K1), not for its launch.
+    assert_eq!(critical_path(&g, &r).ops, vec![l1, k1, k2]);
+    assert_eq!(dependency_bound_ns(&g), 20);
+}
+
+#[test]
+fn diamond_on_two_devices() {
+    let mut b = DfgBuilder::new();
+    let d1 = gpu(&mut b, 0);
+    let d2 = gpu(&mut b, 1);
+    let a = op(&mut b, d1, 2);
+    let bb = op(&mut b, d1, 3);
+    let c = op(&mut b, d2, 5);
+    let d = op(&mut b, d1, 1);
+    for (x, y) in [(a, bb), (a, c), (bb, d), (c, d)] {
+        b.add_edge(x, y);
+    }
+    let g = b.build().unwrap();
+    let r = check(&g, &[(0, 2), (2, 5), (2, 7), (7, 8)], 8);
+    assert_eq!(critical_path(&g, &r).ops, vec![a, c, d]);
+    assert_eq!(dependency_bound_ns(&g), 8);
+}
+
+#[test]
+fn diamond_on_one_device_serialises_in_id_order() {
+    let mut b = DfgBuilder::new();
+    let d1 = gpu(&mut b, 0);
+    let a = op(&mut b, d1, 2);
+    let bb = op(&mut b, d1, 3);
+    let c = op(&mut b, d1, 5);
+    let d = op(&mut b, d1, 1);
+    for (x, y) in [(a, bb), (a, c), (bb, d), (c, d)] {
+        b.add_edge(x, y);
+    }
+    let g = b.build().unwrap();
+    let r = check(&g, &[(0, 2), (2, 5), (5, 10), (10, 11)], 11);
+    // C started when B freed the device; D waited for C.
+    assert_eq!(critical_path(&g, &r).ops, vec![a, bb, c, d]);
+    assert_eq!(dependency_bound_ns(&g), 8);
+}
+
+#[test]
+fn gaps_keep_the_device_busy() {
+    let mut b = DfgBuilder::new();
+    let cpu = b.add_device(DeviceKind::CpuThread {
+        worker: 0,
+        thread: 0,
+    });
+    b.add_op(OpSpec {
+        gap_ns: 2,
+        ..OpSpec::new(OpKind::CpuOther, Phase::Fw, cpu, 3)
+    });
+    b.add_op(OpSpec::new(OpKind::CpuOther, Phase::Fw, cpu, 1));
+    let g = b.build().unwrap();
+    check(&g, &[(0, 3), (5, 6)], 6);
+}
+
+#[test]
+fn priority_picks_among_ready_ops_only() {
+    let mut b = DfgBuilder::new();
+    let d = gpu(&mut b, 0);
+    let first = op(&mut b, d, 10);
+    let low = op(&mut b, d, 1);
+    let high = b.add_op(OpSpec {
+        priority: -1,
+        ..OpSpec::new(OpKind::Compute, Phase::Fw, d, 1)
+    });
+    let late = b.add_op(OpSpec {
+        priority: -5,
+        ..OpSpec::new(OpKind::Compute, Phase::Fw, d, 1)
+    });
+    let other = gpu(&mut b, 1);
+    let gate = op(&mut b, other, 20);
+    b.add_edge(gate, late);
+    b.add_edge(first, low);
+    b.add_edge(first, high);
+    let g = b.build().unwrap();
+    // At 10 both `low` and `high` are ready: `high` (priority -1) goes first; `late` has the
+    // best priority but is not ready until 20.
+    check(&g, &[(0, 10), (11, 12), (10, 11), (20, 21), (0, 20)], 21);
+}
+
+#[test]
+fn virtual_ops_take_no_device() {
+    let mut b = DfgBuilder::new();
+    let d = gpu(&mut b, 0);
+    let v = b.add_device(DeviceKind::Virtual);
+    let a = op(&mut b, d, 4);
+    let o1 = b.add_op(OpSpec::new(OpKind::Out, Phase::Comm, v, 0));
+    let o2 = b.add_op(OpSpec::new(OpKind::Out, Phase::Comm, v, 0));
+    let c = op(&mut b, d, 1);
+    b.add_edge(a, o1);
+    b.add_edge(a, o2);
+    b.add_edge(o2, c);
+    let g = b.build().unwrap();
+    let r = check(&g, &[(0, 4), (4, 4), (4, 4), (4, 5)], 5);
+    assert_eq!(critical_path(&g, &r).ops, vec![a, o2, c]);
+}
+
+fn ring_spec(scheme: SyncScheme) -> CommSpec {
+    let link = AlphaBeta {
+        alpha_ns: 1000.0,
+        bytes_per_ns: 1.0,
+    };
+    CommSpec {
+        scheme,
+        gpus_per_node: 8,
+        nodes: 1,
+        ps_servers: 2,
+        cost: CommCost {
+            intra: link,
+            inter: link,
+            aggregate_bytes_per_ns: 10.0,
+        },
+    }
+}
+
+/// `n` workers, each with one gradient op of `grad_ns[w]` and one tensor of `bytes`.
+fn one_tensor(n: u32, grad_ns: &[u64], bytes: u64, scheme: SyncScheme) -> Dfg {
+    let mut b = DfgBuilder::new();
+    let v = b.add_device(DeviceKind::Virtual);
+    let streams: Vec<u32> = (0..n)
+        .map(|w| b.add_device(DeviceKind::CommStream { worker: w }))
+        .collect();
+    let gpus: Vec<u32> = (0..n).map(|w| gpu(&mut b, w)).collect();
+    let mut topo = CommTopology::new(&mut b, &ring_spec(scheme), streams);
+    let grads: Vec<OpId> = (0..n as usize)
+        .map(|w| op(&mut b, gpus[w], grad_ns[w]))
+        .collect();
+    let done: Vec<OpId> = (0..n)
+        .map(|_| b.add_op(OpSpec::new(OpKind::In, Phase::Comm, v, 0)))
+        .collect();
+    topo.allreduce(&mut b, 0, bytes, &grads, &done);
+    b.build().unwrap()
+}
+
+#[test]
+fn ring_allreduce_on_four_workers() {
+    // Chunk 1000 B: a step is 1000 ns + 1000 B / (1 B/ns) = 2000 ns; 6 steps.
+    let g = one_tensor(4, &[0, 0, 0, 0], 4000, SyncScheme::Ring);
+    assert_eq!(g.op_count(), 4 + 4 + 4 * 6 * 2);
+    assert_eq!(replay(&g).iteration_ns, 12_000);
+}
+
+#[test]
+fn ring_allreduce_waits_for_the_slowest_gradient() {
+    // Worker 2's gradient ends at 500: its link is 500 ns late in step 0 and paces step 1 for
+    // itself and worker 3; from step 2 on every hop waits for a late neighbour, so the whole ring
+    // ends 500 ns late (steps end at 2000/2500, 4000/4500, 6500, 8500, 10500, 12500).
+    let g = one_tensor(4, &[0, 0, 500, 0], 4000, SyncScheme::Ring);
+    let r = replay(&g);
+    assert_eq!(r.iteration_ns, 12_500);
+    // The critical path starts at worker 2's gradient (op 2: gradients are ops 0–3).
+    let cp = critical_path(&g, &r);
+    assert_eq!(cp.ops[0], 2, "{cp:?}");
+}
+
+#[test]
+fn tree_allreduce_on_four_workers() {
+    // Tree 0 <- 1, 0 <- 2, 1 <- 3; a message is 1000 + 4000 = 5000 ns. Up: 3→1 (0–5000), then
+    // 1→0 (5000–10000) while 2→0 runs 0–5000 on its own link; down: 0→1 and 0→2 (10000–15000),
+    // then 1→3 (15000–20000).
+    let g = one_tensor(4, &[0, 0, 0, 0], 4000, SyncScheme::Tree);
+    assert_eq!(replay(&g).iteration_ns, 20_000);
+}
+
+#[test]
+fn ps_push_aggregate_pull() {
+    // 2 servers, shard 2000 B: a push or pull is 1000 + 2000 = 3000 ns. Each worker's NIC sends
+    // its pushes to server 0 then 1: 0–3000, 3000–6000. Server 0 aggregates 2 × 2000 B at 10 B/ns
+    // = 400 ns once both pushes are in (3000–3400), then pulls to worker 0 and 1 on its NIC:
+    // 3400–6400, 6400–9400. Server 1: pushes in at 6000, aggregate 6000–6400, pulls 6400–12400.
+    let g = one_tensor(2, &[0, 0], 4000, SyncScheme::Ps);
+    assert_eq!(replay(&g).iteration_ns, 12_400);
+}
+
+#[test]
+fn partial_replay_of_a_sub_graph_uses_base_end_times() {
+    let g = one_tensor(4, &[0, 0, 500, 0], 4000, SyncScheme::Ring);
+    let full = replay(&g);
+    // The communication ops alone, released at the gradients' ends, take what they took in the
+    // full replay.
+    let comm: Vec<OpId> = (0..g.op_count() as OpId)
+        .filter(|&o| g.kind(o).is_comm())
+        .collect();
+    let part = partial_replay(&g, &comm, Some(&full));
+    assert_eq!(part.first_start_ns, 0);
+    assert_eq!(part.replay.iteration_ns, 12_500);
+    for (i, &o) in part.ops.iter().enumerate() {
+        assert_eq!(part.replay.start_ns[i], full.start_ns[o as usize]);
+    }
+    // Without a base every op outside is taken as done at 0: the ring takes 12 µs.
+    assert_eq!(partial_replay(&g, &comm, None).span_ns(), 12_000);
+}
+
+#[test]
+fn memory_peaks_between_forward_and_backward() {
+    let mut b = DfgBuilder::new();
+    let d = gpu(&mut b, 0);
+    let fw1 = op(&mut b, d, 1);
+    let fw2 = op(&mut b, d, 1);
+    let bw2 = op(&mut b, d, 1);
+    let bw1 = op(&mut b, d, 1);
+    for (x, y) in [(fw1, fw2), (fw2, bw2), (bw2, bw1)] {
+        b.add_edge(x, y);
+    }
+    use crate::graph::{MemEffect, MemWhen};
+    for (o, bytes, when) in [
+        (fw1, 100, MemWhen::AllocAtStart),
+        (fw2, 50, MemWhen::AllocAtStart),
+        (bw2, 50, MemWhen::FreeAtEnd),
+        (bw1, 100, MemWhen::FreeAtEnd),
+        // A workspace allocated by bw1 exactly when bw2's buffer is freed reuses it.
+        (bw1, 50, MemWhen::AllocAtStart),
+    ] {
+        b.add_mem(MemEffect {
+            op: o,
+            worker: 0,
+            bytes,
+            when,
+        });
+    }
+    b.set_static_memory(0, 1000);
+    let g = b.build().unwrap();
+    let r = replay(&g);
+    let m = peak_memory(&g, &r);
+    assert_eq!(m.peak_bytes, 1150);
+    assert_eq!(m.peak_at_ns, 1);
+}

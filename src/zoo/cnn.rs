@@ -1,0 +1,914 @@
+//! Layer tables of the ImageNet CNNs of the zoo (ResNet-50, VGG-16, Inception-v3, fp32 training,
+//! 1000 classes), one [`Layer`] per PyTorch operator with torchvision module names, plus the
+//! small operator [`Builder`] that `transformer.rs` shares.
+//!
+//! Counting rules (n = elements of the op's output unless said otherwise; "elems" are elements
+//! read plus written, each tensor counted once even when two kernels read it):
+//!
+//! | op | fw FLOPs | bw FLOPs | fw elems | bw elems | saved | kernels fw/bw |
+//! |---|---|---|---|---|---|---|
+//! | conv | 2·Cin/g·Kh·Kw·Cout·Ho·Wo·N (+n bias) | 2× the MACs term (+n bias); first conv 1× (no dgrad) | in+w+b+out | gout+in+w+gin+gw+gb (first: no w, gin) | its input | 1(+1 bias) / 2(+1 bias), first 1(+1) |
+//! | linear | 2·in·out·rows (+n bias) | 2× the GEMM term (+n bias) | in+w+b+out | gout+in+w+gin+gw+gb | its input | 1 (bias in the GEMM) / 2(+1 bias) |
+//! | batched matmul | 2·M·N·K·batch | 2× fw | a+b+out | gout+a+b+ga+gb | both inputs | 1 / 2 |
+//! | batch/layer norm | 7·n (mean 1, var 2, normalize 2, affine 2) | 2× fw | in+out+params | gout+in+gin+params+grads | input + 2 stats per channel/row | BN 1/1 (cuDNN), LN 1/2 |
+//! | ReLU | 1·n | 1× fw | 2n | 3n | its output | 1 / 1 |
+//! | dropout | 2·n (compare, scale) | 1× fw | 2n + n/4 mask | 2n + n/4 | mask as n/4 (1 byte vs 4) | 1 / 1 |
+//! | GELU / tanh | 8·n / 4·n | 2× fw | 2n | 3n | GELU its input, tanh its output | 1 / 1 |
+//! | softmax (+f folded scale/mask ops) | (5+f)·n | 2× fw | 2n·(1+f) | 3n + 2n·f | its output | 1+f / 1+f |
+//! | residual add | 1·n | 0 (pass-through) | 3n | 0 | nothing | 1 / 0 |
+//! | concat | 0 | 0 | 2n | 2n (grad slices made contiguous) | nothing | 1 / 1 |
+//! | max / avg pool k×k | k²·n | 1 per input element | in+out (+n indices, max) | gout+gin (+indices) | its input (+n indices, max; counted 1 element each) | 1 / 1 |
+//! | embedding | 0 | 1 per looked-up element | ids+2·out | gout+ids+table grad | the ids | 1 / 2 |
+//! | cross-entropy over L logits | 5·L | 2× fw | L+targets+1 | 2L+targets | log-softmax output (L) | 2 / 2 |
+//!
+//! Two rules apply after the table:
+//! * **Saved tensors are counted once.** A tensor several ops keep (a ReLU output kept by the
+//!   ReLU and by the next conv, a LayerNorm output kept by query, key and value) is charged to the
+//!   first op in forward order that keeps it; later keepers add 0. `Model::saved_elems` is then
+//!   the activation memory autograd really holds, not a multiple of it.
+//! * **Forks pay the gradient accumulation.** An output read by k > 1 layers gets (k−1) extra
+//!   backward adds (n FLOPs, 3n elems, 1 kernel each) on its producer; this is where residual and
+//!   Inception-branch gradients are summed, which is why the residual add's own backward is free.
+//!
+//! Conventions: torchvision ResNet/Inception convs have no bias, VGG convs and every `fc` do;
+//! BN running statistics are buffers, not parameters. Inception-v3 is built with
+//! `aux_logits=False` (the AuxLogits head would add 3,326,696 parameters: 27,161,264 in all).
+//! Every model ends with its cross-entropy loss layer named `loss`.
+
+use super::layers::{Layer, LayerKind, MathClass, Param};
+
+/// Work of one operator at a batch size, as the `Layer` fields of the same names.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Work {
+    pub fw_flops: f64,
+    pub fw_elems: f64,
+    pub bw_flops: f64,
+    pub bw_elems: f64,
+    pub fw_kernels: u32,
+    pub bw_kernels: u32,
+}
+
+/// Appends layers in forward order, charges saved tensors once and adds the fork gradient
+/// accumulation on [`Builder::finish`]. Holds the shape-free operators both zoo files use.
+pub(super) struct Builder {
+    layers: Vec<Layer>,
+    kept: Vec<bool>,
+}
+
+fn param(name: &str, suffix: &str, elems: u64) -> Param {
+    Param {
+        name: format!("{name}.{suffix}"),
+        elems,
+    }
+}
+
+impl Builder {
+    pub(super) fn new() -> Self {
+        Builder {
+            layers: Vec::new(),
+            kept: Vec::new(),
+        }
+    }
+
+    /// Output elements of layer `i`.
+    pub(super) fn out(&self, i: usize) -> u64 {
+        self.layers[i].out_elems
+    }
+
+    pub(super) fn layer_mut(&mut self, i: usize) -> &mut Layer {
+        &mut self.layers[i]
+    }
+
+    /// Charges layer `i`'s output to the caller's saved set, unless an earlier op keeps it.
+    pub(super) fn keep(&mut self, i: usize) -> u64 {
+        if std::mem::replace(&mut self.kept[i], true) {
+            0
+        } else {
+            self.out(i)
+        }
+    }
+
+    /// Appends one layer and returns its index.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn push(
+        &mut self,
+        name: &str,
+        kind: LayerKind,
+        inputs: Vec<usize>,
+        w: Work,
+        saved: u64,
+        out: u64,
+        params: Vec<Param>,
+    ) -> usize {
+        let idx = self.layers.len();
+        debug_assert!(
+            inputs.iter().all(|&i| i < idx),
+            "{name}: input after itself"
+        );
+        let math = match kind {
+            LayerKind::Conv | LayerKind::Gemm | LayerKind::BatchedMatmul => MathClass::Matrix,
+            _ => MathClass::Vector,
+        };
+        self.layers.push(Layer {
+            name: name.to_string(),
+            kind,
+            math,
+            inputs,
+            fw_flops: w.fw_flops,
+            fw_elems: w.fw_elems,
+            bw_flops: w.bw_flops,
+            bw_elems: w.bw_elems,
+            fw_kernels: w.fw_kernels,
+            bw_kernels: w.bw_kernels,
+            saved_elems: saved,
+            out_elems: out,
+            params,
+        });
+        self.kept.push(false);
+        idx
+    }
+
+    /// An element-wise op on `x` that keeps its own output (ReLU, tanh) or nothing.
+    fn unary(&mut self, name: &str, x: usize, flops: f64, bw_mult: f64, keep_out: bool) -> usize {
+        let n = self.out(x) as f64;
+        let w = Work {
+            fw_flops: flops * n,
+            fw_elems: 2.0 * n,
+            bw_flops: bw_mult * flops * n,
+            bw_elems: 3.0 * n,
+            fw_kernels: 1,
+            bw_kernels: 1,
+        };
+        let saved = if keep_out { self.out(x) } else { 0 };
+        let i = self.push(
+            name,
+            LayerKind::Elementwise,
+            vec![x],
+            w,
+            saved,
+            self.out(x),
+            vec![],
+        );
+        self.kept[i] = keep_out;
+        i
+    }
+
+    pub(super) fn relu(&mut self, name: &str, x: usize) -> usize {
+        self.unary(name, x, 1.0, 1.0, true)
+    }
+
+    pub(super) fn tanh(&mut self, name: &str, x: usize) -> usize {
+        self.unary(name, x, 4.0, 2.0, true)
+    }
+
+    /// GELU keeps its input, not its output.
+    pub(super) fn gelu(&mut self, name: &str, x: usize) -> usize {
+        let i = self.unary(name, x, 8.0, 2.0, false);
+        self.layers[i].saved_elems = self.keep(x);
+        i
+    }
+
+    pub(super) fn dropout(&mut self, name: &str, x: usize) -> usize {
+        let n = self.out(x);
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: 2.0 * nf,
+            fw_elems: 2.25 * nf,
+            bw_flops: 2.0 * nf,
+            bw_elems: 2.25 * nf,
+            fw_kernels: 1,
+            bw_kernels: 1,
+        };
+        self.push(
+            name,
+            LayerKind::Elementwise,
+            vec![x],
+            w,
+            n.div_ceil(4),
+            n,
+            vec![],
+        )
+    }
+
+    /// Residual add (`b` may broadcast onto `a`); its backward is a pass-through.
+    pub(super) fn add(&mut self, name: &str, a: usize, b: usize) -> usize {
+        let n = self.out(a).max(self.out(b));
+        let w = Work {
+            fw_flops: n as f64,
+            fw_elems: (self.out(a) as f64) + (self.out(b) as f64) + n as f64,
+            fw_kernels: 1,
+            ..Work::default()
+        };
+        self.push(name, LayerKind::Elementwise, vec![a, b], w, 0, n, vec![])
+    }
+
+    pub(super) fn concat(&mut self, name: &str, xs: &[usize]) -> usize {
+        let n: u64 = xs.iter().map(|&x| self.out(x)).sum();
+        let e = 2.0 * n as f64;
+        let w = Work {
+            fw_elems: e,
+            bw_elems: e,
+            fw_kernels: 1,
+            bw_kernels: 1,
+            ..Work::default()
+        };
+        self.push(name, LayerKind::Concat, xs.to_vec(), w, 0, n, vec![])
+    }
+
+    /// `rows` × `fin` → `rows` × `fout` GEMM with the given parameters; `bias` adds a bias vector
+    /// of `fout` (named in `params` by the caller).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm(
+        &mut self,
+        name: &str,
+        x: usize,
+        rows: u64,
+        fin: u64,
+        fout: u64,
+        bias: bool,
+        params: Vec<Param>,
+    ) -> usize {
+        let (inp, wt) = (
+            rows.saturating_mul(fin) as f64,
+            fin.saturating_mul(fout) as f64,
+        );
+        let out = rows.saturating_mul(fout);
+        let (o, b) = (out as f64, if bias { fout as f64 } else { 0.0 });
+        let mm = 2.0 * wt * rows as f64;
+        let bo = if bias { o } else { 0.0 };
+        let w = Work {
+            fw_flops: mm + bo,
+            fw_elems: inp + wt + b + o,
+            bw_flops: 2.0 * mm + bo,
+            bw_elems: o + 2.0 * inp + 2.0 * wt + b,
+            fw_kernels: 1,
+            bw_kernels: 2 + u32::from(bias),
+        };
+        let saved = self.keep(x);
+        self.push(name, LayerKind::Gemm, vec![x], w, saved, out, params)
+    }
+
+    /// `nn.Linear(fin, fout)` with `name.weight` and `name.bias`.
+    pub(super) fn linear(&mut self, name: &str, x: usize, rows: u64, fin: u64, fout: u64) -> usize {
+        let params = vec![
+            param(name, "weight", fin.saturating_mul(fout)),
+            param(name, "bias", fout),
+        ];
+        self.gemm(name, x, rows, fin, fout, true, params)
+    }
+
+    /// Adds the accumulation of a tied weight's gradient (`elems`) into the other user's grad.
+    pub(super) fn tie(&mut self, i: usize, elems: u64) {
+        let l = &mut self.layers[i];
+        l.bw_flops += elems as f64;
+        l.bw_elems += 2.0 * elems as f64;
+        l.bw_kernels += 1;
+    }
+
+    /// Cross-entropy over `logits` elements in `rows` rows (log-softmax + NLL); scalar output.
+    pub(super) fn loss(&mut self, name: &str, x: usize, rows: u64) -> usize {
+        let l = self.out(x);
+        let lf = l as f64;
+        let w = Work {
+            fw_flops: 5.0 * lf,
+            fw_elems: lf + rows as f64 + 1.0,
+            bw_flops: 10.0 * lf,
+            bw_elems: 2.0 * lf + rows as f64,
+            fw_kernels: 2,
+            bw_kernels: 2,
+        };
+        self.push(name, LayerKind::Loss, vec![x], w, l, 1, vec![])
+    }
+
+    /// The layers, with every fork's gradient accumulation charged to its producer.
+    pub(super) fn finish(mut self) -> Vec<Layer> {
+        let mut uses = vec![0u32; self.layers.len()];
+        for l in &self.layers {
+            for &i in &l.inputs {
+                uses[i] += 1;
+            }
+        }
+        for (l, k) in self.layers.iter_mut().zip(uses) {
+            if k > 1 {
+                let extra = f64::from(k - 1) * l.out_elems as f64;
+                l.bw_flops += extra;
+                l.bw_elems += 3.0 * extra;
+                l.bw_kernels += k - 1;
+            }
+        }
+        self.layers
+    }
+}
+
+/// A conv's shape: output channels, kernel (h, w), stride, padding (h, w).
+#[derive(Clone, Copy)]
+struct Cv {
+    cout: u64,
+    k: (u64, u64),
+    stride: u64,
+    pad: (u64, u64),
+}
+
+/// A square `k`×`k` conv.
+const fn sq(cout: u64, k: u64, stride: u64, pad: u64) -> Cv {
+    Cv {
+        cout,
+        k: (k, k),
+        stride,
+        pad: (pad, pad),
+    }
+}
+
+/// A stride-1, same-padded `kh`×`kw` conv (Inception's 1×7, 7×1, 1×3, 3×1).
+const fn rect(cout: u64, kh: u64, kw: u64) -> Cv {
+    Cv {
+        cout,
+        k: (kh, kw),
+        stride: 1,
+        pad: (kh / 2, kw / 2),
+    }
+}
+
+/// A CNN under construction: the [`Builder`] plus a per-sample `[C, H, W]` shape per layer.
+/// `None` as an input means the image.
+struct Net {
+    b: Builder,
+    n: u64,
+    image: [u64; 3],
+    shape: Vec<[u64; 3]>,
+}
+
+impl Net {
+    fn new(batch: u32, image: [u64; 3]) -> Self {
+        Net {
+            b: Builder::new(),
+            n: u64::from(batch),
+            image,
+            shape: Vec::new(),
+        }
+    }
+
+    fn put(&mut self, i: usize, s: [u64; 3]) -> usize {
+        self.shape.push(s);
+        debug_assert_eq!(self.shape.len(), i + 1);
+        i
+    }
+
+    /// Shape-preserving op: records `x`'s shape for `i`.
+    fn same(&mut self, i: usize, x: usize) -> usize {
+        let s = self.shape[x];
+        self.put(i, s)
+    }
+
+    fn conv(&mut self, name: &str, x: Option<usize>, c: Cv, bias: bool) -> usize {
+        let [cin, h, w] = x.map_or(self.image, |i| self.shape[i]);
+        let ho = (h + 2 * c.pad.0 - c.k.0) / c.stride + 1;
+        let wo = (w + 2 * c.pad.1 - c.k.1) / c.stride + 1;
+        let (inp, wt) = (self.n * cin * h * w, cin * c.k.0 * c.k.1 * c.cout);
+        let out = self.n * c.cout * ho * wo;
+        let (i, wf, o) = (inp as f64, wt as f64, out as f64);
+        let (nb, bc, bo) = if bias {
+            (1, c.cout as f64, o)
+        } else {
+            (0, 0.0, 0.0)
+        };
+        let mm = 2.0 * wf * (self.n * ho * wo) as f64;
+        let (bw_flops, bw_elems, bw_kernels, saved) = match x {
+            // The first conv needs no input gradient: wgrad (+ bias grad) only.
+            None => (mm + bo, o + i + wf + bc, 1 + nb, inp),
+            Some(x) => (
+                2.0 * mm + bo,
+                o + 2.0 * (i + wf) + bc,
+                2 + nb,
+                self.b.keep(x),
+            ),
+        };
+        let w = Work {
+            fw_flops: mm + bo,
+            fw_elems: i + wf + bc + o,
+            bw_flops,
+            bw_elems,
+            fw_kernels: 1 + nb,
+            bw_kernels,
+        };
+        let mut params = vec![param(name, "weight", wt)];
+        if bias {
+            params.push(param(name, "bias", c.cout));
+        }
+        let j = self.b.push(
+            name,
+            LayerKind::Conv,
+            x.into_iter().collect(),
+            w,
+            saved,
+            out,
+            params,
+        );
+        self.put(j, [c.cout, ho, wo])
+    }
+
+    fn bn(&mut self, name: &str, x: usize) -> usize {
+        let (n, c) = (self.b.out(x), self.shape[x][0]);
+        let (nf, cf) = (n as f64, c as f64);
+        let w = Work {
+            fw_flops: 7.0 * nf,
+            fw_elems: 2.0 * nf + 4.0 * cf,
+            bw_flops: 14.0 * nf,
+            bw_elems: 3.0 * nf + 4.0 * cf,
+            fw_kernels: 1,
+            bw_kernels: 1,
+        };
+        let saved = self.b.keep(x) + 2 * c;
+        let params = vec![param(name, "weight", c), param(name, "bias", c)];
+        let i = self
+            .b
+            .push(name, LayerKind::BatchNorm, vec![x], w, saved, n, params);
+        self.same(i, x)
+    }
+
+    fn relu(&mut self, name: &str, x: usize) -> usize {
+        let i = self.b.relu(name, x);
+        self.same(i, x)
+    }
+
+    /// Max or average pooling with a square `k`×`k` window.
+    fn pool(&mut self, name: &str, x: usize, k: u64, stride: u64, pad: u64, max: bool) -> usize {
+        let [c, h, w] = self.shape[x];
+        let (ho, wo) = (
+            (h + 2 * pad - k) / stride + 1,
+            (w + 2 * pad - k) / stride + 1,
+        );
+        let (inp, out) = (self.b.out(x), self.n * c * ho * wo);
+        let (i, o, idx) = (inp as f64, out as f64, if max { out as f64 } else { 0.0 });
+        let wk = Work {
+            fw_flops: (k * k) as f64 * o,
+            fw_elems: i + o + idx,
+            bw_flops: i,
+            bw_elems: o + i + idx,
+            fw_kernels: 1,
+            bw_kernels: 1,
+        };
+        let saved = self.b.keep(x) + if max { out } else { 0 };
+        let j = self
+            .b
+            .push(name, LayerKind::Pool, vec![x], wk, saved, out, vec![]);
+        self.put(j, [c, ho, wo])
+    }
+
+    /// `AdaptiveAvgPool2d(side)` on an input whose side is a multiple of `side`.
+    fn adaptive_avgpool(&mut self, name: &str, x: usize, side: u64) -> usize {
+        let k = self.shape[x][1] / side;
+        self.pool(name, x, k, k, 0, false)
+    }
+
+    fn cat(&mut self, name: &str, xs: &[usize]) -> usize {
+        let i = self.b.concat(name, xs);
+        let [_, h, w] = self.shape[xs[0]];
+        let c = xs.iter().map(|&x| self.shape[x][0]).sum();
+        self.put(i, [c, h, w])
+    }
+
+    /// `nn.Linear` on the flattened features of `x`.
+    fn linear(&mut self, name: &str, x: usize, fout: u64) -> usize {
+        let [c, h, w] = self.shape[x];
+        let i = self.b.linear(name, x, self.n, c * h * w, fout);
+        self.put(i, [fout, 1, 1])
+    }
+
+    /// Classifier dropout then `nn.Linear`.
+    fn dropout_linear(&mut self, drop: &str, name: &str, x: usize, fout: u64) -> usize {
+        let d = self.b.dropout(drop, x);
+        let x = self.same(d, x);
+        self.linear(name, x, fout)
+    }
+
+    fn finish(mut self, logits: usize) -> Vec<Layer> {
+        let i = self.b.loss("loss", logits, self.n);
+        self.put(i, [1, 1, 1]);
+        self.b.finish()
+    }
+
+    // ---- composite blocks (several layers each) ----
+
+    /// torchvision `Bottleneck` (v1.5: stride on the 3×3 conv).
+    fn bottleneck(&mut self, p: &str, x: usize, planes: u64, stride: u64, down: bool) -> usize {
+        let c = self.conv(&format!("{p}.conv1"), Some(x), sq(planes, 1, 1, 0), false);
+        let y = self.bn(&format!("{p}.bn1"), c);
+        let y = self.relu(&format!("{p}.relu1"), y);
+        let c = self.conv(
+            &format!("{p}.conv2"),
+            Some(y),
+            sq(planes, 3, stride, 1),
+            false,
+        );
+        let y = self.bn(&format!("{p}.bn2"), c);
+        let y = self.relu(&format!("{p}.relu2"), y);
+        let c = self.conv(
+            &format!("{p}.conv3"),
+            Some(y),
+            sq(4 * planes, 1, 1, 0),
+            false,
+        );
+        let y = self.bn(&format!("{p}.bn3"), c);
+        let id = if down {
+            let d = sq(4 * planes, 1, stride, 0);
+            let d = self.conv(&format!("{p}.downsample.0"), Some(x), d, false);
+            self.bn(&format!("{p}.downsample.1"), d)
+        } else {
+            x
+        };
+        let y = self.b.add(&format!("{p}.add"), y, id);
+        let y = self.same(y, id);
+        self.relu(&format!("{p}.relu3"), y)
+    }
+
+    /// Inception `BasicConv2d` named `p`: bias-free conv, BN, ReLU.
+    fn basic(&mut self, p: &str, x: Option<usize>, c: Cv) -> usize {
+        let y = self.conv(&format!("{p}.conv"), x, c, false);
+        let y = self.bn(&format!("{p}.bn"), y);
+        self.relu(&format!("{p}.relu"), y)
+    }
+
+    /// A chain of `BasicConv2d`s named `{p}.{branch}`.
+    fn chain(&mut self, p: &str, mut x: usize, convs: &[(&str, Cv)]) -> usize {
+        for &(n, c) in convs {
+            x = self.basic(&format!("{p}.{n}"), Some(x), c);
+        }
+        x
+    }
+
+    /// `avg_pool2d(3, 1, 1)` then the 1×1 `branch_pool` conv.
+    fn pool_branch(&mut self, p: &str, x: usize, cout: u64) -> usize {
+        let a = self.pool(&format!("{p}.avg_pool"), x, 3, 1, 1, false);
+        self.chain(p, a, &[("branch_pool", sq(cout, 1, 1, 0))])
+    }
+
+    fn inception_a(&mut self, p: &str, x: usize, pool_features: u64) -> usize {
+        let b1 = self.chain(p, x, &[("branch1x1", sq(64, 1, 1, 0))]);
+        let b5 = [
+            ("branch5x5_1", sq(48, 1, 1, 0)),
+            ("branch5x5_2", sq(64, 5, 1, 2)),
+        ];
+        let b5 = self.chain(p, x, &b5);
+        let b3 = [
+            ("branch3x3dbl_1", sq(64, 1, 1, 0)),
+            ("branch3x3dbl_2", sq(96, 3, 1, 1)),
+            ("branch3x3dbl_3", sq(96, 3, 1, 1)),
+        ];
+        let b3 = self.chain(p, x, &b3);
+        let bp = self.pool_branch(p, x, pool_features);
+        self.cat(&format!("{p}.cat"), &[b1, b5, b3, bp])
+    }
+
+    fn inception_b(&mut self, p: &str, x: usize) -> usize {
+        let b3 = self.chain(p, x, &[("branch3x3", sq(384, 3, 2, 0))]);
+        let bd = [
+            ("branch3x3dbl_1", sq(64, 1, 1, 0)),
+            ("branch3x3dbl_2", sq(96, 3, 1, 1)),
+            ("branch3x3dbl_3", sq(96, 3, 2, 0)),
+        ];
+        let bd = self.chain(p, x, &bd);
+        let bp = self.pool(&format!("{p}.max_pool"), x, 3, 2, 0, true);
+        self.cat(&format!("{p}.cat"), &[b3, bd, bp])
+    }
+
+    fn inception_c(&mut self, p: &str, x: usize, c7: u64) -> usize {
+        let b1 = self.chain(p, x, &[("branch1x1", sq(192, 1, 1, 0))]);
+        let b7 = [
+            ("branch7x7_1", sq(c7, 1, 1, 0)),
+            ("branch7x7_2", rect(c7, 1, 7)),
+            ("branch7x7_3", rect(192, 7, 1)),
+        ];
+        let b7 = self.chain(p, x, &b7);
+        let bd = [
+            ("branch7x7dbl_1", sq(c7, 1, 1, 0)),
+            ("branch7x7dbl_2", rect(c7, 7, 1)),
+            ("branch7x7dbl_3", rect(c7, 1, 7)),
+            ("branch7x7dbl_4", rect(c7, 7, 1)),
+            ("branch7x7dbl_5", rect(192, 1, 7)),
+        ];
+        let bd = self.chain(p, x, &bd);
+        let bp = self.pool_branch(p, x, 192);
+        self.cat(&format!("{p}.cat"), &[b1, b7, bd, bp])
+    }
+
+    fn inception_d(&mut self, p: &str, x: usize) -> usize {
+        let b3 = [
+            ("branch3x3_1", sq(192, 1, 1, 0)),
+            ("branch3x3_2", sq(320, 3, 2, 0)),
+        ];
+        let b3 = self.chain(p, x, &b3);
+        let b7 = [
+            ("branch7x7x3_1", sq(192, 1, 1, 0)),
+            ("branch7x7x3_2", rect(192, 1, 7)),
+            ("branch7x7x3_3", rect(192, 7, 1)),
+            ("branch7x7x3_4", sq(192, 3, 2, 0)),
+        ];
+        let b7 = self.chain(p, x, &b7);
+        let bp = self.pool(&format!("{p}.max_pool"), x, 3, 2, 0, true);
+        self.cat(&format!("{p}.cat"), &[b3, b7, bp])
+    }
+
+    /// InceptionE: each 3×3 branch ends in parallel 1×3 and 3×1 convs, concatenated.
+    fn inception_e(&mut self, p: &str, x: usize) -> usize {
+        let b1 = self.chain(p, x, &[("branch1x1", sq(320, 1, 1, 0))]);
+        let s = self.chain(p, x, &[("branch3x3_1", sq(384, 1, 1, 0))]);
+        let a = self.chain(p, s, &[("branch3x3_2a", rect(384, 1, 3))]);
+        let b = self.chain(p, s, &[("branch3x3_2b", rect(384, 3, 1))]);
+        let b3 = self.cat(&format!("{p}.branch3x3_cat"), &[a, b]);
+        let d = [
+            ("branch3x3dbl_1", sq(448, 1, 1, 0)),
+            ("branch3x3dbl_2", sq(384, 3, 1, 1)),
+        ];
+        let d = self.chain(p, x, &d);
+        let a = self.chain(p, d, &[("branch3x3dbl_3a", rect(384, 1, 3))]);
+        let b = self.chain(p, d, &[("branch3x3dbl_3b", rect(384, 3, 1))]);
+        let bd = self.cat(&format!("{p}.branch3x3dbl_cat"), &[a, b]);
+        let bp = self.pool_branch(p, x, 192);
+        self.cat(&format!("{p}.cat"), &[b1, b3, bd, bp])
+    }
+}
+
+/// torchvision `resnet50` on 224×224 images: 25,557,032 parameters, ≈ 8.2 GFLOPs per image.
+pub fn resnet50(batch: u32) -> Vec<Layer> {
+    let mut net = Net::new(batch, [3, 224, 224]);
+    let x = net.conv("conv1", None, sq(64, 7, 2, 3), false);
+    let x = net.bn("bn1", x);
+    let x = net.relu("relu", x);
+    let mut x = net.pool("maxpool", x, 3, 2, 1, true);
+    let stages = [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)];
+    for (stage, (planes, blocks, stride)) in stages.into_iter().enumerate() {
+        for blk in 0..blocks {
+            let s = if blk == 0 { stride } else { 1 };
+            x = net.bottleneck(&format!("layer{}.{blk}", stage + 1), x, planes, s, blk == 0);
+        }
+    }
+    let x = net.adaptive_avgpool("avgpool", x, 1);
+    let x = net.linear("fc", x, 1000);
+    net.finish(x)
+}
+
+/// torchvision `vgg16` (configuration D, no batch norm) on 224×224 images: 138,357,544
+/// parameters, ≈ 31 GFLOPs per image.
+pub fn vgg16(batch: u32) -> Vec<Layer> {
+    // Conv widths, 0 = 2×2 max pool.
+    const CFG: [u64; 17] = [
+        64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0,
+    ];
+    let mut net = Net::new(batch, [3, 224, 224]);
+    let x = net.conv("features.0", None, sq(64, 3, 1, 1), true);
+    let mut x = net.relu("features.1", x);
+    let mut f = 2;
+    for c in CFG {
+        let name = |i: usize| format!("features.{i}");
+        x = if c == 0 {
+            net.pool(&name(f), x, 2, 2, 0, true)
+        } else {
+            let y = net.conv(&name(f), Some(x), sq(c, 3, 1, 1), true);
+            f += 1;
+            net.relu(&name(f), y)
+        };
+        f += 1;
+    }
+    let x = net.adaptive_avgpool("avgpool", x, 7);
+    let x = net.linear("classifier.0", x, 4096);
+    let x = net.relu("classifier.1", x);
+    let x = net.dropout_linear("classifier.2", "classifier.3", x, 4096);
+    let x = net.relu("classifier.4", x);
+    let x = net.dropout_linear("classifier.5", "classifier.6", x, 1000);
+    net.finish(x)
+}
+
+/// torchvision `inception_v3(aux_logits=False)` on 299×299 images: 23,834,568 parameters,
+/// ≈ 11.5 GFLOPs per image.
+pub fn inception_v3(batch: u32) -> Vec<Layer> {
+    let mut net = Net::new(batch, [3, 299, 299]);
+    let x = net.basic("Conv2d_1a_3x3", None, sq(32, 3, 2, 0));
+    let x = net.basic("Conv2d_2a_3x3", Some(x), sq(32, 3, 1, 0));
+    let x = net.basic("Conv2d_2b_3x3", Some(x), sq(64, 3, 1, 1));
+    let x = net.pool("maxpool1", x, 3, 2, 0, true);
+    let x = net.basic("Conv2d_3b_1x1", Some(x), sq(80, 1, 1, 0));
+    let x = net.basic("Conv2d_4a_3x3", Some(x), sq(192, 3, 1, 0));
+    let x = net.pool("maxpool2", x, 3, 2, 0, true);
+    let x = net.inception_a("Mixed_5b", x, 32);
+    let x = net.inception_a("Mixed_5c", x, 64);
+    let x = net.inception_a("Mixed_5d", x, 64);
+    let x = net.inception_b("Mixed_6a", x);
+    let x = net.inception_c("Mixed_6b", x, 128);
+    let x = net.inception_c("Mixed_6c", x, 160);
+    let x = net.inception_c("Mixed_6d", x, 160);
+    let x = net.inception_c("Mixed_6e", x, 192);
+    let x = net.inception_d("Mixed_7a", x);
+    let x = net.inception_e("Mixed_7b", x);
+    let x = net.inception_e("Mixed_7c", x);
+    let x = net.adaptive_avgpool("avgpool", x, 1);
+    let x = net.dropout_linear("dropout", "fc", x, 1000);
+    net.finish(x)
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn params(ls: &[Layer]) -> u64 {
+        ls.iter().map(Layer::param_elems).sum()
+    }
+    fn sum(ls: &[Layer], f: impl Fn(&Layer) -> f64) -> f64 {
+        ls.iter().map(f).sum()
+    }
+    fn near(got: f64, want: f64, tol: f64) -> bool {
+        ((got - want) / want).abs() <= tol
+    }
+
+    /// Structure checks shared with `transformer.rs`: DAG order, unique names, sane counts,
+    /// FLOPs linear in the batch.
+    pub(in crate::zoo) fn check_well_formed(build: &dyn Fn(u32) -> Vec<Layer>) {
+        let ls = build(1);
+        assert!(ls[0].inputs.is_empty());
+        let mut names = HashSet::new();
+        let mut pnames = HashSet::new();
+        for (i, l) in ls.iter().enumerate() {
+            assert!(
+                l.inputs.iter().all(|&j| j < i),
+                "{} reads a later layer",
+                l.name
+            );
+            let uniq: HashSet<_> = l.inputs.iter().collect();
+            assert_eq!(
+                uniq.len(),
+                l.inputs.len(),
+                "{} lists an input twice",
+                l.name
+            );
+            assert!(
+                names.insert(l.name.clone()),
+                "duplicate layer name {}",
+                l.name
+            );
+            for p in &l.params {
+                assert!(
+                    p.elems > 0 && pnames.insert(p.name.clone()),
+                    "bad param {}",
+                    p.name
+                );
+            }
+            let matrix = matches!(
+                l.kind,
+                LayerKind::Conv | LayerKind::Gemm | LayerKind::BatchedMatmul
+            );
+            assert_eq!(l.math == MathClass::Matrix, matrix, "{}", l.name);
+            assert!(
+                l.fw_flops >= 0.0 && l.fw_elems > 0.0 && l.fw_kernels >= 1 && l.out_elems > 0,
+                "{}",
+                l.name
+            );
+        }
+        // Every layer but the last feeds something.
+        let used: HashSet<usize> = ls.iter().flat_map(|l| l.inputs.iter().copied()).collect();
+        assert_eq!(used.len(), ls.len() - 1);
+        let ls4 = build(4);
+        assert_eq!(ls4.len(), ls.len());
+        // Forward FLOPs are exactly linear; backward too but for tied-weight gradient sums.
+        assert!(near(
+            sum(&ls4, |l| l.fw_flops),
+            4.0 * sum(&ls, |l| l.fw_flops),
+            1e-9
+        ));
+        assert!(near(
+            sum(&ls4, |l| l.bw_flops),
+            4.0 * sum(&ls, |l| l.bw_flops),
+            1e-3
+        ));
+        assert_eq!(params(&ls4), params(&ls));
+    }
+
+    /// Forward FLOPs of the conv and linear layers only (the published GMAC numbers count these).
+    fn matrix_gflops(ls: &[Layer]) -> f64 {
+        sum(ls, |l| {
+            if l.math == MathClass::Matrix {
+                l.fw_flops
+            } else {
+                0.0
+            }
+        }) / 1e9
+    }
+
+    #[test]
+    fn parameter_counts_match_torchvision() {
+        assert_eq!(params(&resnet50(1)), 25_557_032);
+        assert_eq!(params(&vgg16(1)), 138_357_544);
+        // aux_logits=False; the AuxLogits head would bring it to 27,161,264.
+        assert_eq!(params(&inception_v3(1)), 23_834_568);
+    }
+
+    #[test]
+    fn forward_flops_per_image() {
+        // torchvision's published MACs: 4.09 G, 15.47 G, 5.71 G (conv + linear), ×2 FLOPs.
+        let (r, v, i) = (resnet50(1), vgg16(1), inception_v3(1));
+        assert!(near(matrix_gflops(&r), 8.18, 0.01), "{}", matrix_gflops(&r));
+        assert!(
+            near(matrix_gflops(&v), 30.94, 0.01),
+            "{}",
+            matrix_gflops(&v)
+        );
+        assert!(
+            near(matrix_gflops(&i), 11.42, 0.01),
+            "{}",
+            matrix_gflops(&i)
+        );
+        // All ops: the element-wise work adds about 1 %.
+        let total = |ls: &[Layer]| sum(ls, |l| l.fw_flops) / 1e9;
+        assert!(near(total(&r), 8.2, 0.03), "{}", total(&r));
+        assert!(near(total(&v), 31.0, 0.03), "{}", total(&v));
+        assert!(near(total(&i), 11.4, 0.03), "{}", total(&i));
+    }
+
+    #[test]
+    fn backward_is_about_twice_forward() {
+        for ls in [resnet50(2), vgg16(2), inception_v3(2)] {
+            let ratio = sum(&ls, |l| l.bw_flops) / sum(&ls, |l| l.fw_flops);
+            assert!((1.9..2.1).contains(&ratio), "{ratio}");
+        }
+    }
+
+    #[test]
+    fn well_formed() {
+        check_well_formed(&resnet50);
+        check_well_formed(&vgg16);
+        check_well_formed(&inception_v3);
+    }
+
+    #[test]
+    fn resnet_dag_has_the_residual_branches() {
+        let ls = resnet50(1);
+        let idx = |n: &str| {
+            ls.iter()
+                .position(|l| l.name == n)
+                .unwrap_or_else(|| panic!("{n}"))
+        };
+        let add = &ls[idx("layer1.0.add")];
+        assert_eq!(
+            add.inputs,
+            vec![idx("layer1.0.bn3"), idx("layer1.0.downsample.1")]
+        );
+        assert_eq!(
+            ls[idx("layer1.0.downsample.0")].inputs,
+            vec![idx("maxpool")]
+        );
+        assert_eq!(
+            ls[idx("layer1.1.add")].inputs,
+            vec![idx("layer1.1.bn3"), idx("layer1.0.relu3")]
+        );
+        assert_eq!(ls.iter().filter(|l| l.kind == LayerKind::Conv).count(), 53);
+        assert_eq!(ls.last().map(|l| l.kind), Some(LayerKind::Loss));
+        // The stem conv does no data gradient.
+        assert_eq!(ls[0].bw_flops, ls[0].fw_flops);
+        assert_eq!(ls[0].bw_kernels, 1);
+    }
+
+    #[test]
+    fn inception_modules_concat_their_branches() {
+        let ls = inception_v3(1);
+        let idx = |n: &str| {
+            ls.iter()
+                .position(|l| l.name == n)
+                .unwrap_or_else(|| panic!("{n}"))
+        };
+        let cat = &ls[idx("Mixed_5b.cat")];
+        assert_eq!(cat.out_elems, 256 * 35 * 35);
+        let want: Vec<_> = ["branch1x1", "branch5x5_2", "branch3x3dbl_3", "branch_pool"]
+            .iter()
+            .map(|b| idx(&format!("Mixed_5b.{b}.relu")))
+            .collect();
+        assert_eq!(cat.inputs, want);
+        // All four branches read the previous module's output.
+        let input = idx("maxpool2");
+        for b in [
+            "branch1x1.conv",
+            "branch5x5_1.conv",
+            "branch3x3dbl_1.conv",
+            "avg_pool",
+        ] {
+            assert_eq!(ls[idx(&format!("Mixed_5b.{b}"))].inputs, vec![input]);
+        }
+        assert_eq!(ls[idx("Mixed_7c.cat")].out_elems, 2048 * 8 * 8);
+        assert_eq!(ls[idx("Mixed_6a.cat")].out_elems, 768 * 17 * 17);
+        assert_eq!(ls[idx("Mixed_7a.cat")].out_elems, 1280 * 8 * 8);
+    }
+
+    #[test]
+    fn resnet50_saved_activations_per_image() {
+        // By hand, each tensor once (conv outputs kept by BN, ReLU outputs, pool indices, the
+        // image, the 2048 pooled features, the 1000 log-probabilities, BN stats):
+        //   stem 3·224² (image) + 2·64·112² (conv1 out, relu out) + 2·64·56² (pool indices,
+        //     pool output kept by layer1.0.conv1) = 2,157,568
+        //   layer1 8,028,160 · layer2 5,820,416 · layer3 4,114,432 · layer4 1,154,048
+        //   → 21,274,624 + 3,048 (fc input, loss) + 2·26,560 (BN stats) = 21,330,792
+        let ls = resnet50(1);
+        let saved: u64 = ls.iter().map(|l| l.saved_elems).sum();
+        assert_eq!(saved, 21_330_792);
+        let s8: u64 = resnet50(8).iter().map(|l| l.saved_elems).sum();
+        assert!(s8 > 7 * saved && s8 < 8 * saved);
+    }
+}

@@ -1,0 +1,143 @@
+//! The layer-level description every zoo model is written in: one entry per framework operator
+//! (a conv, a batch-norm, a GELU, one GEMM), with its work counted at a given batch size.
+//!
+//! Counts are in elements and FLOPs, not bytes or seconds: the cost model (`crate::cost`) turns
+//! them into durations for a GPU and a dtype. One multiply-add is 2 FLOPs.
+
+/// Which roofline ceiling an operator's math runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MathClass {
+    /// Dense matrix math that tensor cores / matrix cores accelerate (conv, GEMM, batched matmul).
+    Matrix,
+    /// Vector / element-wise math (norms, activations, pooling, softmax, adds, embeddings).
+    Vector,
+}
+
+/// The operator family, for op fusion legality, AMP and display.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    Conv,
+    Gemm,
+    /// Batched matmul inside attention (QKᵀ, AV): no parameters.
+    BatchedMatmul,
+    BatchNorm,
+    LayerNorm,
+    /// ReLU, GELU, tanh, dropout, residual add, scale: element-wise.
+    Elementwise,
+    Pool,
+    Softmax,
+    Embedding,
+    Concat,
+    /// The loss (cross-entropy) at the end of forward.
+    Loss,
+}
+
+/// One trainable tensor of a layer, named as the framework names it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Param {
+    /// PyTorch-style qualified name (`layer1.0.conv1.weight`,
+    /// `bert.encoder.layer.0.attention.self.query.weight`).
+    pub name: String,
+    pub elems: u64,
+}
+
+/// One operator of a model at a fixed batch size.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Layer {
+    /// Unique, framework-style name (`layer1.0.conv1`, `bert.encoder.layer.3.output.LayerNorm`).
+    pub name: String,
+    pub kind: LayerKind,
+    pub math: MathClass,
+    /// Indices of the layers whose outputs this one reads (empty for the first layer). Always
+    /// smaller than this layer's own index: the list is in a valid forward order.
+    pub inputs: Vec<usize>,
+    /// Forward FLOPs at this batch size.
+    pub fw_flops: f64,
+    /// Elements read and written by the forward pass (inputs, outputs, weights).
+    pub fw_elems: f64,
+    /// Backward FLOPs (input gradient plus weight gradient).
+    pub bw_flops: f64,
+    /// Elements read and written by the backward pass.
+    pub bw_elems: f64,
+    /// Kernels one forward launches (a conv with bias may be 2; softmax 1).
+    pub fw_kernels: u32,
+    /// Kernels one backward launches.
+    pub bw_kernels: u32,
+    /// Elements this layer keeps alive from its forward until its backward (what activation
+    /// checkpointing would drop).
+    pub saved_elems: u64,
+    /// Elements of its output.
+    pub out_elems: u64,
+    pub params: Vec<Param>,
+}
+
+impl Layer {
+    /// Total trainable elements of the layer.
+    pub fn param_elems(&self) -> u64 {
+        self.params.iter().map(|p| p.elems).sum()
+    }
+}
+
+/// The optimizer a model is conventionally trained with; it sets the optimizer-state memory
+/// and the cost of the update ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// SGD with momentum: one state tensor per parameter.
+    SgdMomentum,
+    /// Adam / AdamW: two state tensors per parameter.
+    Adam,
+}
+
+impl Optimizer {
+    /// State tensors kept per parameter.
+    pub fn states_per_param(self) -> u64 {
+        match self {
+            Optimizer::SgdMomentum => 1,
+            Optimizer::Adam => 2,
+        }
+    }
+    /// Elements read plus written per parameter by one unfused update (param, grad, states in;
+    /// param and states out).
+    pub fn update_elems_per_param(self) -> u64 {
+        match self {
+            Optimizer::SgdMomentum => 5,
+            Optimizer::Adam => 7,
+        }
+    }
+    /// FLOPs per parameter of one update.
+    pub fn update_flops_per_param(self) -> f64 {
+        match self {
+            Optimizer::SgdMomentum => 4.0,
+            Optimizer::Adam => 12.0,
+        }
+    }
+}
+
+/// A model at a batch size: its layers in forward order and its optimizer.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Model {
+    /// Zoo name (`resnet50`, `bert-base`, `gpt`).
+    pub name: String,
+    /// Per-worker batch size (samples, or sequences for transformers).
+    pub batch: u32,
+    pub optimizer: Optimizer,
+    pub layers: Vec<Layer>,
+}
+
+impl Model {
+    /// Total trainable elements.
+    pub fn param_elems(&self) -> u64 {
+        self.layers.iter().map(Layer::param_elems).sum()
+    }
+    /// Forward FLOPs of one iteration on one worker.
+    pub fn fw_flops(&self) -> f64 {
+        self.layers.iter().map(|l| l.fw_flops).sum()
+    }
+    /// Elements kept for backward, summed over layers.
+    pub fn saved_elems(&self) -> u64 {
+        self.layers.iter().map(|l| l.saved_elems).sum()
+    }
+}

@@ -1,0 +1,224 @@
+//! The model zoo: layer-level descriptions of well-known models ([`cnn`], [`transformer`]), and
+//! [`build`], which turns a model plus a cluster into the global DFG of one data-parallel
+//! iteration with durations from the roofline cost model. The no-trace default.
+//!
+//! **Invariant:** the zoo does no IO; a model is a pure function of its name and options.
+
+pub mod build;
+pub mod cnn;
+pub mod layers;
+pub mod transformer;
+
+pub use build::{BuildError, BuildOptions, build};
+pub use layers::{Layer, LayerKind, MathClass, Model, Optimizer, Param};
+pub use transformer::TransformerConfig;
+
+/// A zoo entry: name, one-line description, default per-worker batch and optimizer.
+#[derive(Clone, Copy, Debug)]
+pub struct ZooEntry {
+    pub name: &'static str,
+    pub doc: &'static str,
+    pub default_batch: u32,
+    pub optimizer: Optimizer,
+    /// Takes the transformer options (`--hidden`, `--heads`, `--layers`, `--seq`, `--vocab`).
+    pub transformer: bool,
+}
+
+/// Every zoo model, sorted by name.
+pub const MODELS: &[ZooEntry] = &[
+    ZooEntry {
+        name: "bert-base",
+        doc: "BERT-base (110 M params, 12 layers, hidden 768) pre-training, seq 128",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: true,
+    },
+    ZooEntry {
+        name: "bert-large",
+        doc: "BERT-large (336 M params, 24 layers, hidden 1024) pre-training, seq 128",
+        default_batch: 16,
+        optimizer: Optimizer::Adam,
+        transformer: true,
+    },
+    ZooEntry {
+        name: "gpt",
+        doc: "GPT-style decoder, GPT-2 small by default (124 M, 12 layers, hidden 768, seq 1024)",
+        default_batch: 8,
+        optimizer: Optimizer::Adam,
+        transformer: true,
+    },
+    ZooEntry {
+        name: "inception-v3",
+        doc: "Inception-v3 (23.8 M params) on 299x299 ImageNet images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "resnet50",
+        doc: "ResNet-50 (25.6 M params) on 224x224 ImageNet images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "vgg16",
+        doc: "VGG-16 (138 M params) on 224x224 ImageNet images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+];
+
+/// Largest per-worker batch accepted.
+pub const MAX_BATCH: u32 = 1 << 16;
+
+/// Options that shape a zoo model; `None` keeps the model's default.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelOptions {
+    pub batch: Option<u32>,
+    pub hidden: Option<u32>,
+    pub heads: Option<u32>,
+    pub layers: Option<u32>,
+    pub seq: Option<u32>,
+    pub vocab: Option<u32>,
+}
+
+/// Why a model could not be made.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ZooError {
+    #[error("unknown model `{name}`; the zoo has: {known}")]
+    Unknown { name: String, known: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Look up a zoo entry.
+pub fn entry(name: &str) -> Result<&'static ZooEntry, ZooError> {
+    MODELS
+        .iter()
+        .find(|m| m.name == name)
+        .ok_or_else(|| ZooError::Unknown {
+            name: name.to_string(),
+            known: MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
+        })
+}
+
+/// Make a zoo model at the options' batch size and shape.
+pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
+    let e = entry(name)?;
+    let batch = opts.batch.unwrap_or(e.default_batch);
+    if batch == 0 || batch > MAX_BATCH {
+        return Err(ZooError::Invalid(format!(
+            "batch must be between 1 and {MAX_BATCH}, got {batch}"
+        )));
+    }
+    let shaped = [opts.hidden, opts.heads, opts.layers, opts.seq, opts.vocab];
+    if !e.transformer && shaped.iter().any(Option::is_some) {
+        return Err(ZooError::Invalid(format!(
+            "{name} is not a transformer: --hidden, --heads, --layers, --seq and --vocab apply to bert-base, bert-large and gpt"
+        )));
+    }
+    let layers = match name {
+        "resnet50" => cnn::resnet50(batch),
+        "vgg16" => cnn::vgg16(batch),
+        "inception-v3" => cnn::inception_v3(batch),
+        _ => {
+            let mut cfg = match name {
+                "bert-base" => TransformerConfig::bert_base(),
+                "bert-large" => TransformerConfig::bert_large(),
+                _ => TransformerConfig::gpt2_small(),
+            };
+            if let Some(h) = opts.hidden {
+                cfg.hidden = h;
+                cfg.intermediate = h.saturating_mul(4);
+            }
+            cfg.heads = opts.heads.unwrap_or(cfg.heads);
+            cfg.layers = opts.layers.unwrap_or(cfg.layers);
+            if let Some(s) = opts.seq {
+                cfg.seq = s;
+                cfg.max_positions = cfg.max_positions.max(s);
+            }
+            cfg.vocab = opts.vocab.unwrap_or(cfg.vocab);
+            cfg.validate().map_err(ZooError::Invalid)?;
+            transformer::transformer(&cfg, batch)
+        }
+    };
+    Ok(Model {
+        name: name.to_string(),
+        batch,
+        optimizer: e.optimizer,
+        layers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_are_sorted_and_all_build() {
+        let names: Vec<_> = MODELS.iter().map(|m| m.name).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        for m in MODELS {
+            let model = model(m.name, &ModelOptions::default()).unwrap();
+            assert_eq!(model.batch, m.default_batch);
+            assert!(model.param_elems() > 20_000_000, "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn unknown_model_gets_the_list() {
+        let e = model("resnet51", &ModelOptions::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown model `resnet51`; the zoo has: bert-base, bert-large, gpt, inception-v3, resnet50, vgg16"
+        );
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let opts = |f: fn(&mut ModelOptions)| {
+            let mut o = ModelOptions::default();
+            f(&mut o);
+            o
+        };
+        assert!(
+            model("resnet50", &opts(|o| o.batch = Some(0)))
+                .unwrap_err()
+                .to_string()
+                .contains("batch")
+        );
+        assert!(model("resnet50", &opts(|o| o.batch = Some(1 << 20))).is_err());
+        assert!(
+            model("resnet50", &opts(|o| o.hidden = Some(512)))
+                .unwrap_err()
+                .to_string()
+                .contains("not a transformer")
+        );
+        let e = model("gpt", &opts(|o| o.heads = Some(7)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not divisible by heads"), "{e}");
+    }
+
+    #[test]
+    fn gpt_shape_options_change_the_model() {
+        let small = model("gpt", &ModelOptions::default()).unwrap();
+        let deeper = model(
+            "gpt",
+            &ModelOptions {
+                layers: Some(24),
+                hidden: Some(1024),
+                heads: Some(16),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // GPT-2 medium: 24 layers, hidden 1024 → 354.8 M parameters (345 M + position table).
+        assert_eq!(small.param_elems(), 124_439_808);
+        assert_eq!(deeper.param_elems(), 354_823_168);
+    }
+}

@@ -1,0 +1,582 @@
+//! Layer tables of the zoo's transformers: BERT pre-training (HuggingFace `BertForPreTraining`:
+//! encoder, pooler, MLM head with its decoder tied to the word embeddings, NSP head) and GPT-2
+//! (`GPT2LMHeadModel`: decoder-only, pre-LayerNorm, LM head tied to `wte`), one [`Layer`] per
+//! PyTorch operator with HuggingFace module names, fp32 training.
+//!
+//! Counting rules are those of `cnn.rs` (same [`Builder`]): linear fw = 2·in·out·tokens (+1 FLOP
+//! per output for the bias), bw = 2× the GEMM term; batched matmuls QKᵀ and AV =
+//! 2·batch·heads·seq·seq·head_dim each, bw 2×; norms 7 FLOPs/element, GELU 8, tanh 4, dropout 2,
+//! add 1, softmax 5 (+1 per folded op), cross-entropy 5 per logit; bw 2× fw for those except
+//! ReLU/dropout (1×) and the residual add (0, its gradient accumulation is charged to the fork);
+//! saved tensors are charged once, to the first op that keeps them; dropout masks count n/4.
+//! Transformer specifics:
+//! * The attention softmax folds the 1/√d scale and the mask (BERT: additive padding mask,
+//!   GPT-2: causal `torch.where`): 2 folded ops, so 3 fw and 3 bw kernels, as eager HF runs it.
+//! * Position embeddings are counted as batch·seq lookups (the broadcast over the batch and
+//!   the batch reduction of their gradient), so all FLOPs scale with the batch.
+//! * A tied output layer has no parameter of its own; its backward also accumulates its
+//!   weight gradient into the embedding's (vocab·hidden FLOPs, 1 kernel). BERT's decoder keeps
+//!   its own bias `cls.predictions.bias`; GPT-2's `lm_head` has none.
+//! * The fused QKV of GPT-2 (`c_attn`) is one tensor: both attention matmuls read it, and it is
+//!   kept once.
+//! * BERT's losses are `loss.masked_lm` over every position (as `BertForPreTraining` computes
+//!   the logits for all of them) and `loss.next_sentence`, summed by `loss.total`.
+
+use super::cnn::{Builder, Work};
+use super::layers::{Layer, LayerKind, Param};
+
+/// BERT's token-type vocabulary (segment A/B).
+const TYPE_VOCAB: u32 = 2;
+
+/// Shape of a BERT-style encoder (`decoder: false`) or a GPT-2-style decoder (`decoder: true`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TransformerConfig {
+    pub hidden: u32,
+    pub heads: u32,
+    pub layers: u32,
+    /// Sequence length trained on.
+    pub seq: u32,
+    pub vocab: u32,
+    /// Width of the feed-forward layer (4·hidden in all three presets).
+    pub intermediate: u32,
+    /// Rows of the position-embedding table.
+    pub max_positions: u32,
+    pub decoder: bool,
+}
+
+impl TransformerConfig {
+    /// BERT-base uncased (110 M with the pre-training heads), at the phase-1 sequence length 128.
+    pub fn bert_base() -> Self {
+        TransformerConfig {
+            hidden: 768,
+            heads: 12,
+            layers: 12,
+            seq: 128,
+            vocab: 30522,
+            intermediate: 3072,
+            max_positions: 512,
+            decoder: false,
+        }
+    }
+
+    /// BERT-large uncased (336 M with the pre-training heads), at sequence length 128.
+    pub fn bert_large() -> Self {
+        TransformerConfig {
+            hidden: 1024,
+            heads: 16,
+            layers: 24,
+            intermediate: 4096,
+            ..Self::bert_base()
+        }
+    }
+
+    /// GPT-2 small (124 M), full 1024-token context.
+    pub fn gpt2_small() -> Self {
+        TransformerConfig {
+            hidden: 768,
+            heads: 12,
+            layers: 12,
+            seq: 1024,
+            vocab: 50257,
+            intermediate: 3072,
+            max_positions: 1024,
+            decoder: true,
+        }
+    }
+
+    /// Checks the fields are positive, within sane limits, `hidden` splits into `heads` and
+    /// `seq` fits the position table. The message names the offending field.
+    pub fn validate(&self) -> Result<(), String> {
+        let fields = [
+            ("hidden", self.hidden, 1 << 16),
+            ("heads", self.heads, 1 << 16),
+            ("layers", self.layers, 1 << 10),
+            ("seq", self.seq, 1 << 20),
+            ("vocab", self.vocab, 1 << 22),
+            ("intermediate", self.intermediate, 1 << 20),
+            ("max_positions", self.max_positions, 1 << 20),
+        ];
+        for (name, v, max) in fields {
+            if v == 0 {
+                return Err(format!("transformer {name} must be > 0"));
+            }
+            if v > max {
+                return Err(format!("transformer {name} = {v} is above the limit {max}"));
+            }
+        }
+        if !self.hidden.is_multiple_of(self.heads) {
+            return Err(format!(
+                "transformer hidden = {} is not divisible by heads = {}",
+                self.hidden, self.heads
+            ));
+        }
+        if self.seq > self.max_positions {
+            return Err(format!(
+                "transformer seq = {} exceeds max_positions = {}",
+                self.seq, self.max_positions
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A transformer under construction. Element counts saturate instead of overflowing.
+struct Net {
+    b: Builder,
+    batch: u64,
+    seq: u64,
+    heads: u64,
+    hidden: u64,
+    /// batch · seq.
+    tokens: u64,
+}
+
+fn prod(xs: &[u64]) -> u64 {
+    xs.iter().fold(1u64, |a, &x| a.saturating_mul(x))
+}
+
+impl Net {
+    fn new(cfg: &TransformerConfig, batch: u32) -> Self {
+        let (batch, seq) = (u64::from(batch), u64::from(cfg.seq));
+        Net {
+            b: Builder::new(),
+            batch,
+            seq,
+            heads: u64::from(cfg.heads.max(1)),
+            hidden: u64::from(cfg.hidden),
+            tokens: prod(&[batch, seq]),
+        }
+    }
+
+    /// An `nn.Embedding(rows, hidden)` looked up once per token.
+    fn embedding(&mut self, name: &str, rows: u32) -> usize {
+        let (t, table) = (self.tokens, prod(&[u64::from(rows), self.hidden]));
+        let out = prod(&[t, self.hidden]);
+        let (tf, o) = (t as f64, out as f64);
+        let w = Work {
+            fw_flops: 0.0,
+            fw_elems: tf + 2.0 * o,
+            bw_flops: o,
+            bw_elems: o + tf + table as f64,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let params = vec![Param {
+            name: format!("{name}.weight"),
+            elems: table,
+        }];
+        self.b
+            .push(name, LayerKind::Embedding, vec![], w, t, out, params)
+    }
+
+    /// `nn.LayerNorm(hidden)` over every token.
+    fn layer_norm(&mut self, name: &str, x: usize) -> usize {
+        let (n, t, h) = (self.b.out(x), self.tokens as f64, self.hidden as f64);
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: 7.0 * nf,
+            fw_elems: 2.0 * nf + 2.0 * h,
+            bw_flops: 14.0 * nf,
+            bw_elems: 3.0 * nf + 2.0 * t + 3.0 * h,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = self.b.keep(x).saturating_add(2 * self.tokens);
+        let params = ["weight", "bias"].map(|s| Param {
+            name: format!("{name}.{s}"),
+            elems: self.hidden,
+        });
+        self.b.push(
+            name,
+            LayerKind::LayerNorm,
+            vec![x],
+            w,
+            saved,
+            n,
+            params.to_vec(),
+        )
+    }
+
+    fn linear(&mut self, name: &str, x: usize, fin: u32, fout: u32) -> usize {
+        self.b
+            .linear(name, x, self.tokens, u64::from(fin), u64::from(fout))
+    }
+
+    /// Elements of one attention-score tensor: batch · heads · seq².
+    fn scores_elems(&self) -> u64 {
+        prod(&[self.batch, self.heads, self.seq, self.seq])
+    }
+
+    /// An attention batched matmul reading `inputs` (`a_elems` + `b_elems`) and writing `out`:
+    /// 2·batch·heads·seq·seq·head_dim FLOPs either way (QKᵀ or AV).
+    fn bmm(
+        &mut self,
+        name: &str,
+        inputs: Vec<usize>,
+        a_elems: u64,
+        b_elems: u64,
+        out: u64,
+    ) -> usize {
+        let fl = 2.0 * self.scores_elems() as f64 * (self.hidden / self.heads) as f64;
+        let (a, bb, o) = (a_elems as f64, b_elems as f64, out as f64);
+        let w = Work {
+            fw_flops: fl,
+            fw_elems: a + bb + o,
+            bw_flops: 2.0 * fl,
+            bw_elems: o + 2.0 * (a + bb),
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = inputs
+            .iter()
+            .fold(0u64, |s, &i| s.saturating_add(self.b.keep(i)));
+        self.b.push(
+            name,
+            LayerKind::BatchedMatmul,
+            inputs,
+            w,
+            saved,
+            out,
+            vec![],
+        )
+    }
+
+    fn matmul_qk(&mut self, name: &str, inputs: Vec<usize>) -> usize {
+        let th = prod(&[self.tokens, self.hidden]);
+        self.bmm(name, inputs, th, th, self.scores_elems())
+    }
+
+    fn matmul_av(&mut self, name: &str, inputs: Vec<usize>) -> usize {
+        let th = prod(&[self.tokens, self.hidden]);
+        self.bmm(name, inputs, self.scores_elems(), th, th)
+    }
+
+    /// Softmax over the scores with the scale and the mask folded in (2 folded ops).
+    fn softmax(&mut self, name: &str, x: usize) -> usize {
+        const FOLDED: u32 = 2;
+        let (n, f) = (self.b.out(x), f64::from(FOLDED));
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: (5.0 + f) * nf,
+            fw_elems: 2.0 * nf * (1.0 + f),
+            bw_flops: 2.0 * (5.0 + f) * nf,
+            bw_elems: 3.0 * nf + 2.0 * nf * f,
+            fw_kernels: 1 + FOLDED,
+            bw_kernels: 1 + FOLDED,
+        };
+        let i = self
+            .b
+            .push(name, LayerKind::Softmax, vec![x], w, 0, n, vec![]);
+        let saved = self.b.keep(i);
+        self.b.layer_mut(i).saved_elems = saved;
+        i
+    }
+
+    /// A GEMM onto the vocabulary with the word-embedding weight (`hidden`·`vocab`, tied).
+    fn tied_head(&mut self, name: &str, x: usize, vocab: u32, bias: Option<&str>) -> usize {
+        let v = u64::from(vocab);
+        let params: Vec<Param> = bias
+            .map(|b| Param {
+                name: b.to_string(),
+                elems: v,
+            })
+            .into_iter()
+            .collect();
+        let i = self
+            .b
+            .gemm(name, x, self.tokens, self.hidden, v, bias.is_some(), params);
+        self.b.tie(i, prod(&[self.hidden, v]));
+        i
+    }
+
+    /// HF `BertLayer` (post-LN).
+    fn bert_layer(&mut self, p: &str, x: usize, cfg: &TransformerConfig) -> usize {
+        let (h, ff) = (cfg.hidden, cfg.intermediate);
+        let q = self.linear(&format!("{p}.attention.self.query"), x, h, h);
+        let k = self.linear(&format!("{p}.attention.self.key"), x, h, h);
+        let v = self.linear(&format!("{p}.attention.self.value"), x, h, h);
+        let s = self.matmul_qk(&format!("{p}.attention.self.matmul_qk"), vec![q, k]);
+        let s = self.softmax(&format!("{p}.attention.self.softmax"), s);
+        let s = self.b.dropout(&format!("{p}.attention.self.dropout"), s);
+        let c = self.matmul_av(&format!("{p}.attention.self.matmul_av"), vec![s, v]);
+        let y = self.linear(&format!("{p}.attention.output.dense"), c, h, h);
+        let y = self.b.dropout(&format!("{p}.attention.output.dropout"), y);
+        let y = self
+            .b
+            .add(&format!("{p}.attention.output.residual_add"), y, x);
+        let a = self.layer_norm(&format!("{p}.attention.output.LayerNorm"), y);
+        let y = self.linear(&format!("{p}.intermediate.dense"), a, h, ff);
+        let y = self
+            .b
+            .gelu(&format!("{p}.intermediate.intermediate_act_fn"), y);
+        let y = self.linear(&format!("{p}.output.dense"), y, ff, h);
+        let y = self.b.dropout(&format!("{p}.output.dropout"), y);
+        let y = self.b.add(&format!("{p}.output.residual_add"), y, a);
+        self.layer_norm(&format!("{p}.output.LayerNorm"), y)
+    }
+
+    /// HF `GPT2Block` (pre-LN).
+    fn gpt_block(&mut self, p: &str, x: usize, cfg: &TransformerConfig) -> usize {
+        let (h, ff) = (cfg.hidden, cfg.intermediate);
+        let a = self.layer_norm(&format!("{p}.ln_1"), x);
+        let qkv = self.linear(&format!("{p}.attn.c_attn"), a, h, h.saturating_mul(3));
+        let s = self.matmul_qk(&format!("{p}.attn.matmul_qk"), vec![qkv]);
+        let s = self.softmax(&format!("{p}.attn.softmax"), s);
+        let s = self.b.dropout(&format!("{p}.attn.attn_dropout"), s);
+        let c = self.matmul_av(&format!("{p}.attn.matmul_av"), vec![s, qkv]);
+        let y = self.linear(&format!("{p}.attn.c_proj"), c, h, h);
+        let y = self.b.dropout(&format!("{p}.attn.resid_dropout"), y);
+        let x = self.b.add(&format!("{p}.residual_add_attn"), y, x);
+        let m = self.layer_norm(&format!("{p}.ln_2"), x);
+        let y = self.linear(&format!("{p}.mlp.c_fc"), m, h, ff);
+        let y = self.b.gelu(&format!("{p}.mlp.act"), y);
+        let y = self.linear(&format!("{p}.mlp.c_proj"), y, ff, h);
+        let y = self.b.dropout(&format!("{p}.mlp.dropout"), y);
+        self.b.add(&format!("{p}.residual_add_mlp"), y, x)
+    }
+}
+
+/// The layers of one training step of `cfg` on `batch` sequences: BERT pre-training when
+/// `cfg.decoder` is false, a GPT-2 language model otherwise. `cfg` should pass
+/// [`TransformerConfig::validate`]; counts saturate rather than overflow on absurd sizes.
+pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
+    let mut m = Net::new(cfg, batch);
+    if cfg.decoder {
+        let wte = m.embedding("transformer.wte", cfg.vocab);
+        let wpe = m.embedding("transformer.wpe", cfg.max_positions);
+        let x = m.b.add("transformer.add_wpe", wte, wpe);
+        let mut x = m.b.dropout("transformer.drop", x);
+        for l in 0..cfg.layers {
+            x = m.gpt_block(&format!("transformer.h.{l}"), x, cfg);
+        }
+        let x = m.layer_norm("transformer.ln_f", x);
+        let logits = m.tied_head("lm_head", x, cfg.vocab, None);
+        m.b.loss("loss", logits, m.tokens);
+    } else {
+        let word = m.embedding("bert.embeddings.word_embeddings", cfg.vocab);
+        let ty = m.embedding("bert.embeddings.token_type_embeddings", TYPE_VOCAB);
+        let x = m.b.add("bert.embeddings.add_token_type", word, ty);
+        let pos = m.embedding("bert.embeddings.position_embeddings", cfg.max_positions);
+        let x = m.b.add("bert.embeddings.add_position", x, pos);
+        let x = m.layer_norm("bert.embeddings.LayerNorm", x);
+        let mut x = m.b.dropout("bert.embeddings.dropout", x);
+        for l in 0..cfg.layers {
+            x = m.bert_layer(&format!("bert.encoder.layer.{l}"), x, cfg);
+        }
+        // The pooler reads the first token of each sequence only.
+        let (h, rows) = (u64::from(cfg.hidden), m.batch);
+        let pooled = m.b.linear("bert.pooler.dense", x, rows, h, h);
+        let pooled = m.b.tanh("bert.pooler.activation", pooled);
+        let y = m.linear("cls.predictions.transform.dense", x, cfg.hidden, cfg.hidden);
+        let y = m.b.gelu("cls.predictions.transform.transform_act_fn", y);
+        let y = m.layer_norm("cls.predictions.transform.LayerNorm", y);
+        let logits = m.tied_head(
+            "cls.predictions.decoder",
+            y,
+            cfg.vocab,
+            Some("cls.predictions.bias"),
+        );
+        let nsp = m.b.linear("cls.seq_relationship", pooled, rows, h, 2);
+        let mlm = m.b.loss("loss.masked_lm", logits, m.tokens);
+        let nsp = m.b.loss("loss.next_sentence", nsp, rows);
+        m.b.add("loss.total", mlm, nsp);
+    }
+    m.b.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::cnn::tests::check_well_formed;
+    use super::*;
+    use crate::zoo::layers::MathClass;
+
+    fn params(ls: &[Layer]) -> u64 {
+        ls.iter().map(Layer::param_elems).sum()
+    }
+    fn fw(ls: &[Layer]) -> f64 {
+        ls.iter().map(|l| l.fw_flops).sum()
+    }
+
+    /// BertForPreTraining by hand: embeddings (V + P + 2)·h + 2h; per layer 4(h² + h) + 2·h·f +
+    /// f + h + 4h; pooler h² + h; MLM transform h² + h + 2h and decoder bias V (decoder weight
+    /// tied); NSP 2h + 2.
+    fn bert_params(c: &TransformerConfig) -> u64 {
+        let (h, f, v, p) = (
+            c.hidden as u64,
+            c.intermediate as u64,
+            c.vocab as u64,
+            c.max_positions as u64,
+        );
+        let emb = (v + p + 2) * h + 2 * h;
+        let layer = 4 * (h * h + h) + 2 * h * f + f + h + 4 * h;
+        emb + c.layers as u64 * layer + (h * h + h) + (h * h + 3 * h + v) + (2 * h + 2)
+    }
+
+    #[test]
+    fn parameter_counts() {
+        let (base, large, gpt) = (
+            TransformerConfig::bert_base(),
+            TransformerConfig::bert_large(),
+            TransformerConfig::gpt2_small(),
+        );
+        assert_eq!(bert_params(&base), 110_106_428);
+        assert_eq!(params(&transformer(&base, 1)), 110_106_428);
+        assert_eq!(bert_params(&large), 336_226_108);
+        assert_eq!(params(&transformer(&large, 1)), 336_226_108);
+        assert_eq!(params(&transformer(&gpt, 1)), 124_439_808);
+        // Without the pre-training heads BERT is the familiar 109,482,240 / 335,141,888.
+        let heads = |c: &TransformerConfig| {
+            bert_params(c) - {
+                let (h, v) = (c.hidden as u64, c.vocab as u64);
+                h * h + 3 * h + v + 2 * h + 2
+            }
+        };
+        assert_eq!(heads(&base), 109_482_240);
+        assert_eq!(heads(&large), 335_141_888);
+    }
+
+    /// 2·(non-embedding params acting on every token)·tokens + 2·V·h·tokens (tied output GEMM)
+    /// + 2·(pooler + NSP)·batch + 4·layers·batch·seq²·hidden (QKᵀ and AV).
+    fn formula(c: &TransformerConfig, batch: u32) -> f64 {
+        let (h, f, v) = (c.hidden as f64, c.intermediate as f64, c.vocab as f64);
+        let (b, s, l) = (batch as f64, c.seq as f64, c.layers as f64);
+        let t = b * s;
+        let layer = 4.0 * (h * h + h) + 2.0 * h * f + f + h + 4.0 * h;
+        let per_token = l * layer + if c.decoder { 2.0 * h } else { h * h + 3.0 * h };
+        let sequence = if c.decoder {
+            0.0
+        } else {
+            h * h + h + 2.0 * h + 2.0
+        };
+        2.0 * per_token * t + 2.0 * v * h * t + 2.0 * sequence * b + 4.0 * l * b * s * s * h
+    }
+
+    #[test]
+    fn forward_flops_follow_the_formula() {
+        for c in [
+            TransformerConfig::bert_base(),
+            TransformerConfig::bert_large(),
+            TransformerConfig::gpt2_small(),
+        ] {
+            for batch in [1, 8] {
+                let ls = transformer(&c, batch);
+                let (got, want) = (fw(&ls), formula(&c, batch));
+                assert!(((got - want) / want).abs() < 0.02, "{c:?}: {got} vs {want}");
+                let bw: f64 = ls.iter().map(|l| l.bw_flops).sum();
+                assert!((1.9..2.1).contains(&(bw / got)), "{}", bw / got);
+            }
+        }
+        // GPT-2 small: 2·123.65 M·1024 + 4·12·1024²·768 ≈ 291.9 GFLOPs per sequence.
+        let g = fw(&transformer(&TransformerConfig::gpt2_small(), 1)) / 1e9;
+        assert!((290.0..296.0).contains(&g), "{g}");
+    }
+
+    #[test]
+    fn well_formed() {
+        for c in [
+            TransformerConfig::bert_base(),
+            TransformerConfig::bert_large(),
+            TransformerConfig::gpt2_small(),
+        ] {
+            assert_eq!(c.validate(), Ok(()));
+            check_well_formed(&|b| transformer(&c, b));
+        }
+    }
+
+    #[test]
+    fn dag_has_the_residuals() {
+        let ls = transformer(&TransformerConfig::bert_base(), 2);
+        let idx = |n: &str| {
+            ls.iter()
+                .position(|l| l.name == n)
+                .unwrap_or_else(|| panic!("{n}"))
+        };
+        let p = "bert.encoder.layer.1";
+        let input = idx("bert.encoder.layer.0.output.LayerNorm");
+        for m in ["query", "key", "value"] {
+            assert_eq!(
+                ls[idx(&format!("{p}.attention.self.{m}"))].inputs,
+                vec![input]
+            );
+        }
+        let add = &ls[idx(&format!("{p}.attention.output.residual_add"))];
+        assert_eq!(
+            add.inputs,
+            vec![idx(&format!("{p}.attention.output.dropout")), input]
+        );
+        let qk = &ls[idx(&format!("{p}.attention.self.matmul_qk"))];
+        assert_eq!(qk.out_elems, 2 * 12 * 128 * 128);
+        assert_eq!(qk.math, MathClass::Matrix);
+        // The layer input feeds q, k, v and the residual: 3 gradient accumulations.
+        assert_eq!(ls[input].bw_kernels, 2 + 3);
+
+        let ls = transformer(&TransformerConfig::gpt2_small(), 1);
+        let idx = |n: &str| {
+            ls.iter()
+                .position(|l| l.name == n)
+                .unwrap_or_else(|| panic!("{n}"))
+        };
+        let qkv = idx("transformer.h.0.attn.c_attn");
+        assert_eq!(ls[idx("transformer.h.0.attn.matmul_qk")].inputs, vec![qkv]);
+        assert_eq!(
+            ls[idx("transformer.h.0.attn.matmul_av")].inputs,
+            vec![idx("transformer.h.0.attn.attn_dropout"), qkv]
+        );
+        assert_eq!(
+            ls[idx("transformer.h.1.residual_add_attn")].inputs,
+            vec![
+                idx("transformer.h.1.attn.resid_dropout"),
+                idx("transformer.h.0.residual_add_mlp")
+            ]
+        );
+        let head = &ls[idx("lm_head")];
+        assert!(head.params.is_empty() && head.inputs == vec![idx("transformer.ln_f")]);
+        assert_eq!(ls.last().map(|l| l.kind), Some(LayerKind::Loss));
+    }
+
+    #[test]
+    fn bert_base_saved_activations_per_sequence() {
+        // seq 128, batch 1, T = 128 tokens, Th = 98,304, A = 12·128² = 196,608, each tensor once:
+        //   embeddings: 3·128 ids + Th (LN input) + 256 stats + Th/4 (mask)       =    123,520
+        //   per layer: 16.5·Th (LN out, q, k, v, context, 2 LN inputs, LN out, 4Th GELU in,
+        //     4Th GELU out, 2 masks Th/4) + 2.25·A (probs, dropped probs, mask A/4)
+        //     + 512 stats = 2,064,896, × 12                                       = 24,778,752
+        //   heads: Th (pooler input) + 768 (tanh) + Th (GELU in) + Th + 256 (LN in)
+        //     + Th (decoder in) + 128·30,522 (log-probs) + 2 (NSP)               =  4,301,058
+        let ls = transformer(&TransformerConfig::bert_base(), 1);
+        let saved: u64 = ls.iter().map(|l| l.saved_elems).sum();
+        assert_eq!(saved, 29_203_330);
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let ok = TransformerConfig::gpt2_small();
+        let cases = [
+            (TransformerConfig { heads: 5, ..ok }, "divisible"),
+            (TransformerConfig { layers: 0, ..ok }, "layers"),
+            (
+                TransformerConfig {
+                    hidden: 1 << 17,
+                    heads: 1,
+                    ..ok
+                },
+                "hidden",
+            ),
+            (
+                TransformerConfig {
+                    vocab: u32::MAX,
+                    ..ok
+                },
+                "vocab",
+            ),
+            (TransformerConfig { seq: 2048, ..ok }, "max_positions"),
+            (TransformerConfig { heads: 0, ..ok }, "heads"),
+        ];
+        for (c, word) in cases {
+            let e = c.validate().expect_err(word);
+            assert!(e.contains(word) && !e.contains('\n'), "{e}");
+        }
+        // Even an invalid config builds without panicking.
+        assert!(!transformer(&TransformerConfig { heads: 0, ..ok }, 1).is_empty());
+    }
+}
