@@ -49,7 +49,7 @@ fn row_at(rows: &[(u64, f64, f64)], bytes: u64) -> Option<(u64, f64, f64)> {
 }
 
 fn mib(bytes: u64) -> String {
-    if bytes % MIB == 0 {
+    if bytes.is_multiple_of(MIB) {
         format!("{}", bytes / MIB)
     } else {
         format!("{:.2}", bytes as f64 / MIB as f64)
@@ -57,7 +57,7 @@ fn mib(bytes: u64) -> String {
 }
 
 fn size_label(bytes: u64) -> String {
-    if bytes >= 1024 * MIB && bytes % (1024 * MIB) == 0 {
+    if bytes >= 1024 * MIB && bytes.is_multiple_of(1024 * MIB) {
         format!("{} GiB", bytes / (1024 * MIB))
     } else {
         format!("{} MiB", mib(bytes))

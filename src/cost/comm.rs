@@ -363,7 +363,8 @@ impl Moments {
     #[cfg_attr(not(test), allow(dead_code))]
     fn closed_form(&self) -> Option<(f64, f64)> {
         let det = self.uu * self.vv - self.uv * self.uv;
-        if !(det.abs() > 1e-12 * self.uu * self.vv) {
+        let tiny = 1e-12 * self.uu * self.vv;
+        if det.is_nan() || det.abs() <= tiny {
             return None;
         }
         let p = (self.u * self.vv - self.v * self.uv) / det;
@@ -419,7 +420,7 @@ impl Scale {
         (u, v)
     }
 
-    fn to_alpha_beta(&self, p: f64, q: f64) -> AlphaBeta {
+    fn to_alpha_beta(self, p: f64, q: f64) -> AlphaBeta {
         // a = s·p = 2(n−1)·α; c = (s/X)·q = 1/B.
         AlphaBeta {
             alpha_ns: self.t * p / self.steps,
@@ -471,7 +472,7 @@ fn check_inputs(samples: &[AllReduceSample], n: u32, need: usize) -> Result<(), 
 }
 
 fn finish(scale: &Scale, p: f64, q: f64) -> Result<AlphaBeta, CalibrationError> {
-    if !(q > 0.0) {
+    if q.is_nan() || q <= 0.0 {
         return Err(CalibrationError::Fit(
             "best fit has zero bandwidth cost (times do not grow with message size)".into(),
         ));
@@ -590,7 +591,9 @@ pub fn fit_ring_piecewise(
         prefix.push(acc);
     }
     let total = acc;
-    let mut best: Option<(f64, usize, (f64, f64), (f64, f64))> = None;
+    /// (total SSE, split index, (p, q) below, (p, q) from the split on)
+    type Candidate = (f64, usize, (f64, f64), (f64, f64));
+    let mut best: Option<Candidate> = None;
     for k in PIECEWISE_MIN_SEGMENT..=sorted.len() - PIECEWISE_MIN_SEGMENT {
         // A breakpoint must separate distinct sizes.
         if sorted[k - 1].bytes == sorted[k].bytes {
@@ -843,6 +846,34 @@ mod tests {
             Err(CalibrationError::Fit(_))
         ));
         assert!(fit_ring(&two, 2).is_ok());
+        // Extreme magnitudes must not panic (Ok or Err are both acceptable).
+        let extreme = [
+            AllReduceSample {
+                bytes: 1,
+                time_ns: 1e-300,
+            },
+            AllReduceSample {
+                bytes: u64::MAX,
+                time_ns: 1e300,
+            },
+            AllReduceSample {
+                bytes: 7,
+                time_ns: f64::MIN_POSITIVE,
+            },
+        ];
+        let _ = fit_report(&extreme, 3);
+        let _ = fit_ring(&extreme, u32::MAX);
+        let bad = [
+            AllReduceSample {
+                bytes: 1,
+                time_ns: f64::NAN,
+            },
+            AllReduceSample {
+                bytes: 2,
+                time_ns: 1.0,
+            },
+        ];
+        assert!(matches!(fit_ring(&bad, 2), Err(CalibrationError::Fit(_))));
     }
 
     #[test]

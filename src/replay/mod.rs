@@ -128,11 +128,11 @@ struct Engine<'g> {
     virt: Vec<bool>,
     prios: bool,
     left: Vec<u32>,
+    /// Latest predecessor end so far; overwritten with the op's start when it runs.
     ready: Vec<u64>,
+    /// The predecessor that set `ready`; overwritten with the binding predecessor when it runs.
     ready_by: Vec<OpId>,
-    start: Vec<u64>,
     end: Vec<u64>,
-    binding: Vec<OpId>,
     busy: Vec<u64>,
     queues: Vec<Queue>,
     /// Devices by (earliest start of their next op, device id); stale entries are skipped.
@@ -156,9 +156,7 @@ impl<'g> Engine<'g> {
             left,
             ready: release.map_or_else(|| vec![0; n], <[u64]>::to_vec),
             ready_by: vec![NONE; n],
-            start: vec![0; n],
             end: vec![0; n],
-            binding: vec![NONE; n],
             busy: vec![0; nd],
             queues: (0..nd)
                 .map(|_| Queue {
@@ -200,9 +198,9 @@ impl<'g> Engine<'g> {
             }
         }
         Replay {
-            start_ns: self.start,
+            start_ns: self.ready,
             end_ns: self.end,
-            binding: self.binding,
+            binding: self.ready_by,
             device_busy_ns: self.busy,
             iteration_ns,
             last_op,
@@ -251,9 +249,9 @@ impl<'g> Engine<'g> {
         q.clock = end + g.gap_ns(op);
         q.prev = op;
         self.busy[d] += dur;
-        self.start[i] = start;
+        self.ready[i] = start;
         self.end[i] = end;
-        self.binding[i] = why;
+        self.ready_by[i] = why;
         self.release_succs(op, end);
     }
 
@@ -288,10 +286,7 @@ impl<'g> Engine<'g> {
     fn drain_virtual(&mut self) {
         while let Some(op) = self.stack.pop() {
             let i = op as usize;
-            let t = self.ready[i];
-            self.start[i] = t;
-            self.end[i] = t + self.g.dur_ns(op);
-            self.binding[i] = self.ready_by[i];
+            self.end[i] = self.ready[i] + self.g.dur_ns(op);
             self.release_succs(op, self.end[i]);
         }
     }
