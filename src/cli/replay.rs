@@ -227,7 +227,15 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             (c.gpu.memory_bytes() as f64 / 1e9).round()
         ),
         String::new(),
-        "critical path, largest items:".to_string(),
+        format!(
+            "critical path    {}",
+            breakdown::critical_path_by_phase(g, &cp)
+                .iter()
+                .map(|(k, v)| format!("{k} {:.1} ms", ms(*v)))
+                .collect::<Vec<_>>()
+                .join(" · ")
+        ),
+        "  largest items:".to_string(),
     ];
     for l in lines {
         writeln!(o, "{l}").map_err(CliError::stdout)?;
@@ -235,7 +243,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     for i in items.iter().take(8) {
         writeln!(
             o,
-            "  {:>8.2} ms  {:>5.1} %  {}",
+            "    {:>8.2} ms  {:>5.1} %  {}",
             i.dur_ns as f64 / 1e6,
             100.0 * i.dur_ns as f64 / r.iteration_ns.max(1) as f64,
             i.name

@@ -328,12 +328,16 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
 fn one_line_message(rendered: &str) -> String {
     let first = rendered.lines().next().unwrap_or("").trim();
     let first = first.strip_prefix("error: ").unwrap_or(first);
-    if first.starts_with("line ") {
-        if let Some(i) = first.find(": ") {
-            return first[i + 2..].to_string();
-        }
-    }
-    first.to_string()
+    let message = match first.find(": ") {
+        Some(i) if first.starts_with("line ") => &first[i + 2..],
+        _ => first,
+    };
+    // The parser's advice to programmers is not for users.
+    message
+        .split(", set DuplicateKeyPolicy")
+        .next()
+        .unwrap_or(message)
+        .to_string()
 }
 
 /// 1-based line and column of the first `key:` in `text`, for validation errors.
@@ -664,6 +668,8 @@ mod tests {
         );
         let e = err(&format!("{base}colour: red\n"));
         assert!(e.starts_with("my.yaml:7:1: unknown field `colour`"), "{e}");
+        let e = err(&format!("{base}name: y\n"));
+        assert_eq!(e, "my.yaml:7:1: duplicate mapping key: name");
         let e = err("name: [x\n");
         assert!(e.starts_with("my.yaml:1:"), "{e}");
         let e = err(&base.replace("inter: rdma-100g\n", ""));

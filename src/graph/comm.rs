@@ -15,8 +15,8 @@
 //!   identical workers. Worker `i`'s RECV in step `s` happens when worker `i−1`'s SEND in step
 //!   `s` ends, which by symmetry is when its own SEND ends: one worker and a chain of 2(n−1)
 //!   SEND → RECV pairs replay exactly like the full ring when all ring links are alike. With
-//!   mixed links (NVLink inside, network between nodes) the chain uses the slowest link, the one
-//!   that paces a real ring.
+//!   mixed links (NVLink inside, network between nodes) each step takes as long as the slowest
+//!   hop the ring has for that chunk size (α included), the hop that paces a real ring.
 //!
 //! Per-hop costs are α–β ([`AlphaBeta`]): a SEND of `b` bytes takes `α + b/B` on its link; the
 //! RECV carries no extra time (NCCL's fused receive-reduce-send kernel is inside the calibrated
@@ -106,6 +106,8 @@ pub struct CommTopology {
     n: u32,
     gpus_per_node: u32,
     cost: CommCost,
+    /// Symmetric form: the link classes the real ring's hops have.
+    quotient_hops: Vec<LinkClass>,
     comm_stream: Vec<DeviceId>,
     /// Ring: link i → i+1. Symmetric: the single quotient link.
     ring_links: Vec<DeviceId>,
@@ -127,6 +129,7 @@ impl CommTopology {
             n,
             gpus_per_node: spec.gpus_per_node.max(1),
             cost: spec.cost,
+            quotient_hops: Vec::new(),
             comm_stream,
             ring_links: Vec::new(),
             links: BTreeMap::new(),
@@ -181,10 +184,14 @@ impl CommTopology {
         } else {
             LinkClass::IntraNode
         };
-        let mut cost = spec.cost;
-        // The slowest hop paces the ring; take it even if the intra link were the slower one.
-        if cost.intra.bytes_per_ns < cost.inter.bytes_per_ns && class == LinkClass::InterNode {
-            cost.inter = cost.intra;
+        // The hop classes the ring really has: intra-node hops need two GPUs on a node,
+        // inter-node hops two nodes. Each step takes as long as the slowest of them.
+        let mut hops = Vec::new();
+        if spec.gpus_per_node > 1 || spec.nodes <= 1 {
+            hops.push(LinkClass::IntraNode);
+        }
+        if spec.nodes > 1 {
+            hops.push(LinkClass::InterNode);
         }
         let link = b.add_device(DeviceKind::Link {
             from: 0,
@@ -196,7 +203,8 @@ impl CommTopology {
             workers: 1,
             n,
             gpus_per_node: spec.gpus_per_node.max(1),
-            cost,
+            cost: spec.cost,
+            quotient_hops: hops,
             comm_stream: vec![comm_stream],
             ring_links: vec![link],
             links: BTreeMap::new(),
@@ -337,11 +345,13 @@ impl CommTopology {
         done: OpId,
     ) {
         let n = self.n;
-        let class = match b.devices()[self.ring_links[0] as usize] {
-            DeviceKind::Link { class, .. } => class,
-            _ => LinkClass::IntraNode,
-        };
-        let dur = ns(self.cost.link(class).time_ns(bytes as f64 / n as f64));
+        let chunk = bytes as f64 / n as f64;
+        let dur = self
+            .quotient_hops
+            .iter()
+            .map(|&c| ns(self.cost.link(c).time_ns(chunk)))
+            .max()
+            .unwrap_or(0);
         let mut prev = ready;
         for s in 0..2 * (n - 1) {
             let send = b.add_op(Self::comm_op(

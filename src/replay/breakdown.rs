@@ -120,6 +120,35 @@ pub fn critical_path_items(g: &Dfg, cp: &CriticalPath) -> Vec<PathItem> {
     v
 }
 
+/// The critical path's op time by category: `FW`, `BW`, `UPDATE` compute, `communication`,
+/// `CPU` (launches, host work, gaps) and `other`, in that order, zero categories left out.
+pub fn critical_path_by_phase(g: &Dfg, cp: &CriticalPath) -> Vec<(&'static str, u64)> {
+    const NAMES: [&str; 6] = ["FW", "BW", "UPDATE", "communication", "CPU", "other"];
+    let mut t = [0u64; 6];
+    for &op in &cp.ops {
+        let k = g.kind(op);
+        let i = if k.is_comm() {
+            3
+        } else if matches!(k, OpKind::Launch | OpKind::CpuOther | OpKind::Gap) {
+            4
+        } else {
+            match g.phase(op) {
+                crate::graph::Phase::Fw => 0,
+                crate::graph::Phase::Bw => 1,
+                crate::graph::Phase::Update => 2,
+                _ => 5,
+            }
+        };
+        t[i] += g.dur_ns(op);
+    }
+    NAMES
+        .iter()
+        .zip(t)
+        .filter(|(_, v)| *v > 0)
+        .map(|(n, v)| (*n, v))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,9 @@
+//! The integration-test binary: every module here exercises the public library API or the real
+//! `trainplan` binary from the outside.
+//!
+//! * [`properties`]: proptest invariants of the replayer and the critical path on random DAGs, and
+//!   the symmetric (quotient) ring against the full fine-grained ring.
+//! * [`cli`]: the `trainplan` binary's output formats, exit codes and error messages.
+
+mod cli;
+mod properties;
