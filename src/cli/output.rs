@@ -41,7 +41,7 @@ pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -77,7 +77,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("out.json");
         std::fs::write(&p, "old").unwrap();
-        let err = write_atomic(&p, &mut |w: &mut dyn Write| {
+        let err = write_atomic(&p, |w: &mut dyn Write| {
             w.write_all(b"half")?;
             Err(io::Error::other("disk full"))
         });
@@ -88,7 +88,7 @@ mod tests {
             1,
             "temporary file removed"
         );
-        write_atomic(&p, &mut |w: &mut dyn Write| w.write_all(b"new")).unwrap();
+        write_atomic(&p, |w: &mut dyn Write| w.write_all(b"new")).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "new");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -389,12 +389,12 @@ impl CommTopology {
     ) {
         let n = self.n;
         // Reduce: children before parents, so visit workers from the highest index down.
-        let mut reduced: Vec<Vec<OpId>> = (0..n as usize).map(|i| vec![ready[i]]).collect();
-        for i in 0..n as usize {
-            if self.last[i] != NONE {
-                reduced[i].push(self.last[i]);
-            }
-        }
+        // What a worker must have before it sends up: its gradient, its previous collective.
+        let mut reduced: Vec<Vec<OpId>> = ready
+            .iter()
+            .zip(&self.last)
+            .map(|(&r, &l)| if l == NONE { vec![r] } else { vec![r, l] })
+            .collect();
         for i in (1..n).rev() {
             let p = (i - 1) / 2;
             let link = self.link(b, i, p);
