@@ -6,4 +6,5 @@ pub mod graph;
 #[path = "../passes/mod.rs"]
 pub mod passes;
 pub mod replay;
+pub mod trace;
 pub mod zoo;
