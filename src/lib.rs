@@ -1,3 +1,6 @@
+//! trainplan: predict and improve the iteration time of data-parallel training (library; the
+//! `trainplan` binary is a thin front over `cli`). The architecture notes below are ARCHITECTURE.md.
+
 #![doc = include_str!("../ARCHITECTURE.md")]
 
 pub mod cli;
