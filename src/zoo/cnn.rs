@@ -1,6 +1,6 @@
 //! Layer tables of the ImageNet CNNs of the zoo (ResNet-50, VGG-16, Inception-v3, fp32 training,
 //! 1000 classes), one [`Layer`] per PyTorch operator with torchvision module names, plus the
-//! small operator [`Builder`] that `transformer.rs` shares.
+//! small operator `Builder` that `transformer.rs` shares.
 //!
 //! Counting rules (n = elements of the op's output unless said otherwise; "elems" are elements
 //! read plus written, each tensor counted once even when two kernels read it):
@@ -329,7 +329,7 @@ const fn rect(cout: u64, kh: u64, kw: u64) -> Cv {
     }
 }
 
-/// A CNN under construction: the [`Builder`] plus a per-sample `[C, H, W]` shape per layer.
+/// A CNN under construction: the `Builder` plus a per-sample `[C, H, W]` shape per layer.
 /// `None` as an input means the image.
 struct Net {
     b: Builder,

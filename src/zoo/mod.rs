@@ -1,5 +1,5 @@
 //! The model zoo: layer-level descriptions of well-known models ([`cnn`], [`transformer`]), and
-//! [`build`], which turns a model plus a cluster into the global DFG of one data-parallel
+//! [`build()`], which turns a model plus a cluster into the global DFG of one data-parallel
 //! iteration with durations from the roofline cost model. The no-trace default.
 //!
 //! **Invariant:** the zoo does no IO; a model is a pure function of its name and options.

@@ -3,7 +3,7 @@
 //! (`GPT2LMHeadModel`: decoder-only, pre-LayerNorm, LM head tied to `wte`), one [`Layer`] per
 //! PyTorch operator with HuggingFace module names, fp32 training.
 //!
-//! Counting rules are those of `cnn.rs` (same [`Builder`]): linear fw = 2·in·out·tokens (+1 FLOP
+//! Counting rules are those of `cnn.rs` (same `Builder`): linear fw = 2·in·out·tokens (+1 FLOP
 //! per output for the bias), bw = 2× the GEMM term; batched matmuls QKᵀ and AV =
 //! 2·batch·heads·seq·seq·head_dim each, bw 2×; norms 7 FLOPs/element, GELU 8, tanh 4, dropout 2,
 //! add 1, softmax 5 (+1 per folded op), cross-entropy 5 per logit; bw 2× fw for those except
