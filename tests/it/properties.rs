@@ -556,37 +556,12 @@ proptest! {
 /// 48060 ns.
 #[test]
 fn symmetric_ring_is_paced_by_the_slowest_hop_for_small_messages() {
-    let intra = AlphaBeta {
-        alpha_ns: 8000.0,
-        bytes_per_ns: 100.0,
-    };
-    let inter = AlphaBeta {
-        alpha_ns: 6000.0,
-        bytes_per_ns: 10.0,
-    };
-    let local = [LocalOp {
-        dur_ns: 0,
-        grad_bytes: Some(4000),
-        update_ns: 0,
-    }];
-    let ring = Ring {
-        n: 4,
-        nodes: 2,
-        intra,
-        inter,
-        updates_after_chain: true,
-    };
-    let (full, _) = ring_job(ring, &local, false);
-    let (sym, _) = ring_job(ring, &local, true);
-    assert_eq!(
-        replay(&full).iteration_ns,
+    check_one_tensor_ring(
+        4,
+        (8000.0, 100.0),
+        (6000.0, 10.0),
         48_060,
-        "full ring, worked out by hand"
-    );
-    assert_eq!(
-        replay(&sym).iteration_ns,
-        48_060,
-        "the quotient must use the slowest hop for this chunk size (the intra link)"
+        "the quotient must use the slowest hop for this chunk size (the intra link)",
     );
 }
 
@@ -596,13 +571,22 @@ fn symmetric_ring_is_paced_by_the_slowest_hop_for_small_messages() {
 /// used the unused intra link (1 B/ns: 2000 ns a step) and predicted 4000 ns.
 #[test]
 fn symmetric_ring_ignores_an_intra_link_no_hop_uses() {
-    let intra = AlphaBeta {
-        alpha_ns: 0.0,
-        bytes_per_ns: 1.0,
-    };
-    let inter = AlphaBeta {
-        alpha_ns: 1000.0,
-        bytes_per_ns: 10.0,
+    check_one_tensor_ring(
+        2,
+        (0.0, 1.0),
+        (1000.0, 10.0),
+        2_400,
+        "2 nodes x 1 GPU: no hop uses the intra link, the quotient must not either",
+    );
+}
+
+/// One 4000 B gradient on an `n`-worker ring over 2 nodes with intra and inter links given as
+/// (α ns, B bytes/ns): both the full ring and its quotient must take `expect_ns` (worked out by
+/// hand in the callers' docs).
+fn check_one_tensor_ring(n: u32, intra: (f64, f64), inter: (f64, f64), expect_ns: u64, why: &str) {
+    let link = |(alpha_ns, bytes_per_ns): (f64, f64)| AlphaBeta {
+        alpha_ns,
+        bytes_per_ns,
     };
     let local = [LocalOp {
         dur_ns: 0,
@@ -610,24 +594,20 @@ fn symmetric_ring_ignores_an_intra_link_no_hop_uses() {
         update_ns: 0,
     }];
     let ring = Ring {
-        n: 2,
+        n,
         nodes: 2,
-        intra,
-        inter,
+        intra: link(intra),
+        inter: link(inter),
         updates_after_chain: true,
     };
     let (full, _) = ring_job(ring, &local, false);
     let (sym, _) = ring_job(ring, &local, true);
     assert_eq!(
         replay(&full).iteration_ns,
-        2_400,
+        expect_ns,
         "full ring, worked out by hand"
     );
-    assert_eq!(
-        replay(&sym).iteration_ns,
-        2_400,
-        "2 nodes x 1 GPU: no hop uses the intra link, the quotient must not either"
-    );
+    assert_eq!(replay(&sym).iteration_ns, expect_ns, "{why}");
 }
 
 fn resnet(batch: u32) -> zoo::Model {
