@@ -14,6 +14,7 @@
 //! **Invariant:** every op's device exists; virtual ops sit on a [`DeviceKind::Virtual`] device.
 
 pub mod comm;
+pub mod job;
 pub mod petgraph_impl;
 
 use std::fmt;

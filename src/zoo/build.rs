@@ -21,15 +21,15 @@
 //! With [`BuildOptions::symmetric`] the graph holds one worker and the quotient ring chain
 //! ([`CommTopology::symmetric_ring`]) and stands for all of the cluster's workers.
 
-use crate::cost::compute::{Efficiency, Roofline, ns};
+use crate::cost::compute::Efficiency;
 use crate::cost::config::{Cluster, Dtype, SyncScheme};
-use crate::graph::comm::{CommSpec, CommTopology};
+use crate::graph::comm::CommSpec;
+use crate::graph::job::{Job, JobError, JobMeta, LocalGraph, LocalOp, OpWork, Sync};
 use crate::graph::{
-    DeviceKind, Dfg, DfgBuilder, GraphError, MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase,
-    Tensor,
+    DeviceKind, Dfg, GraphError, MemEffect, MemWhen, OpId, OpKind, OpSpec, Phase, Tensor,
 };
 
-use super::Model;
+use super::{MathClass, Model};
 
 /// How to build the graph.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -56,46 +56,35 @@ impl Default for BuildOptions {
 pub enum BuildError {
     #[error("the symmetric form needs ring all-reduce; cluster {cluster} uses {scheme:?}")]
     SymmetricNeedsRing { cluster: String, scheme: SyncScheme },
-    #[error(
-        "{model} on {workers} workers would have about {ops} ops in its fine-grained graph (limit {limit}); use the symmetric form or fewer workers"
-    )]
-    TooLarge {
+    #[error("{model}: {source}")]
+    Job {
         model: String,
-        workers: u32,
-        ops: u64,
-        limit: u64,
+        #[source]
+        source: JobError,
     },
     #[error(transparent)]
     Graph(#[from] GraphError),
 }
 
-/// Most ops a full (non-symmetric) graph may have: ~60 bytes of arrays per op.
-pub const MAX_OPS: u64 = 200_000_000;
-
 /// Build the global DFG of one iteration of `model` on `cluster`.
 pub fn build(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Dfg, BuildError> {
-    let n = cluster.workers();
+    job(model, cluster, opts)?
+        .expand()
+        .map_err(|source| BuildError::Job {
+            model: model.name.clone(),
+            source,
+        })
+}
+
+/// The editable job of `model` on `cluster` (see the module docs for its shape).
+pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job, BuildError> {
     if opts.symmetric && cluster.sync != SyncScheme::Ring {
         return Err(BuildError::SymmetricNeedsRing {
             cluster: cluster.name.clone(),
             scheme: cluster.sync,
         });
     }
-    let graph_workers = if opts.symmetric { 1 } else { n };
-    let roof = Roofline::new(&cluster.gpu, opts.dtype, opts.efficiency);
     let elem = opts.dtype.bytes();
-
-    // Per-layer and per-tensor costs, shared by all workers.
-    let fw: Vec<u64> = model
-        .layers
-        .iter()
-        .map(|l| ns(roof.time_ns(l.math, l.fw_flops, l.fw_elems, l.fw_kernels)))
-        .collect();
-    let bw: Vec<u64> = model
-        .layers
-        .iter()
-        .map(|l| ns(roof.time_ns(l.math, l.bw_flops, l.bw_elems, l.bw_kernels)))
-        .collect();
     let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); model.layers.len()];
     for (i, l) in model.layers.iter().enumerate() {
         for &p in &l.inputs {
@@ -103,145 +92,167 @@ pub fn build(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Df
         }
     }
     let opt = model.optimizer;
-    let params = model.param_elems();
-    let static_bytes = params * (2 * elem + 4 * opt.states_per_param());
-
-    let mut b = DfgBuilder::new();
+    let mut g = LocalGraph {
+        static_mem_bytes: model.param_elems() * (2 * elem + 4 * opt.states_per_param()),
+        layers: model.layers.iter().map(|l| l.name.clone()).collect(),
+        devices: vec![
+            DeviceKind::Virtual,
+            DeviceKind::GpuStream {
+                worker: 0,
+                stream: 0,
+            },
+        ],
+        ..LocalGraph::default()
+    };
+    let (v, gpu) = (0u32, 1u32);
     // Tensors in gradient-ready order: last layer first, a layer's params in declaration order.
     let mut tensors = Vec::new();
     for (li, l) in model.layers.iter().enumerate().rev() {
         for p in &l.params {
-            let t = b.add_tensor(Tensor {
+            g.tensors.push(Tensor {
                 name: p.name.clone(),
                 bytes: p.elems * elem,
-                layer: NONE,
+                layer: li as u32,
             });
-            tensors.push((t, li, p.elems));
+            tensors.push(((g.tensors.len() - 1) as u32, li, p.elems));
         }
     }
-    let layer_ids: Vec<u32> = model
-        .layers
-        .iter()
-        .map(|l| b.add_layer(l.name.clone()))
-        .collect();
-    let v = b.add_device(DeviceKind::Virtual);
-    let gpus: Vec<u32> = (0..graph_workers)
-        .map(|w| {
-            b.add_device(DeviceKind::GpuStream {
-                worker: w,
-                stream: 0,
-            })
-        })
-        .collect();
-    let streams: Vec<u32> = (0..graph_workers)
-        .map(|w| b.add_device(DeviceKind::CommStream { worker: w }))
-        .collect();
-    let spec = CommSpec::from_cluster(cluster);
-    let mut topo = if opts.symmetric {
-        CommTopology::symmetric_ring(&mut b, &spec, n, streams[0])
-    } else {
-        CommTopology::new(&mut b, &spec, streams.clone())
+    let push = |g: &mut LocalGraph, spec: OpSpec, work: Option<OpWork>| -> OpId {
+        g.ops.push(LocalOp { spec, work });
+        (g.ops.len() - 1) as OpId
     };
-    let local_ops = 2 * model.layers.len() + 1 + 3 * tensors.len();
-    let total = graph_workers as u64 * local_ops as u64
-        + tensors.len() as u64 * topo.ops_per_tensor() as u64;
-    if total > MAX_OPS {
-        return Err(BuildError::TooLarge {
+    let job_stub = Job {
+        local: LocalGraph::default(),
+        syncs: Vec::new(),
+        comm: CommSpec::from_cluster(cluster),
+        workers: cluster.workers(),
+        symmetric: opts.symmetric,
+        gpu: cluster.gpu.clone(),
+        dtype: opts.dtype,
+        efficiency: opts.efficiency,
+        meta: JobMeta {
             model: model.name.clone(),
-            workers: n,
-            ops: total,
-            limit: MAX_OPS,
+            batch: model.batch,
+            cluster: cluster.name.clone(),
+            source: "zoo".into(),
+        },
+    };
+    let cost = |w: &OpWork| job_stub.cost_ns(w, opts.dtype, 1.0);
+    let mut fw_op = vec![0 as OpId; model.layers.len()];
+    for (i, l) in model.layers.iter().enumerate() {
+        let p = l.param_elems() as f64;
+        let work = OpWork {
+            math: l.math,
+            flops: l.fw_flops,
+            act_elems: (l.fw_elems - p).max(0.0),
+            weight_elems: p.min(l.fw_elems),
+            kernels: l.fw_kernels,
+        };
+        let o = push(
+            &mut g,
+            OpSpec::compute(gpu, Phase::Fw, i as u32, cost(&work)),
+            Some(work),
+        );
+        for &inp in &l.inputs {
+            g.edges.push((fw_op[inp], o));
+        }
+        if l.saved_elems > 0 {
+            g.mem.push(MemEffect {
+                op: o,
+                worker: 0,
+                bytes: l.saved_elems * elem,
+                when: MemWhen::AllocAtStart,
+            });
+        }
+        fw_op[i] = o;
+    }
+    let mut bw_op = vec![0 as OpId; model.layers.len()];
+    for i in (0..model.layers.len()).rev() {
+        let l = &model.layers[i];
+        let p = 2.0 * l.param_elems() as f64;
+        let work = OpWork {
+            math: l.math,
+            flops: l.bw_flops,
+            act_elems: (l.bw_elems - p).max(0.0),
+            weight_elems: p.min(l.bw_elems),
+            kernels: l.bw_kernels,
+        };
+        let o = push(
+            &mut g,
+            OpSpec::compute(gpu, Phase::Bw, i as u32, cost(&work)),
+            Some(work),
+        );
+        g.edges.push((fw_op[i], o));
+        for &c in &consumers[i] {
+            g.edges.push((bw_op[c], o));
+        }
+        if l.saved_elems > 0 {
+            g.mem.push(MemEffect {
+                op: o,
+                worker: 0,
+                bytes: l.saved_elems * elem,
+                when: MemWhen::FreeAtEnd,
+            });
+        }
+        bw_op[i] = o;
+    }
+    let bw_done = push(&mut g, OpSpec::new(OpKind::Out, Phase::Bw, v, 0), None);
+    for (i, l) in model.layers.iter().enumerate() {
+        if l.inputs.is_empty() {
+            g.edges.push((bw_op[i], bw_done));
+        }
+    }
+    let mut syncs = Vec::with_capacity(tensors.len());
+    for &(t, li, elems) in &tensors {
+        let out = push(
+            &mut g,
+            OpSpec {
+                tensor: t,
+                layer: li as u32,
+                ..OpSpec::new(OpKind::Out, Phase::Comm, v, 0)
+            },
+            None,
+        );
+        g.edges.push((bw_op[li], out));
+        let inn = push(
+            &mut g,
+            OpSpec {
+                tensor: t,
+                layer: li as u32,
+                ..OpSpec::new(OpKind::In, Phase::Comm, v, 0)
+            },
+            None,
+        );
+        let work = OpWork {
+            math: MathClass::Vector,
+            flops: elems as f64 * opt.update_flops_per_param(),
+            act_elems: 0.0,
+            weight_elems: (elems * opt.update_elems_per_param()) as f64,
+            kernels: 1,
+        };
+        let u = push(
+            &mut g,
+            OpSpec {
+                tensor: t,
+                ..OpSpec::compute(gpu, Phase::Update, li as u32, cost(&work))
+            },
+            Some(work),
+        );
+        g.edges.push((inn, u));
+        g.edges.push((bw_done, u));
+        syncs.push(Sync {
+            tensors: vec![t],
+            bytes: elems * elem,
+            partitions: 1,
+            ready: vec![out],
+            done: vec![inn],
         });
     }
-    b.reserve(total as usize, total as usize * 2);
-    b.set_workers(graph_workers);
-    if opts.symmetric {
-        b.set_represents(n);
-    }
-
-    let mut outs = vec![vec![0 as OpId; graph_workers as usize]; tensors.len()];
-    let mut ins = vec![vec![0 as OpId; graph_workers as usize]; tensors.len()];
-    let mut bw_done = vec![0 as OpId; graph_workers as usize];
-    let mut bw_op_of_layer = vec![vec![0 as OpId; model.layers.len()]; graph_workers as usize];
-    for w in 0..graph_workers {
-        b.set_static_memory(w, static_bytes);
-        let gpu = gpus[w as usize];
-        let mut fw_op = vec![0 as OpId; model.layers.len()];
-        for (i, l) in model.layers.iter().enumerate() {
-            let o = b.add_op(OpSpec::compute(gpu, Phase::Fw, layer_ids[i], fw[i]));
-            for &p in &l.inputs {
-                b.add_edge(fw_op[p], o);
-            }
-            if l.saved_elems > 0 {
-                b.add_mem(MemEffect {
-                    op: o,
-                    worker: w,
-                    bytes: l.saved_elems * elem,
-                    when: MemWhen::AllocAtStart,
-                });
-            }
-            fw_op[i] = o;
-        }
-        let bw_op = &mut bw_op_of_layer[w as usize];
-        for i in (0..model.layers.len()).rev() {
-            let l = &model.layers[i];
-            let o = b.add_op(OpSpec::compute(gpu, Phase::Bw, layer_ids[i], bw[i]));
-            b.add_edge(fw_op[i], o);
-            for &c in &consumers[i] {
-                b.add_edge(bw_op[c], o);
-            }
-            if l.saved_elems > 0 {
-                b.add_mem(MemEffect {
-                    op: o,
-                    worker: w,
-                    bytes: l.saved_elems * elem,
-                    when: MemWhen::FreeAtEnd,
-                });
-            }
-            bw_op[i] = o;
-        }
-        let done = b.add_op(OpSpec::new(OpKind::Out, Phase::Bw, v, 0));
-        for (i, l) in model.layers.iter().enumerate() {
-            if l.inputs.is_empty() {
-                b.add_edge(bw_op[i], done);
-            }
-        }
-        bw_done[w as usize] = done;
-        for (k, &(t, li, _)) in tensors.iter().enumerate() {
-            let out = b.add_op(OpSpec {
-                tensor: t,
-                layer: layer_ids[li],
-                ..OpSpec::new(OpKind::Out, Phase::Comm, v, 0)
-            });
-            b.add_edge(bw_op[li], out);
-            outs[k][w as usize] = out;
-            ins[k][w as usize] = b.add_op(OpSpec {
-                tensor: t,
-                layer: layer_ids[li],
-                ..OpSpec::new(OpKind::In, Phase::Comm, v, 0)
-            });
-        }
-    }
-    for (k, &(t, _, elems)) in tensors.iter().enumerate() {
-        topo.allreduce(&mut b, t, elems * elem, &outs[k], &ins[k]);
-    }
-    for w in 0..graph_workers as usize {
-        for (k, &(t, li, elems)) in tensors.iter().enumerate() {
-            let dur = ns(roof.time_ns(
-                crate::zoo::MathClass::Vector,
-                elems as f64 * opt.update_flops_per_param(),
-                (elems * opt.update_elems_per_param()) as f64,
-                1,
-            ));
-            let u = b.add_op(OpSpec {
-                tensor: t,
-                ..OpSpec::compute(gpus[w], Phase::Update, layer_ids[li], dur)
-            });
-            b.add_edge(ins[k][w], u);
-            b.add_edge(bw_done[w], u);
-        }
-    }
-    Ok(b.build()?)
+    Ok(Job {
+        local: g,
+        syncs,
+        ..job_stub
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,610 @@
+//! A data-parallel job in its editable, logical form: one worker's local graph (the template all
+//! workers share), the ordered list of gradient synchronisations, and the communication
+//! topology. [`Job::expand`] turns it into the global [`Dfg`] (every worker's ops plus the
+//! fine-grained SEND/RECV ops of every synchronisation), which is what the replayer runs.
+//!
+//! Passes edit the job, never the global graph: fusing two ops edits the local graph once for all
+//! workers; fusing two tensors merges two [`Sync`]s; partitioning one sets its `partitions`. The
+//! local graph is small (hundreds to thousands of ops), so an edit copies it and expansion
+//! rebuilds the global graph — milliseconds for 16 workers (see `benches/`).
+//!
+//! Edits go through [`Editor`], which implements Daydream's what-if primitives (select is the
+//! caller's job; scale, remove, insert, merge, add edge, priority) over op ids that stay stable
+//! during an edit: removed ops become tombstones and inserted ops are appended, and
+//! [`Editor::finish`] compacts and checks the result (a cycle or an empty graph is an error and the
+//! original job is untouched).
+//!
+//! **Invariant:** every `Sync` names live local `Out`-side ops in `ready` and `In`-side ops in
+//! `done`; sync order is the collective issue order.
+
+use crate::cost::compute::{Efficiency, Roofline, ns};
+use crate::cost::config::{Dtype, GpuSpec};
+use crate::zoo::MathClass;
+
+use super::comm::{CommSpec, CommTopology};
+use super::{
+    DeviceKind, Dfg, DfgBuilder, GraphError, MemEffect, NONE, OpId, OpKind, OpSpec, Phase, Tensor,
+    TensorId,
+};
+
+/// What an op computes, so that a pass can re-cost it (AMP's dtype, accumulation's batch/k,
+/// fusion's saved memory traffic). Elements are per worker at the job's batch size.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct OpWork {
+    pub math: MathClass,
+    pub flops: f64,
+    /// Elements moved that scale with the batch (activations, their gradients).
+    pub act_elems: f64,
+    /// Elements moved that do not (weights, weight gradients, optimizer state).
+    pub weight_elems: f64,
+    pub kernels: u32,
+}
+
+/// One op of the local graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalOp {
+    pub spec: OpSpec,
+    /// What it computes, when known (zoo ops; trace ops only have their measured duration).
+    pub work: Option<OpWork>,
+}
+
+/// One worker's graph: ops on that worker's devices (device ids index `devices`, all with
+/// worker 0), dependency edges, memory effects and static memory.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LocalGraph {
+    pub ops: Vec<LocalOp>,
+    pub edges: Vec<(OpId, OpId)>,
+    pub mem: Vec<MemEffect>,
+    pub devices: Vec<DeviceKind>,
+    pub layers: Vec<String>,
+    pub tensors: Vec<Tensor>,
+    pub static_mem_bytes: u64,
+}
+
+/// One collective: the tensors it carries, when it may start and what waits for it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Sync {
+    pub tensors: Vec<TensorId>,
+    /// Bytes per worker (after compression, if any).
+    pub bytes: u64,
+    /// Independent pieces it is cut into (BytePS partitions); each is its own collective.
+    pub partitions: u32,
+    /// Local ops whose end makes it ready (the tensors' `Out` ops).
+    pub ready: Vec<OpId>,
+    /// Local ops that wait for it (the tensors' `In` ops).
+    pub done: Vec<OpId>,
+}
+
+/// What the job is, for reports.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct JobMeta {
+    pub model: String,
+    pub batch: u32,
+    pub cluster: String,
+    /// `zoo` or `trace`.
+    pub source: String,
+}
+
+/// A data-parallel job: `workers` copies of `local` joined by `syncs` over `comm`.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub local: LocalGraph,
+    pub syncs: Vec<Sync>,
+    pub comm: CommSpec,
+    pub workers: u32,
+    /// Expand to the symmetric form (one worker standing for all; ring only).
+    pub symmetric: bool,
+    pub gpu: GpuSpec,
+    pub dtype: Dtype,
+    pub efficiency: Efficiency,
+    pub meta: JobMeta,
+}
+
+/// Why a job could not be expanded or edited.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum JobError {
+    #[error("the symmetric form needs ring all-reduce")]
+    SymmetricNeedsRing,
+    #[error(
+        "{workers} workers would need about {ops} ops in the fine-grained graph (limit {limit}); use the symmetric form or fewer workers"
+    )]
+    TooLarge { workers: u32, ops: u64, limit: u64 },
+    #[error("the edit would leave no compute op")]
+    Empty,
+    #[error("the edit names op {0}, which does not exist or was removed")]
+    NoSuchOp(OpId),
+    #[error("the edit names synchronisation {0}, which does not exist")]
+    NoSuchSync(usize),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+}
+
+/// Most ops an expanded (non-symmetric) graph may have: ~60 bytes of arrays per op.
+pub const MAX_OPS: u64 = 200_000_000;
+
+impl Job {
+    /// The roofline of this job's GPU in `dtype`.
+    pub fn roofline(&self, dtype: Dtype) -> Roofline {
+        Roofline::new(&self.gpu, dtype, self.efficiency)
+    }
+
+    /// Modelled duration of `work` at `dtype` with the batch scaled by `batch_scale`.
+    pub fn cost_ns(&self, work: &OpWork, dtype: Dtype, batch_scale: f64) -> u64 {
+        ns(self.roofline(dtype).time_ns(
+            work.math,
+            work.flops * batch_scale,
+            work.act_elems * batch_scale + work.weight_elems,
+            work.kernels,
+        ))
+    }
+
+    /// Workers whose ops the expanded graph holds.
+    pub fn graph_workers(&self) -> u32 {
+        if self.symmetric { 1 } else { self.workers }
+    }
+
+    /// The global DFG of one iteration.
+    pub fn expand(&self) -> Result<Dfg, JobError> {
+        let n = self.workers;
+        if self.symmetric && self.comm.scheme != crate::cost::config::SyncScheme::Ring {
+            return Err(JobError::SymmetricNeedsRing);
+        }
+        let gw = self.graph_workers();
+        let l = &self.local;
+        let mut b = DfgBuilder::new();
+        for t in &l.tensors {
+            b.add_tensor(t.clone());
+        }
+        for name in &l.layers {
+            b.add_layer(name.clone());
+        }
+        let virt = b.add_device(DeviceKind::Virtual);
+        // Local device d of worker w → global device.
+        let mut dev_map: Vec<Vec<u32>> = Vec::with_capacity(gw as usize);
+        for w in 0..gw {
+            dev_map.push(
+                l.devices
+                    .iter()
+                    .map(|&d| match d {
+                        DeviceKind::Virtual => virt,
+                        DeviceKind::GpuStream { stream, .. } => {
+                            b.add_device(DeviceKind::GpuStream { worker: w, stream })
+                        }
+                        DeviceKind::CpuThread { thread, .. } => {
+                            b.add_device(DeviceKind::CpuThread { worker: w, thread })
+                        }
+                        DeviceKind::CommStream { .. } => {
+                            b.add_device(DeviceKind::CommStream { worker: w })
+                        }
+                        other => b.add_device(other),
+                    })
+                    .collect(),
+            );
+        }
+        let streams: Vec<u32> = (0..gw)
+            .map(|w| b.add_device(DeviceKind::CommStream { worker: w }))
+            .collect();
+        let mut topo = if self.symmetric {
+            CommTopology::symmetric_ring(&mut b, &self.comm, n, streams[0])
+        } else {
+            CommTopology::new(&mut b, &self.comm, streams)
+        };
+        let pieces: u64 = self.syncs.iter().map(|s| s.partitions.max(1) as u64).sum();
+        let total = gw as u64 * (l.ops.len() as u64 + 2 * self.syncs.len() as u64)
+            + pieces * topo.ops_per_tensor() as u64;
+        if total > MAX_OPS {
+            return Err(JobError::TooLarge {
+                workers: n,
+                ops: total,
+                limit: MAX_OPS,
+            });
+        }
+        b.reserve(total as usize, total as usize * 2);
+        b.set_workers(gw);
+        if self.symmetric {
+            b.set_represents(n);
+        }
+        let per = l.ops.len() as u32;
+        for w in 0..gw {
+            b.set_static_memory(w, l.static_mem_bytes);
+            for op in &l.ops {
+                let mut s = op.spec.clone();
+                s.device = dev_map[w as usize][s.device as usize];
+                b.add_op(s);
+            }
+            let base = w * per;
+            for &(a, c) in &l.edges {
+                b.add_edge(base + a, base + c);
+            }
+            for m in &l.mem {
+                b.add_mem(MemEffect {
+                    op: base + m.op,
+                    worker: w,
+                    ..*m
+                });
+            }
+        }
+        for s in &self.syncs {
+            let tensor = s.tensors.first().copied().unwrap_or(NONE);
+            let join = |b: &mut DfgBuilder, ops: &[OpId], kind: OpKind, w: u32| -> OpId {
+                match ops {
+                    [one] => w * per + one,
+                    _ => b.add_op(OpSpec {
+                        tensor,
+                        ..OpSpec::new(kind, Phase::Comm, virt, 0)
+                    }),
+                }
+            };
+            let mut ready = Vec::with_capacity(gw as usize);
+            let mut done = Vec::with_capacity(gw as usize);
+            for w in 0..gw {
+                let r = join(&mut b, &s.ready, OpKind::Out, w);
+                if s.ready.len() != 1 {
+                    for &o in &s.ready {
+                        b.add_edge(w * per + o, r);
+                    }
+                }
+                let d = join(&mut b, &s.done, OpKind::In, w);
+                if s.done.len() != 1 {
+                    for &o in &s.done {
+                        b.add_edge(d, w * per + o);
+                    }
+                }
+                ready.push(r);
+                done.push(d);
+            }
+            let k = s.partitions.max(1) as u64;
+            let piece = s.bytes.div_ceil(k);
+            for _ in 0..k {
+                topo.allreduce(&mut b, tensor, piece, &ready, &done);
+            }
+        }
+        Ok(b.build()?)
+    }
+
+    /// Start an edit of this job.
+    pub fn edit(&self) -> Editor {
+        Editor {
+            job: self.clone(),
+            alive: vec![true; self.local.ops.len()],
+        }
+    }
+
+    /// Local ops that are compute ops (not virtual, not communication).
+    pub fn compute_ops(&self) -> impl Iterator<Item = OpId> + '_ {
+        self.local
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.spec.kind == OpKind::Compute)
+            .map(|(i, _)| i as OpId)
+    }
+
+    /// Successor lists of the local graph (built on demand; small).
+    pub fn local_succs(&self) -> Vec<Vec<OpId>> {
+        let mut s = vec![Vec::new(); self.local.ops.len()];
+        for &(a, b) in &self.local.edges {
+            s[a as usize].push(b);
+        }
+        s
+    }
+}
+
+/// An edit in progress: Daydream's primitives over stable op ids. See the module docs.
+#[derive(Clone, Debug)]
+pub struct Editor {
+    job: Job,
+    alive: Vec<bool>,
+}
+
+impl Editor {
+    /// The job as edited so far (tombstoned ops still listed).
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    fn check(&self, op: OpId) -> Result<(), JobError> {
+        match self.alive.get(op as usize) {
+            Some(true) => Ok(()),
+            _ => Err(JobError::NoSuchOp(op)),
+        }
+    }
+
+    /// Multiply durations by `factor` (shrink below 1, stretch above).
+    pub fn scale(&mut self, ops: &[OpId], factor: f64) -> Result<(), JobError> {
+        if !(factor.is_finite() && factor >= 0.0) {
+            return Err(JobError::Invalid(format!(
+                "scale factor must be finite and ≥ 0, got {factor}"
+            )));
+        }
+        for &o in ops {
+            self.check(o)?;
+            let s = &mut self.job.local.ops[o as usize].spec;
+            if !s.kind.is_virtual() {
+                s.dur_ns = ns(s.dur_ns as f64 * factor);
+            }
+        }
+        Ok(())
+    }
+
+    /// Set one op's duration.
+    pub fn set_duration(&mut self, op: OpId, dur_ns: u64) -> Result<(), JobError> {
+        self.check(op)?;
+        let s = &mut self.job.local.ops[op as usize].spec;
+        if !s.kind.is_virtual() {
+            s.dur_ns = dur_ns;
+        }
+        Ok(())
+    }
+
+    /// Remove ops; their predecessors are connected to their successors so that the order they
+    /// imposed survives. Their memory effects go with them.
+    pub fn remove(&mut self, ops: &[OpId]) -> Result<(), JobError> {
+        for &o in ops {
+            self.check(o)?;
+            let preds: Vec<OpId> = self
+                .job
+                .local
+                .edges
+                .iter()
+                .filter(|e| e.1 == o)
+                .map(|e| e.0)
+                .collect();
+            let succs: Vec<OpId> = self
+                .job
+                .local
+                .edges
+                .iter()
+                .filter(|e| e.0 == o)
+                .map(|e| e.1)
+                .collect();
+            self.job.local.edges.retain(|e| e.0 != o && e.1 != o);
+            for &p in &preds {
+                for &s in &succs {
+                    self.job.local.edges.push((p, s));
+                }
+            }
+            self.alive[o as usize] = false;
+            self.job.local.mem.retain(|m| m.op != o);
+        }
+        Ok(())
+    }
+
+    /// Insert an op after `after` and before `before`; returns its id. With `launch_ns`, a GPU
+    /// task brings its CPU launch: a `Launch` op on the worker's first CPU thread (created if the
+    /// graph has none) that precedes it.
+    pub fn insert(
+        &mut self,
+        spec: OpSpec,
+        work: Option<OpWork>,
+        after: &[OpId],
+        before: &[OpId],
+        launch_ns: Option<u64>,
+    ) -> Result<OpId, JobError> {
+        for &o in after.iter().chain(before) {
+            self.check(o)?;
+        }
+        if spec.device as usize >= self.job.local.devices.len() {
+            return Err(JobError::Invalid(format!(
+                "inserted op names device {}, the worker has {}",
+                spec.device,
+                self.job.local.devices.len()
+            )));
+        }
+        let id = self.push(LocalOp { spec, work });
+        for &a in after {
+            self.job.local.edges.push((a, id));
+        }
+        for &c in before {
+            self.job.local.edges.push((id, c));
+        }
+        if let Some(l) = launch_ns {
+            let cpu = self.cpu_thread();
+            let launch = self.push(LocalOp {
+                spec: OpSpec {
+                    layer: self.job.local.ops[id as usize].spec.layer,
+                    ..OpSpec::new(
+                        OpKind::Launch,
+                        self.job.local.ops[id as usize].spec.phase,
+                        cpu,
+                        l,
+                    )
+                },
+                work: None,
+            });
+            for &a in after {
+                self.job.local.edges.push((a, launch));
+            }
+            self.job.local.edges.push((launch, id));
+        }
+        Ok(id)
+    }
+
+    fn push(&mut self, op: LocalOp) -> OpId {
+        self.job.local.ops.push(op);
+        self.alive.push(true);
+        (self.job.local.ops.len() - 1) as OpId
+    }
+
+    fn cpu_thread(&mut self) -> u32 {
+        let devs = &mut self.job.local.devices;
+        if let Some(i) = devs
+            .iter()
+            .position(|d| matches!(d, DeviceKind::CpuThread { .. }))
+        {
+            return i as u32;
+        }
+        devs.push(DeviceKind::CpuThread {
+            worker: 0,
+            thread: 0,
+        });
+        (devs.len() - 1) as u32
+    }
+
+    /// Merge `ops` into the first of them, which takes `dur_ns`; edges and memory effects move to
+    /// it, edges between the merged ops disappear. Whether the merge is legal (no cycle) is
+    /// checked by [`Editor::finish`]; passes check it before proposing.
+    pub fn merge(&mut self, ops: &[OpId], dur_ns: u64) -> Result<OpId, JobError> {
+        let Some(&keep) = ops.first() else {
+            return Err(JobError::Invalid("merge of no ops".into()));
+        };
+        for &o in ops {
+            self.check(o)?;
+        }
+        let gone: Vec<OpId> = ops[1..].to_vec();
+        for e in self.job.local.edges.iter_mut() {
+            if gone.contains(&e.0) {
+                e.0 = keep;
+            }
+            if gone.contains(&e.1) {
+                e.1 = keep;
+            }
+        }
+        self.job.local.edges.retain(|e| e.0 != e.1);
+        for m in self.job.local.mem.iter_mut() {
+            if gone.contains(&m.op) {
+                m.op = keep;
+            }
+        }
+        for s in self.job.syncs.iter_mut() {
+            for r in s.ready.iter_mut().chain(s.done.iter_mut()) {
+                if gone.contains(r) {
+                    *r = keep;
+                }
+            }
+        }
+        let merged_work = ops
+            .iter()
+            .filter_map(|&o| self.job.local.ops[o as usize].work)
+            .reduce(|a, b| OpWork {
+                math: if a.math == MathClass::Matrix || b.math == MathClass::Matrix {
+                    MathClass::Matrix
+                } else {
+                    MathClass::Vector
+                },
+                flops: a.flops + b.flops,
+                act_elems: a.act_elems + b.act_elems,
+                weight_elems: a.weight_elems + b.weight_elems,
+                kernels: a.kernels + b.kernels,
+            });
+        let k = &mut self.job.local.ops[keep as usize];
+        k.spec.dur_ns = dur_ns;
+        k.work = merged_work;
+        for &o in &gone {
+            self.alive[o as usize] = false;
+        }
+        Ok(keep)
+    }
+
+    /// `to` waits for `from`.
+    pub fn add_edge(&mut self, from: OpId, to: OpId) -> Result<(), JobError> {
+        self.check(from)?;
+        self.check(to)?;
+        self.job.local.edges.push((from, to));
+        Ok(())
+    }
+
+    /// Scheduling priority (lower runs first among ready ops on a device; P3-style).
+    pub fn set_priority(&mut self, ops: &[OpId], priority: i32) -> Result<(), JobError> {
+        for &o in ops {
+            self.check(o)?;
+            self.job.local.ops[o as usize].spec.priority = priority;
+        }
+        Ok(())
+    }
+
+    /// Direct access for edits the primitives do not cover (memory, syncs, static memory).
+    pub fn job_mut(&mut self) -> &mut Job {
+        &mut self.job
+    }
+
+    /// Whether an op is still alive in the edit.
+    pub fn is_alive(&self, op: OpId) -> bool {
+        self.alive.get(op as usize).copied().unwrap_or(false)
+    }
+
+    /// Compact tombstones, drop duplicate edges, and check the result expands to a valid graph
+    /// (acyclic, not empty). Errors leave the original job untouched (it was cloned).
+    pub fn finish(self) -> Result<Job, JobError> {
+        let Editor { mut job, alive } = self;
+        let mut map = vec![NONE; alive.len()];
+        let mut ops = Vec::with_capacity(alive.len());
+        for (i, op) in job.local.ops.drain(..).enumerate() {
+            if alive[i] {
+                map[i] = ops.len() as OpId;
+                ops.push(op);
+            }
+        }
+        if !ops.iter().any(|o| o.spec.kind == OpKind::Compute) {
+            return Err(JobError::Empty);
+        }
+        job.local.ops = ops;
+        let mut edges: Vec<(OpId, OpId)> = job
+            .local
+            .edges
+            .iter()
+            .filter_map(|&(a, b)| {
+                let (a, b) = (map[a as usize], map[b as usize]);
+                (a != NONE && b != NONE && a != b).then_some((a, b))
+            })
+            .collect();
+        edges.sort_unstable();
+        edges.dedup();
+        job.local.edges = edges;
+        job.local.mem.retain(|m| map[m.op as usize] != NONE);
+        for m in job.local.mem.iter_mut() {
+            m.op = map[m.op as usize];
+        }
+        for s in job.syncs.iter_mut() {
+            for r in s.ready.iter_mut().chain(s.done.iter_mut()) {
+                *r = map[*r as usize];
+            }
+            s.ready.retain(|&r| r != NONE);
+            s.done.retain(|&r| r != NONE);
+        }
+        job.syncs
+            .retain(|s| !s.ready.is_empty() && !s.done.is_empty());
+        // A cycle shows up when the one-worker graph is frozen.
+        job.local_dfg()?;
+        Ok(job)
+    }
+}
+
+impl Job {
+    /// The local graph alone, frozen (one worker, no communication): for legality checks and
+    /// the cycle check after edits.
+    pub fn local_dfg(&self) -> Result<Dfg, GraphError> {
+        let mut b = DfgBuilder::with_capacity(self.local.ops.len(), self.local.edges.len());
+        for d in &self.local.devices {
+            b.add_device(*d);
+        }
+        for t in &self.local.tensors {
+            b.add_tensor(t.clone());
+        }
+        for l in &self.local.layers {
+            b.add_layer(l.clone());
+        }
+        for o in &self.local.ops {
+            b.add_op(o.spec.clone());
+        }
+        for &(a, c) in &self.local.edges {
+            b.add_edge(a, c);
+        }
+        // A synchronisation orders its ready ops before its done ops.
+        for s in &self.syncs {
+            for &r in &s.ready {
+                for &d in &s.done {
+                    b.add_edge(r, d);
+                }
+            }
+        }
+        for m in &self.local.mem {
+            b.add_mem(*m);
+        }
+        b.set_workers(1);
+        b.set_static_memory(0, self.local.static_mem_bytes);
+        b.build()
+    }
+}
