@@ -1,8 +1,562 @@
-//! The pass registry: one file per optimization pass, listed here in a sorted, explicit order.
+//! The pass registry: one file per optimization pass, listed in [`registry`] in sorted order.
 //!
-//! A pass proposes patches (data) on a frozen graph and never mutates it or does IO; the driver
-//! applies, checks, replays and can undo them. The registry is empty until the pass issue lands;
-//! `trainplan passes` reports that plainly rather than listing placeholders.
+//! A pass is a rule (egg-style): a name, a one-line doc, its knobs with defaults, and
+//! [`Pass::propose`], which looks at the job, its replay and its critical path and returns
+//! [`Patch`]es — data, never a mutated graph, never IO. The driver ([`apply`]) applies a patch to a
+//! copy of the job through the what-if primitives of [`Editor`], checks the result (acyclic, not
+//! empty) and hands back a new job; the original is untouched, so undo is dropping the copy.
+//!
+//! A patch's op ids are the job's ids before the patch; ops it inserts get the ids that follow
+//! (`local.ops.len()`, `+1`, … in insertion order, a launch right after its GPU task).
 
-/// Names of the registered passes, sorted.
-pub const REGISTERED: &[&str] = &[];
+pub mod amp;
+pub mod declarative;
+pub mod grad_accumulation;
+pub mod op_fusion;
+pub mod recompute;
+pub mod tensor_fusion;
+pub mod tensor_partition;
+
+use std::collections::BTreeMap;
+
+use crate::cost::config::Dtype;
+use crate::graph::job::{Editor, Job, JobError, OpWork};
+use crate::graph::{Dfg, MemEffect, NONE, OpId, OpSpec};
+use crate::replay::{self, CriticalPath, MemoryReport, Replay};
+
+/// A knob's type and range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KnobKind {
+    Int {
+        min: i64,
+        max: i64,
+    },
+    Float {
+        min: f64,
+        max: f64,
+    },
+    /// Free text (a name pattern, a list).
+    Text,
+}
+
+/// One knob of a pass: `--pass NAME:knob=value`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KnobSpec {
+    pub name: String,
+    pub doc: String,
+    /// Default, as it would be written on the command line.
+    pub default: String,
+    pub kind: KnobKind,
+}
+
+impl KnobSpec {
+    pub fn int(name: &str, doc: &str, default: i64, min: i64, max: i64) -> Self {
+        KnobSpec {
+            name: name.into(),
+            doc: doc.into(),
+            default: default.to_string(),
+            kind: KnobKind::Int { min, max },
+        }
+    }
+    pub fn float(name: &str, doc: &str, default: f64, min: f64, max: f64) -> Self {
+        KnobSpec {
+            name: name.into(),
+            doc: doc.into(),
+            default: default.to_string(),
+            kind: KnobKind::Float { min, max },
+        }
+    }
+    pub fn text(name: &str, doc: &str, default: &str) -> Self {
+        KnobSpec {
+            name: name.into(),
+            doc: doc.into(),
+            default: default.into(),
+            kind: KnobKind::Text,
+        }
+    }
+}
+
+/// A knob's value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KnobValue {
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+/// Knob values of one pass application, defaults filled in.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Knobs(pub BTreeMap<String, KnobValue>);
+
+impl Knobs {
+    /// An integer knob (panics if the pass asks for a knob it did not declare: a bug).
+    pub fn int(&self, name: &str) -> i64 {
+        match self.0.get(name) {
+            Some(KnobValue::Int(v)) => *v,
+            other => panic!("pass asked for undeclared int knob {name}: {other:?}"),
+        }
+    }
+    pub fn float(&self, name: &str) -> f64 {
+        match self.0.get(name) {
+            Some(KnobValue::Float(v)) => *v,
+            Some(KnobValue::Int(v)) => *v as f64,
+            other => panic!("pass asked for undeclared float knob {name}: {other:?}"),
+        }
+    }
+    pub fn text(&self, name: &str) -> &str {
+        match self.0.get(name) {
+            Some(KnobValue::Text(v)) => v,
+            other => panic!("pass asked for undeclared text knob {name}: {other:?}"),
+        }
+    }
+}
+
+/// Errors of the pass layer. User-facing ones (unknown names, bad knob values, bad pass files,
+/// edits that would break the graph) are bad input (exit 3).
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("unknown pass `{name}`; known passes: {known}")]
+    UnknownPass { name: String, known: String },
+    #[error("pass {pass} has no knob `{knob}`; its knobs: {known}")]
+    UnknownKnob {
+        pass: String,
+        knob: String,
+        known: String,
+    },
+    #[error("pass {pass}: knob {knob} = {value}: {why}")]
+    BadKnob {
+        pass: String,
+        knob: String,
+        value: String,
+        why: String,
+    },
+    #[error("pass {pass}: {source}")]
+    Edit {
+        pass: String,
+        #[source]
+        source: JobError,
+    },
+    #[error("pass {pass}: {why}")]
+    NotApplicable { pass: String, why: String },
+    #[error("{0}")]
+    File(String),
+}
+
+/// One edit of a patch. Op ids as described in the module docs; sync indices into `job.syncs`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Edit {
+    /// Multiply durations.
+    Scale {
+        ops: Vec<OpId>,
+        factor: f64,
+    },
+    SetDuration {
+        op: OpId,
+        dur_ns: u64,
+    },
+    /// Also set what the op computes (after a re-costing).
+    SetWork {
+        op: OpId,
+        work: Option<OpWork>,
+    },
+    /// Remove ops, keeping the order they imposed (preds → succs).
+    Remove {
+        ops: Vec<OpId>,
+    },
+    /// Insert an op; `launch_ns` adds its CPU launch (Daydream: a GPU task brings its launch).
+    Insert {
+        spec: OpSpec,
+        work: Option<OpWork>,
+        after: Vec<OpId>,
+        before: Vec<OpId>,
+        launch_ns: Option<u64>,
+    },
+    /// Merge ops into the first, which takes `dur_ns`.
+    Merge {
+        ops: Vec<OpId>,
+        dur_ns: u64,
+    },
+    AddEdge {
+        from: OpId,
+        to: OpId,
+    },
+    Priority {
+        ops: Vec<OpId>,
+        priority: i32,
+    },
+    /// Replace the memory effects of `op` with `effects` (ops named inside must exist).
+    SetMem {
+        op: OpId,
+        effects: Vec<MemEffect>,
+    },
+    StaticMemory {
+        bytes: u64,
+    },
+    /// Fuse these syncs into one (placed where the last of them was; tensors in order).
+    FuseSyncs {
+        syncs: Vec<usize>,
+    },
+    /// Cut a sync into `k` pieces.
+    PartitionSync {
+        sync: usize,
+        k: u32,
+    },
+    /// Multiply the bytes a sync moves (compression, AMP gradients).
+    ScaleSyncBytes {
+        syncs: Vec<usize>,
+        factor: f64,
+    },
+    /// Change the dtype the job is costed in (AMP).
+    Dtype(Dtype),
+    /// Replace the whole job: for rewrites no local primitive expresses (gradient accumulation
+    /// replicates the forward and backward k times).
+    ReplaceJob(Box<Job>),
+}
+
+/// What a pass proposes at one site: edits plus the reason, for the plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Patch {
+    pub pass: String,
+    /// Why: which theorem or cost model said yes, at which site.
+    pub why: String,
+    pub edits: Vec<Edit>,
+}
+
+/// A job with its global graph, replay, critical path and memory: what a pass looks at.
+#[derive(Clone, Debug)]
+pub struct Evaluated {
+    pub job: Job,
+    pub graph: Dfg,
+    pub replay: Replay,
+    pub critical: CriticalPath,
+    pub memory: MemoryReport,
+    /// Local op ids (the worker template) whose copies lie on the critical path, in path order,
+    /// without repeats.
+    pub critical_local: Vec<OpId>,
+    /// Syncs with communication ops on the critical path, in path order, without repeats.
+    pub critical_syncs: Vec<usize>,
+}
+
+impl Evaluated {
+    pub fn iteration_ns(&self) -> u64 {
+        self.replay.iteration_ns
+    }
+}
+
+/// Expand, replay and analyse a job.
+pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
+    let graph = job.expand()?;
+    let replay = replay::replay(&graph);
+    let critical = replay::critical_path(&graph, &replay);
+    let memory = replay::peak_memory(&graph, &replay);
+    let per = job.local.ops.len() as u32;
+    let local_total = per * job.graph_workers();
+    let mut sync_of_tensor = vec![usize::MAX; job.local.tensors.len()];
+    for (i, s) in job.syncs.iter().enumerate() {
+        for &t in &s.tensors {
+            sync_of_tensor[t as usize] = i;
+        }
+    }
+    let mut seen_op = vec![false; per as usize];
+    let mut seen_sync = vec![false; job.syncs.len()];
+    let (mut critical_local, mut critical_syncs) = (Vec::new(), Vec::new());
+    for &op in &critical.ops {
+        if op < local_total {
+            let l = op % per;
+            if !std::mem::replace(&mut seen_op[l as usize], true) {
+                critical_local.push(l);
+            }
+        } else if graph.kind(op).is_comm() && graph.tensor(op) != NONE {
+            let s = sync_of_tensor[graph.tensor(op) as usize];
+            if s != usize::MAX && !std::mem::replace(&mut seen_sync[s], true) {
+                critical_syncs.push(s);
+            }
+        }
+    }
+    Ok(Evaluated {
+        job,
+        graph,
+        replay,
+        critical,
+        memory,
+        critical_local,
+        critical_syncs,
+    })
+}
+
+/// A rule that proposes patches. See the module docs.
+pub trait Pass: Send + Sync {
+    /// Registry name (`op-fusion`).
+    fn name(&self) -> &str;
+    /// One line for `trainplan passes`.
+    fn doc(&self) -> &str;
+    /// Knobs with defaults; none by default.
+    fn knobs(&self) -> Vec<KnobSpec> {
+        Vec::new()
+    }
+    /// Patches at candidate sites of `cx` (empty when the pass has nothing to do). `whatif`
+    /// applies all of them at once, so they must not conflict with each other.
+    fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError>;
+}
+
+/// Every built-in pass, sorted by name.
+pub fn registry() -> Vec<Box<dyn Pass>> {
+    let mut v: Vec<Box<dyn Pass>> = vec![
+        Box::new(amp::Amp),
+        Box::new(grad_accumulation::GradAccumulation),
+        Box::new(op_fusion::OpFusion),
+        Box::new(recompute::Recompute),
+        Box::new(tensor_fusion::TensorFusion),
+        Box::new(tensor_partition::TensorPartition),
+    ];
+    v.extend(declarative::builtins());
+    v.sort_by(|a, b| a.name().cmp(b.name()));
+    v
+}
+
+/// Find a pass by name among `passes`.
+pub fn find<'a>(passes: &'a [Box<dyn Pass>], name: &str) -> Result<&'a dyn Pass, PassError> {
+    passes
+        .iter()
+        .find(|p| p.name() == name)
+        .map(|p| p.as_ref())
+        .ok_or_else(|| PassError::UnknownPass {
+            name: name.to_string(),
+            known: passes
+                .iter()
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+/// Parse `NAME[:k=v,...]` into the pass name and its knob assignments (unvalidated).
+pub fn parse_pass_arg(arg: &str) -> (String, Vec<(String, String)>) {
+    let (name, rest) = arg.split_once(':').unwrap_or((arg, ""));
+    let kv = rest
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            let (k, v) = s.split_once('=').unwrap_or((s, ""));
+            (k.trim().to_string(), v.trim().to_string())
+        })
+        .collect();
+    (name.trim().to_string(), kv)
+}
+
+/// Check knob assignments against a pass's declared knobs and fill in defaults.
+pub fn resolve_knobs(pass: &dyn Pass, given: &[(String, String)]) -> Result<Knobs, PassError> {
+    let specs = pass.knobs();
+    let mut out = BTreeMap::new();
+    let bad = |k: &KnobSpec, v: &str, why: String| PassError::BadKnob {
+        pass: pass.name().to_string(),
+        knob: k.name.clone(),
+        value: v.to_string(),
+        why,
+    };
+    for (k, _) in given {
+        if !specs.iter().any(|s| &s.name == k) {
+            return Err(PassError::UnknownKnob {
+                pass: pass.name().to_string(),
+                knob: k.clone(),
+                known: if specs.is_empty() {
+                    "(none)".into()
+                } else {
+                    specs
+                        .iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+            });
+        }
+    }
+    for s in &specs {
+        let raw = given
+            .iter()
+            .rev()
+            .find(|(k, _)| k == &s.name)
+            .map_or(s.default.as_str(), |(_, v)| v.as_str());
+        let value = match s.kind {
+            KnobKind::Int { min, max } => {
+                let v: i64 = raw
+                    .parse()
+                    .map_err(|_| bad(s, raw, "not an integer".into()))?;
+                if v < min || v > max {
+                    return Err(bad(s, raw, format!("must be between {min} and {max}")));
+                }
+                KnobValue::Int(v)
+            }
+            KnobKind::Float { min, max } => {
+                let v: f64 = raw
+                    .parse()
+                    .map_err(|_| bad(s, raw, "not a number".into()))?;
+                if !(v.is_finite() && v >= min && v <= max) {
+                    return Err(bad(s, raw, format!("must be between {min} and {max}")));
+                }
+                KnobValue::Float(v)
+            }
+            KnobKind::Text => KnobValue::Text(raw.to_string()),
+        };
+        out.insert(s.name.clone(), value);
+    }
+    Ok(Knobs(out))
+}
+
+/// Apply one patch to a copy of `job`.
+pub fn apply(job: &Job, patch: &Patch) -> Result<Job, PassError> {
+    let wrap = |source: JobError| PassError::Edit {
+        pass: patch.pass.clone(),
+        source,
+    };
+    let mut ed: Editor = job.edit();
+    for e in &patch.edits {
+        apply_edit(&mut ed, e).map_err(wrap)?;
+    }
+    ed.finish().map_err(wrap)
+}
+
+/// Apply several patches as one edit (ids of every patch refer to `job` before any of them).
+pub fn apply_all(job: &Job, patches: &[Patch]) -> Result<Job, PassError> {
+    let Some(first) = patches.first() else {
+        return Ok(job.clone());
+    };
+    let merged = Patch {
+        pass: first.pass.clone(),
+        why: String::new(),
+        edits: patches
+            .iter()
+            .flat_map(|p| p.edits.iter().cloned())
+            .collect(),
+    };
+    apply(job, &merged)
+}
+
+fn apply_edit(ed: &mut Editor, e: &Edit) -> Result<(), JobError> {
+    match e {
+        Edit::Scale { ops, factor } => ed.scale(ops, *factor),
+        Edit::SetDuration { op, dur_ns } => ed.set_duration(*op, *dur_ns),
+        Edit::SetWork { op, work } => {
+            if !ed.is_alive(*op) {
+                return Err(JobError::NoSuchOp(*op));
+            }
+            ed.job_mut().local.ops[*op as usize].work = *work;
+            Ok(())
+        }
+        Edit::Remove { ops } => ed.remove(ops),
+        Edit::Insert {
+            spec,
+            work,
+            after,
+            before,
+            launch_ns,
+        } => ed
+            .insert(spec.clone(), *work, after, before, *launch_ns)
+            .map(drop),
+        Edit::Merge { ops, dur_ns } => ed.merge(ops, *dur_ns).map(drop),
+        Edit::AddEdge { from, to } => ed.add_edge(*from, *to),
+        Edit::Priority { ops, priority } => ed.set_priority(ops, *priority),
+        Edit::SetMem { op, effects } => {
+            if !ed.is_alive(*op) {
+                return Err(JobError::NoSuchOp(*op));
+            }
+            for m in effects {
+                if !ed.is_alive(m.op) {
+                    return Err(JobError::NoSuchOp(m.op));
+                }
+            }
+            let mem = &mut ed.job_mut().local.mem;
+            mem.retain(|m| m.op != *op);
+            mem.extend(effects.iter().copied());
+            Ok(())
+        }
+        Edit::StaticMemory { bytes } => {
+            ed.job_mut().local.static_mem_bytes = *bytes;
+            Ok(())
+        }
+        Edit::FuseSyncs { syncs } => fuse_syncs(ed.job_mut(), syncs),
+        Edit::PartitionSync { sync, k } => {
+            let job = ed.job_mut();
+            let s = job
+                .syncs
+                .get_mut(*sync)
+                .ok_or(JobError::NoSuchSync(*sync))?;
+            if *k == 0 {
+                return Err(JobError::Invalid(
+                    "a tensor cannot be cut into 0 pieces".into(),
+                ));
+            }
+            s.partitions = *k;
+            Ok(())
+        }
+        Edit::ScaleSyncBytes { syncs, factor } => {
+            if !(factor.is_finite() && *factor > 0.0) {
+                return Err(JobError::Invalid(format!(
+                    "sync bytes factor must be > 0, got {factor}"
+                )));
+            }
+            let job = ed.job_mut();
+            for &i in syncs {
+                let s = job.syncs.get_mut(i).ok_or(JobError::NoSuchSync(i))?;
+                s.bytes = ((s.bytes as f64 * factor).round() as u64).max(1);
+            }
+            Ok(())
+        }
+        Edit::Dtype(d) => {
+            ed.job_mut().dtype = *d;
+            Ok(())
+        }
+        Edit::ReplaceJob(j) => {
+            *ed = j.edit();
+            Ok(())
+        }
+    }
+}
+
+/// Merge syncs: the fused one sits where the last of them was (it cannot start earlier) and
+/// carries all their tensors, bytes, ready and done ops.
+fn fuse_syncs(job: &mut Job, which: &[usize]) -> Result<(), JobError> {
+    let mut idx: Vec<usize> = which.to_vec();
+    idx.sort_unstable();
+    idx.dedup();
+    if idx.len() < 2 {
+        return Ok(());
+    }
+    for &i in &idx {
+        if i >= job.syncs.len() {
+            return Err(JobError::NoSuchSync(i));
+        }
+    }
+    let last = *idx.last().expect("two or more");
+    let mut fused = job.syncs[idx[0]].clone();
+    fused.partitions = 1;
+    for &i in &idx[1..] {
+        let s = &job.syncs[i];
+        fused.tensors.extend(&s.tensors);
+        fused.bytes += s.bytes;
+        fused.ready.extend(&s.ready);
+        fused.done.extend(&s.done);
+    }
+    job.syncs[last] = fused;
+    for &i in idx[..idx.len() - 1].iter().rev() {
+        job.syncs.remove(i);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pass_args_parse() {
+        assert_eq!(parse_pass_arg("amp"), ("amp".to_string(), vec![]));
+        assert_eq!(
+            parse_pass_arg("grad-accumulation:k=4, x = y"),
+            (
+                "grad-accumulation".to_string(),
+                vec![("k".into(), "4".into()), ("x".into(), "y".into())]
+            )
+        );
+    }
+}

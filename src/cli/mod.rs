@@ -7,6 +7,7 @@
 
 mod output;
 mod replay;
+mod whatif;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -101,6 +102,18 @@ Examples:
   trainplan replay --model vgg16 --cluster dpro-16xv100-tcp --timeline vgg.json   (open in ui.perfetto.dev)
   trainplan replay --model bert-large --cluster 128xv100-rdma --symmetric")]
     Replay(ReplayArgs),
+    /// List the optimization passes (built-in and declarative) with their knobs.
+    Passes(ListArgs),
+    /// Apply passes and compare: iteration time, peak memory, ops that left or joined the
+    /// critical path.
+    #[command(after_help = "\
+Examples:
+  trainplan whatif --model bert-base --cluster dpro-16xv100-rdma --pass amp
+  trainplan whatif --model bert-base --batch 64 --cluster dpro-16xv100-rdma --pass recompute --json
+  trainplan whatif --model resnet50 --cluster dpro-16xv100-tcp --pass tensor-fusion --pass tensor-partition:k=4
+  trainplan whatif --model gpt --cluster 8xh200 --pass grad-accumulation:k=4
+  trainplan whatif --model resnet50 --cluster 8xh200 --pass-file my_pass.yaml --pass my-pass")]
+    Whatif(WhatifArgs),
 }
 
 #[derive(Debug, Args)]
@@ -156,6 +169,22 @@ pub struct ReplayArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct WhatifArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// A pass to apply, with knobs: NAME[:knob=value,...] (see `trainplan passes`). Repeat to
+    /// apply several, in order.
+    #[arg(long = "pass", value_name = "NAME[:k=v,...]")]
+    pub pass: Vec<String>,
+    /// Register a declarative pass from a YAML file (see passes/*.yaml). Repeatable.
+    #[arg(long = "pass-file", value_name = "F.yaml")]
+    pub pass_file: Vec<std::path::PathBuf>,
+    /// Print one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -197,5 +226,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Models(a) => replay::models(&a),
         Command::Clusters(a) => replay::clusters(&a),
         Command::Replay(a) => replay::replay_cmd(&a),
+        Command::Passes(a) => whatif::passes_cmd(&a),
+        Command::Whatif(a) => whatif::whatif_cmd(&a),
     }
 }

@@ -9,6 +9,7 @@ use super::output::{gb, ms, thousands};
 use super::{CliError, InputArgs, ListArgs, ReplayArgs, write_atomic};
 use crate::cost::config::{self, Cluster};
 use crate::graph::Dfg;
+use crate::graph::job::Job;
 use crate::replay::{self, breakdown, critical_path, dependency_bound_ns, peak_memory};
 use crate::zoo::{self, BuildOptions, ModelOptions};
 
@@ -85,8 +86,15 @@ pub struct Built {
     pub build_ms: f64,
 }
 
-/// Resolve `--model/--cluster` into a graph.
-pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
+/// A resolved input as an editable job.
+pub struct Input {
+    pub job: Job,
+    pub model: zoo::Model,
+    pub cluster: Cluster,
+}
+
+/// Resolve `--model/--cluster` into a job.
+pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
     let (Some(name), Some(cluster)) = (&i.model, &i.cluster) else {
         return Err(CliError::usage(
             "give the input as --model NAME --cluster NAME|FILE (see `trainplan models` and `trainplan clusters`)",
@@ -102,8 +110,7 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;
-    let t = Instant::now();
-    let graph = zoo::build(
+    let job = zoo::build::job(
         &model,
         &cluster,
         &BuildOptions {
@@ -112,6 +119,24 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
         },
     )
     .map_err(CliError::bad_input)?;
+    Ok(Input {
+        job,
+        model,
+        cluster,
+    })
+}
+
+/// Resolve `--model/--cluster` into a graph.
+pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
+    let Input {
+        job,
+        model,
+        cluster,
+    } = input_job(i)?;
+    let t = Instant::now();
+    let graph = job
+        .expand()
+        .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
     tracing::info!(ops = graph.op_count(), build_ms, "built the global DFG");
     Ok(Built {

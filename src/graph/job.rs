@@ -86,7 +86,7 @@ pub struct JobMeta {
 }
 
 /// A data-parallel job: `workers` copies of `local` joined by `syncs` over `comm`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Job {
     pub local: LocalGraph,
     pub syncs: Vec<Sync>,
@@ -573,8 +573,9 @@ impl Editor {
 }
 
 impl Job {
-    /// The local graph alone, frozen (one worker, no communication): for legality checks and
-    /// the cycle check after edits.
+    /// The local graph frozen with one virtual op per sync appended (ids from
+    /// `local.ops.len()` on), standing for the collective and its issue order: for legality
+    /// checks and the cycle check after edits.
     pub fn local_dfg(&self) -> Result<Dfg, GraphError> {
         let mut b = DfgBuilder::with_capacity(self.local.ops.len(), self.local.edges.len());
         for d in &self.local.devices {
@@ -592,12 +593,27 @@ impl Job {
         for &(a, c) in &self.local.edges {
             b.add_edge(a, c);
         }
-        // A synchronisation orders its ready ops before its done ops.
+        // A synchronisation orders its ready ops before its done ops; with NCCL-style
+        // collectives (ring, tree) each one also waits for the one issued before it. One virtual
+        // node per sync stands for the collective.
+        let virt = b.add_device(DeviceKind::Virtual);
+        let mut prev = None;
         for s in &self.syncs {
+            let node = b.add_op(OpSpec {
+                tensor: s.tensors.first().copied().unwrap_or(NONE),
+                ..OpSpec::new(OpKind::In, Phase::Comm, virt, 0)
+            });
             for &r in &s.ready {
-                for &d in &s.done {
-                    b.add_edge(r, d);
-                }
+                b.add_edge(r, node);
+            }
+            for &d in &s.done {
+                b.add_edge(node, d);
+            }
+            if let Some(p) = prev {
+                b.add_edge(p, node);
+            }
+            if self.comm.scheme != crate::cost::config::SyncScheme::Ps {
+                prev = Some(node);
             }
         }
         for m in &self.local.mem {

@@ -20,7 +20,7 @@ fn trainplan() -> Command {
 }
 
 /// Run the binary: (exit code, stdout, stderr).
-fn run(args: &[&str]) -> (i32, String, String) {
+pub(crate) fn run(args: &[&str]) -> (i32, String, String) {
     let out = trainplan()
         .args(args)
         .output()
@@ -33,7 +33,7 @@ fn run(args: &[&str]) -> (i32, String, String) {
 }
 
 /// Run with `--json` appended and parse stdout, which must be exactly one JSON object.
-fn run_json(args: &[&str]) -> Value {
+pub(crate) fn run_json(args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.push("--json");
     let (code, stdout, stderr) = run(&a);
@@ -57,11 +57,11 @@ fn one_json_object(text: &str) -> Value {
 
 /// Bad input: exit 3, nothing on stdout, and one line on stderr, `error: …`, containing
 /// `expect`, with no panic or backtrace hint. Returns the message after `error: `.
-fn check_bad_input(args: &[&str], expect: &str) -> String {
+pub(crate) fn check_bad_input(args: &[&str], expect: &str) -> String {
     check_error(args, 3, expect)
 }
 
-fn check_error(args: &[&str], code: i32, expect: &str) -> String {
+pub(crate) fn check_error(args: &[&str], code: i32, expect: &str) -> String {
     let (got, stdout, stderr) = run(args);
     assert_eq!(got, code, "{args:?}: exit code; stderr: {stderr}");
     assert_eq!(stdout, "", "{args:?}: stdout");

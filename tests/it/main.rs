@@ -4,6 +4,8 @@
 //! * [`properties`]: proptest invariants of the replayer and the critical path on random DAGs, and
 //!   the symmetric (quotient) ring against the full fine-grained ring.
 //! * [`cli`]: the `trainplan` binary's output formats, exit codes and error messages.
+//! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 
 mod cli;
 mod properties;
+mod whatif;

@@ -1,0 +1,368 @@
+//! `amp`: automatic mixed precision (Daydream §5.1 / Appendix A.1, Micikevicius et al. 2018):
+//! forward and backward compute in fp16 (or bf16), fp32 master weights and optimizer.
+//!
+//! **When it applies.** A job costed in fp32 (or tf32) on a GPU with half-precision peaks;
+//! `dtype=bf16` needs a bf16 matrix (tensor-core) peak in the GPU's config (a V100 has none:
+//! refused). A job already in half precision is refused.
+//!
+//! ```text
+//! before:  FW(l) [fp32]                      ─ … ─ BW(l) [fp32]          ─ sync 4 B/param ─ UPDATE [fp32]
+//! after:   cast(w: fp32→fp16) ─ FW(l) [fp16] ─ … ─ BW(l) [fp16]         ─ sync 4 B/param ─ UPDATE [fp32]
+//!          activations ÷ 2 · static + 2 B/param (the fp16 weight copy) · sync ÷ 2 with fp16_allreduce=1
+//! ```
+//!
+//! **Cost model.** Daydream shrinks kernels by fixed factors (3× for sgemm/cudnn, 2× for the
+//! rest). Here every FW/BW op with [`OpWork`] is re-costed by the roofline in the half dtype
+//! (`Job::cost_ns(work, half, 1)`): matrix ops run against the GPU's half-precision matrix peak,
+//! vector ops against its half vector peak, and every element moves in 2 bytes instead of 4 — so
+//! the speed-up of each op follows from the GPU config (a large GEMM on a V100: 125/15.7 ≈ 8×
+//! when compute-bound, an element-wise op: 2×, launch-bound ops: ~1×). The element counts do not
+//! change (weights and weight gradients are counted at 2 bytes too: autocast's fp16 weight copy,
+//! and fp16 weight gradients before the cast back). A GPU op without work (a trace kernel) has no
+//! known class, so it is scaled by the ratio the roofline gives a typical memory-bound op
+//! (2^24 elements, one FLOP each): the conservative choice. UPDATE ops stay fp32 (master
+//! weights) and CPU ops keep their time. One cast kernel per weight tensor is inserted before
+//! its layer's first FW op: read 4 B + write 2 B per parameter at the GPU's memory bandwidth plus
+//! one launch (with its CPU launch when the job has CPU threads; zoo jobs have none). Memory: the
+//! activations saved by FW/BW ops are halved; static memory gains 2 B per parameter (fp16 weight
+//! copy; master weights, gradients and optimizer state stay fp32). Gradients stay fp32 in
+//! PyTorch native AMP, so sync bytes are unchanged unless `fp16_allreduce=1` (Horovod's
+//! `Compression.fp16`) halves them. The job's dtype becomes the half dtype, so later passes
+//! re-cost FW/BW ops consistently.
+//!
+//! **Knobs.** `dtype` = `fp16` (default) | `bf16`; `fp16_allreduce` = 0 (default) | 1.
+//!
+//! **Framework knobs** (DESIGN.md table): PyTorch `torch.autocast(dtype=…)` +
+//! `torch.amp.GradScaler` (fp16 only), Horovod `compression=hvd.Compression.fp16` when
+//! `fp16_allreduce=1`, TF mixed-precision policy `mixed_float16` / `mixed_bfloat16`, JAX dtype
+//! policy.
+
+use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
+use crate::cost::config::Dtype;
+use crate::graph::job::{Job, OpWork};
+use crate::graph::{DeviceKind, MemEffect, OpId, OpKind, OpSpec, Phase};
+use crate::zoo::MathClass;
+
+/// The `amp` pass.
+pub struct Amp;
+
+const NAME: &str = "amp";
+
+impl Pass for Amp {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn doc(&self) -> &str {
+        "automatic mixed precision: FW/BW re-costed in fp16/bf16 by the roofline, fp32 master weights (Daydream)"
+    }
+    fn knobs(&self) -> Vec<KnobSpec> {
+        vec![
+            KnobSpec::text("dtype", "half-precision dtype: fp16 or bf16", "fp16"),
+            KnobSpec::int(
+                "fp16_allreduce",
+                "1: all-reduce gradients in fp16 (Horovod Compression.fp16), halving sync bytes",
+                0,
+                0,
+                1,
+            ),
+        ]
+    }
+    fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
+        let bad = |v: &str, why: &str| PassError::BadKnob {
+            pass: NAME.into(),
+            knob: "dtype".into(),
+            value: v.into(),
+            why: why.into(),
+        };
+        let raw = knobs.text("dtype").trim();
+        let half = match raw.to_ascii_lowercase().as_str() {
+            "fp16" | "float16" | "half" => Dtype::Fp16,
+            "bf16" | "bfloat16" => Dtype::Bf16,
+            _ => return Err(bad(raw, "must be fp16 or bf16")),
+        };
+        let job = &cx.job;
+        if !job.gpu.matrix_tflops.contains_key(&half) {
+            if half == Dtype::Bf16 {
+                return Err(bad(
+                    raw,
+                    &format!(
+                        "GPU {} has no bf16 matrix peak (no bf16 tensor cores)",
+                        job.gpu.name
+                    ),
+                ));
+            }
+            tracing::warn!(
+                gpu = job.gpu.name,
+                "no fp16 matrix peak: matrix ops get only the fp16 vector peak"
+            );
+        }
+        if job.dtype.bytes() <= half.bytes() {
+            return Err(PassError::NotApplicable {
+                pass: NAME.into(),
+                why: format!("the job already computes in {:?}", job.dtype),
+            });
+        }
+        let fp16_allreduce = knobs.int("fp16_allreduce") == 1;
+        Ok(vec![amp_patch(job, half, fp16_allreduce)])
+    }
+}
+
+/// Ratio half/full time the roofline gives a typical memory-bound op (2^24 elements, 1 FLOP
+/// each, one kernel): what a trace kernel of unknown class is scaled by.
+pub fn memory_bound_ratio(job: &Job, half: Dtype) -> f64 {
+    let e = (1u64 << 24) as f64;
+    let t = |d: Dtype| job.roofline(d).time_ns(MathClass::Vector, e, 2.0 * e, 1);
+    t(half) / t(job.dtype)
+}
+
+fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
+    let l = &job.local;
+    let mut edits = Vec::new();
+    let (mut before_ns, mut after_ns) = (0u64, 0u64);
+    let ratio = memory_bound_ratio(job, half);
+    let is_gpu = |d: u32| {
+        matches!(
+            l.devices.get(d as usize),
+            Some(DeviceKind::GpuStream { .. })
+        )
+    };
+    let mut untyped = Vec::new();
+    for (i, op) in l.ops.iter().enumerate() {
+        let s = &op.spec;
+        if s.kind.is_virtual() || !matches!(s.phase, Phase::Fw | Phase::Bw) || !is_gpu(s.device) {
+            continue;
+        }
+        before_ns += s.dur_ns;
+        match &op.work {
+            Some(w) => {
+                let d = job.cost_ns(w, half, 1.0);
+                after_ns += d;
+                edits.push(Edit::SetDuration {
+                    op: i as OpId,
+                    dur_ns: d,
+                });
+            }
+            None => {
+                after_ns += (s.dur_ns as f64 * ratio).round() as u64;
+                untyped.push(i as OpId);
+            }
+        }
+    }
+    if !untyped.is_empty() {
+        edits.push(Edit::Scale {
+            ops: untyped,
+            factor: ratio,
+        });
+    }
+    // Saved activations in half precision.
+    let mut by_op: std::collections::BTreeMap<OpId, Vec<MemEffect>> = Default::default();
+    for m in &l.mem {
+        if matches!(l.ops[m.op as usize].spec.phase, Phase::Fw | Phase::Bw) {
+            by_op.entry(m.op).or_default().push(MemEffect {
+                bytes: (m.bytes * half.bytes()).div_ceil(job.dtype.bytes()),
+                ..*m
+            });
+        }
+    }
+    let act_saved: u64 = l
+        .mem
+        .iter()
+        .filter(|m| m.when == crate::graph::MemWhen::AllocAtStart)
+        .filter(|m| matches!(l.ops[m.op as usize].spec.phase, Phase::Fw | Phase::Bw))
+        .map(|m| m.bytes)
+        .sum();
+    for (op, effects) in by_op {
+        edits.push(Edit::SetMem { op, effects });
+    }
+    // The fp16 weight copy, and one cast kernel per weight tensor before its layer's first FW.
+    let params: u64 = l.tensors.iter().map(|t| t.bytes / job.dtype.bytes()).sum();
+    edits.push(Edit::StaticMemory {
+        bytes: l.static_mem_bytes + params * half.bytes(),
+    });
+    let launch_ns = {
+        let mut v: Vec<u64> = l
+            .ops
+            .iter()
+            .filter(|o| o.spec.kind == OpKind::Launch)
+            .map(|o| o.spec.dur_ns)
+            .collect();
+        v.sort_unstable();
+        v.get(v.len() / 2).copied()
+    };
+    let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); l.ops.len()];
+    for &(a, b) in &l.edges {
+        preds[b as usize].push(a);
+    }
+    let mut cast_ns = 0u64;
+    for (ti, t) in l.tensors.iter().enumerate() {
+        let first_fw = l.ops.iter().enumerate().find(|(_, o)| {
+            o.spec.kind == OpKind::Compute && o.spec.phase == Phase::Fw && o.spec.layer == t.layer
+        });
+        let Some((f, fop)) = first_fw else { continue };
+        let elems = (t.bytes / job.dtype.bytes()) as f64;
+        // Read 4 B, write 2 B per parameter = 3 half-precision elements.
+        let work = OpWork {
+            math: MathClass::Vector,
+            flops: 0.0,
+            act_elems: 0.0,
+            weight_elems: elems * (job.dtype.bytes() + half.bytes()) as f64 / half.bytes() as f64,
+            kernels: 1,
+        };
+        let dur = job.cost_ns(&work, half, 1.0);
+        cast_ns += dur;
+        let mut after: Vec<OpId> = preds[f]
+            .iter()
+            .copied()
+            .filter(|&p| l.ops[p as usize].spec.phase == Phase::Fw)
+            .collect();
+        after.sort_unstable();
+        after.dedup();
+        edits.push(Edit::Insert {
+            spec: OpSpec {
+                tensor: ti as u32,
+                ..OpSpec::compute(fop.spec.device, Phase::Fw, t.layer, dur)
+            },
+            work: Some(work),
+            after,
+            before: vec![f as OpId],
+            launch_ns,
+        });
+    }
+    if fp16_allreduce {
+        edits.push(Edit::ScaleSyncBytes {
+            syncs: (0..job.syncs.len()).collect(),
+            factor: half.bytes() as f64 / job.dtype.bytes() as f64,
+        });
+    }
+    edits.push(Edit::Dtype(half));
+    Patch {
+        pass: NAME.into(),
+        why: format!(
+            "{half:?} forward/backward: GPU FW+BW {:.2} ms → {:.2} ms by the roofline (+{:.2} ms of {} weight casts); activations {:.2} GB → {:.2} GB; +{:.2} GB fp16 weight copy; gradients all-reduced in {}",
+            before_ns as f64 / 1e6,
+            after_ns as f64 / 1e6,
+            cast_ns as f64 / 1e6,
+            l.tensors.len(),
+            act_saved as f64 / 1e9,
+            (act_saved * half.bytes()).div_ceil(job.dtype.bytes()) as f64 / 1e9,
+            (params * half.bytes()) as f64 / 1e9,
+            if fp16_allreduce { "fp16" } else { "fp32" },
+        ),
+        edits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::config::load_gpu;
+    use crate::passes::recompute::tests::chain;
+    use crate::passes::{apply_all, evaluate, find, registry, resolve_knobs};
+
+    fn run(job: Job, args: &[(&str, &str)]) -> Result<(Evaluated, Evaluated), PassError> {
+        let reg = registry();
+        let p = find(&reg, NAME).unwrap();
+        let given: Vec<(String, String)> = args
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let knobs = resolve_knobs(p, &given)?;
+        let base = evaluate(job).unwrap();
+        let patches = p.propose(&base, &knobs)?;
+        let after = evaluate(apply_all(&base.job, &patches)?).unwrap();
+        Ok((base, after))
+    }
+
+    #[test]
+    fn chain_in_fp16_on_a_v100() {
+        // Two layers, FW 1000 / 3000 ns (hand-set), work flops 1e4·t (matrix), act elems t.
+        // fp16 on V100: matrix 125 TFLOP/s · 0.7 = 87,500 FLOP/ns; 2 B at 720 B/ns; 4 µs launch.
+        // FW0: 1e7/87,500 = 114 ns vs 2000/720 = 2.8 ns → 114 + 4000 = 4114 (the hand-set
+        // 1000 ns was below the roofline; the re-costing uses the work, not the old duration).
+        let job = chain(&[1000, 3000], &[1000, 3000]);
+        let c = |t: f64| (1e4 * t / 87_500.0).max(2.0 * t / 720.0) + 4000.0;
+        let (base, after) = run(job.clone(), &[]).unwrap();
+        let fwbw: u64 = [1000.0, 3000.0, 2000.0, 6000.0]
+            .iter()
+            .map(|&t| c(t).round() as u64)
+            .sum();
+        // Cast of l0.weight: 1000 B = 250 params → 750 half elements · 2 B / 720 + 4000.
+        let cast = (1500.0_f64 / 720.0 + 4000.0).round() as u64;
+        assert_eq!(cast, 4002);
+        assert_eq!(base.iteration_ns(), 13_000);
+        assert_eq!(after.iteration_ns(), fwbw + cast + 1000);
+        // Activations halved, + 2 B/param.
+        assert_eq!(base.memory.peak_bytes, 1_004_000);
+        assert_eq!(after.memory.peak_bytes, 1_000_000 + 250 * 2 + 500 + 1500);
+        assert_eq!(after.job.dtype, Dtype::Fp16);
+        assert_eq!(after.job.syncs[0].bytes, 1000);
+        // fp16_allreduce halves the sync bytes.
+        let (_, after) = run(job, &[("fp16_allreduce", "1")]).unwrap();
+        assert_eq!(after.job.syncs[0].bytes, 500);
+    }
+
+    #[test]
+    fn factors_come_from_the_gpu_config() {
+        let job = chain(&[1000], &[0]);
+        // Memory-bound: the same bytes in half the size → ratio (2^24·2·2/720 + 4000) /
+        // (2^24·2·4/720 + 4000) on a V100 (vector compute is far below the memory time).
+        let e = (1u64 << 24) as f64;
+        let expect = (4.0 * e / 720.0 + 4000.0) / (8.0 * e / 720.0 + 4000.0);
+        assert!((memory_bound_ratio(&job, Dtype::Fp16) - expect).abs() < 1e-12);
+        assert!(memory_bound_ratio(&job, Dtype::Fp16) > 0.5);
+    }
+
+    #[test]
+    fn bf16_needs_bf16_tensor_cores_and_bad_dtypes_are_refused() {
+        let job = chain(&[1000], &[0]);
+        let e = run(job.clone(), &[("dtype", "bf16")]).unwrap_err();
+        assert!(e.to_string().contains("bf16"), "{e}");
+        let e = run(job.clone(), &[("dtype", "int8")]).unwrap_err();
+        assert!(e.to_string().contains("fp16 or bf16"), "{e}");
+        assert!(run(job.clone(), &[("fp16_allreduce", "2")]).is_err());
+        let mut a100 = job;
+        a100.gpu = load_gpu("a100-80gb").unwrap();
+        let (_, after) = run(a100.clone(), &[("dtype", "bf16")]).unwrap();
+        assert_eq!(after.job.dtype, Dtype::Bf16);
+        // Applying AMP twice is refused.
+        let e = run(after.job, &[]).unwrap_err();
+        assert!(e.to_string().contains("already"), "{e}");
+    }
+
+    #[test]
+    fn resnet50_on_v100_speeds_up_and_halves_activations() {
+        let m = crate::zoo::model(
+            "resnet50",
+            &crate::zoo::ModelOptions {
+                batch: Some(32),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let c = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
+        let job = crate::zoo::build::job(
+            &m,
+            &c,
+            &crate::zoo::build::BuildOptions {
+                symmetric: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let params = m.param_elems();
+        let (base, after) = run(job, &[]).unwrap();
+        let (s0, s1) = (
+            base.job.local.static_mem_bytes,
+            after.job.local.static_mem_bytes,
+        );
+        assert_eq!(s1, s0 + 2 * params);
+        let (a0, a1) = (base.memory.peak_bytes - s0, after.memory.peak_bytes - s1);
+        assert!(a1 * 2 >= a0 && a1 * 2 <= a0 + 200, "{a1} vs {a0}");
+        let speedup = base.iteration_ns() as f64 / after.iteration_ns() as f64;
+        // Between the memory-bound 2× and the tensor-core 8× bounds, and more than 1.5×.
+        assert!(speedup > 1.5 && speedup < 8.0, "{speedup}");
+        // One cast per weight tensor.
+        let casts = after.job.local.ops.len() - base.job.local.ops.len();
+        assert_eq!(casts, base.job.local.tensors.len());
+    }
+}

@@ -1,0 +1,924 @@
+//! `op-fusion`: fuse adjacent compute ops of one device into one kernel (dPRO §5.1, Theorem 1;
+//! XLA auto-clustering).
+//!
+//! **When it applies.** `scope=critical` (default): consecutive compute ops `p_{n−1}, p_n` of the
+//! critical path (forward or backward phase, same device, never UPDATE) when Theorem 1 says the
+//! fusion shortens it; chains grow as in Algorithm 1 (the fused op is the next step's
+//! `p_{n−1}`) up to `max_ops` ops. `scope=all` (the XLA-default baseline): every device's fusible
+//! ops in topological order, consecutive ones greedily merged into clusters of at most `max_ops`,
+//! whenever the merge is legal — no cost test.
+//!
+//! ```text
+//! before:  … → p_{n−1} → p_n → …        p_{n−1} → Out(q_{n−1}) → sync → In
+//! after:   … → [p_{n−1}+p_n] → …        [p_{n−1}+p_n] → Out(q_{n−1}) → sync → In
+//! ```
+//!
+//! The gradients of the fused ops become ready at the fused op's end (their `Out`s move to it):
+//! the price of fusing backward ops.
+//!
+//! **Legality.** Merging a set `C` creates a cycle iff some path leaves `C` and comes back into
+//! it through an op outside `C`. The check is a DFS from the successors of `C` on the local graph
+//! extended with one node per sync (ready ops → sync → done ops, and sync `i` → sync `i+1`: NCCL
+//! issues collectives in sync order, so a later sync's `In` waits for every earlier sync's `Out`),
+//! where clusters already chosen in this proposal count as merged (entering one continues from
+//! all its members). It is pruned by topological position: an op placed after every member of `C`
+//! and of every earlier cluster cannot lead back. So paths through a synchronisation are refused
+//! (never fuse across a sync boundary).
+//!
+//! **Cost model** (`opfs_time`). When every op of the cluster has an [`OpWork`] (zoo ops):
+//! roofline of the merged work with ONE kernel launch in place of the sum of the ops' kernels:
+//! `max(Σ_i flops_i / peak(math_i), (Σ_i elems_i − saved) · dtype_bytes / mem_bw) + 1 · launch`,
+//! where `saved` is the intermediate traffic fusion removes. For every dependency edge `u → v`
+//! inside the cluster the intermediate is `m = min(act_u, act_v) / 2` elements (an op's activation
+//! traffic is its input read plus its output write, about half each); the consumer no longer reads
+//! it back (`m`), and in the backward phase the producer no longer writes it either (`2m`: a
+//! gradient flowing between two backward ops is not kept), whereas a forward intermediate is
+//! still written because training saves it for the backward pass (`m` only). `saved` is capped at
+//! the cluster's activation traffic. The result is multiplied by `Σ dur / Σ roofline(op)` so
+//! that ops whose durations were calibrated or rescaled keep their ratio. Ops without work (trace
+//! ops): `max(max_i dur_i, Σ_i dur_i − (k−1) · launch_overhead)`.
+//!
+//! **Theorem 1** (decision, `scope=critical`): fuse `p_{n−1}` (possibly already a fused chain)
+//! and `p_n` iff `q^d_{n−1} < p^d_{n−1} + p^d_n − opfs_time(p_{n−1}, p_n)` (strict, as in
+//! Algorithm 1 line 6), where `q^d_{n−1}` is the synchronisation time of the gradients `p_{n−1}`
+//! produces ([`tensor_partition::sync_time_ns`] at their current partition count, summed over
+//! them; 0 for forward ops, whose `q` is null). Theorem 1 holds under its own assumptions: the
+//! segment is computation-bound (every gradient's sync finishes before the next compute op on
+//! the path would release the next gradient) and the communication stream is idle when the
+//! gradient becomes ready. The property test at the end of this file measures how often the
+//! decision agrees with a full replay when those assumptions do not hold.
+//!
+//! **Knobs.** `scope` = `critical` | `all`; `max_ops` (default 8, 2..=1024).
+//!
+//! **Framework knobs** (DESIGN.md table): TF/XLA `TF_XLA_FLAGS=--tf_xla_auto_jit=2` plus a cluster
+//! file `<tf_node> <cluster_id>` (`XLA_CLUSTER_SPEC`, dPRO's TF fork; one id per patch); PyTorch
+//! `torch.compile` per region; JAX `jax.jit` boundaries.
+
+use std::collections::BTreeSet;
+
+use super::tensor_partition::{SyncTimes, scope_is_all};
+use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
+use crate::cost::compute::ns;
+use crate::graph::job::{Job, OpWork};
+use crate::graph::{NONE, OpId, OpKind, Phase};
+use crate::zoo::MathClass;
+
+/// The `op-fusion` pass.
+pub struct OpFusion;
+
+const NAME: &str = "op-fusion";
+
+impl Pass for OpFusion {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn doc(&self) -> &str {
+        "fuse adjacent compute ops into one kernel (dPRO Theorem 1; scope=all: XLA-style clusters)"
+    }
+    fn knobs(&self) -> Vec<KnobSpec> {
+        vec![
+            KnobSpec::text(
+                "scope",
+                "critical: pairs on the critical path by Theorem 1; all: every legal chain",
+                "critical",
+            ),
+            KnobSpec::int("max_ops", "most ops in one fused cluster", 8, 2, 1024),
+        ]
+    }
+    fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
+        let all = scope_is_all(NAME, knobs)?;
+        let max_ops = knobs.int("max_ops") as usize;
+        let job = &cx.job;
+        let mut fz = Fuser::new(job)?;
+        let clusters = if all {
+            fz.all(max_ops)
+        } else {
+            fz.critical(&cx.critical_local, max_ops)
+        };
+        Ok(clusters
+            .into_iter()
+            .map(|(ops, why)| fz.patch(&ops, why))
+            .collect())
+    }
+}
+
+/// Whether `o` may be fused at all: a forward or backward compute op.
+pub fn fusible(job: &Job, o: OpId) -> bool {
+    let s = &job.local.ops[o as usize].spec;
+    s.kind == OpKind::Compute && matches!(s.phase, Phase::Fw | Phase::Bw)
+}
+
+/// `opfs_time` and the fused work of `ops` (see the module docs).
+pub fn fused_cost(job: &Job, ops: &[OpId]) -> (u64, Option<OpWork>) {
+    let l = &job.local;
+    let sum_dur: u64 = ops.iter().map(|&o| l.ops[o as usize].spec.dur_ns).sum();
+    let works: Option<Vec<OpWork>> = ops.iter().map(|&o| l.ops[o as usize].work).collect();
+    let Some(works) = works else {
+        let launch = ns(job.gpu.launch_overhead_us * 1e3);
+        let longest = ops
+            .iter()
+            .map(|&o| l.ops[o as usize].spec.dur_ns)
+            .max()
+            .unwrap_or(0);
+        let cut = launch.saturating_mul(ops.len().saturating_sub(1) as u64);
+        return (sum_dur.saturating_sub(cut).max(longest), None);
+    };
+    let roof = job.roofline(job.dtype);
+    let members: BTreeSet<OpId> = ops.iter().copied().collect();
+    let mut saved = 0.0;
+    for &(a, b) in &l.edges {
+        if a != b && members.contains(&a) && members.contains(&b) {
+            let (wa, wb) = (l.ops[a as usize].work, l.ops[b as usize].work);
+            if let (Some(wa), Some(wb)) = (wa, wb) {
+                let m = wa.act_elems.min(wb.act_elems) / 2.0;
+                let bw = l.ops[a as usize].spec.phase == Phase::Bw
+                    && l.ops[b as usize].spec.phase == Phase::Bw;
+                saved += if bw { 2.0 * m } else { m };
+            }
+        }
+    }
+    let act: f64 = works.iter().map(|w| w.act_elems).sum();
+    let weight: f64 = works.iter().map(|w| w.weight_elems).sum();
+    let saved = saved.min(act);
+    let compute: f64 = works
+        .iter()
+        .map(|w| roof.time_ns(w.math, w.flops, 0.0, 0))
+        .sum();
+    let memory = roof.time_ns(MathClass::Vector, 0.0, act - saved + weight, 0);
+    let one_launch = roof.time_ns(MathClass::Vector, 0.0, 0.0, 1);
+    let fused = compute.max(memory) + one_launch;
+    let modelled: f64 = works
+        .iter()
+        .map(|w| roof.time_ns(w.math, w.flops, w.act_elems + w.weight_elems, w.kernels))
+        .sum();
+    let ratio = if modelled > 0.0 {
+        sum_dur as f64 / modelled
+    } else {
+        1.0
+    };
+    let work = OpWork {
+        math: if works.iter().any(|w| w.math == MathClass::Matrix) {
+            MathClass::Matrix
+        } else {
+            MathClass::Vector
+        },
+        flops: works.iter().map(|w| w.flops).sum(),
+        act_elems: act - saved,
+        weight_elems: weight,
+        kernels: 1,
+    };
+    (ns(fused * ratio), Some(work))
+}
+
+/// Legality bookkeeping and cluster formation for one proposal.
+struct Fuser<'a> {
+    job: &'a Job,
+    /// Successors in the local graph extended with one node per sync (ids `ops.len() + i`).
+    succ: Vec<Vec<u32>>,
+    /// Topological position of every node of the extended graph.
+    pos: Vec<u32>,
+    /// Cluster id of every node already in a chosen cluster.
+    cluster_of: Vec<u32>,
+    clusters: Vec<Vec<OpId>>,
+    /// Highest position of any member of a chosen cluster.
+    cluster_max_pos: u32,
+    /// Syncs whose gradients each op produces.
+    produces: Vec<Vec<usize>>,
+    times: SyncTimes<'a>,
+    /// DFS scratch: visit stamp per node.
+    seen: Vec<u32>,
+    stamp: u32,
+}
+
+impl<'a> Fuser<'a> {
+    fn new(job: &'a Job) -> Result<Self, PassError> {
+        let n = job.local.ops.len();
+        let total = n + job.syncs.len();
+        let mut succ = vec![Vec::new(); total];
+        for &(a, b) in &job.local.edges {
+            succ[a as usize].push(b);
+        }
+        let mut produces = vec![Vec::new(); n];
+        let preds = {
+            let mut p = vec![Vec::new(); n];
+            for &(a, b) in &job.local.edges {
+                p[b as usize].push(a);
+            }
+            p
+        };
+        for (i, s) in job.syncs.iter().enumerate() {
+            let node = (n + i) as u32;
+            for &r in &s.ready {
+                succ[r as usize].push(node);
+                if job.local.ops[r as usize].spec.kind == OpKind::Compute {
+                    produces[r as usize].push(i);
+                } else {
+                    for &p in &preds[r as usize] {
+                        produces[p as usize].push(i);
+                    }
+                }
+            }
+            for &d in &s.done {
+                succ[node as usize].push(d);
+            }
+            if i + 1 < job.syncs.len() {
+                succ[node as usize].push(node + 1);
+            }
+        }
+        for p in produces.iter_mut() {
+            p.sort_unstable();
+            p.dedup();
+        }
+        // Kahn's algorithm, smallest id first among ready nodes: deterministic.
+        let mut indeg = vec![0u32; total];
+        for s in &succ {
+            for &v in s {
+                indeg[v as usize] += 1;
+            }
+        }
+        let mut ready: BTreeSet<u32> = (0..total as u32)
+            .filter(|&v| indeg[v as usize] == 0)
+            .collect();
+        let mut pos = vec![u32::MAX; total];
+        let mut next = 0u32;
+        while let Some(v) = ready.pop_first() {
+            pos[v as usize] = next;
+            next += 1;
+            for &w in &succ[v as usize] {
+                indeg[w as usize] -= 1;
+                if indeg[w as usize] == 0 {
+                    ready.insert(w);
+                }
+            }
+        }
+        if next as usize != total {
+            return Err(PassError::NotApplicable {
+                pass: NAME.into(),
+                why: "the job's local graph with its synchronisations has a cycle".into(),
+            });
+        }
+        Ok(Fuser {
+            job,
+            succ,
+            pos,
+            cluster_of: vec![NONE; total],
+            clusters: Vec::new(),
+            cluster_max_pos: 0,
+            produces,
+            times: SyncTimes::new(job),
+            seen: vec![0; total],
+            stamp: 0,
+        })
+    }
+
+    /// Whether merging `set` (plus the clusters already chosen) keeps the graph acyclic.
+    fn legal(&mut self, set: &[OpId]) -> bool {
+        self.stamp += 1;
+        let stamp = self.stamp;
+        let inside: BTreeSet<u32> = set.iter().copied().collect();
+        let top = set
+            .iter()
+            .map(|&o| self.pos[o as usize])
+            .max()
+            .unwrap_or(0)
+            .max(self.cluster_max_pos);
+        let mut stack: Vec<u32> = Vec::new();
+        for &o in set {
+            for &w in &self.succ[o as usize] {
+                if !inside.contains(&w) {
+                    stack.push(w);
+                }
+            }
+        }
+        while let Some(v) = stack.pop() {
+            if inside.contains(&v) {
+                return false;
+            }
+            if self.seen[v as usize] == stamp || self.pos[v as usize] > top {
+                continue;
+            }
+            self.seen[v as usize] = stamp;
+            let c = self.cluster_of[v as usize];
+            if c == NONE {
+                stack.extend(self.succ[v as usize].iter().copied());
+            } else {
+                for &m in &self.clusters[c as usize] {
+                    self.seen[m as usize] = stamp;
+                    stack.extend(self.succ[m as usize].iter().copied());
+                }
+            }
+        }
+        true
+    }
+
+    fn commit(&mut self, ops: Vec<OpId>) {
+        let id = self.clusters.len() as u32;
+        for &o in &ops {
+            self.cluster_of[o as usize] = id;
+            self.cluster_max_pos = self.cluster_max_pos.max(self.pos[o as usize]);
+        }
+        self.clusters.push(ops);
+    }
+
+    fn dur(&self, ops: &[OpId]) -> u64 {
+        if let [one] = ops {
+            self.job.local.ops[*one as usize].spec.dur_ns
+        } else {
+            fused_cost(self.job, ops).0
+        }
+    }
+
+    /// `q^d` of a (fused) op: sync time of the gradients its members produce.
+    fn q_d(&mut self, ops: &[OpId]) -> u64 {
+        let syncs: BTreeSet<usize> = ops
+            .iter()
+            .flat_map(|&o| self.produces[o as usize].iter().copied())
+            .collect();
+        syncs
+            .into_iter()
+            .map(|s| {
+                let sy = &self.job.syncs[s];
+                self.times.get(sy.bytes, sy.partitions)
+            })
+            .sum()
+    }
+
+    /// Theorem 1 along the critical path (Algorithm 1, lines 5–7, chains included).
+    fn critical(&mut self, path: &[OpId], max_ops: usize) -> Vec<(Vec<OpId>, String)> {
+        let mut out = Vec::new();
+        let mut cur: Vec<OpId> = Vec::new();
+        let mut why = String::new();
+        let mut close = |s: &mut Self, cur: &mut Vec<OpId>, why: &mut String| {
+            if cur.len() >= 2 {
+                let ops = std::mem::take(cur);
+                s.commit(ops.clone());
+                out.push((ops, std::mem::take(why)));
+            }
+            cur.clear();
+            why.clear();
+        };
+        for &p in path {
+            if (p as usize) >= self.job.local.ops.len()
+                || !fusible(self.job, p)
+                || self.cluster_of[p as usize] != NONE
+            {
+                close(self, &mut cur, &mut why);
+                continue;
+            }
+            let same_device = cur.first().is_none_or(|&c| {
+                self.job.local.ops[c as usize].spec.device
+                    == self.job.local.ops[p as usize].spec.device
+            });
+            if cur.is_empty() || !same_device || cur.len() >= max_ops {
+                close(self, &mut cur, &mut why);
+                cur.push(p);
+                continue;
+            }
+            let mut cand = cur.clone();
+            cand.push(p);
+            let (a, b) = (self.dur(&cur), self.dur(&[p]));
+            let fused = self.dur(&cand);
+            let q = self.q_d(&cur);
+            let gain = (a + b) as i64 - fused as i64;
+            if (q as i64) < gain && self.legal(&cand) {
+                why = format!(
+                    "Theorem 1 on the critical path: q^d_(n-1) = {q} ns < p^d_(n-1) + p^d_n − opfs_time = {a} + {b} − {fused} ns ({} ops fused)",
+                    cand.len()
+                );
+                cur = cand;
+            } else {
+                close(self, &mut cur, &mut why);
+                cur.push(p);
+            }
+        }
+        close(self, &mut cur, &mut why);
+        out
+    }
+
+    /// XLA-style: on each device, in topological order, greedy legal clusters of ≤ `max_ops`.
+    fn all(&mut self, max_ops: usize) -> Vec<(Vec<OpId>, String)> {
+        let l = &self.job.local;
+        let mut by_device: Vec<Vec<OpId>> = vec![Vec::new(); l.devices.len()];
+        for (i, o) in l.ops.iter().enumerate() {
+            if let Some(d) = by_device.get_mut(o.spec.device as usize) {
+                d.push(i as OpId);
+            }
+        }
+        let mut out = Vec::new();
+        for mut ops in by_device {
+            ops.sort_by_key(|&o| self.pos[o as usize]);
+            let mut cur: Vec<OpId> = Vec::new();
+            for o in ops {
+                if !fusible(self.job, o) {
+                    self.flush(&mut cur, &mut out);
+                    continue;
+                }
+                if !cur.is_empty() && cur.len() < max_ops {
+                    let mut cand = cur.clone();
+                    cand.push(o);
+                    if self.legal(&cand) {
+                        cur = cand;
+                        continue;
+                    }
+                }
+                self.flush(&mut cur, &mut out);
+                cur.push(o);
+            }
+            self.flush(&mut cur, &mut out);
+        }
+        out
+    }
+
+    fn flush(&mut self, cur: &mut Vec<OpId>, out: &mut Vec<(Vec<OpId>, String)>) {
+        if cur.len() >= 2 {
+            let ops = std::mem::take(cur);
+            let sum: u64 = ops
+                .iter()
+                .map(|&o| self.job.local.ops[o as usize].spec.dur_ns)
+                .sum();
+            let why = format!(
+                "XLA-style cluster of {} consecutive ops: {sum} ns → {} ns",
+                ops.len(),
+                self.dur(&ops)
+            );
+            self.commit(ops.clone());
+            out.push((ops, why));
+        }
+        cur.clear();
+    }
+
+    fn patch(&self, ops: &[OpId], why: String) -> Patch {
+        let (dur_ns, work) = fused_cost(self.job, ops);
+        let mut edits = vec![Edit::Merge {
+            ops: ops.to_vec(),
+            dur_ns,
+        }];
+        if work.is_some() {
+            edits.push(Edit::SetWork { op: ops[0], work });
+        }
+        Patch {
+            pass: NAME.into(),
+            why,
+            edits,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::cost::config::SyncScheme;
+    use crate::graph::comm::CommSpec;
+    use crate::graph::job::{JobMeta, LocalGraph, LocalOp, Sync};
+    use crate::graph::{DeviceKind, OpSpec, Tensor};
+    use crate::passes::{apply_all, evaluate, resolve_knobs};
+
+    /// A chain of backward compute ops on GPU device 1 (trace-like: no work); op `i` with
+    /// `grads[i] = (dur, true)` produces a gradient of `bytes` B: `op → Out → sync → In`.
+    /// Syncs are in chain order. `workers` copies over `spec`.
+    pub(crate) fn chain_job(ops: &[(u64, bool)], bytes: u64, spec: CommSpec, workers: u32) -> Job {
+        let sizes: Vec<(u64, Option<u64>)> =
+            ops.iter().map(|&(d, g)| (d, g.then_some(bytes))).collect();
+        chain_job_sizes(&sizes, spec, workers)
+    }
+
+    /// Like [`chain_job`] with a gradient size per op.
+    pub(crate) fn chain_job_sizes(ops: &[(u64, Option<u64>)], spec: CommSpec, workers: u32) -> Job {
+        let mut g = LocalGraph {
+            devices: vec![
+                DeviceKind::Virtual,
+                DeviceKind::GpuStream {
+                    worker: 0,
+                    stream: 0,
+                },
+            ],
+            layers: (0..ops.len()).map(|i| format!("l{i}")).collect(),
+            ..LocalGraph::default()
+        };
+        let mut syncs = Vec::new();
+        let mut prev: Option<OpId> = None;
+        for (i, &(dur, grad)) in ops.iter().enumerate() {
+            let o = g.ops.len() as OpId;
+            g.ops.push(LocalOp {
+                spec: OpSpec::compute(1, Phase::Bw, i as u32, dur),
+                work: None,
+            });
+            if let Some(p) = prev {
+                g.edges.push((p, o));
+            }
+            prev = Some(o);
+            if let Some(bytes) = grad {
+                let t = g.tensors.len() as u32;
+                g.tensors.push(Tensor {
+                    name: format!("w{i}"),
+                    bytes,
+                    layer: i as u32,
+                });
+                let out = g.ops.len() as OpId;
+                g.ops.push(LocalOp {
+                    spec: OpSpec {
+                        tensor: t,
+                        ..OpSpec::new(OpKind::Out, Phase::Comm, 0, 0)
+                    },
+                    work: None,
+                });
+                let inn = out + 1;
+                g.ops.push(LocalOp {
+                    spec: OpSpec {
+                        tensor: t,
+                        ..OpSpec::new(OpKind::In, Phase::Comm, 0, 0)
+                    },
+                    work: None,
+                });
+                g.edges.push((o, out));
+                syncs.push(Sync {
+                    tensors: vec![t],
+                    bytes,
+                    partitions: 1,
+                    ready: vec![out],
+                    done: vec![inn],
+                });
+            }
+        }
+        Job {
+            local: g,
+            syncs,
+            comm: spec,
+            workers,
+            symmetric: false,
+            gpu: crate::cost::config::load_gpu("v100-32gb").unwrap(),
+            dtype: crate::cost::config::Dtype::Fp32,
+            efficiency: Default::default(),
+            meta: JobMeta::default(),
+        }
+    }
+
+    fn ring() -> CommSpec {
+        crate::passes::tensor_partition::tests::spec(SyncScheme::Ring)
+    }
+
+    fn knobs(kv: &[(&str, &str)]) -> Knobs {
+        let kv: Vec<(String, String)> = kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        resolve_knobs(&OpFusion, &kv).unwrap()
+    }
+
+    fn merged(p: &[Patch]) -> Vec<Vec<OpId>> {
+        p.iter()
+            .map(|p| match &p.edits[0] {
+                Edit::Merge { ops, .. } => ops.clone(),
+                e => panic!("{e:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn trace_ops_fuse_minus_launches() {
+        // v100 launch overhead: read from the config so the test follows it.
+        let job = chain_job(
+            &[(50_000, false), (30_000, false), (20_000, false)],
+            0,
+            ring(),
+            2,
+        );
+        let l = ns(job.gpu.launch_overhead_us * 1e3);
+        assert!(l > 0);
+        assert_eq!(fused_cost(&job, &[0, 1]).0, 80_000 - l);
+        assert_eq!(fused_cost(&job, &[0, 1, 2]).0, 100_000 - 2 * l);
+        // Never below the longest op.
+        let tiny = chain_job(&[(50_000, false), (1, false)], 0, ring(), 2);
+        assert_eq!(fused_cost(&tiny, &[0, 1]).0, 50_000);
+    }
+
+    #[test]
+    fn roofline_fusion_saves_launch_and_intermediate() {
+        // Two memory-bound vector ops of 1.8e6 activation elements each, FP32 on a V100
+        // (900 GB/s × 0.8 = 720 B/ns): 7.2e6 B / 720 = 10,000 ns + one 4000 ns launch = 14,000
+        // ns each (1e6 FLOPs at 7850 FLOP/ns is 127 ns: memory-bound).
+        let mut job = chain_job(&[(0, false), (0, false)], 0, ring(), 2);
+        let w = OpWork {
+            math: MathClass::Vector,
+            flops: 1e6,
+            act_elems: 1.8e6,
+            weight_elems: 0.0,
+            kernels: 1,
+        };
+        for o in &mut job.local.ops {
+            o.work = Some(w);
+            o.spec.dur_ns = 14_000;
+        }
+        assert_eq!(job.cost_ns(&w, job.dtype, 1.0), 14_000);
+        // Backward pair: intermediate m = 0.9e6 elements, read and write removed → 1.8e6 of
+        // 3.6e6 elements left: 10,000 ns + one launch.
+        let (t, work) = fused_cost(&job, &[0, 1]);
+        assert_eq!(t, 14_000);
+        let work = work.unwrap();
+        assert_eq!(work.kernels, 1);
+        assert_eq!(work.act_elems, 1.8e6);
+        assert_eq!(work.flops, 2e6);
+        // Forward pair: only the read is removed → 2.7e6 elements: 15,000 + 4000.
+        for o in &mut job.local.ops {
+            o.spec.phase = Phase::Fw;
+        }
+        assert_eq!(fused_cost(&job, &[0, 1]).0, 19_000);
+        // Durations calibrated 10 % above the roofline keep their ratio.
+        for o in &mut job.local.ops {
+            o.spec.dur_ns = 15_400;
+        }
+        assert_eq!(fused_cost(&job, &[0, 1]).0, 20_900);
+    }
+
+    #[test]
+    fn theorem_1_on_a_hand_built_chain() {
+        // Chain A(100 µs, grad 4000 B) → B(50 µs) → C(50 µs), 4 workers on the ring spec
+        // (t_sync(4000 B) = 12,000 ns). Critical path: A, B, C (compute-bound).
+        // (A, B): q^d = 12,000 ≥ gain = launch (4 µs on a V100) → no fusion.
+        // (B, C): q^d = 0 < gain = 4 µs → fuse B and C into 96 µs.
+        let job = chain_job(
+            &[(100_000, true), (50_000, false), (50_000, false)],
+            4000,
+            ring(),
+            4,
+        );
+        let l = ns(job.gpu.launch_overhead_us * 1e3);
+        assert_eq!(l, 4000);
+        let cx = evaluate(job.clone()).unwrap();
+        assert_eq!(cx.iteration_ns(), 200_000);
+        let p = OpFusion.propose(&cx, &knobs(&[])).unwrap();
+        // Op ids: A = 0, Out = 1, In = 2, B = 3, C = 4.
+        assert_eq!(merged(&p), vec![vec![3, 4]]);
+        assert_eq!(
+            p[0].edits[0],
+            Edit::Merge {
+                ops: vec![3, 4],
+                dur_ns: 96_000
+            }
+        );
+        let after = evaluate(apply_all(&job, &p).unwrap()).unwrap();
+        assert_eq!(after.iteration_ns(), 196_000);
+        // With a tiny gradient (t_sync 6 × (1000 + 1) = 6006 ns) still ≥ 4000: A stays alone.
+        // With 2 workers and 2 B: t_sync = 2 × (1000 + 1) = 2002 < 4000 → A joins: one cluster.
+        let job = chain_job(
+            &[(100_000, true), (50_000, false), (50_000, false)],
+            2,
+            ring(),
+            2,
+        );
+        let cx = evaluate(job).unwrap();
+        let p = OpFusion.propose(&cx, &knobs(&[])).unwrap();
+        assert_eq!(merged(&p), vec![vec![0, 3, 4]]);
+        assert_eq!(
+            p[0].edits[0],
+            Edit::Merge {
+                ops: vec![0, 3, 4],
+                dur_ns: 200_000 - 2 * l
+            }
+        );
+    }
+
+    #[test]
+    fn legality_refuses_a_path_through_another_op_or_a_sync() {
+        // a → x → b and a → b, all on the GPU; x is an UPDATE (not fusible): merging a and b
+        // would make a cycle through x.
+        let mut job = chain_job(
+            &[(10_000, false), (10_000, false), (10_000, false)],
+            0,
+            ring(),
+            2,
+        );
+        job.local.ops[1].spec.phase = Phase::Update;
+        job.local.edges.push((0, 2));
+        let mut f = Fuser::new(&job).unwrap();
+        assert!(!f.legal(&[0, 2]));
+        assert!(f.legal(&[0, 1]));
+        let cx = evaluate(job.clone()).unwrap();
+        assert!(
+            OpFusion
+                .propose(&cx, &knobs(&[("scope", "all")]))
+                .unwrap()
+                .is_empty()
+        );
+        // Across a sync: A → Out → sync → In → C; merging A and C is a cycle.
+        let mut job = chain_job(
+            &[(10_000, true), (10_000, false), (10_000, false)],
+            8,
+            ring(),
+            2,
+        );
+        job.local.edges.push((2, 4)); // In(A's grad) → C
+        let mut f = Fuser::new(&job).unwrap();
+        assert!(!f.legal(&[0, 4]));
+        assert!(f.legal(&[0, 3]));
+        // … and through the NCCL order: sync 1's In waits for sync 0's Out.
+        let mut job = chain_job(
+            &[(10_000, true), (10_000, true), (10_000, false)],
+            8,
+            ring(),
+            2,
+        );
+        // ops: A=0 Out0=1 In0=2 B=3 Out1=4 In1=5 C=6; make C wait for In1 and drop B → C.
+        job.local.edges.retain(|&e| e != (3, 6));
+        job.local.edges.push((5, 6));
+        let mut f = Fuser::new(&job).unwrap();
+        assert!(!f.legal(&[0, 6]), "A → Out0 → sync0 → sync1 → In1 → C");
+        assert!(f.legal(&[0, 3]));
+    }
+
+    #[test]
+    fn earlier_clusters_count_as_merged() {
+        // Two chains on two GPU streams with cross edges a1 → b2 and b1 → a2 … merging {a1, a2}
+        // is legal alone (b1 does not depend on a1), and so is {b1, b2}; together they form a
+        // cycle a → b → a, which the second check must see.
+        let mut job = chain_job(&[(10_000, false), (10_000, false)], 0, ring(), 2);
+        job.local.devices.push(DeviceKind::GpuStream {
+            worker: 0,
+            stream: 1,
+        });
+        for d in [10_000, 10_000] {
+            job.local.ops.push(LocalOp {
+                spec: OpSpec::compute(2, Phase::Bw, 0, d),
+                work: None,
+            });
+        }
+        // a1 = 0, a2 = 1 (edge 0 → 1); b1 = 2, b2 = 3.
+        job.local.edges.extend([(2, 3), (0, 3), (2, 1)]);
+        let mut f = Fuser::new(&job).unwrap();
+        assert!(f.legal(&[0, 1]));
+        assert!(f.legal(&[2, 3]));
+        f.commit(vec![0, 1]);
+        // a2's cluster contains a1 → b2; b1 → a2: {b1, b2} now closes a cycle.
+        assert!(!f.legal(&[2, 3]));
+        let cx = evaluate(job.clone()).unwrap();
+        let p = OpFusion.propose(&cx, &knobs(&[("scope", "all")])).unwrap();
+        assert_eq!(merged(&p), vec![vec![0, 1]]);
+        assert!(apply_all(&job, &p).is_ok());
+    }
+
+    #[test]
+    fn scope_all_respects_max_ops() {
+        let job = chain_job(&[(10_000, false); 5], 0, ring(), 2);
+        let cx = evaluate(job.clone()).unwrap();
+        let p = OpFusion
+            .propose(&cx, &knobs(&[("scope", "all"), ("max_ops", "2")]))
+            .unwrap();
+        assert_eq!(merged(&p), vec![vec![0, 1], vec![2, 3]]);
+        let after = evaluate(apply_all(&job, &p).unwrap()).unwrap();
+        // 5 × 10 µs − 2 launches.
+        assert_eq!(after.iteration_ns(), 50_000 - 2 * 4000);
+        assert!(resolve_knobs(&OpFusion, &[("max_ops".into(), "1".into())]).is_err());
+    }
+
+    #[test]
+    fn zoo_resnet50_all_fuses_and_gets_faster() {
+        let model = crate::zoo::model("resnet50", &Default::default()).unwrap();
+        let cluster = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
+        let job = crate::zoo::build::job(&model, &cluster, &Default::default()).unwrap();
+        let base = evaluate(job.clone()).unwrap();
+        let p = OpFusion
+            .propose(&base, &knobs(&[("scope", "all")]))
+            .unwrap();
+        assert!(p.len() > 20, "{}", p.len());
+        for patch in &p {
+            if let Edit::Merge { ops, .. } = &patch.edits[0] {
+                assert!(ops.len() <= 8);
+                assert!(ops.iter().all(|&o| fusible(&job, o)));
+            }
+        }
+        let after = evaluate(apply_all(&job, &p).unwrap()).unwrap();
+        assert!(after.iteration_ns() < base.iteration_ns());
+        // The critical scope never makes it slower on this model either.
+        let p = OpFusion.propose(&base, &knobs(&[])).unwrap();
+        let crit = evaluate(apply_all(&job, &p).unwrap()).unwrap();
+        assert!(crit.iteration_ns() <= base.iteration_ns());
+    }
+}
+
+/// Numerical check of Theorems 1 and 3 against full replay on random chains (proptest).
+#[cfg(test)]
+mod theorem_checks {
+    use super::tests::chain_job_sizes;
+    use super::*;
+    use crate::cost::config::SyncScheme;
+    use crate::passes::tensor_fusion::TensorFusion;
+    use crate::passes::{apply_all, evaluate, resolve_knobs};
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    /// Random backward chains: 2–6 ops of 1–100 µs, each with a gradient of 1 B – 200 kB or
+    /// none, on 2–4 workers (ring, α = 1 µs, 1 B/ns).
+    fn chains() -> impl Strategy<Value = (Vec<(u64, Option<u64>)>, u32)> {
+        (
+            prop::collection::vec((1_000u64..100_000, prop::option::of(1u64..200_000)), 2..7),
+            2u32..5,
+        )
+    }
+
+    fn runner() -> TestRunner {
+        TestRunner::new_with_rng(
+            Config {
+                cases: 64,
+                ..Config::default()
+            },
+            TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+        )
+    }
+
+    fn spec() -> crate::graph::comm::CommSpec {
+        crate::passes::tensor_partition::tests::spec(SyncScheme::Ring)
+    }
+
+    /// Theorem 1: every fusion it decides never makes the full replay slower.
+    #[test]
+    fn theorem_1_agrees_with_full_replay() {
+        let (mut decided, mut agree) = (0u32, 0u32);
+        let mut r = runner();
+        let strat = chains();
+        for _ in 0..64 {
+            let (ops, workers) = strat.new_tree(&mut r).unwrap().current();
+            let job = chain_job_sizes(&ops, spec(), workers);
+            let cx = evaluate(job.clone()).unwrap();
+            let k = resolve_knobs(&OpFusion, &[]).unwrap();
+            for p in OpFusion.propose(&cx, &k).unwrap() {
+                decided += 1;
+                let after = evaluate(apply_all(&job, &[p]).unwrap()).unwrap();
+                if after.iteration_ns() <= cx.iteration_ns() {
+                    agree += 1;
+                }
+            }
+        }
+        eprintln!("Theorem 1: {agree}/{decided} fusions not slower in full replay");
+        assert!(decided > 0);
+        assert_eq!(agree, decided);
+    }
+
+    /// Theorem 3: for two adjacent ops that both produce a gradient, fusing the ops and their
+    /// tensors is no slower than either fusion alone.
+    #[test]
+    fn theorem_3_agrees_with_full_replay() {
+        let (mut cases, mut agree) = (0u32, 0u32);
+        let mut r = runner();
+        let strat = chains();
+        for _ in 0..64 {
+            let (mut ops, workers) = strat.new_tree(&mut r).unwrap().current();
+            ops[0].1.get_or_insert(1000);
+            ops[1].1.get_or_insert(1000);
+            let job = chain_job_sizes(&ops, spec(), workers);
+            // ops: p0 = 0, Out0 = 1, In0 = 2, p1 = 3; syncs 0 and 1.
+            let (dur, _) = fused_cost(&job, &[0, 3]);
+            let opfs = Patch {
+                pass: "t".into(),
+                why: String::new(),
+                edits: vec![Edit::Merge {
+                    ops: vec![0, 3],
+                    dur_ns: dur,
+                }],
+            };
+            let tsfs = Patch {
+                pass: "t".into(),
+                why: String::new(),
+                edits: vec![Edit::FuseSyncs { syncs: vec![0, 1] }],
+            };
+            let t = |p: &[Patch]| {
+                evaluate(apply_all(&job, p).unwrap())
+                    .unwrap()
+                    .iteration_ns()
+            };
+            let both = t(&[tsfs.clone(), opfs.clone()]);
+            cases += 1;
+            if both <= t(&[opfs]) && both <= t(&[tsfs]) {
+                agree += 1;
+            }
+        }
+        eprintln!("Theorem 3: {agree}/{cases} cases agree with full replay");
+        assert_eq!(agree, cases);
+    }
+
+    /// Theorem 2 (decisions of `tensor-fusion` on the critical path) against full replay.
+    #[test]
+    fn theorem_2_agrees_with_full_replay() {
+        let (mut decided, mut agree) = (0u32, 0u32);
+        let mut r = runner();
+        let strat = chains();
+        for _ in 0..64 {
+            let (ops, workers) = strat.new_tree(&mut r).unwrap().current();
+            let job = chain_job_sizes(&ops, spec(), workers);
+            let cx = evaluate(job.clone()).unwrap();
+            let k = resolve_knobs(&TensorFusion, &[]).unwrap();
+            let p = TensorFusion.propose(&cx, &k).unwrap();
+            if p.is_empty() {
+                continue;
+            }
+            decided += 1;
+            let after = evaluate(apply_all(&job, &p).unwrap()).unwrap();
+            if after.iteration_ns() <= cx.iteration_ns() {
+                agree += 1;
+            }
+        }
+        eprintln!("Theorem 2: {agree}/{decided} proposals not slower in full replay");
+        assert!(decided > 0);
+        assert_eq!(agree, decided);
+    }
+}

@@ -1,0 +1,360 @@
+//! `tensor-partition`: cut a gradient synchronisation into `k` equal pieces (dPRO §5.1, the
+//! optimal partition number `k*[s]` of Theorems 2–3; BytePS partitions).
+//!
+//! **When it applies.** Syncs with communication ops on the critical path (`scope=critical`,
+//! default) or every sync (`scope=all`), when the best `k` differs from the sync's current
+//! partition count.
+//!
+//! ```text
+//! before:  Out(t) ──[ all-reduce of S bytes ]──────────────→ In(t)
+//! after:   Out(t) ──[ S/k ]─[ S/k ]─ … ─[ S/k ] (k pieces) ──→ In(t)
+//! ```
+//!
+//! Each piece is its own collective (NCCL issues them one after another on a worker's
+//! communicator, but a worker may start piece `j+1` while its neighbours still forward piece `j`:
+//! pieces pipeline through the ring / tree / parameter servers, and each pays the latency α).
+//!
+//! **Cost model.** `t_sync(s, k)` ([`sync_time_ns`]) is a partial replay of the synchronisation's
+//! communication sub-graph alone: the job's topology ([`CommTopology`], the symmetric ring when
+//! the job is symmetric) wired for one tensor of `s` bytes cut into `k` pieces between virtual
+//! ready/done ops that all fire at time 0, replayed with the dPRO replayer; `t_sync` is its
+//! makespan. This is dPRO's "partial replay of the sub-graph including all relevant
+//! communication ops" (§5.3): it ignores contention with other tensors' collectives, as the
+//! paper's does. `k*` minimises `t_sync` over the grid `k ∈ {1, 2, 4, …, max_k}` (plus `max_k`
+//! itself when it is not a power of two); ties go to the smaller `k`. Results are memoised per
+//! `(bytes, k)` inside one `propose` (tensors of equal size are common).
+//!
+//! **Knobs.** `scope` = `critical` | `all`; `max_k` (default 16, 1..=1024): the grid's top;
+//! `k` (default 0 = search; 1..=1024 = use this `k` for every selected sync).
+//!
+//! **Framework knobs** (DESIGN.md table): BytePS `BYTEPS_PARTITION_BYTES` (= ⌈s / k*⌉ of the
+//! tensors chosen; one global value, so the emitter takes the most common one) and
+//! `BYTEPS_SCHEDULING_CREDIT`; no Horovod / XLA / PyTorch / JAX equivalent.
+
+use std::collections::BTreeMap;
+
+use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
+use crate::cost::config::SyncScheme;
+use crate::graph::comm::CommTopology;
+use crate::graph::job::Job;
+use crate::graph::{DeviceKind, DfgBuilder, NONE, OpKind, OpSpec, Phase};
+
+/// The `tensor-partition` pass.
+pub struct TensorPartition;
+
+const NAME: &str = "tensor-partition";
+
+impl Pass for TensorPartition {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn doc(&self) -> &str {
+        "cut gradient synchronisations into k pieces; k* by grid search with partial replay (dPRO)"
+    }
+    fn knobs(&self) -> Vec<KnobSpec> {
+        vec![
+            KnobSpec::text(
+                "scope",
+                "critical: syncs on the critical path; all: every sync",
+                "critical",
+            ),
+            KnobSpec::int(
+                "max_k",
+                "largest partition number the search tries",
+                16,
+                1,
+                1024,
+            ),
+            KnobSpec::int(
+                "k",
+                "0: search k* in {1,2,4,…,max_k}; otherwise this partition number",
+                0,
+                0,
+                1024,
+            ),
+        ]
+    }
+    fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
+        let all = scope_is_all(NAME, knobs)?;
+        let max_k = knobs.int("max_k") as u32;
+        let fixed = knobs.int("k") as u32;
+        let job = &cx.job;
+        let mut selected: Vec<usize> = if all {
+            (0..job.syncs.len()).collect()
+        } else {
+            cx.critical_syncs.clone()
+        };
+        selected.sort_unstable();
+        selected.dedup();
+        let mut cache = SyncTimes::new(job);
+        let mut out = Vec::new();
+        for s in selected {
+            let sync = &job.syncs[s];
+            let now = sync.partitions.max(1);
+            let (k, why) = if fixed > 0 {
+                (fixed, format!("k = {fixed} requested"))
+            } else {
+                let (k, t) = cache.best_k(sync.bytes, max_k);
+                let t_now = cache.get(sync.bytes, now);
+                (
+                    k,
+                    format!(
+                        "k* = {k} minimises t_sync over k ≤ {max_k} by partial replay: \
+                         {t} ns vs {t_now} ns with k = {now}"
+                    ),
+                )
+            };
+            if k == now {
+                continue;
+            }
+            out.push(Patch {
+                pass: NAME.into(),
+                why: format!(
+                    "sync {s} ({} B, {}): {why}",
+                    sync.bytes,
+                    tensor_label(job, s)
+                ),
+                edits: vec![Edit::PartitionSync { sync: s, k }],
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// `scope` knob: `critical` (false) or `all` (true); anything else is bad input.
+pub(crate) fn scope_is_all(pass: &str, knobs: &Knobs) -> Result<bool, PassError> {
+    match knobs.text("scope") {
+        "critical" => Ok(false),
+        "all" => Ok(true),
+        other => Err(PassError::BadKnob {
+            pass: pass.into(),
+            knob: "scope".into(),
+            value: other.into(),
+            why: "must be `critical` or `all`".into(),
+        }),
+    }
+}
+
+/// First tensor's name of a sync, for the `why` text.
+pub(crate) fn tensor_label(job: &Job, s: usize) -> String {
+    let sync = &job.syncs[s];
+    let first = sync
+        .tensors
+        .first()
+        .and_then(|&t| job.local.tensors.get(t as usize))
+        .map_or("?", |t| t.name.as_str());
+    match sync.tensors.len() {
+        0 | 1 => first.to_string(),
+        n => format!("{first} + {} more", n - 1),
+    }
+}
+
+/// `t_sync(s, k)`: makespan of one tensor of `bytes` bytes cut into `k` pieces, synchronised
+/// alone on the job's topology (see the module docs).
+pub fn sync_time_ns(job: &Job, bytes: u64, k: u32) -> u64 {
+    let k = k.max(1);
+    let mut b = DfgBuilder::new();
+    let virt = b.add_device(DeviceKind::Virtual);
+    let symmetric = job.symmetric && job.comm.scheme == SyncScheme::Ring;
+    let gw = if symmetric { 1 } else { job.workers.max(1) };
+    let streams: Vec<u32> = (0..gw)
+        .map(|w| b.add_device(DeviceKind::CommStream { worker: w }))
+        .collect();
+    let mut topo = if symmetric {
+        CommTopology::symmetric_ring(&mut b, &job.comm, job.workers, streams[0])
+    } else {
+        CommTopology::new(&mut b, &job.comm, streams)
+    };
+    let ready: Vec<u32> = (0..gw)
+        .map(|_| b.add_op(OpSpec::new(OpKind::Out, Phase::Comm, virt, 0)))
+        .collect();
+    let done: Vec<u32> = (0..gw)
+        .map(|_| b.add_op(OpSpec::new(OpKind::In, Phase::Comm, virt, 0)))
+        .collect();
+    let piece = bytes.div_ceil(k as u64);
+    for _ in 0..k {
+        topo.allreduce(&mut b, NONE, piece, &ready, &done);
+    }
+    match b.build() {
+        Ok(g) => crate::replay::replay(&g).iteration_ns,
+        // The wiring above is acyclic by construction; a failure is a bug in the topology.
+        Err(e) => panic!("t_sync sub-graph for {bytes} B / {k} failed to build: {e}"),
+    }
+}
+
+/// Memoised [`sync_time_ns`] for one job.
+pub(crate) struct SyncTimes<'a> {
+    job: &'a Job,
+    memo: BTreeMap<(u64, u32), u64>,
+}
+
+impl<'a> SyncTimes<'a> {
+    pub(crate) fn new(job: &'a Job) -> Self {
+        SyncTimes {
+            job,
+            memo: BTreeMap::new(),
+        }
+    }
+
+    /// `t_sync(bytes, k)`.
+    pub(crate) fn get(&mut self, bytes: u64, k: u32) -> u64 {
+        let job = self.job;
+        *self
+            .memo
+            .entry((bytes, k.max(1)))
+            .or_insert_with(|| sync_time_ns(job, bytes, k))
+    }
+
+    /// `(k*, t_sync(bytes, k*))` over `{1, 2, 4, …, max_k}` ∪ `{max_k}`; ties → smaller k.
+    pub(crate) fn best_k(&mut self, bytes: u64, max_k: u32) -> (u32, u64) {
+        let mut grid = Vec::new();
+        let mut k = 1u32;
+        while k <= max_k.max(1) {
+            grid.push(k);
+            k = k.saturating_mul(2);
+        }
+        if grid.last() != Some(&max_k.max(1)) {
+            grid.push(max_k.max(1));
+        }
+        let mut best = (1, self.get(bytes, 1));
+        for k in grid {
+            let t = self.get(bytes, k);
+            if t < best.1 {
+                best = (k, t);
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::cost::comm::AlphaBeta;
+    use crate::graph::comm::{CommCost, CommSpec};
+    use crate::passes::{evaluate, resolve_knobs};
+
+    pub(crate) fn spec(scheme: SyncScheme) -> CommSpec {
+        let link = AlphaBeta {
+            alpha_ns: 1000.0,
+            bytes_per_ns: 1.0,
+        };
+        CommSpec {
+            scheme,
+            gpus_per_node: 8,
+            nodes: 1,
+            ps_servers: 2,
+            cost: CommCost {
+                intra: link,
+                inter: link,
+                aggregate_bytes_per_ns: 10.0,
+            },
+        }
+    }
+
+    fn tiny(scheme: SyncScheme, workers: u32, bytes: u64) -> Job {
+        crate::passes::op_fusion::tests::chain_job(&[(1000, true)], bytes, spec(scheme), workers)
+    }
+
+    fn knobs(kv: &[(&str, &str)]) -> Knobs {
+        let kv: Vec<(String, String)> = kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        resolve_knobs(&TensorPartition, &kv).unwrap()
+    }
+
+    #[test]
+    fn t_sync_of_a_ring_matches_alpha_beta() {
+        // 4 workers, 4000 B, α = 1000 ns, 1 B/ns: 6 steps of 1000 + 1000 = 12,000 ns.
+        let job = tiny(SyncScheme::Ring, 4, 4000);
+        assert_eq!(sync_time_ns(&job, 4000, 1), 12_000);
+    }
+
+    #[test]
+    fn ring_pieces_pipeline_but_pay_alpha() {
+        // k = 2: pieces of 2000 B, chunks of 500 B, a step is 1500 ns. Piece 2 starts on each
+        // worker when that worker's piece-1 work is done; the ring is busy on every link, so the
+        // two pieces run back to back: 2 · 6 · 1500 = 18,000 ns > 12,000 ns. α dominates: k* = 1.
+        let job = tiny(SyncScheme::Ring, 4, 4000);
+        let t2 = sync_time_ns(&job, 4000, 2);
+        assert_eq!(t2, 18_000);
+        let mut c = SyncTimes::new(&job);
+        assert_eq!(c.best_k(4000, 16), (1, 12_000));
+    }
+
+    #[test]
+    fn ps_partitions_pipeline_push_and_pull() {
+        // PS, 4 workers, 2 servers; a partition pipelines push of piece j+1 with the aggregation
+        // and pull of piece j, so a large tensor gains from k > 1.
+        let job = tiny(SyncScheme::Ps, 4, 4_000_000);
+        let mut c = SyncTimes::new(&job);
+        let t1 = c.get(4_000_000, 1);
+        let (k, t) = c.best_k(4_000_000, 16);
+        assert!(k > 1, "k* = {k}");
+        assert!(t < t1, "{t} vs {t1}");
+    }
+
+    #[test]
+    fn fixed_k_is_proposed_for_every_sync_with_scope_all() {
+        let job = tiny(SyncScheme::Ring, 4, 4000);
+        let cx = evaluate(job).unwrap();
+        let p = TensorPartition
+            .propose(&cx, &knobs(&[("scope", "all"), ("k", "4")]))
+            .unwrap();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].edits, vec![Edit::PartitionSync { sync: 0, k: 4 }]);
+        // k* = 1 already: nothing to do with the search.
+        let p = TensorPartition
+            .propose(&cx, &knobs(&[("scope", "all")]))
+            .unwrap();
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn bad_knobs_are_refused() {
+        let kv = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        assert!(resolve_knobs(&TensorPartition, &kv("k", "-1")).is_err());
+        assert!(resolve_knobs(&TensorPartition, &kv("max_k", "0")).is_err());
+        let job = tiny(SyncScheme::Ring, 4, 4000);
+        let cx = evaluate(job).unwrap();
+        let bad = resolve_knobs(&TensorPartition, &kv("scope", "some")).unwrap();
+        assert!(TensorPartition.propose(&cx, &bad).is_err());
+    }
+
+    #[test]
+    fn zoo_resnet50_on_ps_partitions_big_tensors() {
+        let model = crate::zoo::model("resnet50", &Default::default()).unwrap();
+        let mut cluster = crate::cost::config::load_cluster("dpro-16xv100-tcp").unwrap();
+        cluster.sync = SyncScheme::Ps;
+        cluster.ps_servers = cluster.ps_servers.max(2);
+        let job = crate::zoo::build::job(&model, &cluster, &Default::default()).unwrap();
+        let base = evaluate(job.clone()).unwrap();
+        for scope in ["critical", "all"] {
+            let p = TensorPartition
+                .propose(&base, &knobs(&[("scope", scope)]))
+                .unwrap();
+            let ks: Vec<u32> = p
+                .iter()
+                .map(|p| match p.edits[0] {
+                    Edit::PartitionSync { k, .. } => k,
+                    ref e => panic!("{e:?}"),
+                })
+                .collect();
+            let after = evaluate(crate::passes::apply_all(&job, &p).unwrap()).unwrap();
+            eprintln!(
+                "PS {scope}: {} syncs partitioned, k = {:?}; {} → {} ns",
+                p.len(),
+                ks,
+                base.iteration_ns(),
+                after.iteration_ns()
+            );
+            assert!(ks.iter().all(|&k| k > 1 && k <= 16));
+        }
+        // The biggest tensor (fc.weight, 8.2 MB) is worth cutting in isolation.
+        let big = job.syncs.iter().map(|s| s.bytes).max().unwrap();
+        let mut c = SyncTimes::new(&job);
+        let (k, t) = c.best_k(big, 16);
+        assert!(k > 1 && t < c.get(big, 1), "k* = {k}");
+    }
+}

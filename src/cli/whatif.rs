@@ -1,0 +1,213 @@
+//! `trainplan passes` and `trainplan whatif`: list the registered passes; apply passes to a job
+//! and report iteration time, peak memory and how the critical path changed.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::output::{gb, ms};
+use super::replay::input_job;
+use super::{CliError, ListArgs, WhatifArgs};
+use crate::passes::{self, Evaluated, KnobKind, Pass, PassError};
+use crate::replay::breakdown::critical_path_items;
+
+fn out() -> std::io::StdoutLock<'static> {
+    std::io::stdout().lock()
+}
+
+fn pass_error(e: PassError) -> CliError {
+    CliError::bad_input(e)
+}
+
+/// The built-in passes plus the ones registered with `--pass-file`, sorted by name; a file's
+/// pass may not shadow a built-in one.
+pub fn all_passes(files: &[std::path::PathBuf]) -> Result<Vec<Box<dyn Pass>>, CliError> {
+    let mut v = passes::registry();
+    for f in files {
+        let p = passes::declarative::load_file(f).map_err(pass_error)?;
+        if v.iter().any(|q| q.name() == p.name()) {
+            return Err(CliError::bad_input(format!(
+                "{}: pass name `{}` is already registered; choose another name",
+                f.display(),
+                p.name()
+            )));
+        }
+        v.push(p);
+    }
+    v.sort_by(|a, b| a.name().cmp(b.name()));
+    Ok(v)
+}
+
+/// `trainplan passes`.
+pub fn passes_cmd(a: &ListArgs) -> Result<(), CliError> {
+    let list = all_passes(&[])?;
+    let mut o = out();
+    if a.json {
+        let v: Vec<_> = list
+            .iter()
+            .map(|p| {
+                let knobs: Vec<_> = p
+                    .knobs()
+                    .iter()
+                    .map(|k| json!({"name": k.name, "default": k.default, "doc": k.doc}))
+                    .collect();
+                json!({"name": p.name(), "doc": p.doc(), "knobs": knobs})
+            })
+            .collect();
+        writeln!(o, "{}", json!({ "passes": v })).map_err(CliError::stdout)?;
+        return Ok(());
+    }
+    for p in &list {
+        writeln!(o, "{:<22} {}", p.name(), p.doc()).map_err(CliError::stdout)?;
+        for k in p.knobs() {
+            let range = match k.kind {
+                KnobKind::Int { min, max } => format!(" [{min}..{max}]"),
+                KnobKind::Float { min, max } => format!(" [{min}..{max}]"),
+                KnobKind::Text => String::new(),
+            };
+            writeln!(
+                o,
+                "{:<22}   {}={}{}  {}",
+                "", k.name, k.default, range, k.doc
+            )
+            .map_err(CliError::stdout)?;
+        }
+    }
+    writeln!(
+        o,
+        "\nApply with: trainplan whatif --model M --cluster C --pass NAME[:knob=value,...]; add your own with --pass-file F.yaml."
+    )
+    .map_err(CliError::stdout)
+}
+
+/// Critical-path items by name → ns.
+fn path_items(e: &Evaluated) -> BTreeMap<String, u64> {
+    critical_path_items(&e.graph, &e.critical)
+        .into_iter()
+        .map(|i| (i.name, i.dur_ns))
+        .collect()
+}
+
+/// Items in `a` but not in `b`, largest first (ties by name), at most `n`.
+fn only_in(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, n: usize) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = a
+        .iter()
+        .filter(|(k, _)| !b.contains_key(*k))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    v.sort_by(|x, y| y.1.cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+    v.truncate(n);
+    v
+}
+
+/// `trainplan whatif`.
+pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
+    if a.pass.is_empty() {
+        return Err(CliError::usage(
+            "name at least one --pass NAME[:knob=value,...] (see `trainplan passes`)",
+        ));
+    }
+    let all = all_passes(&a.pass_file)?;
+    // Resolve every pass and knob before any work, so a typo costs nothing.
+    let mut plan = Vec::new();
+    for arg in &a.pass {
+        let (name, given) = passes::parse_pass_arg(arg);
+        let p = passes::find(&all, &name).map_err(pass_error)?;
+        let knobs = passes::resolve_knobs(p, &given).map_err(pass_error)?;
+        plan.push((p, knobs));
+    }
+    let input = input_job(&a.input)?;
+    let t = Instant::now();
+    let base = passes::evaluate(input.job).map_err(CliError::bad_input)?;
+    let mut cur = base.clone();
+    let mut applied = Vec::new();
+    for (p, knobs) in &plan {
+        let patches = p.propose(&cur, knobs).map_err(pass_error)?;
+        if patches.is_empty() {
+            tracing::warn!(pass = p.name(), "the pass found nothing to change");
+        }
+        let job = passes::apply_all(&cur.job, &patches).map_err(pass_error)?;
+        applied.push(json!({"pass": p.name(), "patches": patches.len(),
+            "why": patches.iter().map(|x| x.why.clone()).filter(|w| !w.is_empty()).take(20).collect::<Vec<_>>()}));
+        cur = passes::evaluate(job).map_err(CliError::bad_input)?;
+    }
+    let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    let (before, after) = (path_items(&base), path_items(&cur));
+    let left = only_in(&before, &after, 10);
+    let joined = only_in(&after, &before, 10);
+    let (b_it, a_it) = (base.iteration_ns(), cur.iteration_ns());
+    let speedup = b_it as f64 / a_it.max(1) as f64;
+    let mut o = out();
+    if a.json {
+        let items = |v: &[(String, u64)]| -> Vec<serde_json::Value> {
+            v.iter()
+                .map(|(n, d)| json!({"name": n, "ms": *d as f64 / 1e6}))
+                .collect()
+        };
+        let v = json!({
+            "baseline_iteration_ms": b_it as f64 / 1e6,
+            "iteration_ms": a_it as f64 / 1e6,
+            "speedup": speedup,
+            "baseline_peak_memory_bytes": base.memory.peak_bytes,
+            "peak_memory_bytes": cur.memory.peak_bytes,
+            "passes": applied,
+            "critical_path_left": items(&left),
+            "critical_path_joined": items(&joined),
+            "ops": cur.graph.op_count(),
+            "workers": cur.graph.represented_workers(),
+            "model": input.model.name,
+            "cluster": input.cluster.name,
+            "wall_ms": wall_ms,
+        });
+        writeln!(o, "{v}").map_err(CliError::stdout)?;
+        return Ok(());
+    }
+    let names: Vec<&str> = a.pass.iter().map(String::as_str).collect();
+    let lines = [
+        format!(
+            "{} (batch {}/GPU) on {}: what if {}",
+            input.model.name,
+            input.model.batch,
+            input.cluster.name,
+            names.join(" + ")
+        ),
+        String::new(),
+        format!(
+            "{:<16} {:>12} {:>12} {:>9}",
+            "", "before", "after", "change"
+        ),
+        format!(
+            "{:<16} {:>9.1} ms {:>9.1} ms {:>+8.1} %",
+            "iteration",
+            ms(b_it),
+            ms(a_it),
+            100.0 * (a_it as f64 / b_it.max(1) as f64 - 1.0)
+        ),
+        format!(
+            "{:<16} {:>12} {:>12} {:>+8.1} %",
+            "peak memory",
+            gb(base.memory.peak_bytes),
+            gb(cur.memory.peak_bytes),
+            100.0 * (cur.memory.peak_bytes as f64 / base.memory.peak_bytes.max(1) as f64 - 1.0)
+        ),
+        format!("speedup          {speedup:.3}x"),
+    ];
+    for l in lines {
+        writeln!(o, "{l}").map_err(CliError::stdout)?;
+    }
+    for (title, v) in [
+        ("left the critical path", &left),
+        ("joined the critical path", &joined),
+    ] {
+        if v.is_empty() {
+            continue;
+        }
+        writeln!(o, "\n{title}:").map_err(CliError::stdout)?;
+        for (n, d) in v.iter() {
+            writeln!(o, "  {:>8.2} ms  {n}", *d as f64 / 1e6).map_err(CliError::stdout)?;
+        }
+    }
+    Ok(())
+}
