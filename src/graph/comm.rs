@@ -117,6 +117,7 @@ pub struct CommTopology {
     server_agg: Vec<DeviceId>,
     /// Each worker's previous collective's last op (NCCL's one-at-a-time order).
     last: Vec<OpId>,
+    priority: i32,
 }
 
 impl CommTopology {
@@ -137,6 +138,7 @@ impl CommTopology {
             server_nic: Vec::new(),
             server_agg: Vec::new(),
             last: vec![NONE; n as usize],
+            priority: 0,
         };
         match t.scheme {
             SyncScheme::Ring if n > 1 => {
@@ -212,6 +214,7 @@ impl CommTopology {
             server_nic: Vec::new(),
             server_agg: Vec::new(),
             last: vec![NONE],
+            priority: 0,
         }
     }
 
@@ -236,12 +239,26 @@ impl CommTopology {
             .or_insert_with(|| b.add_device(DeviceKind::Link { from, to, class }))
     }
 
-    fn comm_op(kind: OpKind, device: DeviceId, tensor: TensorId, step: u32, dur_ns: u64) -> OpSpec {
+    fn comm_op(
+        &self,
+        kind: OpKind,
+        device: DeviceId,
+        tensor: TensorId,
+        step: u32,
+        dur_ns: u64,
+    ) -> OpSpec {
         OpSpec {
             step,
             tensor,
+            priority: self.priority,
             ..OpSpec::new(kind, Phase::Comm, device, dur_ns)
         }
+    }
+
+    /// Scheduling priority given to the ops of the collectives wired from now on (P3: a
+    /// tensor's transfers inherit its gradient's priority; 0 by default).
+    pub fn set_priority(&mut self, priority: i32) {
+        self.priority = priority;
     }
 
     /// Ops one all-reduce of a tensor adds (for capacity planning).
@@ -306,7 +323,7 @@ impl CommTopology {
         let mut recv = vec![0 as OpId; n as usize];
         for s in 0..steps {
             for i in 0..n {
-                let send = b.add_op(Self::comm_op(
+                let send = b.add_op(self.comm_op(
                     OpKind::Send,
                     self.ring_links[i as usize],
                     tensor,
@@ -318,7 +335,7 @@ impl CommTopology {
                     b.add_edge(self.last[i as usize], send);
                 }
                 let to = (i + 1) % n;
-                let r = b.add_op(Self::comm_op(
+                let r = b.add_op(self.comm_op(
                     OpKind::Recv,
                     self.comm_stream[to as usize],
                     tensor,
@@ -354,24 +371,12 @@ impl CommTopology {
             .unwrap_or(0);
         let mut prev = ready;
         for s in 0..2 * (n - 1) {
-            let send = b.add_op(Self::comm_op(
-                OpKind::Send,
-                self.ring_links[0],
-                tensor,
-                s,
-                dur,
-            ));
+            let send = b.add_op(self.comm_op(OpKind::Send, self.ring_links[0], tensor, s, dur));
             b.add_edge(prev, send);
             if s == 0 && self.last[0] != NONE {
                 b.add_edge(self.last[0], send);
             }
-            let r = b.add_op(Self::comm_op(
-                OpKind::Recv,
-                self.comm_stream[0],
-                tensor,
-                s,
-                0,
-            ));
+            let r = b.add_op(self.comm_op(OpKind::Recv, self.comm_stream[0], tensor, s, 0));
             b.add_edge(send, r);
             prev = r;
         }
@@ -399,29 +404,18 @@ impl CommTopology {
             let p = (i - 1) / 2;
             let link = self.link(b, i, p);
             let dur = ns(self.cost.link(self.class(i, p)).time_ns(bytes as f64));
-            let send = b.add_op(Self::comm_op(OpKind::Send, link, tensor, 0, dur));
+            let send = b.add_op(self.comm_op(OpKind::Send, link, tensor, 0, dur));
             for &d in &reduced[i as usize] {
                 b.add_edge(d, send);
             }
-            let r = b.add_op(Self::comm_op(
-                OpKind::Recv,
-                self.comm_stream[p as usize],
-                tensor,
-                0,
-                0,
-            ));
+            let r =
+                b.add_op(self.comm_op(OpKind::Recv, self.comm_stream[p as usize], tensor, 0, 0));
             b.add_edge(send, r);
             reduced[p as usize].push(r);
         }
         // Broadcast: parents before children.
         let mut have: Vec<OpId> = vec![NONE; n as usize];
-        let root_done = b.add_op(Self::comm_op(
-            OpKind::Recv,
-            self.comm_stream[0],
-            tensor,
-            1,
-            0,
-        ));
+        let root_done = b.add_op(self.comm_op(OpKind::Recv, self.comm_stream[0], tensor, 1, 0));
         for &d in &reduced[0] {
             b.add_edge(d, root_done);
         }
@@ -430,15 +424,10 @@ impl CommTopology {
             let p = (i - 1) / 2;
             let link = self.link(b, p, i);
             let dur = ns(self.cost.link(self.class(p, i)).time_ns(bytes as f64));
-            let send = b.add_op(Self::comm_op(OpKind::Send, link, tensor, 1, dur));
+            let send = b.add_op(self.comm_op(OpKind::Send, link, tensor, 1, dur));
             b.add_edge(have[p as usize], send);
-            let r = b.add_op(Self::comm_op(
-                OpKind::Recv,
-                self.comm_stream[i as usize],
-                tensor,
-                1,
-                0,
-            ));
+            let r =
+                b.add_op(self.comm_op(OpKind::Recv, self.comm_stream[i as usize], tensor, 1, 0));
             b.add_edge(send, r);
             // A worker's own gradient and reduce must be in before it takes the result.
             for &d in &reduced[i as usize] {
@@ -466,7 +455,7 @@ impl CommTopology {
         let xfer = ns(net.time_ns(shard));
         let agg_dur = ns(shard * self.n as f64 / self.cost.aggregate_bytes_per_ns);
         for j in 0..servers {
-            let agg = b.add_op(Self::comm_op(
+            let agg = b.add_op(self.comm_op(
                 OpKind::Aggregate,
                 self.server_agg[j as usize],
                 tensor,
@@ -474,7 +463,7 @@ impl CommTopology {
                 agg_dur,
             ));
             for w in 0..self.n {
-                let push = b.add_op(Self::comm_op(
+                let push = b.add_op(self.comm_op(
                     OpKind::Send,
                     self.worker_nic[w as usize],
                     tensor,
@@ -482,18 +471,13 @@ impl CommTopology {
                     xfer,
                 ));
                 b.add_edge(ready[w as usize], push);
-                let got = b.add_op(Self::comm_op(
-                    OpKind::Recv,
-                    self.server_agg[j as usize],
-                    tensor,
-                    j,
-                    0,
-                ));
+                let got =
+                    b.add_op(self.comm_op(OpKind::Recv, self.server_agg[j as usize], tensor, j, 0));
                 b.add_edge(push, got);
                 b.add_edge(got, agg);
             }
             for w in 0..self.n {
-                let pull = b.add_op(Self::comm_op(
+                let pull = b.add_op(self.comm_op(
                     OpKind::Send,
                     self.server_nic[j as usize],
                     tensor,
@@ -501,7 +485,7 @@ impl CommTopology {
                     xfer,
                 ));
                 b.add_edge(agg, pull);
-                let got = b.add_op(Self::comm_op(
+                let got = b.add_op(self.comm_op(
                     OpKind::Recv,
                     self.comm_stream[w as usize],
                     tensor,

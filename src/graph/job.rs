@@ -255,6 +255,13 @@ impl Job {
                 ready.push(r);
                 done.push(d);
             }
+            topo.set_priority(
+                s.ready
+                    .iter()
+                    .map(|&r| l.ops[r as usize].spec.priority)
+                    .min()
+                    .unwrap_or(0),
+            );
             let k = s.partitions.max(1) as u64;
             let piece = s.bytes.div_ceil(k);
             for _ in 0..k {
