@@ -1544,7 +1544,8 @@ impl Pass for DeclarativePass {
             let (edits, why) = c.rule(r)?;
             if edits.is_empty() {
                 if !r.optional {
-                    tracing::warn!(
+                    // Debug, not warn: the planner asks every pass at every round.
+                    tracing::debug!(
                         pass = %self.name,
                         "{}:{}: rule {} ({}) selects nothing to change",
                         self.file,
@@ -1727,6 +1728,7 @@ mod tests {
                     },
                 ],
                 static_mem_bytes: 1000,
+                fused: Default::default(),
             },
             syncs: vec![
                 Sync {

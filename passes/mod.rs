@@ -297,6 +297,12 @@ pub trait Pass: Send + Sync {
     /// Patches at candidate sites of `cx` (empty when the pass has nothing to do). `whatif`
     /// applies all of them at once, so they must not conflict with each other.
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError>;
+    /// True when each proposed patch is an independent site the search may take alone (fusion,
+    /// partition); false when the proposals only make sense together (AMP, recomputation):
+    /// the search then treats the pass as one on/off move. Default false.
+    fn granular(&self) -> bool {
+        false
+    }
 }
 
 /// Every built-in pass, sorted by name.

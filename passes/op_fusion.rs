@@ -72,6 +72,9 @@ impl Pass for OpFusion {
     fn name(&self) -> &str {
         NAME
     }
+    fn granular(&self) -> bool {
+        true
+    }
     fn doc(&self) -> &str {
         "fuse adjacent compute ops into one kernel (dPRO Theorem 1; scope=all: XLA-style clusters)"
     }

@@ -407,6 +407,7 @@ pub(crate) mod tests {
                 layer: 0,
             }],
             static_mem_bytes: 1_000_000,
+            fused: Default::default(),
             ..LocalGraph::default()
         };
         let work = |t: u64| OpWork {

@@ -55,6 +55,9 @@ impl Pass for TensorFusion {
     fn name(&self) -> &str {
         NAME
     }
+    fn granular(&self) -> bool {
+        true
+    }
     fn doc(&self) -> &str {
         "fuse consecutive gradient synchronisations (dPRO Theorem 2; scope=all: Horovod threshold)"
     }

@@ -48,6 +48,9 @@ impl Pass for TensorPartition {
     fn name(&self) -> &str {
         NAME
     }
+    fn granular(&self) -> bool {
+        true
+    }
     fn doc(&self) -> &str {
         "cut gradient synchronisations into k pieces; k* by grid search with partial replay (dPRO)"
     }

@@ -8,6 +8,8 @@ pub mod cost;
 pub mod graph;
 #[path = "../passes/mod.rs"]
 pub mod passes;
+pub mod plan;
 pub mod replay;
+pub mod search;
 pub mod trace;
 pub mod zoo;

@@ -6,6 +6,7 @@
 //! 130 interrupted. A closed stdout (`trainplan … | head`) exits 0.
 
 mod output;
+mod plan;
 mod replay;
 mod whatif;
 
@@ -114,6 +115,17 @@ Examples:
   trainplan whatif --model gpt --cluster 8xh200 --pass grad-accumulation:k=4
   trainplan whatif --model resnet50 --cluster 8xh200 --pass-file my_pass.yaml --pass my-pass")]
     Whatif(WhatifArgs),
+    /// Search for the fastest configuration within a budget and write it as a plan (YAML).
+    #[command(after_help = "\
+Examples:
+  trainplan plan --model bert-base --cluster dpro-16xv100-rdma
+  trainplan plan --model resnet50 --cluster dpro-16xv100-tcp --budget 90s -o resnet.yaml
+  trainplan plan --model bert-base --batch 64 --cluster dpro-16xv100-rdma --memory-budget 8GB
+  trainplan plan --model gpt --cluster 64xh100-ib --passes tensor-fusion,op-fusion,amp --json
+  trainplan plan --model vgg16 --cluster dpro-16xv100-rdma --strategy mcmc --seed 7
+
+Then: trainplan export plan.yaml --to pytorch. Ctrl-C writes the best plan so far (exit 130).")]
+    Plan(PlanArgs),
 }
 
 #[derive(Debug, Args)]
@@ -185,6 +197,52 @@ pub struct WhatifArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Wall-clock budget for the search (1h, 90s, 2m30s, 1.5h).
+    #[arg(long, default_value = "1h", value_name = "DURATION")]
+    pub budget: String,
+    /// Peak memory per GPU the plan must fit (16GiB, 80GB, 512MiB, bytes); over it the planner
+    /// first chooses recomputation or gradient accumulation; exit 4 when nothing fits.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<String>,
+    /// Passes the search may use, comma-separated (default: all but dgc, recompute,
+    /// grad-accumulation and vdnn; see `trainplan passes`).
+    #[arg(long, value_name = "a,b,...")]
+    pub passes: Option<String>,
+    /// Register a declarative pass from a YAML file. Repeatable.
+    #[arg(long = "pass-file", value_name = "F.yaml")]
+    pub pass_file: Vec<std::path::PathBuf>,
+    /// Search strategy.
+    #[arg(long, value_enum, default_value = "critical-path")]
+    pub strategy: crate::search::Strategy,
+    /// Seed (MCMC); the same input and seed give a byte-identical plan.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where to write the plan.
+    #[arg(
+        short = 'o',
+        long,
+        default_value = "plan.yaml",
+        value_name = "PLAN.yaml"
+    )]
+    pub output: std::path::PathBuf,
+    /// Print one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Ablation: evaluate op-fusion candidates op by op instead of on the coarsened view.
+    #[arg(long)]
+    pub no_coarsen: bool,
+    /// Ablation: price partition numbers by full replay instead of partial replay.
+    #[arg(long)]
+    pub no_partial_replay: bool,
+    /// Ablation: evaluate candidates on the full graph instead of the symmetric form.
+    #[arg(long)]
+    pub no_symmetry: bool,
+}
+
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -230,5 +288,6 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Replay(a) => replay::replay_cmd(&a),
         Command::Passes(a) => whatif::passes_cmd(&a),
         Command::Whatif(a) => whatif::whatif_cmd(&a),
+        Command::Plan(a) => plan::plan_cmd(&a),
     }
 }

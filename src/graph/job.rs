@@ -59,6 +59,37 @@ pub struct LocalGraph {
     pub layers: Vec<String>,
     pub tensors: Vec<Tensor>,
     pub static_mem_bytes: u64,
+    /// Ops that are the fusion of several: fused op → `layer PHASE` names of its members, in
+    /// the order they were merged.
+    pub fused: std::collections::BTreeMap<OpId, Vec<String>>,
+}
+
+impl LocalGraph {
+    /// `layer PHASE` name of an op (`layer3.0.conv2 BW`), or its label when it has no layer.
+    pub fn op_name(&self, op: OpId) -> String {
+        let Some(o) = self.ops.get(op as usize) else {
+            return format!("#{op}");
+        };
+        let phase = match o.spec.phase {
+            Phase::Fw => "FW",
+            Phase::Bw => "BW",
+            Phase::Update => "UPDATE",
+            Phase::Comm => "COMM",
+            Phase::Other => "",
+        };
+        match self.layers.get(o.spec.layer as usize) {
+            Some(l) => format!("{l} {phase}").trim().to_string(),
+            None => format!("op {op} {phase}").trim().to_string(),
+        }
+    }
+
+    /// The ops an op stands for: its fusion members, or itself.
+    pub fn members(&self, op: OpId) -> Vec<String> {
+        self.fused
+            .get(&op)
+            .cloned()
+            .unwrap_or_else(|| vec![self.op_name(op)])
+    }
 }
 
 /// One collective: the tensors it carries, when it may start and what waits for it.
@@ -496,6 +527,14 @@ impl Editor {
                 weight_elems: a.weight_elems + b.weight_elems,
                 kernels: a.kernels + b.kernels,
             });
+        let members: Vec<String> = ops
+            .iter()
+            .flat_map(|&o| self.job.local.members(o))
+            .collect();
+        for &o in ops {
+            self.job.local.fused.remove(&o);
+        }
+        self.job.local.fused.insert(keep, members);
         let k = &mut self.job.local.ops[keep as usize];
         k.spec.dur_ns = dur_ns;
         k.work = merged_work;
@@ -560,6 +599,11 @@ impl Editor {
         edges.sort_unstable();
         edges.dedup();
         job.local.edges = edges;
+        job.local.fused = std::mem::take(&mut job.local.fused)
+            .into_iter()
+            .filter(|(op, _)| map[*op as usize] != NONE)
+            .map(|(op, m)| (map[op as usize], m))
+            .collect();
         job.local.mem.retain(|m| map[m.op as usize] != NONE);
         for m in job.local.mem.iter_mut() {
             m.op = map[m.op as usize];

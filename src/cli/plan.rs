@@ -1,0 +1,396 @@
+//! `trainplan plan`: run the baselines and the search, write the plan YAML atomically, print a
+//! summary (or one JSON object). Ctrl-C writes the best plan so far and exits 130.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::output::gb;
+use super::replay::input_job;
+use super::whatif::all_passes;
+use super::{CliError, PlanArgs, exit, write_atomic};
+use crate::plan::{
+    FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload, round3,
+};
+use crate::search::{self, Decision, SearchError, SearchOptions, Speedups, StopReason};
+
+/// Set by the Ctrl-C handler.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Parse a byte size: `16GiB`, `16GB`, `16G` (= GiB), `512MiB`, `17000000000`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (examples: 16GiB, 80GB, 512MiB)"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "kb" => 1e3,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "mb" => 1e6,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "gb" => 1e9,
+        "t" | "tib" => 1024.0f64.powi(4),
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` in `{s}` (use B, MB, MiB, GB, GiB, TB, TiB)"
+            ));
+        }
+    };
+    let bytes = v * mult;
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < 1e18) {
+        return Err(format!("`{s}` is not a sensible memory budget"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Parse `--budget`: `1h`, `90s`, `2m 30s`, `1.5h`.
+pub fn parse_budget(s: &str) -> Result<Duration, String> {
+    let d = match humantime::parse_duration(s) {
+        Ok(d) => d,
+        Err(_) => {
+            // humantime has no fractions: accept `1.5h` and plain seconds.
+            let t = s.trim();
+            let (num, unit) =
+                t.split_at(t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()));
+            let v: f64 = num
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{s}` is not a duration (examples: 1h, 90s, 2m30s, 1.5h)"))?;
+            let secs = match unit.trim() {
+                "" | "s" => v,
+                "m" | "min" => v * 60.0,
+                "h" => v * 3600.0,
+                _ => {
+                    return Err(format!(
+                        "`{s}` is not a duration (examples: 1h, 90s, 2m30s, 1.5h)"
+                    ));
+                }
+            };
+            if !(secs.is_finite() && secs >= 0.0 && secs < 1e9) {
+                return Err(format!("`{s}` is not a sensible budget"));
+            }
+            Duration::from_secs_f64(secs)
+        }
+    };
+    if d.is_zero() {
+        return Err("the budget must be more than 0 s".into());
+    }
+    Ok(d)
+}
+
+/// `trainplan plan`.
+pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
+    let budget = parse_budget(&a.budget).map_err(|e| CliError::usage(format!("--budget: {e}")))?;
+    let memory_budget = a
+        .memory_budget
+        .as_deref()
+        .map(parse_bytes)
+        .transpose()
+        .map_err(|e| CliError::usage(format!("--memory-budget: {e}")))?;
+    let all = all_passes(&a.pass_file)?;
+    let passes = match &a.passes {
+        None => None,
+        Some(list) => {
+            let names: Vec<String> = list
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            for n in &names {
+                crate::passes::find(&all, n).map_err(CliError::bad_input)?;
+            }
+            Some(names)
+        }
+    };
+    let input = input_job(&a.input)?;
+    let opts = SearchOptions {
+        budget,
+        memory_budget,
+        passes,
+        strategy: a.strategy,
+        seed: a.seed,
+        speedups: Speedups {
+            coarsen: !a.no_coarsen,
+            partial_replay: !a.no_partial_replay,
+            symmetry: !a.no_symmetry,
+        },
+        ..SearchOptions::default()
+    };
+    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+    let show = !a.json && std::io::stderr().is_terminal();
+    let bar = if show {
+        let b = indicatif::ProgressBar::new(budget.as_millis() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} searching [{bar:30}] {msg} · {elapsed} of the budget used",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b.enable_steady_tick(Duration::from_millis(200));
+        Some(b)
+    } else {
+        None
+    };
+    let say = |msg: &str| {
+        if let Some(b) = &bar {
+            b.set_message(msg.to_string());
+        }
+    };
+
+    say("baselines");
+    let eval = search::evaluator(opts.speedups.symmetry);
+    let job = input.job.clone();
+    let baselines = search::baselines::baselines(&job, &eval).map_err(CliError::bad_input)?;
+    let best_baseline = baselines
+        .iter()
+        .min_by_key(|b| b.eval.iteration_ns())
+        .filter(|b| b.name != "none");
+    let start = best_baseline.map(|b| {
+        (
+            b.job.clone(),
+            Decision {
+                pass: format!("baseline:{}", b.name),
+                tensors: Vec::new(),
+                ops: Vec::new(),
+                partitions: None,
+                knobs: BTreeMap::new(),
+                why: format!(
+                    "start from the fastest framework default: {} ({})",
+                    b.name, b.config
+                ),
+                effect_ms: (b.eval.iteration_ns() as f64 - baselines[0].eval.iteration_ns() as f64)
+                    / 1e6,
+            },
+        )
+    });
+    let progress = |p: &search::Progress| {
+        if let Some(b) = &bar {
+            b.set_position(p.elapsed.as_millis() as u64);
+            b.set_message(format!(
+                "best {:.1} ms · {} replays · round {}",
+                p.best_ns as f64 / 1e6,
+                p.replays,
+                p.round
+            ));
+        }
+    };
+    let outcome = match search::search(job.clone(), start, &opts, &all, &INTERRUPTED, &progress) {
+        Ok(o) => o,
+        Err(e @ SearchError::Infeasible { .. }) => {
+            if let Some(b) = &bar {
+                b.finish_and_clear();
+            }
+            return Err(CliError {
+                code: exit::INFEASIBLE,
+                message: e.to_string(),
+            });
+        }
+        Err(e) => return Err(CliError::bad_input(e)),
+    };
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let lower =
+        search::comm_free_bound_ns(&outcome.best.job, &eval).map_err(CliError::bad_input)?;
+    let ms3 = |ns: u64| round3(ns as f64 / 1e6);
+    let (b, p) = (&outcome.baseline, &outcome.best);
+    let plan = Plan {
+        trainplan: SCHEMA_VERSION,
+        workload: Workload {
+            source: job.meta.source.clone(),
+            ranks: job.workers,
+            model: job.meta.model.clone(),
+            batch: job.meta.batch,
+            cluster: job.meta.cluster.clone(),
+            names: job.meta.source.clone(),
+        },
+        predicted: Predicted {
+            baseline: Point {
+                iteration_ms: ms3(b.iteration_ns()),
+                peak_memory_bytes: b.memory.peak_bytes,
+            },
+            planned: Point {
+                iteration_ms: ms3(p.iteration_ns()),
+                peak_memory_bytes: p.memory.peak_bytes,
+            },
+            speedup: round3(b.iteration_ns() as f64 / p.iteration_ns().max(1) as f64),
+            lower_bound_ms: ms3(lower),
+        },
+        baselines: baselines
+            .iter()
+            .map(|x| (x.name.to_string(), ms3(x.eval.iteration_ns())))
+            .collect(),
+        decisions: outcome
+            .decisions
+            .iter()
+            .map(|d| Decision {
+                effect_ms: round3(d.effect_ms),
+                ..d.clone()
+            })
+            .collect(),
+        config: FinalConfig::of(&p.job, &outcome.decisions),
+        search: SearchStats {
+            strategy: opts.strategy,
+            budget_s: budget.as_secs_f64(),
+            replays: outcome.replays,
+            rounds: outcome.rounds,
+            stop: outcome.stop,
+            seed: opts.seed,
+        },
+    };
+    write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
+        CliError::bad_input(format!(
+            "failed to write the plan to {}: {e}",
+            a.output.display()
+        ))
+    })?;
+    report(a, &plan, &outcome)?;
+    if outcome.stop == StopReason::Interrupted {
+        return Err(CliError {
+            code: exit::INTERRUPTED,
+            message: format!(
+                "interrupted: the best plan so far is in {}",
+                a.output.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn report(a: &PlanArgs, plan: &Plan, outcome: &search::Outcome) -> Result<(), CliError> {
+    let mut o = std::io::stdout().lock();
+    if a.json {
+        let v = json!({
+            "baseline_iteration_ms": plan.predicted.baseline.iteration_ms,
+            "planned_iteration_ms": plan.predicted.planned.iteration_ms,
+            "speedup": plan.predicted.speedup,
+            "baselines": plan.baselines,
+            "lower_bound_ms": plan.predicted.lower_bound_ms,
+            "search_wall_s": outcome.wall.as_secs_f64(),
+            "replays": outcome.replays,
+            "stop_reason": outcome.stop,
+            "decisions": plan.decisions,
+            "plan_path": a.output.display().to_string(),
+            "baseline_peak_memory_bytes": plan.predicted.baseline.peak_memory_bytes,
+            "planned_peak_memory_bytes": plan.predicted.planned.peak_memory_bytes,
+            "rounds": outcome.rounds,
+            "config": plan.config,
+        });
+        return writeln!(o, "{v}").map_err(super::CliError::stdout);
+    }
+    let w = &plan.workload;
+    let mut lines = vec![
+        format!(
+            "{} (batch {}/GPU) on {} ({} GPUs): planned {:.1} ms, {:.2}x faster than no optimisation",
+            w.model,
+            w.batch,
+            w.cluster,
+            w.ranks,
+            plan.predicted.planned.iteration_ms,
+            plan.predicted.speedup
+        ),
+        String::new(),
+        format!("{:<18} {:>10}", "", "iteration"),
+    ];
+    let best_base = plan
+        .baselines
+        .values()
+        .cloned()
+        .fold(f64::INFINITY, f64::min);
+    for (name, v) in &plan.baselines {
+        lines.push(format!("{name:<18} {v:>7.1} ms"));
+    }
+    lines.push(format!(
+        "{:<18} {:>7.1} ms   {:+.1} % vs the best baseline",
+        "trainplan",
+        plan.predicted.planned.iteration_ms,
+        100.0 * (plan.predicted.planned.iteration_ms / best_base - 1.0)
+    ));
+    lines.push(format!(
+        "{:<18} {:>7.1} ms   (the plan if synchronisation were free)",
+        "lower bound", plan.predicted.lower_bound_ms
+    ));
+    lines.push(format!(
+        "peak memory        {} → {}",
+        gb(plan.predicted.baseline.peak_memory_bytes),
+        gb(plan.predicted.planned.peak_memory_bytes)
+    ));
+    lines.push(String::new());
+    lines.push(format!("{} decisions:", plan.decisions.len()));
+    for d in plan.decisions.iter().take(12) {
+        let what = if !d.tensors.is_empty() {
+            format!("{} tensors", d.tensors.len())
+        } else if !d.ops.is_empty() {
+            d.ops.join(" + ")
+        } else {
+            String::new()
+        };
+        lines.push(format!(
+            "  {:>+8.2} ms  {:<18} {}",
+            d.effect_ms, d.pass, what
+        ));
+    }
+    if plan.decisions.len() > 12 {
+        lines.push(format!(
+            "  … {} more in the plan",
+            plan.decisions.len() - 12
+        ));
+    }
+    lines.push(String::new());
+    lines.push(format!(
+        "search: {:?}, {} replays in {} rounds, {:.1} s ({:?}); plan written to {}",
+        plan.search.strategy,
+        outcome.replays,
+        outcome.rounds,
+        outcome.wall.as_secs_f64(),
+        outcome.stop,
+        a.output.display()
+    ));
+    lines.push(format!(
+        "next: trainplan export {} --to pytorch",
+        a.output.display()
+    ));
+    for l in lines {
+        writeln!(o, "{l}").map_err(CliError::stdout)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_bytes("16GiB").unwrap(), 16 << 30);
+        assert_eq!(parse_bytes("16GB").unwrap(), 16_000_000_000);
+        assert_eq!(parse_bytes("512 MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("17000000000").unwrap(), 17_000_000_000);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("16 parsecs").is_err());
+        assert!(parse_bytes("0").is_err());
+    }
+
+    #[test]
+    fn budgets_parse() {
+        assert_eq!(parse_budget("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_budget("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_budget("2m30s").unwrap(), Duration::from_secs(150));
+        assert_eq!(parse_budget("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_budget("45").unwrap(), Duration::from_secs(45));
+        assert!(parse_budget("soon").is_err());
+        assert!(parse_budget("0s").is_err());
+        assert!(parse_budget("-5s").is_err());
+    }
+}

@@ -1,0 +1,232 @@
+//! The plan: what to change, why, and the predicted effect — the YAML file `trainplan plan`
+//! writes and `trainplan export` reads (schema version [`SCHEMA_VERSION`]).
+//!
+//! ```yaml
+//! trainplan: 1
+//! workload: {source: zoo, ranks: 16, model: bert-base, batch: 32, cluster: dpro-16xv100-rdma, names: zoo}
+//! predicted:
+//!   baseline: {iteration_ms: 292.3, peak_memory_bytes: 5499729088}
+//!   planned: {iteration_ms: 120.1, peak_memory_bytes: 3850000000}
+//!   speedup: 2.43
+//!   lower_bound_ms: 110.2
+//! baselines: {none: 292.3, xla_default: 273.5, ...}
+//! decisions:
+//!   - pass: tensor-fusion
+//!     tensors: [bert.encoder.layer.11.output.dense.weight, ...]
+//!     why: "Theorem 2: ..."
+//!     effect_ms: -1.2
+//! config:            # the end state, for the emitters
+//!   dtype: fp16
+//!   tensor_groups: [[cls.predictions.bias, ...], ...]   # collectives in issue order
+//!   partitions: {bert.embeddings.word_embeddings.weight: 4}
+//!   fused_ops: [[layer1.0.conv1 FW, layer1.0.bn1 FW], ...]
+//!   passes: [amp]
+//!   grad_accumulation: 1
+//!   recompute: false
+//! search: {strategy: critical-path, budget_s: 3600, replays: 1234, stop: converged, seed: 0}
+//! ```
+//!
+//! Wall-clock time is deliberately not in the file (it is in `--json` and on stdout): the same
+//! input and seed give a byte-identical plan. Maps are ordered.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::config::Dtype;
+use crate::graph::job::Job;
+use crate::search::{Decision, StopReason, Strategy};
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// What was planned for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// `zoo` or `trace`.
+    pub source: String,
+    pub ranks: u32,
+    pub model: String,
+    pub batch: u32,
+    pub cluster: String,
+    /// Whose names the plan uses: `zoo` (the zoo's PyTorch-style names) or `trace` (the
+    /// trace's own operator and parameter names).
+    pub names: String,
+}
+
+/// One predicted point.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Point {
+    pub iteration_ms: f64,
+    pub peak_memory_bytes: u64,
+}
+
+/// Predictions before and after.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Predicted {
+    pub baseline: Point,
+    pub planned: Point,
+    pub speedup: f64,
+    /// The planned job's iteration time if synchronisation cost nothing: what no further
+    /// communication-side change (fusion, partition, scheduling, compression) can beat.
+    pub lower_bound_ms: f64,
+}
+
+/// The end state of the planned job, in the terms the framework emitters need.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinalConfig {
+    /// Compute dtype: fp32, or fp16/bf16 under AMP.
+    pub dtype: String,
+    /// Every collective in issue order, as the gradient tensors it carries.
+    pub tensor_groups: Vec<Vec<String>>,
+    /// Partition number of each partitioned group, keyed by the group's first tensor.
+    #[serde(default)]
+    pub partitions: BTreeMap<String, u32>,
+    /// Ops fused into one kernel, as `layer PHASE` names (by the search or by a baseline it
+    /// started from).
+    #[serde(default)]
+    pub fused_ops: Vec<Vec<String>>,
+    /// On/off passes applied (amp, fused-adam, …).
+    #[serde(default)]
+    pub passes: Vec<String>,
+    /// Micro-batches per iteration (1: no accumulation).
+    pub grad_accumulation: u32,
+    /// Activation recomputation applied.
+    pub recompute: bool,
+}
+
+/// Search statistics.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchStats {
+    pub strategy: Strategy,
+    pub budget_s: f64,
+    pub replays: u64,
+    pub rounds: usize,
+    pub stop: StopReason,
+    pub seed: u64,
+}
+
+/// A plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Schema version (the key doubles as the file's signature).
+    pub trainplan: u32,
+    pub workload: Workload,
+    pub predicted: Predicted,
+    /// What each framework default would take, ms.
+    pub baselines: BTreeMap<String, f64>,
+    pub decisions: Vec<Decision>,
+    pub config: FinalConfig,
+    pub search: SearchStats,
+}
+
+/// Errors reading a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "{file}: schema version {found}; this trainplan reads version {SCHEMA_VERSION} (re-run `trainplan plan` with this version)"
+    )]
+    Version { file: String, found: u64 },
+    #[error("{file}: not a trainplan plan (no `trainplan:` version key at the top)")]
+    NotAPlan { file: String },
+    #[error(transparent)]
+    Yaml(#[from] crate::cost::config::ConfigError),
+}
+
+/// Round a float for the file (ms to µs precision), so output is stable and readable.
+pub fn round3(x: f64) -> f64 {
+    (x * 1e3).round() / 1e3
+}
+
+fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Fp64 => "fp64",
+        Dtype::Fp32 | Dtype::Tf32 => "fp32",
+        Dtype::Fp16 => "fp16",
+        Dtype::Bf16 => "bf16",
+        Dtype::Fp8 => "fp8",
+    }
+}
+
+impl FinalConfig {
+    /// The end state of `job` after `decisions`.
+    pub fn of(job: &Job, decisions: &[Decision]) -> FinalConfig {
+        let name = |t: u32| job.local.tensors[t as usize].name.clone();
+        let mut partitions = BTreeMap::new();
+        let tensor_groups = job
+            .syncs
+            .iter()
+            .map(|s| {
+                let names: Vec<String> = s.tensors.iter().map(|&t| name(t)).collect();
+                if s.partitions > 1 {
+                    if let Some(first) = names.first() {
+                        partitions.insert(first.clone(), s.partitions);
+                    }
+                }
+                names
+            })
+            .collect();
+        let mut passes = Vec::new();
+        let fused_ops: Vec<Vec<String>> = job.local.fused.values().cloned().collect();
+        let (mut k, mut recompute) = (1, false);
+        for d in decisions {
+            match d.pass.as_str() {
+                "op-fusion" | "tensor-fusion" | "tensor-partition" => {}
+                b if b.starts_with("baseline:") => {}
+                "recompute" => recompute = true,
+                "grad-accumulation" => {
+                    k = d.knobs.get("k").and_then(|v| v.parse().ok()).unwrap_or(2);
+                }
+                other => passes.push(other.to_string()),
+            }
+        }
+        passes.sort();
+        passes.dedup();
+        FinalConfig {
+            dtype: dtype_name(job.dtype).to_string(),
+            tensor_groups,
+            partitions,
+            fused_ops,
+            passes,
+            grad_accumulation: k,
+            recompute,
+        }
+    }
+}
+
+impl Plan {
+    /// The plan as YAML.
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).expect("a plan always serialises")
+    }
+
+    /// Read a plan, refusing other schema versions with a clear message.
+    pub fn from_yaml(text: &str, file: &str) -> Result<Plan, PlanError> {
+        #[derive(Deserialize)]
+        struct Head {
+            trainplan: Option<u64>,
+        }
+        let head: Result<Head, _> = crate::cost::config::parse_yaml::<Head>(text, file);
+        match head {
+            Ok(Head { trainplan: None }) => {
+                return Err(PlanError::NotAPlan {
+                    file: file.to_string(),
+                });
+            }
+            Ok(Head { trainplan: Some(v) }) if v != SCHEMA_VERSION as u64 => {
+                return Err(PlanError::Version {
+                    file: file.to_string(),
+                    found: v,
+                });
+            }
+            _ => {}
+        }
+        Ok(crate::cost::config::parse_yaml(text, file)?)
+    }
+}

@@ -1,0 +1,783 @@
+//! The baselines of the planner: what a user would get without trainplan, by picking one
+//! framework's default (or its autotuner), evaluated with the same replay as the plan so that
+//! `plan --json`'s `baselines` field compares like with like.
+//!
+//! Every baseline is a rewrite of the *unoptimised* job (one collective per gradient tensor, in
+//! gradient-ready order) and is built here as data, never by mutating the job:
+//!
+//! | name | what is set | framework knobs (DESIGN.md table) |
+//! |---|---|---|
+//! | `none` | nothing: one collective per tensor, in ready order | — |
+//! | `xla_default` | `op-fusion` with `scope=all`, `max_ops=1024` | `TF_XLA_FLAGS=--tf_xla_auto_jit=2` |
+//! | `horovod_default` | fusion threshold 64 MiB, cycle 5 ms | `HOROVOD_FUSION_THRESHOLD=67108864`, `HOROVOD_CYCLE_TIME=5` |
+//! | `horovod_autotune` | best point of a threshold × cycle grid | `HOROVOD_AUTOTUNE=1` (what it would converge to) |
+//! | `byteps_default` | every tensor cut into 4,096,000 B pieces | `BYTEPS_PARTITION_BYTES=4096000` |
+//! | `ddp_default` | 25 MiB buckets, first bucket 1 MiB | `bucket_cap_mb=25`, `dist._DEFAULT_FIRST_BUCKET_BYTES` |
+//!
+//! **`xla_default`.** XLA's auto-clustering merges every compilable op into clusters as large as
+//! legality allows (`tf_xla_max_cluster_size` defaults to unlimited). The `op-fusion` pass with
+//! `scope=all` does the same on the worker template: every device's forward/backward compute ops
+//! in topological order, consecutive ones merged greedily while the merge stays acyclic, never
+//! across a synchronisation; `max_ops` = 1024 (the pass's ceiling) stands for "unlimited". The
+//! gradients of a fused cluster become ready at the cluster's end — the cost of XLA's default
+//! that dPRO measures (up to 3.48×).
+//!
+//! **`horovod_default` (tensor fusion with cycle time).** Horovod's background thread wakes every
+//! `cycle` (ticks at `c, 2c, 3c, …` from the start of the iteration), takes the tensors whose
+//! gradients became ready since its last wake-up, and all-reduces them in ready order through a
+//! fusion buffer of `threshold` bytes: tensors are appended while the buffer holds them, a full
+//! buffer is one collective, a tensor larger than the threshold goes alone, threshold 0 disables
+//! fusion (one collective per tensor, still issued at the tick).
+//!
+//! ```text
+//! before:  Out(a)@1.2 ms → sync(a)    Out(b)@3.9 ms → sync(b)    Out(c)@6.1 ms → sync(c)
+//! after:   Out(a), Out(b) → wait(→5 ms) → sync(a+b)              Out(c) → wait(→10 ms) → sync(c)
+//! ```
+//!
+//! Ready times are the ends of the tensors' `Out` ops in the replay of the unoptimised job
+//! (worker 0: the template's op `i` is the global op `i`). Fusion only changes communication, so
+//! these times hold in the rewritten job as long as compute does not wait for a collective
+//! inside the iteration (true of zoo jobs: only UPDATE waits for `In`). The delay to the tick is
+//! modelled by one `Gap` op per tick on a new CPU thread (Horovod's background thread) that waits
+//! for the tick's `Out` ops and lasts `tick − latest ready time`; every collective of the tick
+//! waits for it. Negotiation messages between ranks are not modelled (they overlap the wait).
+//! Defaults 5 ms / 64 MiB are the ones dPRO compared against (Horovod ≤ 0.20); Horovod 0.21
+//! changed them to 1 ms / 128 MiB, which the autotune grid contains.
+//!
+//! **`horovod_autotune`.** Horovod's autotuner runs Bayesian optimisation over the fusion
+//! threshold (0–64 MB) and the cycle time (1–100 ms) while training. The honest stand-in is a grid
+//! that covers that space and the post-0.21 defaults: threshold ∈ {0, 1, 2, 4, 8, 16, 32, 64, 128,
+//! 256} MiB × cycle ∈ {1, 2.5, 5, 10, 20, 25, 50, 100} ms, every point replayed (in parallel), the
+//! fastest kept, ties broken by grid order (threshold-major). It is therefore never slower than
+//! `horovod_default`, which is a grid point; it is an upper bound on what Bayesian optimisation
+//! with a few samples finds.
+//!
+//! **`byteps_default`.** BytePS cuts every tensor into pieces of at most `BYTEPS_PARTITION_BYTES`
+//! = 4,096,000 B (its default, `BytePSGlobal::_partition_bytes`), each its own push/pull or
+//! collective: `PartitionSync { k = ⌈bytes / 4,096,000⌉ }` for every sync with `k > 1`. The
+//! synchronisation scheme stays the cluster's (ring or parameter server).
+//!
+//! **`ddp_default` (PyTorch DDP buckets).** DDP assigns gradients, in gradient-ready order
+//! (reverse parameter order, rebuilt from the observed order after the first iteration), to
+//! buckets: a tensor is appended to the open bucket and the bucket is closed as soon as its size
+//! reaches the limit (`compute_bucket_assignment_by_size`: so a bucket may exceed the cap by its
+//! last tensor). The first bucket's limit is `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB, the
+//! others `bucket_cap_mb` = 25 MiB (26,214,400 B). A bucket is all-reduced when all its gradients
+//! are ready, buckets in order: one fused sync per bucket, no cycle delay.
+//!
+//! Cost model: none of its own — each baseline is a job, and its time is the replay of that job
+//! with the caller's evaluator (the full graph, or the symmetric form). Deterministic: syncs are
+//! ordered by (ready time, index), grid points by index, and nothing depends on thread count.
+
+use rayon::prelude::*;
+
+use crate::graph::job::{Job, JobError, LocalOp, Sync};
+use crate::graph::{DeviceKind, OpId, OpKind, OpSpec, Phase};
+use crate::passes::{self, Edit, Evaluated, Pass, PassError, Patch};
+
+/// Names as in `--json`, in report order.
+pub const NAMES: [&str; 6] = [
+    "none",
+    "xla_default",
+    "horovod_default",
+    "horovod_autotune",
+    "byteps_default",
+    "ddp_default",
+];
+
+/// `max_ops` of the `op-fusion` pass for XLA's default (its ceiling: "unlimited").
+pub const XLA_MAX_OPS: i64 = 1024;
+/// `HOROVOD_FUSION_THRESHOLD` default before Horovod 0.21 (bytes).
+pub const HOROVOD_THRESHOLD_BYTES: u64 = 64 << 20;
+/// `HOROVOD_CYCLE_TIME` default before Horovod 0.21 (ns).
+pub const HOROVOD_CYCLE_NS: u64 = 5_000_000;
+/// The autotune grid's fusion thresholds (MiB).
+pub const AUTOTUNE_THRESHOLDS_MIB: [u64; 10] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256];
+/// The autotune grid's cycle times (µs).
+pub const AUTOTUNE_CYCLES_US: [u64; 8] =
+    [1_000, 2_500, 5_000, 10_000, 20_000, 25_000, 50_000, 100_000];
+/// `BYTEPS_PARTITION_BYTES` default.
+pub const BYTEPS_PARTITION_BYTES: u64 = 4_096_000;
+/// DDP's `bucket_cap_mb = 25`, in bytes.
+pub const DDP_BUCKET_BYTES: u64 = 25 << 20;
+/// DDP's `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB).
+pub const DDP_FIRST_BUCKET_BYTES: u64 = 1 << 20;
+
+/// One baseline: the job a framework's default would run, and its evaluation.
+pub struct Baseline {
+    pub name: &'static str,
+    pub job: Job,
+    pub eval: Evaluated,
+    /// One line: what was set and what it gave.
+    pub config: String,
+}
+
+/// A job evaluator (the full graph, or the symmetric form).
+pub type Evaluator = dyn Fn(Job) -> Result<Evaluated, JobError> + std::marker::Sync;
+
+fn edit_err(name: &str) -> impl Fn(JobError) -> PassError + '_ {
+    move |source| PassError::Edit {
+        pass: name.to_string(),
+        source,
+    }
+}
+
+/// Every baseline a user would otherwise pick, evaluated on `job` (the unoptimised job), in the
+/// order of [`NAMES`]. Deterministic.
+pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassError> {
+    let none = evaluate(job.clone()).map_err(edit_err("none"))?;
+    let ready = ready_times(&none);
+    let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+
+    // The four fixed baselines, built here, evaluated in parallel below.
+    let (xla_job, xla_cfg) = xla_default(&none)?;
+    let hvd = horovod_groups(&bytes, &ready, HOROVOD_THRESHOLD_BYTES, HOROVOD_CYCLE_NS);
+    let hvd_job = horovod_job(job, &hvd).map_err(edit_err("horovod_default"))?;
+    let hvd_cfg = horovod_config(HOROVOD_THRESHOLD_BYTES, HOROVOD_CYCLE_NS, &hvd);
+    let (bps_job, bps_cfg) = byteps_default(job)?;
+    let order = ready_order(&ready);
+    let buckets = ddp_buckets(&bytes, &order);
+    let ddp_job = fused_job(job, &buckets, &[]).map_err(edit_err("ddp_default"))?;
+    let ddp_cfg = format!(
+        "bucket_cap_mb 25, first bucket 1 MiB, in gradient-ready order: {} buckets for {} tensors",
+        buckets.len(),
+        job.syncs.len()
+    );
+    let fixed = vec![
+        ("xla_default", xla_job, xla_cfg),
+        ("horovod_default", hvd_job, hvd_cfg),
+        ("byteps_default", bps_job, bps_cfg),
+        ("ddp_default", ddp_job, ddp_cfg),
+    ];
+    let (fixed, tuned) = rayon::join(
+        || {
+            fixed
+                .into_par_iter()
+                .map(|(name, j, config)| {
+                    let eval = evaluate(j.clone()).map_err(edit_err(name))?;
+                    Ok(Baseline {
+                        name,
+                        job: j,
+                        eval,
+                        config,
+                    })
+                })
+                .collect::<Result<Vec<Baseline>, PassError>>()
+        },
+        || horovod_autotune(job, &bytes, &ready, evaluate),
+    );
+    let mut fixed = fixed?.into_iter();
+    let tuned = tuned?;
+    let mut out = Vec::with_capacity(NAMES.len());
+    out.push(Baseline {
+        name: "none",
+        job: job.clone(),
+        config: format!(
+            "one collective per gradient tensor in ready order: {} syncs",
+            job.syncs.len()
+        ),
+        eval: none,
+    });
+    out.extend(fixed.by_ref().take(2)); // xla_default, horovod_default
+    out.push(tuned);
+    out.extend(fixed); // byteps_default, ddp_default
+    debug_assert!(out.iter().map(|b| b.name).eq(NAMES));
+    Ok(out)
+}
+
+/// Ready time of every sync: the latest end of its ready ops on worker 0 (the template's op `i`
+/// is global op `i`).
+pub fn ready_times(e: &Evaluated) -> Vec<u64> {
+    e.job
+        .syncs
+        .iter()
+        .map(|s| {
+            s.ready
+                .iter()
+                .map(|&r| e.replay.end_ns[r as usize])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// Sync indices sorted by (ready time, index).
+pub fn ready_order(ready: &[u64]) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..ready.len()).collect();
+    v.sort_by_key(|&i| (ready[i], i));
+    v
+}
+
+fn xla_default(none: &Evaluated) -> Result<(Job, String), PassError> {
+    let pass = passes::op_fusion::OpFusion;
+    let knobs = passes::resolve_knobs(
+        &pass,
+        &[
+            ("scope".to_string(), "all".to_string()),
+            ("max_ops".to_string(), XLA_MAX_OPS.to_string()),
+        ],
+    )?;
+    let patches = pass.propose(none, &knobs)?;
+    let job = passes::apply_all(&none.job, &patches)?;
+    let fused: usize = patches
+        .iter()
+        .flat_map(|p| &p.edits)
+        .map(|e| match e {
+            Edit::Merge { ops, .. } => ops.len(),
+            _ => 0,
+        })
+        .sum();
+    let cfg = format!(
+        "op-fusion scope=all max_ops={XLA_MAX_OPS}: {} clusters of {fused} ops, compute ops {} → {}",
+        patches.len(),
+        none.job.compute_ops().count(),
+        job.compute_ops().count()
+    );
+    Ok((job, cfg))
+}
+
+fn byteps_default(job: &Job) -> Result<(Job, String), PassError> {
+    let edits: Vec<Edit> = job
+        .syncs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let k = byteps_pieces(s.bytes);
+            (k > 1).then_some(Edit::PartitionSync { sync: i, k })
+        })
+        .collect();
+    let cut = edits.len();
+    let pieces: u64 = job
+        .syncs
+        .iter()
+        .map(|s| u64::from(byteps_pieces(s.bytes)))
+        .sum();
+    let out = passes::apply(
+        job,
+        &Patch {
+            pass: "byteps_default".into(),
+            why: "BYTEPS_PARTITION_BYTES=4096000".into(),
+            edits,
+        },
+    )?;
+    Ok((
+        out,
+        format!(
+            "partition bytes {BYTEPS_PARTITION_BYTES}: {cut} of {} tensors cut, {pieces} pieces in all",
+            job.syncs.len()
+        ),
+    ))
+}
+
+/// BytePS's piece count for a tensor of `bytes`: `⌈bytes / 4,096,000⌉`, at least 1.
+pub fn byteps_pieces(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(BYTEPS_PARTITION_BYTES).max(1)).unwrap_or(u32::MAX)
+}
+
+/// DDP's buckets: syncs taken in `order` (gradient-ready order), a bucket closed once its size
+/// reaches its limit (1 MiB for the first, 25 MiB after).
+pub fn ddp_buckets(bytes: &[u64], order: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    let mut size = 0u64;
+    for &i in order {
+        cur.push(i);
+        size += bytes[i];
+        let limit = if out.is_empty() {
+            DDP_FIRST_BUCKET_BYTES
+        } else {
+            DDP_BUCKET_BYTES
+        };
+        if size >= limit {
+            out.push(std::mem::take(&mut cur));
+            size = 0;
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// One tick of Horovod's background thread: when it fires, the latest ready time among its
+/// tensors, and the fusion buffers it all-reduces (sync indices in ready order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tick {
+    pub at_ns: u64,
+    pub last_ready_ns: u64,
+    pub buffers: Vec<Vec<usize>>,
+}
+
+/// Horovod's grouping (see the module docs): ticks at multiples of `cycle_ns`, buffers of at
+/// most `threshold` bytes (0: no fusion) in ready order.
+pub fn horovod_groups(bytes: &[u64], ready: &[u64], threshold: u64, cycle_ns: u64) -> Vec<Tick> {
+    let cycle = cycle_ns.max(1);
+    let mut ticks: Vec<Tick> = Vec::new();
+    for i in ready_order(ready) {
+        let at = ready[i].div_ceil(cycle) * cycle;
+        if ticks.last().is_none_or(|t| t.at_ns != at) {
+            ticks.push(Tick {
+                at_ns: at,
+                last_ready_ns: ready[i],
+                buffers: Vec::new(),
+            });
+        }
+        let t = ticks.last_mut().expect("pushed above");
+        t.last_ready_ns = t.last_ready_ns.max(ready[i]);
+        let fits = match t.buffers.last() {
+            Some(b) => b.iter().map(|&j| bytes[j]).sum::<u64>() + bytes[i] <= threshold,
+            None => false,
+        };
+        match t.buffers.last_mut() {
+            Some(b) if fits => b.push(i),
+            _ => t.buffers.push(vec![i]),
+        }
+    }
+    ticks
+}
+
+fn horovod_config(threshold: u64, cycle_ns: u64, ticks: &[Tick]) -> String {
+    let groups: usize = ticks.iter().map(|t| t.buffers.len()).sum();
+    let wait: u64 = ticks.iter().map(|t| t.at_ns - t.last_ready_ns).sum();
+    format!(
+        "fusion threshold {} MiB, cycle {} ms: {groups} collectives in {} cycles, {:.2} ms of cycle waits",
+        threshold >> 20,
+        cycle_ns as f64 / 1e6,
+        ticks.len(),
+        wait as f64 / 1e6
+    )
+}
+
+/// The job Horovod's grouping gives: one sync per buffer, every buffer of a tick gated by the
+/// tick's wait op.
+pub fn horovod_job(job: &Job, ticks: &[Tick]) -> Result<Job, JobError> {
+    let mut groups = Vec::new();
+    let mut gates = Vec::new();
+    for t in ticks {
+        let first = groups.len();
+        groups.extend(t.buffers.iter().cloned());
+        gates.push((first..groups.len(), t.at_ns - t.last_ready_ns));
+    }
+    fused_job(job, &groups, &gates)
+}
+
+/// `job` with its syncs replaced by one sync per group (in group order; a group of one keeps
+/// its sync as is). Each `(range, wait)` of `gates` with `wait > 0` adds one `Gap` op of `wait`
+/// ns on a new CPU thread that waits for the ready ops of the groups in `range`, and those
+/// groups' syncs wait for it.
+fn fused_job(
+    job: &Job,
+    groups: &[Vec<usize>],
+    gates: &[(std::ops::Range<usize>, u64)],
+) -> Result<Job, JobError> {
+    debug_assert!({
+        let mut all: Vec<usize> = groups.iter().flatten().copied().collect();
+        all.sort_unstable();
+        all == (0..job.syncs.len()).collect::<Vec<_>>()
+    });
+    let mut out = job.clone();
+    let mut syncs: Vec<Sync> = groups
+        .iter()
+        .map(|g| match g.as_slice() {
+            [one] => job.syncs[*one].clone(),
+            _ => {
+                let mut s = Sync {
+                    tensors: Vec::new(),
+                    bytes: 0,
+                    partitions: 1,
+                    ready: Vec::new(),
+                    done: Vec::new(),
+                };
+                for &i in g {
+                    let o = &job.syncs[i];
+                    s.tensors.extend(&o.tensors);
+                    s.bytes += o.bytes;
+                    s.ready.extend(&o.ready);
+                    s.done.extend(&o.done);
+                }
+                s
+            }
+        })
+        .collect();
+    if gates.iter().any(|(_, w)| *w > 0) {
+        let l = &mut out.local;
+        // Horovod's background thread: a CPU thread of its own.
+        let thread = l
+            .devices
+            .iter()
+            .filter_map(|d| match d {
+                DeviceKind::CpuThread { thread, .. } => Some(thread + 1),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        l.devices.push(DeviceKind::CpuThread { worker: 0, thread });
+        let dev = (l.devices.len() - 1) as u32;
+        for (range, wait) in gates {
+            if *wait == 0 || range.is_empty() {
+                continue;
+            }
+            let gate = l.ops.len() as OpId;
+            l.ops.push(LocalOp {
+                spec: OpSpec::new(OpKind::Gap, Phase::Comm, dev, *wait),
+                work: None,
+            });
+            for s in &mut syncs[range.clone()] {
+                for &r in &s.ready {
+                    l.edges.push((r, gate));
+                }
+                s.ready.push(gate);
+            }
+        }
+    }
+    out.syncs = syncs;
+    out.edit().finish()
+}
+
+fn horovod_autotune(
+    job: &Job,
+    bytes: &[u64],
+    ready: &[u64],
+    evaluate: &Evaluator,
+) -> Result<Baseline, PassError> {
+    let grid: Vec<(u64, u64)> = AUTOTUNE_THRESHOLDS_MIB
+        .iter()
+        .flat_map(|&t| AUTOTUNE_CYCLES_US.iter().map(move |&c| (t << 20, c * 1000)))
+        .collect();
+    let n = grid.len();
+    let best = grid
+        .into_par_iter()
+        .enumerate()
+        .map(|(idx, (threshold, cycle))| {
+            let ticks = horovod_groups(bytes, ready, threshold, cycle);
+            let j = horovod_job(job, &ticks).map_err(edit_err("horovod_autotune"))?;
+            let eval = evaluate(j.clone()).map_err(edit_err("horovod_autotune"))?;
+            let config = format!(
+                "{} (best of {n} grid points)",
+                horovod_config(threshold, cycle, &ticks)
+            );
+            Ok((idx, j, eval, config))
+        })
+        .reduce_with(|a, b| match (a, b) {
+            (Ok(a), Ok(b)) => {
+                if (b.2.iteration_ns(), b.0) < (a.2.iteration_ns(), a.0) {
+                    Ok(b)
+                } else {
+                    Ok(a)
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        })
+        .expect("the grid is not empty")?;
+    Ok(Baseline {
+        name: "horovod_autotune",
+        job: best.1,
+        eval: best.2,
+        config: best.3,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::comm::AlphaBeta;
+    use crate::cost::config::SyncScheme;
+    use crate::graph::Tensor;
+    use crate::graph::comm::{CommCost, CommSpec};
+    use crate::graph::job::{JobMeta, LocalGraph};
+    use crate::passes::evaluate;
+
+    const MIB: u64 = 1 << 20;
+
+    /// α = 1000 ns, 1 B/ns on every link: a ring all-reduce of `b` bytes over `n` workers takes
+    /// `2(n−1) · (1000 + b/n)` ns.
+    fn ring() -> CommSpec {
+        let link = AlphaBeta {
+            alpha_ns: 1000.0,
+            bytes_per_ns: 1.0,
+        };
+        CommSpec {
+            scheme: SyncScheme::Ring,
+            gpus_per_node: 8,
+            nodes: 1,
+            ps_servers: 2,
+            cost: CommCost {
+                intra: link,
+                inter: link,
+                aggregate_bytes_per_ns: 10.0,
+            },
+        }
+    }
+
+    /// A chain of backward compute ops on GPU device 1; op `i` produces gradient `i` of
+    /// `bytes[i]` B (`op → Out → sync → In`), syncs in chain order. Two workers.
+    fn chain(durs: &[u64], bytes: &[u64]) -> Job {
+        let mut g = LocalGraph {
+            devices: vec![
+                DeviceKind::Virtual,
+                DeviceKind::GpuStream {
+                    worker: 0,
+                    stream: 0,
+                },
+            ],
+            layers: (0..durs.len()).map(|i| format!("l{i}")).collect(),
+            ..LocalGraph::default()
+        };
+        let mut syncs = Vec::new();
+        for (i, (&d, &b)) in durs.iter().zip(bytes).enumerate() {
+            let o = g.ops.len() as OpId;
+            g.ops.push(LocalOp {
+                spec: OpSpec::compute(1, Phase::Bw, i as u32, d),
+                work: None,
+            });
+            if i > 0 {
+                g.edges.push((o - 3, o));
+            }
+            g.tensors.push(Tensor {
+                name: format!("w{i}"),
+                bytes: b,
+                layer: i as u32,
+            });
+            for kind in [OpKind::Out, OpKind::In] {
+                g.ops.push(LocalOp {
+                    spec: OpSpec {
+                        tensor: i as u32,
+                        ..OpSpec::new(kind, Phase::Comm, 0, 0)
+                    },
+                    work: None,
+                });
+            }
+            g.edges.push((o, o + 1));
+            syncs.push(Sync {
+                tensors: vec![i as u32],
+                bytes: b,
+                partitions: 1,
+                ready: vec![o + 1],
+                done: vec![o + 2],
+            });
+        }
+        Job {
+            local: g,
+            syncs,
+            comm: ring(),
+            workers: 2,
+            symmetric: false,
+            gpu: crate::cost::config::load_gpu("v100-32gb").unwrap(),
+            dtype: crate::cost::config::Dtype::Fp32,
+            efficiency: Default::default(),
+            meta: JobMeta::default(),
+        }
+    }
+
+    /// Gradients ready at 1, 2, 10 µs, 4000 B each.
+    fn tiny() -> Job {
+        chain(&[1000, 1000, 8000], &[4000, 4000, 4000])
+    }
+
+    fn iteration(job: Job) -> u64 {
+        evaluate(job).unwrap().iteration_ns()
+    }
+
+    #[test]
+    fn horovod_groups_by_cycle_then_threshold() {
+        // Cycle 5 ms, threshold 64 MiB. Ready at 1, 2, 4 ms → tick 5 ms, 10+20+30 = 60 MiB fit
+        // one buffer. 6 and 7 ms → tick 10 ms, 40 + 50 > 64: two buffers. 12 ms → tick 15 ms.
+        // 20 ms exactly → tick 20 ms, no wait. 100 MiB > threshold: alone at its tick.
+        let ms = 1_000_000;
+        let bytes = [10, 20, 30, 40, 50, 60, 5, 100].map(|b| b * MIB);
+        let ready = [
+            ms,
+            2 * ms,
+            4 * ms,
+            6 * ms,
+            7 * ms,
+            12 * ms,
+            20 * ms,
+            19 * ms,
+        ];
+        let t = horovod_groups(&bytes, &ready, 64 * MIB, 5 * ms);
+        let view: Vec<(u64, u64, Vec<Vec<usize>>)> = t
+            .iter()
+            .map(|t| (t.at_ns / ms, t.at_ns - t.last_ready_ns, t.buffers.clone()))
+            .collect();
+        assert_eq!(
+            view,
+            vec![
+                (5, ms, vec![vec![0, 1, 2]]),
+                (10, 3 * ms, vec![vec![3], vec![4]]),
+                (15, 3 * ms, vec![vec![5]]),
+                (20, 0, vec![vec![7], vec![6]]),
+            ]
+        );
+        // Threshold 0: the same ticks, no fusion.
+        let t0 = horovod_groups(&bytes, &ready, 0, 5 * ms);
+        assert_eq!(t0.iter().map(|t| t.buffers.len()).sum::<usize>(), 8);
+        assert_eq!(t0[0].buffers, vec![vec![0], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn ddp_buckets_close_when_they_reach_the_limit() {
+        // First limit 1 MiB: 0.5 MiB, then + 0.6 MiB ≥ 1 MiB closes [0, 1]. Then 25 MiB:
+        // 10 + 20 ≥ 25 closes [2, 3] (30 MiB: a bucket may exceed the cap by its last tensor);
+        // 30 alone; the rest open at the end.
+        let bytes = [
+            MIB / 2,
+            6 * MIB / 10,
+            10 * MIB,
+            20 * MIB,
+            30 * MIB,
+            MIB,
+            2 * MIB,
+        ];
+        let order: Vec<usize> = (0..bytes.len()).collect();
+        assert_eq!(
+            ddp_buckets(&bytes, &order),
+            vec![vec![0, 1], vec![2, 3], vec![4], vec![5, 6]]
+        );
+        // Ready order, not index order.
+        assert_eq!(
+            ddp_buckets(&[MIB, 10, 20], &ready_order(&[5, 1, 1])),
+            vec![vec![1, 2, 0]]
+        );
+    }
+
+    #[test]
+    fn byteps_piece_counts() {
+        assert_eq!(byteps_pieces(10_000_000), 3);
+        assert_eq!(byteps_pieces(4_096_000), 1);
+        assert_eq!(byteps_pieces(4_096_001), 2);
+        assert_eq!(byteps_pieces(1), 1);
+        assert_eq!(byteps_pieces(0), 1);
+        let job = chain(&[1000, 1000], &[10_000_000, 4_000]);
+        let (j, cfg) = byteps_default(&job).unwrap();
+        assert_eq!(
+            j.syncs.iter().map(|s| s.partitions).collect::<Vec<_>>(),
+            vec![3, 1]
+        );
+        assert_eq!(
+            cfg,
+            "partition bytes 4096000: 1 of 2 tensors cut, 4 pieces in all"
+        );
+    }
+
+    #[test]
+    fn tiny_job_replays_by_hand() {
+        // 2 workers: a ring all-reduce of b bytes is 2 steps of 1000 + b/2 ns; NCCL runs one
+        // collective at a time. Ready at 1000, 2000, 10000 ns.
+        let job = tiny();
+        // none: 1000 → 7000, 7000 → 13000, 13000 → 19000.
+        let none = evaluate(job.clone()).unwrap();
+        assert_eq!(none.iteration_ns(), 19_000);
+        assert_eq!(ready_times(&none), vec![1000, 2000, 10_000]);
+        let ready = ready_times(&none);
+        let bytes = [4000, 4000, 4000];
+        // Horovod, cycle 5 µs, threshold 8000 B: tick 5 µs fuses syncs 0+1 (8000 B) after a wait
+        // of 3 µs: 5000 → 5000 + 2·(1000 + 4000) = 15000; tick 10 µs (ready exactly at the
+        // tick, no wait): sync 2 waits for the fused one: 15000 → 21000.
+        let t = horovod_groups(&bytes, &ready, 8000, 5000);
+        let j = horovod_job(&job, &t).unwrap();
+        assert_eq!(j.syncs.len(), 2);
+        assert_eq!(j.syncs[0].bytes, 8000);
+        assert_eq!(j.local.ops.len(), job.local.ops.len() + 1);
+        assert_eq!(j.local.ops.last().unwrap().spec.dur_ns, 3000);
+        assert_eq!(iteration(j), 21_000);
+        // Threshold 0: 5000 → 11000, 11000 → 17000, 17000 → 23000.
+        let t = horovod_groups(&bytes, &ready, 0, 5000);
+        assert_eq!(iteration(horovod_job(&job, &t).unwrap()), 23_000);
+        // A cycle of 1 ns is no delay and threshold 0 no fusion: the job as is.
+        let t = horovod_groups(&bytes, &ready, 0, 1);
+        let j = horovod_job(&job, &t).unwrap();
+        assert_eq!(j, job.edit().finish().unwrap());
+        assert_eq!(iteration(j), 19_000);
+        // DDP: 12000 B < 1 MiB: one bucket, ready at 10000: 10000 + 2·(1000 + 6000) = 24000.
+        let b = ddp_buckets(&bytes, &ready_order(&ready));
+        assert_eq!(b, vec![vec![0, 1, 2]]);
+        assert_eq!(iteration(fused_job(&job, &b, &[]).unwrap()), 24_000);
+    }
+
+    #[test]
+    fn all_six_on_the_tiny_job() {
+        let job = tiny();
+        let all = baselines(&job, &evaluate).unwrap();
+        let names: Vec<&str> = all.iter().map(|b| b.name).collect();
+        assert_eq!(names, NAMES);
+        let ms: Vec<u64> = all.iter().map(|b| b.eval.iteration_ns()).collect();
+        // none 19000 (above). horovod_default: cycle 5 ms ≫ the iteration: every tensor waits
+        // for the first tick (5,000,000 ns), one 12000 B buffer: 5,000,000 + 14000.
+        assert_eq!(ms[0], 19_000);
+        assert_eq!(ms[2], 5_014_000);
+        // Autotune: the 1 ms cycle, every threshold ≥ 12000 B fuses all three alike; the first
+        // such grid point (1 MiB) wins the tie: 1,000,000 + 14000.
+        assert_eq!(ms[3], 1_014_000);
+        assert!(
+            all[3]
+                .config
+                .starts_with("fusion threshold 1 MiB, cycle 1 ms")
+        );
+        // BytePS: nothing above 4,096,000 B: the job as is.
+        assert_eq!(ms[4], 19_000);
+        // DDP: one bucket, 24000 (above).
+        assert_eq!(ms[5], 24_000);
+        // XLA: the three ops fuse into one (trace ops: max(8000, 10000 − 2 launches of 4 µs))
+        // = 8000 ns, after which the three gradients are ready at once: 8000 + 3 · 6000.
+        assert_eq!(ms[1], 26_000);
+        assert_eq!(all[1].job.compute_ops().count(), 1);
+    }
+
+    fn zoo_job(model: &str, cluster: &str, batch: u32) -> Job {
+        let m = crate::zoo::model(
+            model,
+            &crate::zoo::ModelOptions {
+                batch: Some(batch),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let c = crate::cost::config::load_cluster(cluster).unwrap();
+        crate::zoo::build::job(&m, &c, &Default::default()).unwrap()
+    }
+
+    #[test]
+    fn resnet50_on_tcp() {
+        let job = zoo_job("resnet50", "dpro-16xv100-tcp", 8);
+        let all = baselines(&job, &evaluate).unwrap();
+        let t: Vec<u64> = all.iter().map(|b| b.eval.iteration_ns()).collect();
+        // Autotune is never worse than the default nor than its no-fusion points.
+        assert!(t[3] <= t[2]);
+        let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+        let ready = ready_times(&all[0].eval);
+        for cycle in AUTOTUNE_CYCLES_US {
+            let g = horovod_groups(&bytes, &ready, 0, cycle * 1000);
+            assert!(t[3] <= iteration(horovod_job(&job, &g).unwrap()));
+        }
+        // ResNet-50: 161 tensors, 25.6 M parameters (102 MB in FP32). DDP: the first bucket
+        // closes at 1 MiB, i.e. right after fc.weight (2048 × 1000 × 4 = 8,192,000 B, the first
+        // gradient ready); then ≥ 25 MiB each: at most 1 + ⌊(total − 8,192,000) / 25 MiB⌋ + 1.
+        assert_eq!(job.syncs.len(), 161);
+        let total: u64 = bytes.iter().sum();
+        let ddp = &all[5].job;
+        assert_eq!(ddp.syncs[0].bytes, 8_192_000);
+        assert_eq!(ddp.syncs[0].tensors.len(), 1);
+        assert!(ddp.syncs.len() as u64 <= 2 + (total - 8_192_000) / DDP_BUCKET_BYTES);
+        assert!(
+            ddp.syncs[1..ddp.syncs.len() - 1]
+                .iter()
+                .all(|s| s.bytes >= DDP_BUCKET_BYTES)
+        );
+        // BytePS: pieces = Σ ⌈bytes / 4,096,000⌉.
+        let pieces: u32 = all[4].job.syncs.iter().map(|s| s.partitions).sum();
+        assert_eq!(pieces, bytes.iter().map(|&b| byteps_pieces(b)).sum::<u32>());
+        assert!(pieces > 161);
+        // Communication-bound on 25 Gb/s: fusing tensors beats one collective per tensor.
+        assert!(t[5] < t[0], "ddp {} vs none {}", t[5], t[0]);
+        assert!(t[3] < t[0], "autotune {} vs none {}", t[3], t[0]);
+        // On a ring, cutting a tensor pays α per piece and the pieces run back to back.
+        assert!(t[4] >= t[0], "byteps {} vs none {}", t[4], t[0]);
+        // Same inputs, same outputs.
+        let again = baselines(&job, &evaluate).unwrap();
+        for (a, b) in all.iter().zip(&again) {
+            assert_eq!(a.eval.iteration_ns(), b.eval.iteration_ns());
+            assert_eq!(a.config, b.config);
+        }
+    }
+}

@@ -1,0 +1,517 @@
+//! The planner's search (dPRO §5, Algorithm 1): from an unoptimised job to the fastest job the
+//! registered passes can reach within a wall-clock budget.
+//!
+//! 1. **Memory step.** Over the memory budget, try recomputation and gradient accumulation
+//!    (k = 2, 4, 8, 16) by replay and keep the fastest that fits; when none fits, stop with
+//!    [`SearchError::Infeasible`] and the smallest peak reached.
+//! 2. **Critical-path rounds.** Replay, take the critical path, ask every allowed pass for
+//!    patches at its sites (op fusion along the computation-bound prefix by Theorem 1, tensor
+//!    fusion along the communication-bound suffix by Theorem 2, partition numbers by partial
+//!    replay; AMP and the declarative passes as on/off moves), evaluate every candidate move in
+//!    parallel (rayon), take the best, repeat. Stop when a round finds no improving move or the
+//!    last [`SearchOptions::converge_rounds`] rounds gained less than
+//!    [`SearchOptions::converge_gain`] together (converged), on the budget, or on interrupt.
+//!
+//! The search is anytime: it always holds its best job, and every stop returns it.
+//! Deterministic: candidates are generated in registry and site order and the best is chosen
+//! by (iteration time, candidate index), whatever the thread count.
+//!
+//! Speed-ups, each switchable for the dPRO Table 5 ablation ([`Speedups`]): *symmetry* evaluates
+//! candidates on the symmetric form (one worker + quotient ring) when the job uses ring
+//! all-reduce; *partial replay* lets tensor-partition price k by replaying one synchronisation
+//! alone; *coarsened view* makes op-fusion consider layers' chains of tensor-less ops as units.
+//!
+//! **Invariant:** the search does no IO; progress goes through a callback.
+
+pub mod baselines;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+
+use crate::cost::config::SyncScheme;
+use crate::graph::job::{Job, JobError};
+use crate::passes::{self, Edit, Evaluated, Pass, PassError, Patch};
+
+/// Which search strategy.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// dPRO Algorithm 1 over the critical path.
+    CriticalPath,
+    /// Seeded Markov-chain Monte Carlo over the same moves.
+    Mcmc,
+}
+
+/// The search speed-ups of dPRO §5.3, each switchable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Speedups {
+    pub coarsen: bool,
+    pub partial_replay: bool,
+    pub symmetry: bool,
+}
+
+impl Default for Speedups {
+    fn default() -> Self {
+        Speedups {
+            coarsen: true,
+            partial_replay: true,
+            symmetry: true,
+        }
+    }
+}
+
+/// Why the search stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// No move improves, or the last rounds gained too little.
+    Converged,
+    /// The wall-clock budget ran out.
+    Budget,
+    /// Ctrl-C.
+    Interrupted,
+}
+
+/// How to search.
+#[derive(Clone, Debug)]
+pub struct SearchOptions {
+    pub budget: Duration,
+    /// Peak memory per GPU the plan must fit, bytes.
+    pub memory_budget: Option<u64>,
+    /// Passes the search may use, by name (None: [`default_passes`]).
+    pub passes: Option<Vec<String>>,
+    pub strategy: Strategy,
+    pub seed: u64,
+    pub speedups: Speedups,
+    /// Rounds over which the gain is measured for convergence (dPRO: 5).
+    pub converge_rounds: usize,
+    /// Relative gain below which those rounds count as converged (0.001 = 0.1 %).
+    pub converge_gain: f64,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            budget: Duration::from_secs(3600),
+            memory_budget: None,
+            passes: None,
+            strategy: Strategy::CriticalPath,
+            seed: 0,
+            speedups: Speedups::default(),
+            converge_rounds: 5,
+            converge_gain: 0.001,
+        }
+    }
+}
+
+/// Passes the search uses unless told otherwise: every registered pass except the lossy ones
+/// (`dgc` changes what is trained) and those that only trade time for memory (`recompute`,
+/// `grad-accumulation`, `vdnn`: the memory step uses the first two when memory demands it).
+pub fn default_passes(all: &[Box<dyn Pass>]) -> Vec<String> {
+    const EXCLUDED: [&str; 4] = ["dgc", "grad-accumulation", "recompute", "vdnn"];
+    all.iter()
+        .map(|p| p.name().to_string())
+        .filter(|n| !EXCLUDED.contains(&n.as_str()))
+        .collect()
+}
+
+/// One step the search took.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Decision {
+    pub pass: String,
+    /// Tensors the decision groups or partitions, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors: Vec<String>,
+    /// Ops (layer and phase) the decision fuses or changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<String>,
+    /// Partition number, when the decision sets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    /// Knobs the pass ran with, when not its defaults.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub knobs: std::collections::BTreeMap<String, String>,
+    pub why: String,
+    /// Change of the predicted iteration time, ms (negative = faster).
+    pub effect_ms: f64,
+}
+
+/// What the search reports as it goes.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    pub best_ns: u64,
+    pub replays: u64,
+    pub elapsed: Duration,
+    pub round: usize,
+}
+
+/// Why the search could not run or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    #[error(
+        "no plan fits the memory budget of {budget_gb:.2} GB per GPU; the smallest peak reached is {smallest_gb:.2} GB ({how})"
+    )]
+    Infeasible {
+        budget_gb: f64,
+        smallest_gb: f64,
+        how: String,
+    },
+    #[error(transparent)]
+    Pass(#[from] PassError),
+    #[error(transparent)]
+    Job(#[from] JobError),
+}
+
+/// The result of a search.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The unoptimised job, fully evaluated.
+    pub baseline: Evaluated,
+    /// The best job found, fully evaluated.
+    pub best: Evaluated,
+    pub decisions: Vec<Decision>,
+    pub replays: u64,
+    pub wall: Duration,
+    pub stop: StopReason,
+    pub rounds: usize,
+}
+
+/// Evaluate a job the way the search's options say (symmetric form when allowed).
+pub fn evaluator(symmetry: bool) -> impl Fn(Job) -> Result<Evaluated, JobError> + Sync {
+    move |mut job: Job| {
+        if symmetry && job.comm.scheme == SyncScheme::Ring && job.workers > 1 {
+            job.symmetric = true;
+        }
+        passes::evaluate(job)
+    }
+}
+
+/// Evaluate for the final report: the full graph when it fits, else the symmetric form.
+pub fn evaluate_full(mut job: Job) -> Result<Evaluated, JobError> {
+    job.symmetric = false;
+    match passes::evaluate(job.clone()) {
+        Err(JobError::TooLarge { .. }) if job.comm.scheme == SyncScheme::Ring => {
+            job.symmetric = true;
+            passes::evaluate(job)
+        }
+        other => other,
+    }
+}
+
+/// Names of what a patch touches, for the plan.
+fn describe(job: &Job, patch: &Patch) -> (Vec<String>, Vec<String>, Option<u32>) {
+    let (mut tensors, mut ops, mut parts) = (Vec::new(), Vec::new(), None);
+    let tensor_names = |sync: usize| -> Vec<String> {
+        job.syncs
+            .get(sync)
+            .map(|s| {
+                s.tensors
+                    .iter()
+                    .map(|&t| job.local.tensors[t as usize].name.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for e in &patch.edits {
+        match e {
+            Edit::FuseSyncs { syncs } => {
+                syncs.iter().for_each(|&s| tensors.extend(tensor_names(s)))
+            }
+            Edit::PartitionSync { sync, k } => {
+                tensors.extend(tensor_names(*sync));
+                parts = Some(*k);
+            }
+            Edit::Merge { ops: m, .. } => ops.extend(m.iter().flat_map(|&o| job.local.members(o))),
+            _ => {}
+        }
+    }
+    (tensors, ops, parts)
+}
+
+/// A candidate move: patches applied together.
+struct Move {
+    pass: String,
+    patches: Vec<Patch>,
+}
+
+/// Run the search from `job` (the unoptimised job, the report's baseline), or from `from`
+/// when given (a better starting point, e.g. the fastest framework default, with the decision
+/// that records it). `interrupt` is polled between candidate evaluations; `progress` is called
+/// after every round.
+pub fn search(
+    job: Job,
+    from: Option<(Job, Decision)>,
+    opts: &SearchOptions,
+    all: &[Box<dyn Pass>],
+    interrupt: &AtomicBool,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> Result<Outcome, SearchError> {
+    let start = Instant::now();
+    let names = opts.passes.clone().unwrap_or_else(|| default_passes(all));
+    let mut allowed: Vec<&dyn Pass> = Vec::new();
+    for n in &names {
+        allowed.push(passes::find(all, n)?);
+    }
+    let eval = evaluator(opts.speedups.symmetry);
+    let baseline = evaluate_full(job.clone())?;
+    let mut replays = 1u64;
+    let mut decisions = Vec::new();
+
+    // 1. Memory step.
+    let mut cur = match from {
+        Some((j, d)) => {
+            decisions.push(d);
+            eval(j)?
+        }
+        None => eval(job)?,
+    };
+    replays += 1;
+    if let Some(budget) = opts.memory_budget {
+        if cur.memory.peak_bytes > budget {
+            let (fit, step_replays, decision) = memory_step(&cur, budget, all, &eval)?;
+            replays += step_replays;
+            decisions.push(decision);
+            cur = fit;
+        }
+    }
+
+    // 2. Rounds.
+    let mut stop = StopReason::Converged;
+    let mut history = vec![cur.iteration_ns()];
+    let mut used: BTreeSet<String> = BTreeSet::new();
+    let mut round = 0;
+    loop {
+        if interrupt.load(Ordering::Relaxed) {
+            stop = StopReason::Interrupted;
+            break;
+        }
+        if start.elapsed() >= opts.budget {
+            stop = StopReason::Budget;
+            break;
+        }
+        round += 1;
+        let moves = candidate_moves(&cur, &allowed, &used, opts)?;
+        if moves.is_empty() {
+            break;
+        }
+        let deadline = opts.budget.saturating_sub(start.elapsed());
+        let t0 = Instant::now();
+        let results: Vec<Option<Evaluated>> = moves
+            .par_iter()
+            .map(|m| {
+                if interrupt.load(Ordering::Relaxed) || t0.elapsed() > deadline {
+                    return None;
+                }
+                let job = passes::apply_all(&cur.job, &m.patches).ok()?;
+                eval(job).ok()
+            })
+            .collect();
+        replays += results.iter().filter(|r| r.is_some()).count() as u64;
+        let fits = |e: &Evaluated| opts.memory_budget.is_none_or(|b| e.memory.peak_bytes <= b);
+        let best = results
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.filter(|e| fits(e)).map(|e| (i, e)))
+            .min_by_key(|(i, e)| (e.iteration_ns(), *i));
+        let Some((i, next)) = best.filter(|(_, e)| e.iteration_ns() < cur.iteration_ns()) else {
+            break;
+        };
+        let m = &moves[i];
+        let (tensors, ops, partitions) = m.patches.iter().map(|p| describe(&cur.job, p)).fold(
+            (Vec::new(), Vec::new(), None),
+            |mut acc, (t, o, k)| {
+                acc.0.extend(t);
+                acc.1.extend(o);
+                acc.2 = acc.2.or(k);
+                acc
+            },
+        );
+        let why = m
+            .patches
+            .iter()
+            .map(|p| p.why.as_str())
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        decisions.push(Decision {
+            pass: m.pass.clone(),
+            tensors,
+            ops,
+            partitions,
+            knobs: Default::default(),
+            why,
+            effect_ms: (next.iteration_ns() as f64 - cur.iteration_ns() as f64) / 1e6,
+        });
+        if !m.patches.is_empty() && !is_granular(&allowed, &m.pass) {
+            used.insert(m.pass.clone());
+        }
+        cur = next;
+        history.push(cur.iteration_ns());
+        progress(&Progress {
+            best_ns: cur.iteration_ns(),
+            replays,
+            elapsed: start.elapsed(),
+            round,
+        });
+        let r = opts.converge_rounds;
+        if history.len() > r {
+            let old = history[history.len() - 1 - r] as f64;
+            if (old - cur.iteration_ns() as f64) / old < opts.converge_gain {
+                break;
+            }
+        }
+    }
+    let best = evaluate_full(cur.job)?;
+    Ok(Outcome {
+        baseline,
+        best,
+        decisions,
+        replays: replays + 1,
+        wall: start.elapsed(),
+        stop,
+        rounds: round,
+    })
+}
+
+fn is_granular(allowed: &[&dyn Pass], name: &str) -> bool {
+    allowed.iter().any(|p| p.name() == name && p.granular())
+}
+
+/// Every move of this round: each site of a granular pass alone, each other pass (not yet
+/// taken) as one move, in pass order.
+fn candidate_moves(
+    cur: &Evaluated,
+    allowed: &[&dyn Pass],
+    used: &BTreeSet<String>,
+    _opts: &SearchOptions,
+) -> Result<Vec<Move>, SearchError> {
+    let mut moves = Vec::new();
+    for p in allowed {
+        if used.contains(p.name()) {
+            continue;
+        }
+        let knobs = passes::resolve_knobs(*p, &[])?;
+        let patches = match p.propose(cur, &knobs) {
+            Ok(v) => v,
+            Err(PassError::NotApplicable { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if patches.is_empty() {
+            continue;
+        }
+        if p.granular() {
+            moves.extend(patches.into_iter().map(|patch| Move {
+                pass: p.name().to_string(),
+                patches: vec![patch],
+            }));
+        } else {
+            moves.push(Move {
+                pass: p.name().to_string(),
+                patches,
+            });
+        }
+    }
+    Ok(moves)
+}
+
+/// Over the memory budget: the fastest of recomputation and gradient accumulation that fits.
+fn memory_step(
+    cur: &Evaluated,
+    budget: u64,
+    all: &[Box<dyn Pass>],
+    eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
+) -> Result<(Evaluated, u64, Decision), SearchError> {
+    let mut options: Vec<(String, Vec<(String, String)>)> = vec![("recompute".into(), vec![])];
+    for k in [2, 4, 8, 16] {
+        options.push((
+            "grad-accumulation".into(),
+            vec![("k".into(), k.to_string())],
+        ));
+    }
+    let tried: Vec<(
+        String,
+        Vec<(String, String)>,
+        Result<Evaluated, SearchError>,
+    )> = options
+        .par_iter()
+        .map(|(name, knobs)| {
+            let label = if knobs.is_empty() {
+                name.clone()
+            } else {
+                format!("{name}:k={}", knobs[0].1)
+            };
+            let r = (|| {
+                let p = passes::find(all, name)?;
+                let k = passes::resolve_knobs(p, knobs)?;
+                let patches = p.propose(cur, &k)?;
+                let job = passes::apply_all(&cur.job, &patches)?;
+                Ok(eval(job)?)
+            })();
+            (label, knobs.clone(), r)
+        })
+        .collect();
+    let replays = tried.len() as u64;
+    let mut smallest: Option<(u64, String)> = None;
+    let mut best: Option<(String, Vec<(String, String)>, Evaluated)> = None;
+    for (label, knobs, r) in tried {
+        let Ok(e) = r else { continue };
+        if smallest
+            .as_ref()
+            .is_none_or(|(b, _)| e.memory.peak_bytes < *b)
+        {
+            smallest = Some((e.memory.peak_bytes, label.clone()));
+        }
+        if e.memory.peak_bytes <= budget
+            && best
+                .as_ref()
+                .is_none_or(|(_, _, b)| e.iteration_ns() < b.iteration_ns())
+        {
+            best = Some((label, knobs, e));
+        }
+    }
+    let Some((label, knobs, e)) = best else {
+        let (bytes, how) = smallest.unwrap_or((cur.memory.peak_bytes, "no option ran".into()));
+        let bytes = bytes.min(cur.memory.peak_bytes);
+        return Err(SearchError::Infeasible {
+            budget_gb: budget as f64 / 1e9,
+            smallest_gb: bytes as f64 / 1e9,
+            how,
+        });
+    };
+    let decision = Decision {
+        pass: label.split(':').next().unwrap_or(&label).to_string(),
+        tensors: Vec::new(),
+        ops: Vec::new(),
+        partitions: None,
+        knobs: knobs.into_iter().collect(),
+        why: format!(
+            "memory step: peak {:.2} GB over the budget of {:.2} GB; {label} is the fastest option that fits ({:.2} GB)",
+            cur.memory.peak_bytes as f64 / 1e9,
+            budget as f64 / 1e9,
+            e.memory.peak_bytes as f64 / 1e9
+        ),
+        effect_ms: (e.iteration_ns() as f64 - cur.iteration_ns() as f64) / 1e6,
+    };
+    Ok((e, replays, decision))
+}
+
+/// The iteration time if synchronisation cost nothing (zero latency, unbounded bandwidth): no
+/// change that only touches communication can beat it. `plan` reports it for the planned job as
+/// `lower_bound_ms`.
+pub fn comm_free_bound_ns(
+    job: &Job,
+    eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
+) -> Result<u64, JobError> {
+    let mut j = job.clone();
+    for link in [&mut j.comm.cost.intra, &mut j.comm.cost.inter] {
+        link.alpha_ns = 0.0;
+        link.bytes_per_ns = 1e18;
+    }
+    j.comm.cost.aggregate_bytes_per_ns = 1e18;
+    Ok(eval(j)?.iteration_ns())
+}
