@@ -48,7 +48,36 @@
 //! gradient becomes ready. The property test at the end of this file measures how often the
 //! decision agrees with a full replay when those assumptions do not hold.
 //!
-//! **Knobs.** `scope` = `critical` | `all`; `max_ops` (default 8, 2..=1024).
+//! **Coarsened view** (`coarsen`, dPRO §5.3 and Fig. 6; Algorithm 1 line 2). With `coarsen=1`
+//! (default) `scope=critical` walks the critical path by *units*: per device and phase, in
+//! topological order, the fusible ops that own no gradient tensor (activations, adds, pooling,
+//! dropout, softmax: no parameters) accumulate along a chain — each the direct successor of the
+//! previous — and join the next tensor-producing op (one whose backward produces a gradient,
+//! or a forward op of a layer with parameters); a run that no such op closes is a unit of its
+//! own; units hold at most `max_ops` ops.
+//!
+//! ```text
+//! BW chain:  relu_bw → bn_bw(γ,β) → conv_bw(W) → relu_bw → add_bw → bn_bw …
+//! units:    [relu_bw, bn_bw] [conv_bw] [relu_bw, add_bw, bn_bw] …
+//! ```
+//!
+//! A unit is taken whole: alone it is fused when that is legal and gains (Theorem 1 with
+//! `q^d = 0`, since its leading ops produce no tensor — dPRO's Theorem-3 argument: a tensor-less
+//! op is a producer of a null tensor), and Theorem 1 is then applied between units (fewer,
+//! larger candidates and steps). With `coarsen=0` every op is its own unit — the strawman of
+//! dPRO Table 5; the search passes `coarsen=0` under `plan --no-coarsen`.
+//!
+//! **Block symmetry** (`twins`, dPRO §5.3 "Symmetry" applied to repeated blocks). When every
+//! member of a cluster chosen on the critical path lies in one block of a repeated structure —
+//! op names that differ only in the first all-digit component, `bert.encoder.layer.3.…` or
+//! `layer2.1.…` ([`block_of`]) — the same patch also merges the twin cluster of every other
+//! block index (the ops whose member names are the cluster's with the index replaced), when all
+//! of them exist, are free and the merge is legal. One candidate evaluation then fuses twelve
+//! BERT layers instead of one per round. The search passes `twins=0` under `plan --no-symmetry`.
+//! VGG's `features.N` (each index a different op) and names without an index have no twins.
+//!
+//! **Knobs.** `scope` = `critical` | `all`; `max_ops` (default 8, 2..=1024); `coarsen` (default
+//! 1, 0..=1); `twins` (default 1, 0..=1). `coarsen` and `twins` apply to `scope=critical`.
 //!
 //! **Framework knobs** (DESIGN.md table): TF/XLA `TF_XLA_FLAGS=--tf_xla_auto_jit=2` plus a cluster
 //! file `<tf_node> <cluster_id>` (`XLA_CLUSTER_SPEC`, dPRO's TF fork; one id per patch); PyTorch
@@ -86,22 +115,58 @@ impl Pass for OpFusion {
                 "critical",
             ),
             KnobSpec::int("max_ops", "most ops in one fused cluster", 8, 2, 1024),
+            KnobSpec::int(
+                "coarsen",
+                "1: units of a tensor-producing op and its tensor-less neighbours (dPRO coarsened view); 0: single ops",
+                1,
+                0,
+                1,
+            ),
+            KnobSpec::int(
+                "twins",
+                "1: repeat a fusion inside one block in every twin block (block symmetry); 0: off",
+                1,
+                0,
+                1,
+            ),
         ]
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
         let all = scope_is_all(NAME, knobs)?;
         let max_ops = knobs.int("max_ops") as usize;
+        let coarsen = knobs.int("coarsen") != 0;
+        let twins = knobs.int("twins") != 0;
         let job = &cx.job;
         let mut fz = Fuser::new(job)?;
-        let clusters = if all {
-            fz.all(max_ops)
-        } else {
-            fz.critical(&cx.critical_local, max_ops)
-        };
-        Ok(clusters
-            .into_iter()
-            .map(|(ops, why)| fz.patch(&ops, why))
-            .collect())
+        if all {
+            let clusters = fz.all(max_ops);
+            return Ok(clusters
+                .into_iter()
+                .map(|(ops, why)| fz.patch(&[ops], why))
+                .collect());
+        }
+        let clusters = fz.critical(&cx.critical_local, max_ops, coarsen);
+        let mut absorbed = vec![false; clusters.len()];
+        let mut out = Vec::with_capacity(clusters.len());
+        for (i, (ops, mut why)) in clusters.into_iter().enumerate() {
+            if absorbed[i] {
+                continue;
+            }
+            absorbed[i] = true;
+            let mut group = vec![ops];
+            if twins {
+                let found = fz.twins(i, &mut absorbed);
+                if !found.is_empty() {
+                    why.push_str(&format!(
+                        "; block symmetry: the same fusion in {} twin blocks",
+                        found.len()
+                    ));
+                }
+                group.extend(found);
+            }
+            out.push(fz.patch(&group, why));
+        }
+        Ok(out)
     }
 }
 
@@ -109,6 +174,27 @@ impl Pass for OpFusion {
 pub fn fusible(job: &Job, o: OpId) -> bool {
     let s = &job.local.ops[o as usize].spec;
     s.kind == OpKind::Compute && matches!(s.phase, Phase::Fw | Phase::Bw)
+}
+
+/// `(prefix, block index, rest)` of an op name whose first all-digit dot component (followed by
+/// more components) is a block index: `bert.encoder.layer.3.output.dense BW` →
+/// (`bert.encoder.layer.`, 3, `.output.dense BW`); `layer2.1.conv1 FW` → (`layer2.`, 1,
+/// `.conv1 FW`). `features.0 FW` (VGG: each index a different op) has none.
+pub fn block_of(name: &str) -> Option<(&str, u32, &str)> {
+    let mut at = 0;
+    for comp in name.split('.') {
+        let end = at + comp.len();
+        if at > 0 && !comp.is_empty() && comp.bytes().all(|b| b.is_ascii_digit()) {
+            let rest = &name[end..];
+            return rest
+                .starts_with('.')
+                .then_some(())
+                .and_then(|_| comp.parse().ok())
+                .map(|i| (&name[..at], i, rest));
+        }
+        at = end + 1;
+    }
+    None
 }
 
 /// `opfs_time` and the fused work of `ops` (see the module docs).
@@ -191,6 +277,8 @@ struct Fuser<'a> {
     /// DFS scratch: visit stamp per node.
     seen: Vec<u32>,
     stamp: u32,
+    /// Fusible ops by their member names (twin lookup; filled on first use).
+    signatures: std::collections::BTreeMap<Vec<String>, OpId>,
 }
 
 impl<'a> Fuser<'a> {
@@ -271,6 +359,7 @@ impl<'a> Fuser<'a> {
             times: SyncTimes::new(job),
             seen: vec![0; total],
             stamp: 0,
+            signatures: Default::default(),
         })
     }
 
@@ -346,8 +435,20 @@ impl<'a> Fuser<'a> {
             .sum()
     }
 
-    /// Theorem 1 along the critical path (Algorithm 1, lines 5–7, chains included).
-    fn critical(&mut self, path: &[OpId], max_ops: usize) -> Vec<(Vec<OpId>, String)> {
+    /// Theorem 1 along the critical path (Algorithm 1, lines 5–7, chains included), between
+    /// units of the coarsened view when `coarsen` (single ops otherwise).
+    fn critical(
+        &mut self,
+        path: &[OpId],
+        max_ops: usize,
+        coarsen: bool,
+    ) -> Vec<(Vec<OpId>, String)> {
+        let (units, unit_of) = if coarsen {
+            self.units(max_ops)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let mut taken: BTreeSet<u32> = BTreeSet::new();
         let mut out = Vec::new();
         let mut cur: Vec<OpId> = Vec::new();
         let mut why = String::new();
@@ -368,18 +469,33 @@ impl<'a> Fuser<'a> {
                 close(self, &mut cur, &mut why);
                 continue;
             }
+            if cur.contains(&p) {
+                continue; // already in, with its unit
+            }
+            // The next step: p's whole unit (coarsened view) or p alone.
+            let u = unit_of.get(p as usize).copied().unwrap_or(NONE);
+            let step: Vec<OpId> = if u != NONE && taken.insert(u) {
+                let ops = &units[u as usize];
+                if ops.iter().all(|&o| self.cluster_of[o as usize] == NONE) {
+                    ops.clone()
+                } else {
+                    vec![p]
+                }
+            } else {
+                vec![p]
+            };
             let same_device = cur.first().is_none_or(|&c| {
                 self.job.local.ops[c as usize].spec.device
-                    == self.job.local.ops[p as usize].spec.device
+                    == self.job.local.ops[step[0] as usize].spec.device
             });
-            if cur.is_empty() || !same_device || cur.len() >= max_ops {
+            if cur.is_empty() || !same_device || cur.len() + step.len() > max_ops {
                 close(self, &mut cur, &mut why);
-                cur.push(p);
+                self.start(&mut cur, &mut why, step, p);
                 continue;
             }
             let mut cand = cur.clone();
-            cand.push(p);
-            let (a, b) = (self.dur(&cur), self.dur(&[p]));
+            cand.extend(&step);
+            let (a, b) = (self.dur(&cur), self.dur(&step));
             let fused = self.dur(&cand);
             let q = self.q_d(&cur);
             let gain = (a + b) as i64 - fused as i64;
@@ -391,10 +507,176 @@ impl<'a> Fuser<'a> {
                 cur = cand;
             } else {
                 close(self, &mut cur, &mut why);
-                cur.push(p);
+                self.start(&mut cur, &mut why, step, p);
             }
         }
         close(self, &mut cur, &mut why);
+        out
+    }
+
+    /// Begin a chain with `step`: a unit of several ops stays whole when fusing it is legal and
+    /// gains (Theorem 1 with `q = 0`: its leading ops produce no tensor); else `p` alone.
+    fn start(&mut self, cur: &mut Vec<OpId>, why: &mut String, step: Vec<OpId>, p: OpId) {
+        if step.len() >= 2 {
+            let sum: u64 = step.iter().map(|&o| self.dur(&[o])).sum();
+            let fused = self.dur(&step);
+            if fused < sum && self.legal(&step) {
+                *why = format!(
+                    "coarsened view: a tensor-producing op and its {} tensor-less neighbours as one unit: {sum} → {fused} ns",
+                    step.len() - 1
+                );
+                *cur = step;
+                return;
+            }
+        }
+        *cur = vec![p];
+    }
+
+    /// Whether `o` produces (backward) or owns (forward) a gradient tensor.
+    fn has_tensor(&self, o: OpId, layer_has_tensor: &[bool]) -> bool {
+        let s = &self.job.local.ops[o as usize].spec;
+        !self.produces[o as usize].is_empty()
+            || (s.phase == Phase::Fw
+                && layer_has_tensor
+                    .get(s.layer as usize)
+                    .copied()
+                    .unwrap_or(false))
+    }
+
+    /// The coarsened view's op units (dPRO §5.3, Fig. 6): per device and phase, in topological
+    /// order, tensor-less fusible ops accumulate along a chain (each the direct successor of
+    /// the previous) and join the next tensor-producing op; a run not closed by one is a unit
+    /// of its own. At most `max_ops` ops per unit. Returns the units of two ops or more and
+    /// each op's unit (`NONE`: alone).
+    fn units(&self, max_ops: usize) -> (Vec<Vec<OpId>>, Vec<u32>) {
+        let l = &self.job.local;
+        let mut layer_has_tensor = vec![false; l.layers.len()];
+        for t in &l.tensors {
+            if let Some(x) = layer_has_tensor.get_mut(t.layer as usize) {
+                *x = true;
+            }
+        }
+        let mut lists: std::collections::BTreeMap<(u32, u8), Vec<OpId>> = Default::default();
+        for o in 0..l.ops.len() as OpId {
+            if fusible(self.job, o) {
+                let s = &l.ops[o as usize].spec;
+                lists.entry((s.device, s.phase as u8)).or_default().push(o);
+            }
+        }
+        let mut units: Vec<Vec<OpId>> = Vec::new();
+        let mut unit_of = vec![NONE; l.ops.len()];
+        let mut emit = |run: &mut Vec<OpId>| {
+            if run.len() >= 2 {
+                for &o in run.iter() {
+                    unit_of[o as usize] = units.len() as u32;
+                }
+                units.push(std::mem::take(run));
+            }
+            run.clear();
+        };
+        for (_, mut ops) in lists {
+            ops.sort_by_key(|&o| self.pos[o as usize]);
+            let mut run: Vec<OpId> = Vec::new();
+            for o in ops {
+                let chained = run
+                    .last()
+                    .is_some_and(|&last| self.succ[last as usize].contains(&o));
+                if !chained || run.len() >= max_ops {
+                    emit(&mut run);
+                }
+                run.push(o);
+                if self.has_tensor(o, &layer_has_tensor) {
+                    emit(&mut run);
+                }
+            }
+            emit(&mut run);
+        }
+        (units, unit_of)
+    }
+
+    /// Block symmetry: the same fusion as walk cluster `me` in every twin block (see the module
+    /// docs). A twin made of free ops is checked for legality and committed; a twin that the
+    /// walk already chose as one of its clusters (exactly the same ops) is absorbed: marked in
+    /// `absorbed` so that it is not proposed again on its own. Returns the twins.
+    fn twins(&mut self, me: usize, absorbed: &mut [bool]) -> Vec<Vec<OpId>> {
+        let cluster = self.clusters[me].clone();
+        let l = &self.job.local;
+        let names: Vec<Vec<String>> = cluster.iter().map(|&o| l.members(o)).collect();
+        let mut prefix: Option<&str> = None;
+        let mut mine: BTreeSet<u32> = BTreeSet::new();
+        for n in names.iter().flatten() {
+            let Some((p, idx, _)) = block_of(n) else {
+                return Vec::new();
+            };
+            if prefix.is_some_and(|q| q != p) {
+                return Vec::new();
+            }
+            prefix = Some(p);
+            mine.insert(idx);
+        }
+        let (Some(prefix), Some(&lo)) = (prefix, mine.first()) else {
+            return Vec::new();
+        };
+        let prefix = prefix.to_string();
+        if self.signatures.is_empty() {
+            for o in 0..l.ops.len() as OpId {
+                if fusible(self.job, o) {
+                    self.signatures.insert(l.members(o), o);
+                }
+            }
+        }
+        let indices: BTreeSet<u32> = self
+            .signatures
+            .keys()
+            .flatten()
+            .filter_map(|n| block_of(n).filter(|b| b.0 == prefix).map(|b| b.1))
+            .collect();
+        let mut out = Vec::new();
+        for &j in &indices {
+            let d = j as i64 - lo as i64;
+            if d == 0
+                || !mine
+                    .iter()
+                    .all(|&i| indices.contains(&((i as i64 + d) as u32)))
+            {
+                continue;
+            }
+            let mut twin: Vec<OpId> = Vec::with_capacity(cluster.len());
+            for member in &names {
+                let renamed: Vec<String> = member
+                    .iter()
+                    .map(|n| match block_of(n) {
+                        Some((p, i, rest)) => format!("{p}{}{rest}", i as i64 + d),
+                        None => n.clone(),
+                    })
+                    .collect();
+                match self.signatures.get(&renamed) {
+                    Some(&t) if !twin.contains(&t) => twin.push(t),
+                    _ => break,
+                }
+            }
+            if twin.len() != cluster.len() {
+                continue;
+            }
+            let owners: BTreeSet<u32> = twin.iter().map(|&t| self.cluster_of[t as usize]).collect();
+            match owners.into_iter().collect::<Vec<_>>().as_slice() {
+                [NONE] => {
+                    if self.legal(&twin) {
+                        self.commit(twin.clone());
+                        out.push(twin);
+                    }
+                }
+                &[c] if (c as usize) < absorbed.len()
+                    && c as usize != me
+                    && !absorbed[c as usize]
+                    && self.clusters[c as usize].len() == twin.len() =>
+                {
+                    absorbed[c as usize] = true;
+                    out.push(self.clusters[c as usize].clone());
+                }
+                _ => {}
+            }
+        }
         out
     }
 
@@ -450,14 +732,18 @@ impl<'a> Fuser<'a> {
         cur.clear();
     }
 
-    fn patch(&self, ops: &[OpId], why: String) -> Patch {
-        let (dur_ns, work) = fused_cost(self.job, ops);
-        let mut edits = vec![Edit::Merge {
-            ops: ops.to_vec(),
-            dur_ns,
-        }];
-        if work.is_some() {
-            edits.push(Edit::SetWork { op: ops[0], work });
+    /// One patch merging every cluster of `group` (a cluster and its twins).
+    fn patch(&self, group: &[Vec<OpId>], why: String) -> Patch {
+        let mut edits = Vec::new();
+        for ops in group {
+            let (dur_ns, work) = fused_cost(self.job, ops);
+            edits.push(Edit::Merge {
+                ops: ops.to_vec(),
+                dur_ns,
+            });
+            if work.is_some() {
+                edits.push(Edit::SetWork { op: ops[0], work });
+            }
         }
         Patch {
             pass: NAME.into(),
@@ -771,6 +1057,122 @@ pub(crate) mod tests {
         // 5 × 10 µs − 2 launches.
         assert_eq!(after.iteration_ns(), 50_000 - 2 * 4000);
         assert!(resolve_knobs(&OpFusion, &[("max_ops".into(), "1".into())]).is_err());
+    }
+
+    #[test]
+    fn coarsened_units_on_a_hand_built_chain() {
+        // BW chain X0 → X1 → A(grad) → X2 → B(grad) → X3, 50 µs each, 4000 B gradients on a
+        // 4-worker ring (t_sync = 12,000 ns ≥ one 4 µs launch). Op ids: X0 = 0, X1 = 1, A = 2
+        // (Out 3, In 4), X2 = 5, B = 6 (Out 7, In 8), X3 = 9.
+        let job = chain_job(
+            &[
+                (50_000, false),
+                (50_000, false),
+                (50_000, true),
+                (50_000, false),
+                (50_000, true),
+                (50_000, false),
+            ],
+            4000,
+            ring(),
+            4,
+        );
+        let f = Fuser::new(&job).unwrap();
+        let (units, unit_of) = f.units(8);
+        // Tensor-less ops join the next tensor-producing op; X3 is alone (no unit).
+        assert_eq!(units, vec![vec![0, 1, 2], vec![5, 6]]);
+        assert_eq!(unit_of[9], NONE);
+        // max_ops = 2 cuts the first run before A: [X0, X1], A alone.
+        assert_eq!(
+            Fuser::new(&job).unwrap().units(2).0,
+            vec![vec![0, 1], vec![5, 6]]
+        );
+        // Both views reach the same clusters here (Theorem 1: q^d = 0 < 4000 ns inside a
+        // unit; 12,000 ns ≥ 4000 ns after A and after B), the coarsened one in two steps.
+        let cx = evaluate(job.clone()).unwrap();
+        assert_eq!(cx.iteration_ns(), 300_000);
+        let fine = OpFusion.propose(&cx, &knobs(&[("coarsen", "0")])).unwrap();
+        let coarse = OpFusion.propose(&cx, &knobs(&[])).unwrap();
+        assert_eq!(merged(&fine), vec![vec![0, 1, 2], vec![5, 6]]);
+        assert_eq!(merged(&coarse), merged(&fine));
+        assert!(
+            coarse[0].why.starts_with("coarsened view"),
+            "{}",
+            coarse[0].why
+        );
+        assert!(fine[0].why.starts_with("Theorem 1"), "{}", fine[0].why);
+        // 300 µs − 3 launches of 4 µs.
+        let after = evaluate(apply_all(&job, &coarse).unwrap()).unwrap();
+        assert_eq!(after.iteration_ns(), 288_000);
+        for (k, v) in [("coarsen", "2"), ("twins", "-1")] {
+            assert!(resolve_knobs(&OpFusion, &[(k.into(), v.into())]).is_err());
+        }
+    }
+
+    #[test]
+    fn block_names_split_at_the_first_index() {
+        assert_eq!(
+            block_of("bert.encoder.layer.3.output.dense BW"),
+            Some(("bert.encoder.layer.", 3, ".output.dense BW"))
+        );
+        assert_eq!(
+            block_of("layer2.1.conv1 FW"),
+            Some(("layer2.", 1, ".conv1 FW"))
+        );
+        assert_eq!(
+            block_of("layer2.0.downsample.1 FW"),
+            Some(("layer2.", 0, ".downsample.1 FW"))
+        );
+        assert_eq!(block_of("features.0 FW"), None);
+        assert_eq!(block_of("12.fc FW"), None);
+        assert_eq!(block_of("bert.embeddings.word_embeddings FW"), None);
+    }
+
+    #[test]
+    fn zoo_bert_base_twins_fuse_every_block_in_one_move() {
+        let model = crate::zoo::model("bert-base", &Default::default()).unwrap();
+        let cluster = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
+        let job = crate::zoo::build::job(&model, &cluster, &Default::default()).unwrap();
+        let mut sym = job.clone();
+        sym.symmetric = true;
+        let base = evaluate(sym.clone()).unwrap();
+        let solo = OpFusion.propose(&base, &knobs(&[("twins", "0")])).unwrap();
+        let twin = OpFusion.propose(&base, &knobs(&[])).unwrap();
+        let merges = |p: &Patch| {
+            p.edits
+                .iter()
+                .filter(|e| matches!(e, Edit::Merge { .. }))
+                .count()
+        };
+        let widest = twin.iter().map(merges).max().unwrap();
+        eprintln!(
+            "bert-base: {} patches without twins, {} with; widest patch merges {} clusters",
+            solo.len(),
+            twin.len(),
+            widest
+        );
+        assert!(solo.iter().all(|p| merges(p) == 1));
+        // 12 encoder layers: a fusion inside one block is repeated in the 11 others.
+        assert_eq!(widest, 12);
+        // Measured: 83 single-cluster patches become 18 moves (the walk's clusters repeat with
+        // a period of one or two blocks; twins the walk already chose are absorbed).
+        assert_eq!((solo.len(), twin.len()), (83, 18));
+        // The move with twins gains what its first cluster alone gains, once per block.
+        let i = twin.iter().position(|p| merges(p) == 12).unwrap();
+        let first = Patch {
+            edits: twin[i].edits[..2].to_vec(),
+            ..twin[i].clone()
+        };
+        let one = evaluate(apply_all(&sym, &[first]).unwrap()).unwrap();
+        let all = evaluate(apply_all(&sym, &[twin[i].clone()]).unwrap()).unwrap();
+        let (g1, g12) = (
+            base.iteration_ns() as i64 - one.iteration_ns() as i64,
+            base.iteration_ns() as i64 - all.iteration_ns() as i64,
+        );
+        eprintln!("gain of one cluster {g1} ns, with its twins {g12} ns");
+        // Twelve identical blocks on a compute-bound forward path: exactly 12 times.
+        assert!(g1 > 0, "{g1}");
+        assert_eq!(g12, 12 * g1);
     }
 
     #[test]

@@ -24,8 +24,18 @@
 //! itself when it is not a power of two); ties go to the smaller `k`. Results are memoised per
 //! `(bytes, k)` inside one `propose` (tensors of equal size are common).
 //!
+//! **Partial replay switch** (`partial`, dPRO §5.3 "Partial Replay", Table 5). `partial=1`
+//! (default) prices `t_sync(s, k)` as above. `partial=0` is the strawman the paper compares
+//! against: every grid point is priced by a full replay of the whole job with sync `s` cut into
+//! `k` ([`full_replay_ns`]: expand the global DFG, replay it, take the iteration time), and `k*`
+//! minimises the iteration time (ties → smaller `k`). No memo across syncs: the result depends
+//! on where the sync sits, not only on its size. Same decisions in the common case, but
+//! `|grid|` full replays per critical sync instead of a few hundred-op sub-graphs; the search
+//! sets `partial=0` under `plan --no-partial-replay`.
+//!
 //! **Knobs.** `scope` = `critical` | `all`; `max_k` (default 16, 1..=1024): the grid's top;
-//! `k` (default 0 = search; 1..=1024 = use this `k` for every selected sync).
+//! `k` (default 0 = search; 1..=1024 = use this `k` for every selected sync); `partial` (default
+//! 1, 0..=1): price `k` by partial replay (1) or by full replay of the job (0).
 //!
 //! **Framework knobs** (DESIGN.md table): BytePS `BYTEPS_PARTITION_BYTES` (= ⌈s / k*⌉ of the
 //! tensors chosen; one global value, so the emitter takes the most common one) and
@@ -75,12 +85,20 @@ impl Pass for TensorPartition {
                 0,
                 1024,
             ),
+            KnobSpec::int(
+                "partial",
+                "1: price k by partial replay of the sync alone; 0: by full replay of the job",
+                1,
+                0,
+                1,
+            ),
         ]
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
         let all = scope_is_all(NAME, knobs)?;
         let max_k = knobs.int("max_k") as u32;
         let fixed = knobs.int("k") as u32;
+        let partial = knobs.int("partial") != 0;
         let job = &cx.job;
         let mut selected: Vec<usize> = if all {
             (0..job.syncs.len()).collect()
@@ -90,12 +108,33 @@ impl Pass for TensorPartition {
         selected.sort_unstable();
         selected.dedup();
         let mut cache = SyncTimes::new(job);
+        // Full-replay pricing (partial=0) of every selected sync, in parallel, in sync order.
+        let full: Vec<Option<(u32, u64, u64)>> = if !partial && fixed == 0 {
+            use rayon::prelude::*;
+            selected
+                .par_iter()
+                .map(|&s| best_k_full(job, s, max_k))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut out = Vec::new();
-        for s in selected {
+        for (i, s) in selected.into_iter().enumerate() {
             let sync = &job.syncs[s];
             let now = sync.partitions.max(1);
             let (k, why) = if fixed > 0 {
                 (fixed, format!("k = {fixed} requested"))
+            } else if !partial {
+                let Some((k, t, t_now)) = full.get(i).copied().flatten() else {
+                    continue;
+                };
+                (
+                    k,
+                    format!(
+                        "k* = {k} minimises the iteration time over k ≤ {max_k} by full replay: \
+                         {t} ns vs {t_now} ns with k = {now}"
+                    ),
+                )
             } else {
                 let (k, t) = cache.best_k(sync.bytes, max_k);
                 let t_now = cache.get(sync.bytes, now);
@@ -185,6 +224,49 @@ pub fn sync_time_ns(job: &Job, bytes: u64, k: u32) -> u64 {
     }
 }
 
+/// The partition grid `{1, 2, 4, …, max_k}` ∪ `{max_k}`.
+fn grid(max_k: u32) -> Vec<u32> {
+    let top = max_k.max(1);
+    let mut grid = Vec::new();
+    let mut k = 1u32;
+    while k <= top {
+        grid.push(k);
+        k = k.saturating_mul(2);
+    }
+    if grid.last() != Some(&top) {
+        grid.push(top);
+    }
+    grid
+}
+
+/// Iteration time of the whole job with sync `s` cut into `k` pieces (full replay; the
+/// strawman of the partial-replay switch). `None` when the job does not expand.
+pub fn full_replay_ns(job: &Job, s: usize, k: u32) -> Option<u64> {
+    let mut j = job.clone();
+    j.syncs.get_mut(s)?.partitions = k.max(1);
+    let g = j.expand().ok()?;
+    Some(crate::replay::replay(&g).iteration_ns)
+}
+
+/// `(k*, iteration time at k*, iteration time at the current k)` over the grid by full replay;
+/// ties → smaller `k`.
+fn best_k_full(job: &Job, s: usize, max_k: u32) -> Option<(u32, u64, u64)> {
+    let now = job.syncs.get(s)?.partitions.max(1);
+    let t_now = full_replay_ns(job, s, now)?;
+    let mut best: Option<(u32, u64)> = None;
+    for k in grid(max_k) {
+        let t = if k == now {
+            t_now
+        } else {
+            full_replay_ns(job, s, k)?
+        };
+        if best.is_none_or(|(_, b)| t < b) {
+            best = Some((k, t));
+        }
+    }
+    best.map(|(k, t)| (k, t, t_now))
+}
+
 /// Memoised [`sync_time_ns`] for one job.
 pub(crate) struct SyncTimes<'a> {
     job: &'a Job,
@@ -210,17 +292,8 @@ impl<'a> SyncTimes<'a> {
 
     /// `(k*, t_sync(bytes, k*))` over `{1, 2, 4, …, max_k}` ∪ `{max_k}`; ties → smaller k.
     pub(crate) fn best_k(&mut self, bytes: u64, max_k: u32) -> (u32, u64) {
-        let mut grid = Vec::new();
-        let mut k = 1u32;
-        while k <= max_k.max(1) {
-            grid.push(k);
-            k = k.saturating_mul(2);
-        }
-        if grid.last() != Some(&max_k.max(1)) {
-            grid.push(max_k.max(1));
-        }
         let mut best = (1, self.get(bytes, 1));
-        for k in grid {
+        for k in grid(max_k) {
             let t = self.get(bytes, k);
             if t < best.1 {
                 best = (k, t);
@@ -312,6 +385,85 @@ pub(crate) mod tests {
             .propose(&cx, &knobs(&[("scope", "all")]))
             .unwrap();
         assert!(p.is_empty());
+    }
+
+    #[test]
+    fn full_replay_strawman_prices_the_same_k() {
+        // One op A (1 µs) and its 4000 B gradient on a 4-worker ring: the whole job is A then
+        // the sync, so a full replay is 1000 + t_sync: k = 1 → 13,000 ns, k = 2 → 19,000 ns.
+        let job = tiny(SyncScheme::Ring, 4, 4000);
+        assert_eq!(full_replay_ns(&job, 0, 1), Some(13_000));
+        assert_eq!(full_replay_ns(&job, 0, 2), Some(19_000));
+        assert_eq!(full_replay_ns(&job, 7, 2), None);
+        assert_eq!(best_k_full(&job, 0, 16), Some((1, 13_000, 13_000)));
+        let cx = evaluate(job).unwrap();
+        let p = TensorPartition
+            .propose(&cx, &knobs(&[("partial", "0")]))
+            .unwrap();
+        assert!(p.is_empty());
+        // PS with 4 MB: both pricings choose the same k* > 1, and the full replay's iteration
+        // time is exactly 1000 ns + the partial replay's t_sync at every grid point.
+        let job = tiny(SyncScheme::Ps, 4, 4_000_000);
+        for k in [1, 2, 4, 8, 16] {
+            assert_eq!(
+                full_replay_ns(&job, 0, k),
+                Some(1000 + sync_time_ns(&job, 4_000_000, k)),
+                "k = {k}"
+            );
+        }
+        let cx = evaluate(job).unwrap();
+        let part = TensorPartition.propose(&cx, &knobs(&[])).unwrap();
+        let full = TensorPartition
+            .propose(&cx, &knobs(&[("partial", "0")]))
+            .unwrap();
+        assert_eq!(part.len(), 1);
+        assert_eq!(part[0].edits, full[0].edits);
+        assert!(full[0].why.contains("full replay"), "{}", full[0].why);
+        for bad in ["2", "-1"] {
+            assert!(resolve_knobs(&TensorPartition, &[("partial".into(), bad.into())]).is_err());
+        }
+    }
+
+    #[test]
+    fn search_switches_become_knob_overrides() {
+        use crate::search::{Speedups, speedup_knobs};
+        let kv = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        let off = Speedups {
+            coarsen: false,
+            partial_replay: false,
+            symmetry: false,
+        };
+        let on = Speedups::default();
+        assert_eq!(
+            speedup_knobs(&TensorPartition, &off),
+            kv(&[("partial", "0")])
+        );
+        assert_eq!(
+            speedup_knobs(&TensorPartition, &on),
+            kv(&[("partial", "1")])
+        );
+        let of = crate::passes::op_fusion::OpFusion;
+        assert_eq!(
+            speedup_knobs(&of, &off),
+            kv(&[("coarsen", "0"), ("twins", "0")])
+        );
+        let only_sym = Speedups {
+            symmetry: true,
+            ..off
+        };
+        assert_eq!(
+            speedup_knobs(&of, &only_sym),
+            kv(&[("coarsen", "0"), ("twins", "1")])
+        );
+        let tf = crate::passes::tensor_fusion::TensorFusion;
+        assert_eq!(speedup_knobs(&tf, &on), kv(&[("coarsen", "1")]));
+        assert!(speedup_knobs(&crate::passes::amp::Amp, &off).is_empty());
+        // The overrides resolve against the declared ranges.
+        assert!(resolve_knobs(&of, &speedup_knobs(&of, &off)).is_ok());
     }
 
     #[test]

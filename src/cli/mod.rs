@@ -5,6 +5,7 @@
 //! malformed config, impossible size; the message names the file and where); 4 infeasible;
 //! 130 interrupted. A closed stdout (`trainplan … | head`) exits 0.
 
+mod export;
 mod output;
 mod plan;
 mod replay;
@@ -126,6 +127,18 @@ Examples:
 
 Then: trainplan export plan.yaml --to pytorch. Ctrl-C writes the best plan so far (exit 130).")]
     Plan(PlanArgs),
+    /// Turn a plan into config patches for a framework: env files and small Python modules to
+    /// import (see the README's "Applying a plan").
+    #[command(after_help = "\
+Examples:
+  trainplan export plan.yaml --to pytorch          (writes trainplan-pytorch/ next to the plan)
+  trainplan export plan.yaml --to horovod -o patches/
+  trainplan export resnet.yaml --to xla --json
+  trainplan export bert.yaml --to jax
+
+Frameworks: horovod, xla, byteps, pytorch, jax. An unknown one is a usage error (exit 2); a
+malformed plan or one of another schema version is bad input (exit 3).")]
+    Export(ExportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -243,6 +256,23 @@ pub struct PlanArgs {
     pub no_symmetry: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The plan (YAML) `trainplan plan` wrote.
+    #[arg(value_name = "PLAN.yaml")]
+    pub plan: std::path::PathBuf,
+    /// The framework to write patches for.
+    #[arg(long, value_enum, value_name = "FRAMEWORK")]
+    pub to: crate::plan::emit::Framework,
+    /// Directory for the files (default: trainplan-<framework>/ next to the plan; created if
+    /// needed). Files are written atomically.
+    #[arg(short = 'o', long, value_name = "DIR")]
+    pub output: Option<std::path::PathBuf>,
+    /// Print one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -289,5 +319,6 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Passes(a) => whatif::passes_cmd(&a),
         Command::Whatif(a) => whatif::whatif_cmd(&a),
         Command::Plan(a) => plan::plan_cmd(&a),
+        Command::Export(a) => export::export_cmd(&a),
     }
 }

@@ -37,6 +37,8 @@ use crate::cost::config::Dtype;
 use crate::graph::job::Job;
 use crate::search::{Decision, StopReason, Strategy};
 
+pub mod emit;
+
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -86,6 +88,11 @@ pub struct FinalConfig {
     /// Partition number of each partitioned group, keyed by the group's first tensor.
     #[serde(default)]
     pub partitions: BTreeMap<String, u32>,
+    /// Bytes of each gradient tensor (what the emitters size fusion buffers and DDP buckets
+    /// with). Optional: a hand-written plan without it still reads, and emitters then say what
+    /// they could not size.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tensor_bytes: BTreeMap<String, u64>,
     /// Ops fused into one kernel, as `layer PHASE` names (by the search or by a baseline it
     /// started from).
     #[serde(default)]
@@ -172,6 +179,12 @@ impl FinalConfig {
                 names
             })
             .collect();
+        let tensor_bytes = job
+            .local
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.bytes))
+            .collect();
         let mut passes = Vec::new();
         let fused_ops: Vec<Vec<String>> = job.local.fused.values().cloned().collect();
         let (mut k, mut recompute) = (1, false);
@@ -192,6 +205,7 @@ impl FinalConfig {
             dtype: dtype_name(job.dtype).to_string(),
             tensor_groups,
             partitions,
+            tensor_bytes,
             fused_ops,
             passes,
             grad_accumulation: k,
@@ -228,5 +242,40 @@ impl Plan {
             _ => {}
         }
         Ok(crate::cost::config::parse_yaml(text, file)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_round_trips_byte_for_byte() {
+        let plan = emit::tests::tiny_plan();
+        let text = plan.to_yaml();
+        let back = Plan::from_yaml(&text, "p.yaml").unwrap();
+        assert_eq!(back, plan);
+        assert_eq!(back.to_yaml(), text);
+        assert!(text.contains("tensor_bytes:"), "{text}");
+        // A plan without tensor_bytes (hand-written, or older) reads and writes without it.
+        let mut bare = plan.clone();
+        bare.config.tensor_bytes.clear();
+        let t = bare.to_yaml();
+        assert!(!t.contains("tensor_bytes"));
+        assert_eq!(Plan::from_yaml(&t, "p.yaml").unwrap().to_yaml(), t);
+    }
+
+    #[test]
+    fn other_versions_and_non_plans_are_refused_clearly() {
+        let text = emit::tests::tiny_plan()
+            .to_yaml()
+            .replacen("trainplan: 1", "trainplan: 2", 1);
+        let e = Plan::from_yaml(&text, "p.yaml").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "p.yaml: schema version 2; this trainplan reads version 1 (re-run `trainplan plan` with this version)"
+        );
+        let e = Plan::from_yaml("a: 1\n", "x.yaml").unwrap_err().to_string();
+        assert!(e.contains("x.yaml: not a trainplan plan"), "{e}");
     }
 }

@@ -18,12 +18,18 @@
 //!
 //! Speed-ups, each switchable for the dPRO Table 5 ablation ([`Speedups`]): *symmetry* evaluates
 //! candidates on the symmetric form (one worker + quotient ring) when the job uses ring
-//! all-reduce; *partial replay* lets tensor-partition price k by replaying one synchronisation
-//! alone; *coarsened view* makes op-fusion consider layers' chains of tensor-less ops as units.
+//! all-reduce, and lets op-fusion repeat a fusion in every twin block (`twins`); *partial
+//! replay* lets tensor-partition price k by replaying one synchronisation alone (`partial`;
+//! off: a full replay of the job per k); *coarsened view* makes op-fusion consider a
+//! tensor-producing op with its tensor-less neighbours, and tensor-fusion a layer's tensors, as
+//! units (`coarsen`). The switches reach the passes as knob overrides ([`speedup_knobs`]).
 //!
 //! **Invariant:** the search does no IO; progress goes through a callback.
 
 pub mod baselines;
+pub mod mcmc;
+#[cfg(test)]
+mod quality;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -234,15 +240,124 @@ fn describe(job: &Job, patch: &Patch) -> (Vec<String>, Vec<String>, Option<u32>)
 }
 
 /// A candidate move: patches applied together.
-struct Move {
-    pass: String,
-    patches: Vec<Patch>,
+pub(crate) struct Move {
+    pub(crate) pass: String,
+    pub(crate) patches: Vec<Patch>,
+}
+
+/// What both strategies share: the allowed passes, the evaluator, the options and the stop
+/// signals.
+pub(crate) struct Ctx<'a> {
+    pub(crate) allowed: Vec<&'a dyn Pass>,
+    pub(crate) opts: &'a SearchOptions,
+    pub(crate) eval: &'a (dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
+    pub(crate) interrupt: &'a AtomicBool,
+    pub(crate) progress: &'a (dyn Fn(&Progress) + Sync),
+    pub(crate) start: Instant,
+}
+
+/// Where a strategy ended: its best job, the decisions from its start to it, and the replays
+/// counted so far (the strategy is handed the count before it and adds its own).
+pub(crate) struct Walk {
+    pub(crate) best: Evaluated,
+    pub(crate) decisions: Vec<Decision>,
+    pub(crate) replays: u64,
+    pub(crate) stop: StopReason,
+    pub(crate) rounds: usize,
+}
+
+impl Ctx<'_> {
+    /// Interrupt or budget, checked between rounds.
+    pub(crate) fn should_stop(&self) -> Option<StopReason> {
+        if self.interrupt.load(Ordering::Relaxed) {
+            Some(StopReason::Interrupted)
+        } else if self.start.elapsed() >= self.opts.budget {
+            Some(StopReason::Budget)
+        } else {
+            None
+        }
+    }
+
+    /// Within the memory budget (if any).
+    pub(crate) fn fits(&self, e: &Evaluated) -> bool {
+        self.opts
+            .memory_budget
+            .is_none_or(|b| e.memory.peak_bytes <= b)
+    }
+
+    /// Every move of this round from `cur` (see [`candidate_moves`]).
+    pub(crate) fn moves(
+        &self,
+        cur: &Evaluated,
+        used: &BTreeSet<String>,
+    ) -> Result<Vec<Move>, SearchError> {
+        candidate_moves(cur, &self.allowed, used, self.opts)
+    }
+
+    /// Apply and evaluate moves in parallel; `None` for a move that failed to apply or
+    /// evaluate, or that was skipped on interrupt or budget. The result is in `moves` order
+    /// whatever the thread count.
+    pub(crate) fn evaluate_moves(
+        &self,
+        cur: &Evaluated,
+        moves: &[&Move],
+    ) -> Vec<Option<Evaluated>> {
+        let deadline = self.opts.budget.saturating_sub(self.start.elapsed());
+        let t0 = Instant::now();
+        moves
+            .par_iter()
+            .map(|m| {
+                if self.interrupt.load(Ordering::Relaxed) || t0.elapsed() > deadline {
+                    return None;
+                }
+                let job = passes::apply_all(&cur.job, &m.patches).ok()?;
+                (self.eval)(job).ok()
+            })
+            .collect()
+    }
+
+    /// Once a move is taken: a non-granular pass is not offered again.
+    pub(crate) fn mark_used(&self, m: &Move, used: &mut BTreeSet<String>) {
+        if !m.patches.is_empty() && !is_granular(&self.allowed, &m.pass) {
+            used.insert(m.pass.clone());
+        }
+    }
+}
+
+/// The plan's record of taking move `m` from `cur` to `next`.
+pub(crate) fn decision(cur: &Evaluated, m: &Move, next: &Evaluated) -> Decision {
+    let (tensors, ops, partitions) = m.patches.iter().map(|p| describe(&cur.job, p)).fold(
+        (Vec::new(), Vec::new(), None),
+        |mut acc, (t, o, k)| {
+            acc.0.extend(t);
+            acc.1.extend(o);
+            acc.2 = acc.2.or(k);
+            acc
+        },
+    );
+    let why = m
+        .patches
+        .iter()
+        .map(|p| p.why.as_str())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Decision {
+        pass: m.pass.clone(),
+        tensors,
+        ops,
+        partitions,
+        knobs: Default::default(),
+        why,
+        effect_ms: (next.iteration_ns() as f64 - cur.iteration_ns() as f64) / 1e6,
+    }
 }
 
 /// Run the search from `job` (the unoptimised job, the report's baseline), or from `from`
 /// when given (a better starting point, e.g. the fastest framework default, with the decision
 /// that records it). `interrupt` is polled between candidate evaluations; `progress` is called
-/// after every round.
+/// after every round. The strategy is `opts.strategy`: critical-path rounds, or the seeded
+/// Metropolis–Hastings chain of [`mcmc`] over the same moves.
 pub fn search(
     job: Job,
     from: Option<(Job, Decision)>,
@@ -280,82 +395,81 @@ pub fn search(
         }
     }
 
-    // 2. Rounds.
+    // 2. The strategy.
+    let ctx = Ctx {
+        allowed,
+        opts,
+        eval: &eval,
+        interrupt,
+        progress,
+        start,
+    };
+    let walk = match opts.strategy {
+        Strategy::CriticalPath => critical_path_rounds(&ctx, cur, replays)?,
+        Strategy::Mcmc => mcmc::run(&ctx, cur, replays)?,
+    };
+    decisions.extend(walk.decisions);
+    let best = evaluate_full(walk.best.job)?;
+    Ok(Outcome {
+        baseline,
+        best,
+        decisions,
+        replays: walk.replays + 1,
+        wall: start.elapsed(),
+        stop: walk.stop,
+        rounds: walk.rounds,
+    })
+}
+
+/// dPRO Algorithm 1: every round, evaluate every candidate move and take the best, by
+/// (iteration time, candidate index); stop when none improves or the last
+/// [`SearchOptions::converge_rounds`] rounds gained less than [`SearchOptions::converge_gain`].
+fn critical_path_rounds(
+    ctx: &Ctx,
+    mut cur: Evaluated,
+    mut replays: u64,
+) -> Result<Walk, SearchError> {
+    let opts = ctx.opts;
+    let mut decisions = Vec::new();
     let mut stop = StopReason::Converged;
     let mut history = vec![cur.iteration_ns()];
     let mut used: BTreeSet<String> = BTreeSet::new();
     let mut round = 0;
     loop {
-        if interrupt.load(Ordering::Relaxed) {
-            stop = StopReason::Interrupted;
-            break;
-        }
-        if start.elapsed() >= opts.budget {
-            stop = StopReason::Budget;
+        if let Some(s) = ctx.should_stop() {
+            stop = s;
             break;
         }
         round += 1;
-        let moves = candidate_moves(&cur, &allowed, &used, opts)?;
+        let moves = ctx.moves(&cur, &used)?;
         if moves.is_empty() {
             break;
         }
-        let deadline = opts.budget.saturating_sub(start.elapsed());
-        let t0 = Instant::now();
-        let results: Vec<Option<Evaluated>> = moves
-            .par_iter()
-            .map(|m| {
-                if interrupt.load(Ordering::Relaxed) || t0.elapsed() > deadline {
-                    return None;
-                }
-                let job = passes::apply_all(&cur.job, &m.patches).ok()?;
-                eval(job).ok()
-            })
-            .collect();
+        let refs: Vec<&Move> = moves.iter().collect();
+        let results = ctx.evaluate_moves(&cur, &refs);
         replays += results.iter().filter(|r| r.is_some()).count() as u64;
-        let fits = |e: &Evaluated| opts.memory_budget.is_none_or(|b| e.memory.peak_bytes <= b);
         let best = results
             .into_iter()
             .enumerate()
-            .filter_map(|(i, r)| r.filter(|e| fits(e)).map(|e| (i, e)))
+            .filter_map(|(i, r)| r.filter(|e| ctx.fits(e)).map(|e| (i, e)))
             .min_by_key(|(i, e)| (e.iteration_ns(), *i));
         let Some((i, next)) = best.filter(|(_, e)| e.iteration_ns() < cur.iteration_ns()) else {
+            // No improvement among what was evaluated: converged, unless the budget or an
+            // interrupt cut the round's evaluations short.
+            if let Some(s) = ctx.should_stop() {
+                stop = s;
+            }
             break;
         };
         let m = &moves[i];
-        let (tensors, ops, partitions) = m.patches.iter().map(|p| describe(&cur.job, p)).fold(
-            (Vec::new(), Vec::new(), None),
-            |mut acc, (t, o, k)| {
-                acc.0.extend(t);
-                acc.1.extend(o);
-                acc.2 = acc.2.or(k);
-                acc
-            },
-        );
-        let why = m
-            .patches
-            .iter()
-            .map(|p| p.why.as_str())
-            .filter(|w| !w.is_empty())
-            .collect::<Vec<_>>()
-            .join("; ");
-        decisions.push(Decision {
-            pass: m.pass.clone(),
-            tensors,
-            ops,
-            partitions,
-            knobs: Default::default(),
-            why,
-            effect_ms: (next.iteration_ns() as f64 - cur.iteration_ns() as f64) / 1e6,
-        });
-        if !m.patches.is_empty() && !is_granular(&allowed, &m.pass) {
-            used.insert(m.pass.clone());
-        }
+        decisions.push(decision(&cur, m, &next));
+        ctx.mark_used(m, &mut used);
         cur = next;
         history.push(cur.iteration_ns());
-        progress(&Progress {
+        (ctx.progress)(&Progress {
             best_ns: cur.iteration_ns(),
             replays,
-            elapsed: start.elapsed(),
+            elapsed: ctx.start.elapsed(),
             round,
         });
         let r = opts.converge_rounds;
@@ -366,13 +480,10 @@ pub fn search(
             }
         }
     }
-    let best = evaluate_full(cur.job)?;
-    Ok(Outcome {
-        baseline,
-        best,
+    Ok(Walk {
+        best: cur,
         decisions,
-        replays: replays + 1,
-        wall: start.elapsed(),
+        replays,
         stop,
         rounds: round,
     })
@@ -388,14 +499,14 @@ fn candidate_moves(
     cur: &Evaluated,
     allowed: &[&dyn Pass],
     used: &BTreeSet<String>,
-    _opts: &SearchOptions,
+    opts: &SearchOptions,
 ) -> Result<Vec<Move>, SearchError> {
     let mut moves = Vec::new();
     for p in allowed {
         if used.contains(p.name()) {
             continue;
         }
-        let knobs = passes::resolve_knobs(*p, &[])?;
+        let knobs = passes::resolve_knobs(*p, &speedup_knobs(*p, &opts.speedups))?;
         let patches = match p.propose(cur, &knobs) {
             Ok(v) => v,
             Err(PassError::NotApplicable { .. }) => continue,
@@ -417,6 +528,22 @@ fn candidate_moves(
         }
     }
     Ok(moves)
+}
+
+/// The speed-up switches as knob overrides, for the passes that declare them: `coarsen`
+/// (op-fusion, tensor-fusion: the coarsened view), `partial` (tensor-partition: partial vs
+/// full replay) and `twins` (op-fusion: block symmetry, with the symmetry switch).
+pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
+    let bit = |on: bool| if on { "1" } else { "0" }.to_string();
+    p.knobs()
+        .iter()
+        .filter_map(|k| match k.name.as_str() {
+            "coarsen" => Some((k.name.clone(), bit(s.coarsen))),
+            "partial" => Some((k.name.clone(), bit(s.partial_replay))),
+            "twins" => Some((k.name.clone(), bit(s.symmetry))),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Over the memory budget: the fastest of recomputation and gradient accumulation that fits.

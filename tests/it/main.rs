@@ -5,7 +5,11 @@
 //!   the symmetric (quotient) ring against the full fine-grained ring.
 //! * [`cli`]: the `trainplan` binary's output formats, exit codes and error messages.
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
+//! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
+//! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
 
 mod cli;
+mod export;
+mod plan;
 mod properties;
 mod whatif;

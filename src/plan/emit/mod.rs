@@ -1,0 +1,811 @@
+//! Emitters: a [`Plan`] turned into the files a user applies to one framework (`trainplan
+//! export PLAN --to FRAMEWORK`), one module per column of the DESIGN.md knob table.
+//!
+//! | plan (config / decisions) | horovod | byteps | xla | pytorch | jax |
+//! |---|---|---|---|---|---|
+//! | `tensor_groups` | `groups=`, `HOROVOD_DISABLE_GROUP_FUSION=1`, `HOROVOD_FUSION_THRESHOLD` ≥ largest group | group id column of `byteps_partitions.txt` | combine threshold | `bucket_cap_mb_list` / `bucket_cap_mb` | `--xla_gpu_all_reduce_combine_threshold_bytes` |
+//! | cycle of a Horovod baseline | `HOROVOD_CYCLE_TIME` | — | — | — | — |
+//! | `partitions` | — | `BYTEPS_PARTITION_BYTES`, `BYTEPS_SCHEDULING_CREDIT`, per-tensor file | — | — | — |
+//! | `fused_ops` | — | — | `TF_XLA_FLAGS`, `XLA_CLUSTER_SPEC` file, `_XlaCompile`/`_XlaScope` | `torch.compile` per module | `jax.jit` regions (listed) |
+//! | `dtype`, `amp` | `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy | autocast + GradScaler | dtype policy |
+//! | `recompute` | — | — | `tf.recompute_grad` (listed) | `torch.utils.checkpoint` per module | `jax.checkpoint` policy |
+//! | `grad_accumulation` k | `backward_passes_per_step` | same | — | `no_sync()` for k−1 micro-steps | `optax.MultiSteps(k)` |
+//!
+//! **Invariant:** emitters are pure: no IO, the same plan gives byte-identical files (every map
+//! is ordered). Every Python file they produce compiles (`python3 -m py_compile`, tested) and
+//! imports its framework lazily, inside functions, so that it can be inspected anywhere. Env
+//! files are `KEY=value` lines (values with spaces are double-quoted) for `set -a; . FILE`.
+//!
+//! **Names.** A plan refers to tensors and layers by the names of its source: a trace's own
+//! operator and parameter names, or for zoo plans the zoo's (torchvision / Hugging Face style:
+//! `layer4.0.conv1.weight`, `bert.encoder.layer.3.output.dense.weight`). The Python modules
+//! look every planned name up in the user's model and raise an error listing a few missing ones.
+
+mod byteps;
+mod horovod;
+mod jax;
+mod pytorch;
+mod xla;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::Plan;
+
+/// A framework `trainplan export` writes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Framework {
+    /// Horovod (PyTorch or TensorFlow): env file + `groups=` module.
+    Horovod,
+    /// TensorFlow with XLA: env file, dPRO cluster file, stock-TF scope module.
+    Xla,
+    /// BytePS: env file + per-tensor partition file.
+    Byteps,
+    /// PyTorch DDP: `trainplan_patch.py` with `apply_plan(model, optimizer)`.
+    Pytorch,
+    /// JAX: env file + remat / dtype / accumulation module.
+    Jax,
+}
+
+impl Framework {
+    /// Every framework, in the order they are listed.
+    pub const ALL: [Framework; 5] = [
+        Framework::Horovod,
+        Framework::Xla,
+        Framework::Byteps,
+        Framework::Pytorch,
+        Framework::Jax,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::Horovod => "horovod",
+            Framework::Xla => "xla",
+            Framework::Byteps => "byteps",
+            Framework::Pytorch => "pytorch",
+            Framework::Jax => "jax",
+        }
+    }
+}
+
+impl std::fmt::Display for Framework {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Framework {
+    type Err = EmitError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().to_ascii_lowercase();
+        Framework::ALL
+            .into_iter()
+            .find(|f| f.name() == t || (t == "tensorflow" && *f == Framework::Xla))
+            .ok_or_else(|| EmitError::UnknownFramework {
+                name: s.to_string(),
+                known: Framework::ALL.map(|f| f.name()).join(", "),
+            })
+    }
+}
+
+/// What an emitter produced: files (relative name, content) and what the user must do.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Emitted {
+    pub files: Vec<(String, String)>,
+    pub notes: Vec<String>,
+}
+
+/// Why a plan cannot be emitted.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum EmitError {
+    #[error("unknown framework `{name}` (known: {known})")]
+    UnknownFramework { name: String, known: String },
+    #[error("the plan is inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+/// Emit `plan` for `fw`.
+pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
+    let facts = Facts::of(plan)?;
+    let mut out = match fw {
+        Framework::Horovod => horovod::emit(plan, &facts),
+        Framework::Xla => xla::emit(plan, &facts),
+        Framework::Byteps => byteps::emit(plan, &facts),
+        Framework::Pytorch => pytorch::emit(plan, &facts),
+        Framework::Jax => jax::emit(plan, &facts),
+    };
+    if plan.workload.names == "zoo" {
+        out.notes.insert(
+            0,
+            format!(
+                "names are the zoo's ({} in torchvision / Hugging Face style, e.g. `{}`): they match those models; for another model, plan from its trace",
+                plan.workload.model,
+                facts
+                    .groups
+                    .first()
+                    .and_then(|g| g.first())
+                    .map_or("layer1.0.conv1.weight", |s| s.as_str())
+            ),
+        );
+    }
+    Ok(out)
+}
+
+/// What every emitter needs, derived once from the plan and checked.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Facts {
+    /// Collectives in issue order, as tensor names.
+    pub groups: Vec<Vec<String>>,
+    /// Bytes of each group, when the plan knows every tensor's bytes.
+    pub group_bytes: Option<Vec<u64>>,
+    /// Half dtype under AMP (`fp16` / `bf16`), None for fp32.
+    pub half: Option<String>,
+    /// AMP all-reduces gradients in fp16 (the `amp` decision's `fp16_allreduce=1`).
+    pub fp16_allreduce: bool,
+    /// Micro-batches per iteration.
+    pub k: u32,
+    /// Modules to recompute (checkpoint), forward order, collapsed to parents where all of a
+    /// parent's planned layers are recomputed.
+    pub recompute: Vec<String>,
+    /// Op-fusion clusters: `layer PHASE` members, deduplicated, clusters sharing a member merged.
+    pub clusters: Vec<Vec<String>>,
+    /// Cycle time of the Horovod baseline the plan started from, ms.
+    pub horovod_cycle_ms: Option<f64>,
+    /// On/off passes with no knob in the emitted framework are reported by the emitters.
+    pub passes: Vec<String>,
+}
+
+impl Facts {
+    pub fn of(plan: &Plan) -> Result<Facts, EmitError> {
+        let c = &plan.config;
+        if c.grad_accumulation == 0 {
+            return Err(EmitError::Inconsistent(
+                "grad_accumulation is 0 (1 means no accumulation)".into(),
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for t in c.tensor_groups.iter().flatten() {
+            if !seen.insert(t.as_str()) {
+                return Err(EmitError::Inconsistent(format!(
+                    "tensor `{t}` is in two collectives of config.tensor_groups"
+                )));
+            }
+        }
+        if let Some(g) = c.tensor_groups.iter().find(|g| g.is_empty()) {
+            let _ = g;
+            return Err(EmitError::Inconsistent(
+                "config.tensor_groups has an empty group".into(),
+            ));
+        }
+        for first in c.partitions.keys() {
+            if !c.tensor_groups.iter().any(|g| g.first() == Some(first)) {
+                return Err(EmitError::Inconsistent(format!(
+                    "config.partitions names `{first}`, which is not the first tensor of a group"
+                )));
+            }
+        }
+        let group_bytes = c
+            .tensor_groups
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .map(|t| c.tensor_bytes.get(t).copied())
+                    .sum::<Option<u64>>()
+            })
+            .collect::<Option<Vec<u64>>>();
+        let amp = plan.decisions.iter().rev().find(|d| d.pass == "amp");
+        let half = match c.dtype.as_str() {
+            "fp16" | "bf16" => Some(c.dtype.clone()),
+            _ if c.passes.iter().any(|p| p == "amp") => Some(
+                amp.and_then(|d| d.knobs.get("dtype"))
+                    .cloned()
+                    .unwrap_or_else(|| "fp16".into()),
+            ),
+            _ => None,
+        };
+        let fp16_allreduce = amp
+            .and_then(|d| d.knobs.get("fp16_allreduce"))
+            .is_some_and(|v| v.trim() == "1");
+        let horovod_cycle_ms = plan
+            .decisions
+            .iter()
+            .find(|d| d.pass.starts_with("baseline:horovod"))
+            .and_then(|d| cycle_ms(&d.why));
+        Ok(Facts {
+            groups: c.tensor_groups.clone(),
+            group_bytes,
+            half,
+            fp16_allreduce,
+            k: c.grad_accumulation,
+            recompute: if c.recompute {
+                recompute_modules(plan)
+            } else {
+                Vec::new()
+            },
+            clusters: merge_clusters(&c.fused_ops),
+            horovod_cycle_ms,
+            passes: c.passes.clone(),
+        })
+    }
+
+    /// Largest group, bytes.
+    pub fn largest_group_bytes(&self) -> Option<u64> {
+        self.group_bytes.as_ref()?.iter().copied().max()
+    }
+
+    /// Some group carries more than one tensor (the plan fuses tensors).
+    pub fn fuses_tensors(&self) -> bool {
+        self.groups.iter().any(|g| g.len() > 1)
+    }
+
+    /// Module names (layer names) of the fusion clusters' FW members, one list per cluster.
+    pub fn cluster_modules(&self) -> Vec<Vec<String>> {
+        self.clusters
+            .iter()
+            .map(|c| {
+                let mut seen = BTreeSet::new();
+                c.iter()
+                    .map(|m| split_member(m).0)
+                    .filter(|l| seen.insert(l.to_string()))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// `layer4.0.conv1 FW` → (`layer4.0.conv1`, `FW`).
+pub(crate) fn split_member(m: &str) -> (&str, &str) {
+    match m.rsplit_once(' ') {
+        Some((l, p)) if ["FW", "BW", "UPDATE", "COMM"].contains(&p) => (l, p),
+        _ => (m, ""),
+    }
+}
+
+/// `… cycle 2.5 ms …` in a Horovod baseline's explanation.
+fn cycle_ms(why: &str) -> Option<f64> {
+    let rest = &why[why.find("cycle ")? + "cycle ".len()..];
+    let num = rest.split_whitespace().next()?.trim_end_matches(':');
+    let v: f64 = num.parse().ok()?;
+    (v.is_finite() && v > 0.0).then_some(v)
+}
+
+/// Fusion clusters with duplicates removed inside a cluster and clusters that share a member
+/// merged (a framework node belongs to one cluster: the copies gradient accumulation makes of
+/// every micro-batch's ops fuse alike, and a layer with several ops appears once). Order: by
+/// first appearance.
+pub(crate) fn merge_clusters(fused: &[Vec<String>]) -> Vec<Vec<String>> {
+    let mut parent: Vec<usize> = (0..fused.len()).collect();
+    fn root(p: &mut [usize], mut i: usize) -> usize {
+        while p[i] != i {
+            p[i] = p[p[i]];
+            i = p[i];
+        }
+        i
+    }
+    let mut owner: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, c) in fused.iter().enumerate() {
+        for m in c {
+            match owner.get(m.as_str()) {
+                Some(&j) => {
+                    let (a, b) = (root(&mut parent, i), root(&mut parent, j));
+                    let (lo, hi) = (a.min(b), a.max(b));
+                    parent[hi] = lo;
+                }
+                None => {
+                    owner.insert(m, i);
+                }
+            }
+        }
+    }
+    let mut out: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for (i, c) in fused.iter().enumerate() {
+        let r = root(&mut parent, i);
+        for m in c {
+            if seen.insert(m.clone()) {
+                out.entry(r).or_default().push(m.clone());
+            }
+        }
+    }
+    out.into_values().filter(|c| c.len() > 1).collect()
+}
+
+/// Parameterised layers in forward order: the plan's gradient tensors, in reverse issue order,
+/// with the parameter suffix dropped (`layer1.0.conv1.weight` → `layer1.0.conv1`).
+pub(crate) fn forward_layers(groups: &[Vec<String>]) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for t in groups.iter().flatten().rev() {
+        let l = t.rsplit_once('.').map_or(t.as_str(), |(l, _)| l);
+        if seen.insert(l.to_string()) {
+            out.push(l.to_string());
+        }
+    }
+    out
+}
+
+/// The layers the `recompute` pass dropped, by its rule (knobs `layers` glob, `every`; every
+/// `every`-th layer in scope stays a checkpoint, the last segment is kept), over the plan's
+/// parameterised layers, then collapsed: a parent module all of whose planned layers are
+/// recomputed stands for them (`bert.encoder.layer.3` rather than its 6 linear layers).
+fn recompute_modules(plan: &Plan) -> Vec<String> {
+    let d = plan.decisions.iter().rev().find(|d| d.pass == "recompute");
+    let glob = d
+        .and_then(|d| d.knobs.get("layers"))
+        .map_or("all", |s| s.as_str());
+    let layers = forward_layers(&plan.config.tensor_groups);
+    let scope: Vec<&String> = layers
+        .iter()
+        .filter(|l| matches!(glob, "all" | "auto" | "sqrt") || glob_match(glob, l))
+        .collect();
+    let m = scope.len();
+    let every = d
+        .and_then(|d| d.knobs.get("every"))
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&e| e > 0)
+        .unwrap_or_else(|| (m as f64).sqrt().ceil().max(1.0) as usize);
+    let mut dropped: Vec<&String> = Vec::new();
+    if every > 1 {
+        // Segments between checkpoints; the one reaching the end of the forward is kept.
+        let mut segment: Vec<&String> = Vec::new();
+        for (i, l) in scope.iter().enumerate() {
+            if i % every == 0 {
+                dropped.append(&mut segment);
+            } else {
+                segment.push(l);
+            }
+        }
+    }
+    let chosen: BTreeSet<&str> = dropped.iter().map(|s| s.as_str()).collect();
+    collapse(&layers, &chosen)
+}
+
+/// The smallest set of module names covering `chosen` among `all` (forward order): a prefix
+/// stands for its layers when every layer of `all` under it is chosen.
+pub(crate) fn collapse(all: &[String], chosen: &BTreeSet<&str>) -> Vec<String> {
+    let parent_of = |l: &str| l.rsplit_once('.').map(|(p, _)| p.to_string());
+    let under =
+        |p: &str, l: &str| l.len() > p.len() && l.starts_with(p) && l[p.len()..].starts_with('.');
+    let mut out: Vec<String> = Vec::new();
+    for l in all.iter().filter(|l| chosen.contains(l.as_str())) {
+        // The highest ancestor whose planned layers are all chosen.
+        let mut best = l.clone();
+        let mut cur = parent_of(l);
+        while let Some(p) = cur {
+            let mine: Vec<&String> = all.iter().filter(|x| under(&p, x)).collect();
+            if mine.iter().all(|x| chosen.contains(x.as_str())) {
+                best = p.clone();
+                cur = parent_of(&p);
+            } else {
+                break;
+            }
+        }
+        if out.last() != Some(&best) && !out.contains(&best) {
+            out.push(best);
+        }
+    }
+    out
+}
+
+/// `*` any run of characters, `?` one character (the recompute pass's layer globs).
+fn glob_match(pat: &str, s: &str) -> bool {
+    let (p, s): (Vec<char>, Vec<char>) = (pat.chars().collect(), s.chars().collect());
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < s.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == s[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(st) = star {
+            i = st + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+/// A Python string literal (JSON's escapes are Python's).
+pub(crate) fn py_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// A Python list of string literals, one per line when long.
+pub(crate) fn py_list(items: &[String], indent: &str) -> String {
+    if items.is_empty() {
+        return "[]".into();
+    }
+    let one: Vec<String> = items.iter().map(|s| py_str(s)).collect();
+    let flat = format!("[{}]", one.join(", "));
+    if flat.len() + indent.len() <= 96 {
+        return flat;
+    }
+    let mut out = String::from("[\n");
+    for s in one {
+        out.push_str(&format!("{indent}    {s},\n"));
+    }
+    out.push_str(indent);
+    out.push(']');
+    out
+}
+
+/// A Python list of lists of string literals.
+pub(crate) fn py_groups(groups: &[Vec<String>]) -> String {
+    if groups.is_empty() {
+        return "[]".into();
+    }
+    let mut out = String::from("[\n");
+    for g in groups {
+        out.push_str(&format!("    {},\n", py_list(g, "    ")));
+    }
+    out.push(']');
+    out
+}
+
+/// A Python list of ints.
+pub(crate) fn py_ints(v: &[u64]) -> String {
+    format!(
+        "[{}]",
+        v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// One env line: `KEY=value`, the value double-quoted when it has spaces.
+pub(crate) fn env_line(key: &str, value: &str) -> String {
+    if value.contains(char::is_whitespace) {
+        format!("{key}=\"{value}\"\n")
+    } else {
+        format!("{key}={value}\n")
+    }
+}
+
+/// The header every emitted file carries (`#` comments in env, text and Python files).
+pub(crate) fn header(plan: &Plan, what: &str) -> String {
+    let w = &plan.workload;
+    format!(
+        "# trainplan export: {what}\n# plan: {} (batch {}/GPU) on {} ({} ranks), names: {}; predicted {:.1} ms → {:.1} ms ({:.2}x)\n",
+        w.model,
+        w.batch,
+        w.cluster,
+        w.ranks,
+        w.names,
+        plan.predicted.baseline.iteration_ms,
+        plan.predicted.planned.iteration_ms,
+        plan.predicted.speedup
+    )
+}
+
+/// Passes of the plan that `fw` has no knob for, as a note.
+pub(crate) fn unmapped_passes(facts: &Facts, mapped: &[&str], fw: &str) -> Option<String> {
+    let rest: Vec<&str> = facts
+        .passes
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !mapped.contains(p))
+        .collect();
+    (!rest.is_empty()).then(|| {
+        format!(
+            "the plan also applies {} — {fw} has no setting for {}; apply by hand (see the plan's decisions)",
+            rest.join(", "),
+            if rest.len() == 1 { "it" } else { "them" }
+        )
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::plan::{FinalConfig, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload};
+    use crate::search::{Decision, StopReason, Strategy};
+
+    pub(crate) fn decision(pass: &str, knobs: &[(&str, &str)], why: &str) -> Decision {
+        Decision {
+            pass: pass.into(),
+            tensors: Vec::new(),
+            ops: Vec::new(),
+            partitions: None,
+            knobs: knobs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            why: why.into(),
+            effect_ms: -1.0,
+        }
+    }
+
+    /// A tiny plan: 4 layers `net.{0..3}` with weight+bias each (tensors in gradient-ready order
+    /// `net.3.*` first), grouped [[net.3.weight, net.3.bias], [net.2.weight], [net.2.bias,
+    /// net.1.weight, net.1.bias], [net.0.weight], [net.0.bias]]; bytes: weights 4 MiB, biases
+    /// 1 KiB; group [net.0.weight] partitioned in 4; AMP fp16 with fp16 all-reduce; k = 2;
+    /// two fusion clusters (one duplicated by accumulation).
+    pub(crate) fn tiny_plan() -> Plan {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
+        let groups = vec![
+            s(&["net.3.weight", "net.3.bias"]),
+            s(&["net.2.weight"]),
+            s(&["net.2.bias", "net.1.weight", "net.1.bias"]),
+            s(&["net.0.weight"]),
+            s(&["net.0.bias"]),
+        ];
+        let mut tensor_bytes = BTreeMap::new();
+        for l in 0..4 {
+            tensor_bytes.insert(format!("net.{l}.weight"), 4 << 20);
+            tensor_bytes.insert(format!("net.{l}.bias"), 1024);
+        }
+        Plan {
+            trainplan: SCHEMA_VERSION,
+            workload: Workload {
+                source: "zoo".into(),
+                ranks: 8,
+                model: "tiny".into(),
+                batch: 4,
+                cluster: "8xh200".into(),
+                names: "zoo".into(),
+            },
+            predicted: Predicted {
+                baseline: Point {
+                    iteration_ms: 10.0,
+                    peak_memory_bytes: 1 << 30,
+                },
+                planned: Point {
+                    iteration_ms: 8.0,
+                    peak_memory_bytes: 1 << 29,
+                },
+                speedup: 1.25,
+                lower_bound_ms: 7.0,
+            },
+            baselines: BTreeMap::from([("none".to_string(), 10.0)]),
+            decisions: vec![
+                decision(
+                    "baseline:horovod_autotune",
+                    &[],
+                    "start from the fastest framework default: horovod_autotune (fusion threshold 64 MiB, cycle 2.5 ms: 3 collectives in 2 cycles, 0.10 ms of cycle waits)",
+                ),
+                decision("grad-accumulation", &[("k", "2")], "memory step"),
+                decision("amp", &[("fp16_allreduce", "1")], "fp16"),
+            ],
+            config: FinalConfig {
+                dtype: "fp16".into(),
+                tensor_groups: groups,
+                partitions: BTreeMap::from([("net.0.weight".to_string(), 4)]),
+                tensor_bytes,
+                fused_ops: vec![
+                    s(&["net.1 FW", "net.1 FW", "act.1 FW"]),
+                    s(&["net.3 BW", "act.3 BW"]),
+                    s(&["net.1 FW", "act.1 FW"]),
+                ],
+                passes: s(&["amp", "blueconnect", "fused-adam"]),
+                grad_accumulation: 2,
+                recompute: false,
+            },
+            search: SearchStats {
+                strategy: Strategy::CriticalPath,
+                budget_s: 60.0,
+                replays: 10,
+                rounds: 2,
+                stop: StopReason::Converged,
+                seed: 0,
+            },
+        }
+    }
+
+    /// Every Python file compiles (skipped, with a message, without python3); every env file is
+    /// `KEY=value` lines.
+    pub(crate) fn check_files(e: &Emitted) {
+        for (name, text) in &e.files {
+            if name.ends_with(".env") {
+                check_env(text);
+            }
+            if name.ends_with(".py") {
+                py_compile(name, text);
+            }
+        }
+    }
+
+    pub(crate) fn check_env(text: &str) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for l in text.lines() {
+            if l.trim().is_empty() || l.starts_with('#') {
+                continue;
+            }
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("not KEY=value: {l}"));
+            assert!(
+                !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'),
+                "bad key: {l}"
+            );
+            assert!(
+                !v.starts_with(' ') && !k.ends_with(' '),
+                "space around =: {l}"
+            );
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            assert!(!v.contains('"'), "stray quote: {l}");
+            out.insert(k.to_string(), v.to_string());
+        }
+        out
+    }
+
+    pub(crate) fn py_compile(name: &str, text: &str) {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "trainplan-emit-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        match std::process::Command::new("python3")
+            .args(["-m", "py_compile"])
+            .arg(&p)
+            .output()
+        {
+            Err(_) => eprintln!("python3 not found: skipping py_compile of {name}"),
+            Ok(o) => assert!(
+                o.status.success(),
+                "{name} does not compile:\n{}\n{text}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    pub(crate) fn file<'a>(e: &'a Emitted, name: &str) -> &'a str {
+        &e.files
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {name} in {:?}",
+                    e.files.iter().map(|f| &f.0).collect::<Vec<_>>()
+                )
+            })
+            .1
+    }
+
+    #[test]
+    fn framework_names_parse_and_unknown_lists_known() {
+        assert_eq!("pytorch".parse::<Framework>().unwrap(), Framework::Pytorch);
+        assert_eq!("Horovod".parse::<Framework>().unwrap(), Framework::Horovod);
+        assert_eq!("tensorflow".parse::<Framework>().unwrap(), Framework::Xla);
+        let e = "deepspeed".parse::<Framework>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "unknown framework `deepspeed` (known: horovod, xla, byteps, pytorch, jax)"
+        );
+    }
+
+    #[test]
+    fn facts_of_the_tiny_plan() {
+        let f = Facts::of(&tiny_plan()).unwrap();
+        // 4 MiB + 1 KiB; 4 MiB; 1 KiB + 4 MiB + 1 KiB; 4 MiB; 1 KiB.
+        assert_eq!(
+            f.group_bytes,
+            Some(vec![4195328, 4194304, 4196352, 4194304, 1024])
+        );
+        assert_eq!(f.largest_group_bytes(), Some(4196352));
+        assert_eq!(f.half.as_deref(), Some("fp16"));
+        assert!(f.fp16_allreduce);
+        assert_eq!(f.k, 2);
+        assert_eq!(f.horovod_cycle_ms, Some(2.5));
+        // Clusters 0 and 2 share `net.1 FW`: merged, duplicates gone, first-appearance order.
+        assert_eq!(
+            f.clusters,
+            vec![
+                vec!["net.1 FW".to_string(), "act.1 FW".into()],
+                vec!["net.3 BW".to_string(), "act.3 BW".into()],
+            ]
+        );
+        assert_eq!(
+            forward_layers(&f.groups),
+            vec!["net.0", "net.1", "net.2", "net.3"]
+        );
+    }
+
+    #[test]
+    fn inconsistent_plans_are_refused() {
+        let mut p = tiny_plan();
+        p.config.tensor_groups[1].push("net.3.bias".into());
+        assert!(
+            matches!(Facts::of(&p), Err(EmitError::Inconsistent(m)) if m.contains("net.3.bias"))
+        );
+        let mut p = tiny_plan();
+        p.config.grad_accumulation = 0;
+        assert!(Facts::of(&p).is_err());
+        let mut p = tiny_plan();
+        p.config.partitions.insert("net.1.bias".into(), 2);
+        assert!(Facts::of(&p).is_err());
+        // Missing bytes: not an error, the sizes are unknown.
+        let mut p = tiny_plan();
+        p.config.tensor_bytes.clear();
+        assert_eq!(Facts::of(&p).unwrap().group_bytes, None);
+    }
+
+    #[test]
+    fn recompute_follows_the_pass_rule_and_collapses_to_parents() {
+        // 9 layers blk.{0,1,2}.{a,b,c}: every = ⌈√9⌉ = 3 → checkpoints 0, 3, 6; dropped 1, 2
+        // (= blk.0.b, blk.0.c) and 4, 5 (blk.1.b, blk.1.c); 7, 8 reach the end: kept.
+        let mut p = tiny_plan();
+        let mut groups = Vec::new();
+        for b in (0..3).rev() {
+            for l in ["c", "b", "a"] {
+                groups.push(vec![format!("blk.{b}.{l}.weight")]);
+            }
+        }
+        p.config.tensor_groups = groups;
+        p.config.partitions.clear();
+        p.config.recompute = true;
+        let f = Facts::of(&p).unwrap();
+        assert_eq!(
+            f.recompute,
+            vec!["blk.0.b", "blk.0.c", "blk.1.b", "blk.1.c"]
+        );
+        // every = 2 with a glob on blk.1.*: scope a, b, c → checkpoint a (0), c (2); b dropped.
+        p.decisions.push(decision(
+            "recompute",
+            &[("layers", "blk.1.*"), ("every", "2")],
+            "",
+        ));
+        assert_eq!(Facts::of(&p).unwrap().recompute, vec!["blk.1.b"]);
+        // A parent all of whose layers are chosen stands for them.
+        let all: Vec<String> = ["x.0.a", "x.0.b", "x.1.a", "y"].map(String::from).to_vec();
+        let chosen = BTreeSet::from(["x.0.a", "x.0.b", "x.1.a"]);
+        assert_eq!(collapse(&all, &chosen), vec!["x"]);
+        let chosen = BTreeSet::from(["x.0.a", "x.0.b"]);
+        assert_eq!(collapse(&all, &chosen), vec!["x.0"]);
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(
+            "bert.encoder.layer.*",
+            "bert.encoder.layer.3.output"
+        ));
+        assert!(glob_match("a?c", "abc"));
+        assert!(!glob_match("a?c", "abbc"));
+        assert!(!glob_match("layer1.*", "layer2.0"));
+    }
+
+    #[test]
+    fn every_framework_emits_compiling_python_and_parsing_env_for_a_zoo_plan() {
+        let m = crate::zoo::model(
+            "resnet50",
+            &crate::zoo::ModelOptions {
+                batch: Some(8),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let c = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
+        let job = crate::zoo::build::job(&m, &c, &Default::default()).unwrap();
+        let mut p = tiny_plan();
+        p.decisions.clear();
+        p.config = FinalConfig::of(&job, &[]);
+        // One collective per tensor (161 for ResNet-50), every tensor sized.
+        assert_eq!(p.config.tensor_groups.len(), 161);
+        assert_eq!(p.config.tensor_bytes.len(), 161);
+        // fc.weight is 2048 × 1000 fp32 and the largest tensor in one group: layer4's 3×3 conv
+        // weights, 512·512·9·4 B = 9,437,184 B.
+        assert_eq!(p.config.tensor_bytes["fc.weight"], 8_192_000);
+        let f = Facts::of(&p).unwrap();
+        assert_eq!(f.largest_group_bytes(), Some(9_437_184));
+        for fw in Framework::ALL {
+            let e = emit(&p, fw).unwrap();
+            assert!(!e.files.is_empty(), "{fw}");
+            assert!(e.notes[0].contains("zoo"), "{fw}: {:?}", e.notes);
+            check_files(&e);
+        }
+    }
+}
