@@ -150,11 +150,23 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     say("baselines");
     let eval = search::evaluator(opts.speedups.symmetry);
     let job = input.job.clone();
-    let baselines = search::baselines::baselines(&job, &eval).map_err(CliError::bad_input)?;
+    // Baselines stop early on Ctrl-C: the plan so far is then the unoptimised job.
+    let eval_or_stop = |j: crate::graph::job::Job| -> Result<_, crate::graph::job::JobError> {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return Err(crate::graph::job::JobError::Invalid("interrupted".into()));
+        }
+        eval(j)
+    };
+    let baselines = match search::baselines::baselines(&job, &eval_or_stop) {
+        Ok(b) => b,
+        Err(_) if INTERRUPTED.load(Ordering::Relaxed) => Vec::new(),
+        Err(e) => return Err(CliError::bad_input(e)),
+    };
     let best_baseline = baselines
         .iter()
         .min_by_key(|b| b.eval.iteration_ns())
         .filter(|b| b.name != "none");
+    let none_ns = baselines.first().map_or(0, |b| b.eval.iteration_ns());
     let start = best_baseline.map(|b| {
         (
             b.job.clone(),
@@ -168,8 +180,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
                     "start from the fastest framework default: {} ({})",
                     b.name, b.config
                 ),
-                effect_ms: (b.eval.iteration_ns() as f64 - baselines[0].eval.iteration_ns() as f64)
-                    / 1e6,
+                effect_ms: (b.eval.iteration_ns() as f64 - none_ns as f64) / 1e6,
             },
         )
     });

@@ -113,7 +113,7 @@ pub struct Baseline {
 }
 
 /// A job evaluator (the full graph, or the symmetric form).
-pub type Evaluator = dyn Fn(Job) -> Result<Evaluated, JobError> + std::marker::Sync;
+pub type Evaluator<'a> = dyn Fn(Job) -> Result<Evaluated, JobError> + std::marker::Sync + 'a;
 
 fn edit_err(name: &str) -> impl Fn(JobError) -> PassError + '_ {
     move |source| PassError::Edit {

@@ -164,13 +164,10 @@ fn an_unknown_pass_is_bad_input_listing_the_passes() {
     assert!(!out.exists());
 }
 
-/// Slow in a debug build (the 128-worker baselines run before the search polls the interrupt:
-/// ~7 minutes on 2 cores), so it runs only with `TRAINPLAN_SLOW_TESTS=1`.
+/// Ctrl-C a few seconds into a run that would take minutes (full graph, no symmetry): the best
+/// plan so far is written and the exit code is 130.
 #[test]
 fn ctrl_c_writes_the_best_plan_so_far_and_exits_130() {
-    if std::env::var_os("TRAINPLAN_SLOW_TESTS").is_none() {
-        return;
-    }
     let d = scratch("interrupt");
     let out = d.join("p.yaml");
     let child = Command::new(env!("CARGO_BIN_EXE_trainplan"))
@@ -179,7 +176,7 @@ fn ctrl_c_writes_the_best_plan_so_far_and_exits_130() {
             "--model",
             "bert-base",
             "--cluster",
-            "128xv100-rdma",
+            "dpro-16xv100-rdma",
             "--no-symmetry",
             "--budget",
             "10m",
