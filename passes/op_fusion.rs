@@ -660,11 +660,9 @@ impl<'a> Fuser<'a> {
             }
             let owners: BTreeSet<u32> = twin.iter().map(|&t| self.cluster_of[t as usize]).collect();
             match owners.into_iter().collect::<Vec<_>>().as_slice() {
-                [NONE] => {
-                    if self.legal(&twin) {
-                        self.commit(twin.clone());
-                        out.push(twin);
-                    }
+                [NONE] if self.legal(&twin) => {
+                    self.commit(twin.clone());
+                    out.push(twin);
                 }
                 &[c] if (c as usize) < absorbed.len()
                     && c as usize != me

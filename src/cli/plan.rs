@@ -47,7 +47,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         }
     };
     let bytes = v * mult;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < 1e18) {
+    if !(bytes.is_finite() && (1.0..1e18).contains(&bytes)) {
         return Err(format!("`{s}` is not a sensible memory budget"));
     }
     Ok(bytes as u64)
@@ -76,7 +76,7 @@ pub fn parse_budget(s: &str) -> Result<Duration, String> {
                     ));
                 }
             };
-            if !(secs.is_finite() && secs >= 0.0 && secs < 1e9) {
+            if !(secs.is_finite() && (0.0..1e9).contains(&secs)) {
                 return Err(format!("`{s}` is not a sensible budget"));
             }
             Duration::from_secs_f64(secs)

@@ -171,10 +171,8 @@ impl FinalConfig {
             .iter()
             .map(|s| {
                 let names: Vec<String> = s.tensors.iter().map(|&t| name(t)).collect();
-                if s.partitions > 1 {
-                    if let Some(first) = names.first() {
-                        partitions.insert(first.clone(), s.partitions);
-                    }
+                if let Some(first) = names.first().filter(|_| s.partitions > 1) {
+                    partitions.insert(first.clone(), s.partitions);
                 }
                 names
             })

@@ -386,13 +386,11 @@ pub fn search(
         None => eval(job)?,
     };
     replays += 1;
-    if let Some(budget) = opts.memory_budget {
-        if cur.memory.peak_bytes > budget {
-            let (fit, step_replays, decision) = memory_step(&cur, budget, all, &eval)?;
-            replays += step_replays;
-            decisions.push(decision);
-            cur = fit;
-        }
+    if let Some(budget) = opts.memory_budget.filter(|&b| cur.memory.peak_bytes > b) {
+        let (fit, step_replays, decision) = memory_step(&cur, budget, all, &eval)?;
+        replays += step_replays;
+        decisions.push(decision);
+        cur = fit;
     }
 
     // 2. The strategy.
@@ -547,24 +545,23 @@ pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
 }
 
 /// Over the memory budget: the fastest of recomputation and gradient accumulation that fits.
+/// A pass with knob assignments, as the memory step tries it.
+type KnobbedPass = (String, Vec<(String, String)>);
+
 fn memory_step(
     cur: &Evaluated,
     budget: u64,
     all: &[Box<dyn Pass>],
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
 ) -> Result<(Evaluated, u64, Decision), SearchError> {
-    let mut options: Vec<(String, Vec<(String, String)>)> = vec![("recompute".into(), vec![])];
+    let mut options: Vec<KnobbedPass> = vec![("recompute".into(), vec![])];
     for k in [2, 4, 8, 16] {
         options.push((
             "grad-accumulation".into(),
             vec![("k".into(), k.to_string())],
         ));
     }
-    let tried: Vec<(
-        String,
-        Vec<(String, String)>,
-        Result<Evaluated, SearchError>,
-    )> = options
+    let tried: Vec<(String, KnobbedPass, Result<Evaluated, SearchError>)> = options
         .par_iter()
         .map(|(name, knobs)| {
             let label = if knobs.is_empty() {
@@ -579,13 +576,13 @@ fn memory_step(
                 let job = passes::apply_all(&cur.job, &patches)?;
                 Ok(eval(job)?)
             })();
-            (label, knobs.clone(), r)
+            (label, (name.clone(), knobs.clone()), r)
         })
         .collect();
     let replays = tried.len() as u64;
     let mut smallest: Option<(u64, String)> = None;
-    let mut best: Option<(String, Vec<(String, String)>, Evaluated)> = None;
-    for (label, knobs, r) in tried {
+    let mut best: Option<(String, KnobbedPass, Evaluated)> = None;
+    for (label, option, r) in tried {
         let Ok(e) = r else { continue };
         if smallest
             .as_ref()
@@ -598,10 +595,10 @@ fn memory_step(
                 .as_ref()
                 .is_none_or(|(_, _, b)| e.iteration_ns() < b.iteration_ns())
         {
-            best = Some((label, knobs, e));
+            best = Some((label, option, e));
         }
     }
-    let Some((label, knobs, e)) = best else {
+    let Some((label, (_, knobs), e)) = best else {
         let (bytes, how) = smallest.unwrap_or((cur.memory.peak_bytes, "no option ran".into()));
         let bytes = bytes.min(cur.memory.peak_bytes);
         return Err(SearchError::Infeasible {
