@@ -341,6 +341,13 @@ fn report(a: &PlanArgs, plan: &Plan, outcome: &search::Outcome) -> Result<(), Cl
     for d in plan.decisions.iter().take(12) {
         let what = if !d.tensors.is_empty() {
             format!("{} tensors", d.tensors.len())
+        } else if d.ops.len() > 3 {
+            format!(
+                "{} ops: {} + … + {}",
+                d.ops.len(),
+                d.ops[0],
+                d.ops[d.ops.len() - 1]
+            )
         } else if !d.ops.is_empty() {
             d.ops.join(" + ")
         } else {

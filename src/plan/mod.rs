@@ -22,7 +22,7 @@
 //!   fused_ops: [[layer1.0.conv1 FW, layer1.0.bn1 FW], ...]
 //!   passes: [amp]
 //!   grad_accumulation: 1
-//!   recompute: false
+//!   recompute: []    # layers re-run in the backward
 //! search: {strategy: critical-path, budget_s: 3600, replays: 1234, stop: converged, seed: 0}
 //! ```
 //!
@@ -102,8 +102,10 @@ pub struct FinalConfig {
     pub passes: Vec<String>,
     /// Micro-batches per iteration (1: no accumulation).
     pub grad_accumulation: u32,
-    /// Activation recomputation applied.
-    pub recompute: bool,
+    /// Layers whose forward is re-run in the backward (activation recomputation), forward
+    /// order; empty when none.
+    #[serde(default)]
+    pub recompute: Vec<String>,
 }
 
 /// Search statistics.
@@ -185,12 +187,19 @@ impl FinalConfig {
             .collect();
         let mut passes = Vec::new();
         let fused_ops: Vec<Vec<String>> = job.local.fused.values().cloned().collect();
-        let (mut k, mut recompute) = (1, false);
+        let (mut k, mut recompute) = (1, Vec::<String>::new());
         for d in decisions {
             match d.pass.as_str() {
                 "op-fusion" | "tensor-fusion" | "tensor-partition" => {}
                 b if b.starts_with("baseline:") => {}
-                "recompute" => recompute = true,
+                "recompute" => {
+                    for op in &d.ops {
+                        let layer = op.strip_suffix(" FW").unwrap_or(op).to_string();
+                        if !recompute.contains(&layer) {
+                            recompute.push(layer);
+                        }
+                    }
+                }
                 "grad-accumulation" => {
                     k = d.knobs.get("k").and_then(|v| v.parse().ok()).unwrap_or(2);
                 }

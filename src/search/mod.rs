@@ -561,7 +561,11 @@ fn memory_step(
             vec![("k".into(), k.to_string())],
         ));
     }
-    let tried: Vec<(String, KnobbedPass, Result<Evaluated, SearchError>)> = options
+    let tried: Vec<(
+        String,
+        KnobbedPass,
+        Result<(Evaluated, Vec<Patch>), SearchError>,
+    )> = options
         .par_iter()
         .map(|(name, knobs)| {
             let label = if knobs.is_empty() {
@@ -574,16 +578,16 @@ fn memory_step(
                 let k = passes::resolve_knobs(p, knobs)?;
                 let patches = p.propose(cur, &k)?;
                 let job = passes::apply_all(&cur.job, &patches)?;
-                Ok(eval(job)?)
+                Ok((eval(job)?, patches))
             })();
             (label, (name.clone(), knobs.clone()), r)
         })
         .collect();
     let replays = tried.len() as u64;
     let mut smallest: Option<(u64, String)> = None;
-    let mut best: Option<(String, KnobbedPass, Evaluated)> = None;
+    let mut best: Option<(String, KnobbedPass, Evaluated, Vec<Patch>)> = None;
     for (label, option, r) in tried {
-        let Ok(e) = r else { continue };
+        let Ok((e, patches)) = r else { continue };
         if smallest
             .as_ref()
             .is_none_or(|(b, _)| e.memory.peak_bytes < *b)
@@ -593,12 +597,12 @@ fn memory_step(
         if e.memory.peak_bytes <= budget
             && best
                 .as_ref()
-                .is_none_or(|(_, _, b)| e.iteration_ns() < b.iteration_ns())
+                .is_none_or(|(_, _, b, _)| e.iteration_ns() < b.iteration_ns())
         {
-            best = Some((label, option, e));
+            best = Some((label, option, e, patches));
         }
     }
-    let Some((label, (_, knobs), e)) = best else {
+    let Some((label, (_, knobs), e, patches)) = best else {
         let (bytes, how) = smallest.unwrap_or((cur.memory.peak_bytes, "no option ran".into()));
         let bytes = bytes.min(cur.memory.peak_bytes);
         return Err(SearchError::Infeasible {
@@ -607,10 +611,14 @@ fn memory_step(
             how,
         });
     };
+    let ops = patches
+        .iter()
+        .flat_map(|p| describe(&cur.job, p).1)
+        .collect();
     let decision = Decision {
         pass: label.split(':').next().unwrap_or(&label).to_string(),
         tensors: Vec::new(),
-        ops: Vec::new(),
+        ops,
         partitions: None,
         knobs: knobs.into_iter().collect(),
         why: format!(

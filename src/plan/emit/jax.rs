@@ -123,7 +123,7 @@ mod tests {
     #[test]
     fn tiny_plan_env_and_module() {
         let mut p = tiny_plan();
-        p.config.recompute = true;
+        p.config.recompute = vec!["net.1".into()];
         let e = emit(&p, Framework::Jax).unwrap();
         check_files(&e);
         let env = check_env(file(&e, "jax.env"));

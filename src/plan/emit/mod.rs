@@ -217,11 +217,7 @@ impl Facts {
             half,
             fp16_allreduce,
             k: c.grad_accumulation,
-            recompute: if c.recompute {
-                recompute_modules(plan)
-            } else {
-                Vec::new()
-            },
+            recompute: recompute_modules(plan),
             clusters: merge_clusters(&c.fused_ops),
             horovod_cycle_ms,
             passes: c.passes.clone(),
@@ -325,39 +321,17 @@ pub(crate) fn forward_layers(groups: &[Vec<String>]) -> Vec<String> {
     out
 }
 
-/// The layers the `recompute` pass dropped, by its rule (knobs `layers` glob, `every`; every
-/// `every`-th layer in scope stays a checkpoint, the last segment is kept), over the plan's
-/// parameterised layers, then collapsed: a parent module all of whose planned layers are
+/// The layers the plan recomputes, collapsed: a parent module all of whose planned layers are
 /// recomputed stands for them (`bert.encoder.layer.3` rather than its 6 linear layers).
 fn recompute_modules(plan: &Plan) -> Vec<String> {
-    let d = plan.decisions.iter().rev().find(|d| d.pass == "recompute");
-    let glob = d
-        .and_then(|d| d.knobs.get("layers"))
-        .map_or("all", |s| s.as_str());
-    let layers = forward_layers(&plan.config.tensor_groups);
-    let scope: Vec<&String> = layers
-        .iter()
-        .filter(|l| matches!(glob, "all" | "auto" | "sqrt") || glob_match(glob, l))
-        .collect();
-    let m = scope.len();
-    let every = d
-        .and_then(|d| d.knobs.get("every"))
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&e| e > 0)
-        .unwrap_or_else(|| (m as f64).sqrt().ceil().max(1.0) as usize);
-    let mut dropped: Vec<&String> = Vec::new();
-    if every > 1 {
-        // Segments between checkpoints; the one reaching the end of the forward is kept.
-        let mut segment: Vec<&String> = Vec::new();
-        for (i, l) in scope.iter().enumerate() {
-            if i % every == 0 {
-                dropped.append(&mut segment);
-            } else {
-                segment.push(l);
-            }
+    let mut layers = forward_layers(&plan.config.tensor_groups);
+    // Layers without parameters (activations, dropouts) are not in the tensor groups.
+    for l in &plan.config.recompute {
+        if !layers.contains(l) {
+            layers.push(l.clone());
         }
     }
-    let chosen: BTreeSet<&str> = dropped.iter().map(|s| s.as_str()).collect();
+    let chosen: BTreeSet<&str> = plan.config.recompute.iter().map(String::as_str).collect();
     collapse(&layers, &chosen)
 }
 
@@ -386,29 +360,6 @@ pub(crate) fn collapse(all: &[String], chosen: &BTreeSet<&str>) -> Vec<String> {
         }
     }
     out
-}
-
-/// `*` any run of characters, `?` one character (the recompute pass's layer globs).
-fn glob_match(pat: &str, s: &str) -> bool {
-    let (p, s): (Vec<char>, Vec<char>) = (pat.chars().collect(), s.chars().collect());
-    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
-    while j < s.len() {
-        if i < p.len() && (p[i] == '?' || p[i] == s[j]) {
-            i += 1;
-            j += 1;
-        } else if i < p.len() && p[i] == '*' {
-            star = Some(i);
-            mark = j;
-            i += 1;
-        } else if let Some(st) = star {
-            i = st + 1;
-            mark += 1;
-            j = mark;
-        } else {
-            return false;
-        }
-    }
-    p[i..].iter().all(|&c| c == '*')
 }
 
 /// A Python string literal (JSON's escapes are Python's).
@@ -582,7 +533,7 @@ pub(crate) mod tests {
                 ],
                 passes: s(&["amp", "blueconnect", "fused-adam"]),
                 grad_accumulation: 2,
-                recompute: false,
+                recompute: Vec::new(),
             },
             search: SearchStats {
                 strategy: Strategy::CriticalPath,
@@ -734,48 +685,18 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn recompute_follows_the_pass_rule_and_collapses_to_parents() {
-        // 9 layers blk.{0,1,2}.{a,b,c}: every = ⌈√9⌉ = 3 → checkpoints 0, 3, 6; dropped 1, 2
-        // (= blk.0.b, blk.0.c) and 4, 5 (blk.1.b, blk.1.c); 7, 8 reach the end: kept.
+    fn recompute_lists_the_planned_layers_collapsed_to_parents() {
         let mut p = tiny_plan();
-        let mut groups = Vec::new();
-        for b in (0..3).rev() {
-            for l in ["c", "b", "a"] {
-                groups.push(vec![format!("blk.{b}.{l}.weight")]);
-            }
-        }
-        p.config.tensor_groups = groups;
-        p.config.partitions.clear();
-        p.config.recompute = true;
-        let f = Facts::of(&p).unwrap();
-        assert_eq!(
-            f.recompute,
-            vec!["blk.0.b", "blk.0.c", "blk.1.b", "blk.1.c"]
-        );
-        // every = 2 with a glob on blk.1.*: scope a, b, c → checkpoint a (0), c (2); b dropped.
-        p.decisions.push(decision(
-            "recompute",
-            &[("layers", "blk.1.*"), ("every", "2")],
-            "",
-        ));
-        assert_eq!(Facts::of(&p).unwrap().recompute, vec!["blk.1.b"]);
+        p.config.recompute = vec!["net.1".into(), "net.2".into()];
+        assert_eq!(Facts::of(&p).unwrap().recompute, vec!["net.1", "net.2"]);
+        p.config.recompute.clear();
+        assert!(Facts::of(&p).unwrap().recompute.is_empty());
         // A parent all of whose layers are chosen stands for them.
         let all: Vec<String> = ["x.0.a", "x.0.b", "x.1.a", "y"].map(String::from).to_vec();
         let chosen = BTreeSet::from(["x.0.a", "x.0.b", "x.1.a"]);
         assert_eq!(collapse(&all, &chosen), vec!["x"]);
         let chosen = BTreeSet::from(["x.0.a", "x.0.b"]);
         assert_eq!(collapse(&all, &chosen), vec!["x.0"]);
-    }
-
-    #[test]
-    fn globs() {
-        assert!(glob_match(
-            "bert.encoder.layer.*",
-            "bert.encoder.layer.3.output"
-        ));
-        assert!(glob_match("a?c", "abc"));
-        assert!(!glob_match("a?c", "abbc"));
-        assert!(!glob_match("layer1.*", "layer2.0"));
     }
 
     #[test]

@@ -345,7 +345,7 @@ mod tests {
     #[test]
     fn tiny_plan_module() {
         let mut p = tiny_plan();
-        p.config.recompute = true;
+        p.config.recompute = vec!["net.1".into()];
         let e = emit(&p, Framework::Pytorch).unwrap();
         check_files(&e);
         let py = file(&e, "trainplan_patch.py");
@@ -393,7 +393,7 @@ mod tests {
             return;
         }
         let mut p = tiny_plan();
-        p.config.recompute = true;
+        p.config.recompute = vec!["net.1".into()];
         p.config.fused_ops.clear();
         let e = emit(&p, Framework::Pytorch).unwrap();
         let dir = std::env::temp_dir().join(format!("trainplan-torch-{}", std::process::id()));
