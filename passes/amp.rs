@@ -331,24 +331,7 @@ mod tests {
 
     #[test]
     fn resnet50_on_v100_speeds_up_and_halves_activations() {
-        let m = crate::zoo::model(
-            "resnet50",
-            &crate::zoo::ModelOptions {
-                batch: Some(32),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let c = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
-        let job = crate::zoo::build::job(
-            &m,
-            &c,
-            &crate::zoo::build::BuildOptions {
-                symmetric: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let (m, job) = crate::zoo::build::test_job("resnet50", 32, "dpro-16xv100-rdma");
         let params = m.param_elems();
         let (base, after) = run(job, &[]).unwrap();
         let (s0, s1) = (

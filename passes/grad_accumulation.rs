@@ -271,24 +271,7 @@ mod tests {
 
     #[test]
     fn resnet50_k4_quarter_activations_same_syncs() {
-        let m = crate::zoo::model(
-            "resnet50",
-            &crate::zoo::ModelOptions {
-                batch: Some(32),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let c = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
-        let job = crate::zoo::build::job(
-            &m,
-            &c,
-            &crate::zoo::build::BuildOptions {
-                symmetric: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let (_, job) = crate::zoo::build::test_job("resnet50", 32, "dpro-16xv100-rdma");
         let (base, after, _) = run(job, "4");
         let stat = base.job.local.static_mem_bytes;
         assert_eq!(after.job.local.static_mem_bytes, stat);

@@ -622,24 +622,7 @@ pub(crate) mod tests {
 
     #[test]
     fn bert_base_memory_falls_time_rises() {
-        let m = crate::zoo::model(
-            "bert-base",
-            &crate::zoo::ModelOptions {
-                batch: Some(8),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let c = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
-        let job = crate::zoo::build::job(
-            &m,
-            &c,
-            &crate::zoo::build::BuildOptions {
-                symmetric: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let (_, job) = crate::zoo::build::test_job("bert-base", 8, "dpro-16xv100-rdma");
         let fw_total: u64 = job
             .local
             .ops

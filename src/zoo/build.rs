@@ -255,6 +255,30 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
     })
 }
 
+/// Test helper: a zoo model at `batch` and its job (symmetric form) on a built-in cluster.
+#[cfg(test)]
+pub(crate) fn test_job(model: &str, batch: u32, cluster: &str) -> (Model, Job) {
+    let m = super::model(
+        model,
+        &super::ModelOptions {
+            batch: Some(batch),
+            ..Default::default()
+        },
+    )
+    .expect("zoo model");
+    let c = crate::cost::config::load_cluster(cluster).expect("built-in cluster");
+    let j = job(
+        &m,
+        &c,
+        &BuildOptions {
+            symmetric: true,
+            ..Default::default()
+        },
+    )
+    .expect("zoo job");
+    (m, j)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
