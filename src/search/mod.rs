@@ -547,6 +547,12 @@ pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
 /// Over the memory budget: the fastest of recomputation and gradient accumulation that fits.
 /// A pass with knob assignments, as the memory step tries it.
 type KnobbedPass = (String, Vec<(String, String)>);
+/// One option the memory step tried: its label, the pass and knobs, the outcome and patches.
+type Tried = (
+    String,
+    KnobbedPass,
+    Result<(Evaluated, Vec<Patch>), SearchError>,
+);
 
 fn memory_step(
     cur: &Evaluated,
@@ -561,11 +567,7 @@ fn memory_step(
             vec![("k".into(), k.to_string())],
         ));
     }
-    let tried: Vec<(
-        String,
-        KnobbedPass,
-        Result<(Evaluated, Vec<Patch>), SearchError>,
-    )> = options
+    let tried: Vec<Tried> = options
         .par_iter()
         .map(|(name, knobs)| {
             let label = if knobs.is_empty() {
