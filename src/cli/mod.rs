@@ -102,7 +102,8 @@ Examples:
   trainplan replay --model bert-base --cluster dpro-16xv100-rdma
   trainplan replay --model resnet50 --batch 64 --cluster my-cluster.yaml --json
   trainplan replay --model vgg16 --cluster dpro-16xv100-tcp --timeline vgg.json   (open in ui.perfetto.dev)
-  trainplan replay --model bert-large --cluster 128xv100-rdma --symmetric")]
+  trainplan replay --model bert-large --cluster 128xv100-rdma --symmetric
+  trainplan replay --trace resnet50_rank0.json.gz --step 5 --json")]
     Replay(ReplayArgs),
     /// List the optimization passes (built-in and declarative) with their knobs.
     Passes(ListArgs),
@@ -148,9 +149,17 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-/// Where the iteration comes from: a zoo model on a cluster.
+/// Where the iteration comes from: a zoo model on a cluster, or a recorded trace.
 #[derive(Debug, Args, Clone)]
 pub struct InputArgs {
+    /// A PyTorch profiler (Kineto) trace of one rank, `.json` or `.json.gz`, instead of
+    /// --model/--cluster: replays one recorded iteration and compares it with the measured time.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["model", "cluster"])]
+    pub trace: Vec<std::path::PathBuf>,
+    /// The trace's iteration: N of ProfilerStep#N, or the N-th iteration between Optimizer.step
+    /// annotations when the trace has no ProfilerStep spans (default: the last complete one).
+    #[arg(long, value_name = "N", requires = "trace")]
+    pub step: Option<u64>,
     /// Zoo model name (see `trainplan models`).
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,

@@ -81,23 +81,91 @@ pub fn clusters(a: &ListArgs) -> Result<(), CliError> {
 /// A built input: the graph and what it describes.
 pub struct Built {
     pub graph: Dfg,
-    pub model: zoo::Model,
-    pub cluster: Cluster,
+    /// The zoo model and cluster (`None` for a trace).
+    pub model: Option<zoo::Model>,
+    pub cluster: Option<Cluster>,
+    pub trace: Option<TraceInput>,
     pub build_ms: f64,
 }
 
 /// A resolved input as an editable job.
 pub struct Input {
     pub job: Job,
-    pub model: zoo::Model,
-    pub cluster: Cluster,
+    /// The zoo model and cluster (`None` for a trace).
+    pub model: Option<zoo::Model>,
+    pub cluster: Option<Cluster>,
+    pub trace: Option<TraceInput>,
 }
 
-/// Resolve `--model/--cluster` into a job.
+/// What a trace input adds: the recorded iteration.
+pub struct TraceInput {
+    pub file: String,
+    /// The file's stem (the job's model name).
+    pub name: String,
+    pub window: crate::trace::graph::StepWindow,
+    /// Local op whose replayed end is the predicted step time.
+    pub step_end: crate::graph::OpId,
+}
+
+/// Read `--trace FILE [--step N]` into a job (one rank for now).
+fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
+    let [path] = i.trace.as_slice() else {
+        return Err(CliError::bad_input(format!(
+            "multi-rank traces are not supported yet ({} --trace files given); replay one rank's trace at a time",
+            i.trace.len()
+        )));
+    };
+    let t = Instant::now();
+    let trace = crate::trace::read_kineto(path).map_err(CliError::bad_input)?;
+    let file = path.display().to_string();
+    for w in &trace.warnings {
+        tracing::warn!(file = %file, "{w}");
+    }
+    let built =
+        crate::trace::graph::build_job(&trace, &file, i.step).map_err(CliError::bad_input)?;
+    for w in &built.warnings {
+        tracing::warn!(file = %file, "{w}");
+    }
+    let mut job = built.job;
+    job.meta.model = trace_stem(path);
+    let name = job.meta.model.clone();
+    tracing::info!(
+        ops = job.local.ops.len(),
+        ms = t.elapsed().as_secs_f64() * 1e3,
+        step = %built.window.label,
+        "imported the trace"
+    );
+    Ok(Input {
+        job,
+        model: None,
+        cluster: None,
+        trace: Some(TraceInput {
+            file,
+            name,
+            window: built.window,
+            step_end: built.step_end,
+        }),
+    })
+}
+
+/// `resnet50_rank0` of `…/resnet50_rank0.json.gz`.
+fn trace_stem(path: &std::path::Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let name = name.strip_suffix(".gz").unwrap_or(&name);
+    name.strip_suffix(".json").unwrap_or(name).to_string()
+}
+
+/// Resolve `--model/--cluster` or `--trace` into a job.
 pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
+    if !i.trace.is_empty() {
+        return trace_job(i);
+    }
     let (Some(name), Some(cluster)) = (&i.model, &i.cluster) else {
         return Err(CliError::usage(
-            "give the input as --model NAME --cluster NAME|FILE (see `trainplan models` and `trainplan clusters`)",
+            "give the input as --model NAME --cluster NAME|FILE (see `trainplan models` and `trainplan clusters`), or --trace FILE",
         ));
     };
     let opts = ModelOptions {
@@ -121,8 +189,9 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
     .map_err(CliError::bad_input)?;
     Ok(Input {
         job,
-        model,
-        cluster,
+        model: Some(model),
+        cluster: Some(cluster),
+        trace: None,
     })
 }
 
@@ -132,17 +201,19 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
         job,
         model,
         cluster,
+        trace,
     } = input_job(i)?;
     let t = Instant::now();
     let graph = job
         .expand()
-        .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
+        .map_err(|e| CliError::bad_input(format!("{}: {e}", job.meta.model)))?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
     tracing::info!(ops = graph.op_count(), build_ms, "built the global DFG");
     Ok(Built {
         graph,
         model,
         cluster,
+        trace,
         build_ms,
     })
 }
@@ -165,7 +236,27 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
         })?;
     }
     let workers = g.represented_workers();
+    // A trace: the measured step and the replayed one (the step's thread reaching the step's end).
+    let measured = b.trace.as_ref().map(|t| {
+        let predicted = r
+            .end_ns
+            .get(t.step_end as usize)
+            .copied()
+            .unwrap_or(r.iteration_ns);
+        let m = t.window.measured_ns();
+        (
+            m,
+            predicted,
+            100.0 * (predicted as f64 / m.max(1) as f64 - 1.0),
+        )
+    });
     let mut o = out();
+    if let (Some(t), Some((m, p, err))) = (&b.trace, measured) {
+        return trace_report(a, &b, t, &r, (m, p, err), replay_wall_ms, &mut o);
+    }
+    let (Some(model), Some(c)) = (&b.model, &b.cluster) else {
+        return Err(CliError::internal("a zoo input without its model"));
+    };
     if a.json {
         let top: Vec<_> = items
             .iter()
@@ -185,9 +276,9 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             "build_wall_ms": b.build_ms,
             "edges": g.edge_count(),
             "symmetric": g.is_symmetric_form(),
-            "model": b.model.name,
-            "batch": b.model.batch,
-            "cluster": b.cluster.name,
+            "model": model.name,
+            "batch": model.batch,
+            "cluster": c.name,
             "compute_ms": bd.compute_ns as f64 / 1e6,
             "communication_ms": bd.comm_ns as f64 / 1e6,
             "overlap_ms": bd.overlap_ns as f64 / 1e6,
@@ -197,13 +288,12 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
         writeln!(o, "{v}").map_err(CliError::stdout)?;
         return Ok(());
     }
-    let c = &b.cluster;
     let lines = [
         format!(
             "{} (batch {}/GPU, {} params) on {} ({} x {}, {:?} all-reduce)",
-            b.model.name,
-            b.model.batch,
-            thousands(b.model.param_elems()),
+            model.name,
+            model.batch,
+            thousands(model.param_elems()),
             c.name,
             c.workers(),
             c.gpu.model,
@@ -282,6 +372,85 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             p.display()
         )
         .map_err(CliError::stdout)?;
+    }
+    Ok(())
+}
+
+/// `trainplan replay --trace`: measured against predicted.
+fn trace_report(
+    a: &ReplayArgs,
+    b: &Built,
+    t: &TraceInput,
+    r: &replay::Replay,
+    (measured, predicted, err): (u64, u64, f64),
+    replay_wall_ms: f64,
+    o: &mut impl Write,
+) -> Result<(), CliError> {
+    let g = &b.graph;
+    let cp = critical_path(g, r);
+    let bd = breakdown::breakdown(g, r, 0);
+    let items = breakdown::critical_path_items(g, &cp);
+    if a.json {
+        let top: Vec<_> = items
+            .iter()
+            .take(10)
+            .map(|i| json!({"name": i.name, "ms": i.dur_ns as f64 / 1e6}))
+            .collect();
+        let v = json!({
+            "iteration_ms": predicted as f64 / 1e6,
+            "measured_iteration_ms": measured as f64 / 1e6,
+            "error_pct": err,
+            "makespan_ms": r.iteration_ns as f64 / 1e6,
+            "step": t.window.label,
+            "trace": t.file,
+            "ops": g.op_count(),
+            "devices": g.device_count(),
+            "workers": 1,
+            "critical_path_ms": dependency_bound_ns(g) as f64 / 1e6,
+            "replay_wall_ms": replay_wall_ms,
+            "build_wall_ms": b.build_ms,
+            "edges": g.edge_count(),
+            "symmetric": false,
+            "model": t.name,
+            "cluster": "trace",
+            "compute_ms": bd.compute_ns as f64 / 1e6,
+            "critical_path_top": top,
+            "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
+        });
+        return writeln!(o, "{v}").map_err(CliError::stdout);
+    }
+    let lines = [
+        format!("{} ({}, one rank)", t.file, t.window.label),
+        format!(
+            "graph: {} ops, {} edges, {} devices; built in {:.0} ms, replayed in {:.0} ms",
+            thousands(g.op_count() as u64),
+            thousands(g.edge_count() as u64),
+            g.device_count(),
+            b.build_ms,
+            replay_wall_ms
+        ),
+        String::new(),
+        format!(
+            "measured step    {:>9.3} ms   the ProfilerStep / iteration span",
+            ms(measured)
+        ),
+        format!(
+            "predicted step   {:>9.3} ms   replayed; error {err:+.2} %",
+            ms(predicted)
+        ),
+        format!(
+            "GPU drains at    {:>9.3} ms   the step's last GPU work ends (replayed)",
+            ms(r.iteration_ns)
+        ),
+        String::new(),
+        "critical path, largest items:".to_string(),
+    ];
+    for l in lines {
+        writeln!(o, "{l}").map_err(CliError::stdout)?;
+    }
+    for i in items.iter().take(8) {
+        writeln!(o, "    {:>8.3} ms  {}", i.dur_ns as f64 / 1e6, i.name)
+            .map_err(CliError::stdout)?;
     }
     Ok(())
 }

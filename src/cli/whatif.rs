@@ -157,8 +157,8 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
             "critical_path_joined": items(&joined),
             "ops": cur.graph.op_count(),
             "workers": cur.graph.represented_workers(),
-            "model": input.model.name,
-            "cluster": input.cluster.name,
+            "model": base.job.meta.model,
+            "cluster": base.job.meta.cluster,
             "wall_ms": wall_ms,
         });
         writeln!(o, "{v}").map_err(CliError::stdout)?;
@@ -168,9 +168,9 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
     let lines = [
         format!(
             "{} (batch {}/GPU) on {}: what if {}",
-            input.model.name,
-            input.model.batch,
-            input.cluster.name,
+            base.job.meta.model,
+            base.job.meta.batch,
+            base.job.meta.cluster,
             names.join(" + ")
         ),
         String::new(),

@@ -2,6 +2,7 @@
 //! traces for now) into normalised event lists for the rest of the importer (graph construction,
 //! replay). This module holds the shared error type; each format lives in its own submodule.
 
+pub mod graph;
 pub mod kineto;
 
 pub use kineto::{KinetoTrace, parse_kineto, read_kineto};

@@ -7,9 +7,11 @@
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
+//! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 
 mod cli;
 mod export;
 mod plan;
 mod properties;
+mod trace_replay;
 mod whatif;

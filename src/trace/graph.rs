@@ -1,0 +1,1253 @@
+//! One rank's Kineto trace → an editable [`Job`] of one iteration (Daydream §4.2), so that
+//! replay, every pass and the planner work on a recorded iteration as on a zoo model.
+//!
+//! **Iteration.** `ProfilerStep#N` spans on a CPU thread (`cpu_op` / `user_annotation`; the GPU-side
+//! copies are ignored). By default the *last complete* step is taken (warm-up steps come first); a
+//! step is complete when it launched GPU work and every launch has its GPU activity in the file (the
+//! profiler's last, cut-off step has neither). Without ProfilerStep spans, iterations are cut at the
+//! ends of consecutive `Optimizer.step` annotations: iteration `i` (1-based) runs from the end of
+//! annotation `i − 1` to the end of annotation `i`. Neither → an error. The measured iteration time
+//! is the window's wall time.
+//!
+//! **Ops.** Local device 0 is virtual; then one CPU-thread device per thread with events in the
+//! window, then one GPU-stream device per stream (a stream running only NCCL/RCCL kernels is the
+//! worker's comm stream). Each CPU thread's `cpu_op` / `user_annotation` / runtime events (step
+//! markers excluded, Python-function events ignored) are flattened into non-overlapping segments,
+//! each attributed to its innermost event: a runtime call that launched GPU work becomes a `Launch`
+//! op, everything else `CpuOther`. Time on the thread covered by no event is idle: it becomes the
+//! previous op's `gap_ns` (a leading `Gap` op before the first one), so replay keeps the host timing.
+//! A zero-length `Gap` op at the window's end on the step's thread marks the end of the step
+//! ([`TraceJob::step_end`]). GPU kernels / memcpys / memsets launched in the window (by
+//! `correlation`, the id Kineto writes on both sides of every launch in every vintage; the `ac2g`
+//! flows carry the same pairs) become `Compute` / `Memcpy` ops with their measured durations; NCCL
+//! kernels become `Collective` ops. Consecutive ops of one device get an explicit edge, so the
+//! recorded order holds whatever the replayer's queue policy. When the GPU lags the host (work
+//! launched in the previous step still runs when the window opens), a leading `Gap` op holds the
+//! stream until that work's recorded end (the carry-in; fixed, not re-derived).
+//!
+//! **Dependencies.** launch → GPU op; blocking calls (`cudaDeviceSynchronize`,
+//! `cudaStreamSynchronize`, `cudaEventSynchronize`, blocking `cudaMemcpy`/`cudaMemset`,
+//! `hipMemcpyWithStream`) are split into a zero-length issue op (which launches the call's own GPU
+//! work) and a wait op with an edge from each GPU op it waited for; the wait op keeps only the
+//! recorded time *after* the last waited-for GPU op ended (the waiting itself is re-derived by
+//! replay). Waited-for ops: the call's own GPU work; for a `cuda_sync` event naming the event's
+//! record (`wait_on_cuda_event_record_corr_id`), the last op of that stream launched before the
+//! record; otherwise the last op of the synchronised stream (or of every stream) launched before the
+//! call. Only ops that ended before the call returned count. `cudaStreamWaitEvent` after
+//! `cudaEventRecord`, when the trace has the `cuda_sync` "Wait Event" record (2024+ Kineto): an edge
+//! from the last op of the recorded stream launched before the record to the first op of the
+//! waiting stream launched after the wait. Not modelled yet: cross-thread waits on the host (the
+//! main thread blocked in `backward()` while the autograd thread runs is replayed as recorded idle
+//! time), stream waits in traces without `cuda_sync` events, memory effects (none).
+//!
+//! **Phases** (best effort): an event inherits its enclosing event's phase unless its name says
+//! otherwise: `Optimizer.step` / `Optimizer.zero_grad` → UPDATE; autograd names
+//! (`autograd::engine::evaluate_function…`, `…Backward…`) → BW; everything else FW. A GPU op takes
+//! its launch's phase, NCCL kernels COMM. Layer of an op = its innermost enclosing `cpu_op` name
+//! (for GPU ops, the launch's).
+
+use std::collections::BTreeMap;
+
+use crate::cost::comm::AlphaBeta;
+use crate::cost::compute::Efficiency;
+use crate::cost::config::{Dtype, SyncScheme};
+use crate::graph::comm::{CommCost, CommSpec};
+use crate::graph::job::{Job, JobMeta, LocalGraph, LocalOp};
+use crate::graph::{DeviceKind, NONE, OpId, OpKind, OpSpec, Phase};
+
+use super::kineto::{Category, Event, Id, KinetoTrace, RuntimeCall};
+
+/// Why a job could not be built from a trace.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TraceGraphError {
+    #[error("{name} cannot be replayed: {reason}")]
+    NotReplayable { name: String, reason: String },
+    #[error(
+        "{name} has no iteration markers: neither ProfilerStep#N spans nor Optimizer.step \
+         annotations (record with torch.profiler.profile(schedule=...) and call prof.step() \
+         once per iteration)"
+    )]
+    NoIterations { name: String },
+    #[error("{name} has no complete iteration {what}")]
+    NoStep { name: String, what: String },
+    #[error("{name}: {message}")]
+    Invalid { name: String, message: String },
+}
+
+/// One iteration window of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepWindow {
+    /// `ProfilerStep#N` or `Optimizer.step iteration i`.
+    pub label: String,
+    /// `N` of `ProfilerStep#N`, or the iteration index `i` (1-based) between Optimizer.step ends.
+    pub number: u64,
+    pub start_ns: i64,
+    pub end_ns: i64,
+    /// The CPU thread the marker is on (pid, tid).
+    pub pid: Id,
+    pub tid: Id,
+    /// Launched GPU work and every launch's GPU activity is in the file.
+    pub complete: bool,
+}
+
+impl StepWindow {
+    pub fn measured_ns(&self) -> u64 {
+        (self.end_ns - self.start_ns).max(0) as u64
+    }
+}
+
+/// A job built from one iteration of a trace.
+#[derive(Clone, Debug)]
+pub struct TraceJob {
+    pub job: Job,
+    pub window: StepWindow,
+    /// Local op marking the end of the step on the step's thread: its replayed end is the
+    /// predicted step time.
+    pub step_end: OpId,
+    /// Recorded start of each local op, ns from the window's start (a blocking call's wait op:
+    /// the call's start).
+    pub recorded_start_ns: Vec<i64>,
+    /// Ignorable oddities met while building.
+    pub warnings: Vec<String>,
+}
+
+fn is_cpu(e: &Event) -> bool {
+    matches!(
+        e.cat,
+        Category::CpuOp | Category::UserAnnotation | Category::CudaRuntime | Category::CudaDriver
+    ) && e.ph == super::kineto::Phase::Complete
+}
+
+fn is_gpu(e: &Event) -> bool {
+    e.cat.is_gpu_activity() && e.ph == super::kineto::Phase::Complete
+}
+
+fn is_nccl(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("nccl") || n.contains("rccl")
+}
+
+/// Whether a runtime call waits for the GPU.
+fn blocking(c: RuntimeCall) -> bool {
+    matches!(
+        c,
+        RuntimeCall::DeviceSynchronize
+            | RuntimeCall::StreamSynchronize
+            | RuntimeCall::EventSynchronize
+            | RuntimeCall::Memcpy { blocking: true }
+            | RuntimeCall::Memset { blocking: true }
+    )
+}
+
+/// GPU stream key of a GPU event: (pid, stream).
+fn stream_key(e: &Event) -> (Id, i64) {
+    let s = e
+        .args
+        .stream
+        .or_else(|| e.tid.trailing_number())
+        .unwrap_or(0);
+    (e.pid.clone(), s)
+}
+
+/// The iteration windows of a trace, in time order.
+pub fn steps(trace: &KinetoTrace) -> Vec<StepWindow> {
+    let ev = &trace.events;
+    // Launch correlations → whether the GPU side is present.
+    let gpu_corr: std::collections::BTreeSet<i64> = ev
+        .iter()
+        .filter(|e| is_gpu(e))
+        .filter_map(|e| e.args.correlation)
+        .collect();
+    let complete = |pid: &Id, start: i64, end: i64| -> bool {
+        let mut launches = 0usize;
+        for e in ev.iter().filter(|e| is_cpu(e) && &e.pid == pid) {
+            if e.ts_ns < start || e.ts_ns >= end {
+                continue;
+            }
+            // Kineto drops some memsets' GPU side (zero-sized ones): kernels and copies count.
+            if let (Some(c), Some(corr)) = (e.runtime_call(), e.args.correlation)
+                && matches!(
+                    c,
+                    RuntimeCall::LaunchKernel
+                        | RuntimeCall::MemcpyAsync
+                        | RuntimeCall::Memcpy { .. }
+                )
+            {
+                launches += 1;
+                if !gpu_corr.contains(&corr) {
+                    return false;
+                }
+            }
+        }
+        launches > 0
+    };
+    let mut out: Vec<StepWindow> = ev
+        .iter()
+        .filter(|e| is_cpu(e) && e.dur_ns > 0)
+        .filter_map(|e| {
+            let n = e.profiler_step()?;
+            Some(StepWindow {
+                label: format!("ProfilerStep#{n}"),
+                number: n,
+                start_ns: e.ts_ns,
+                end_ns: e.end_ns(),
+                pid: e.pid.clone(),
+                tid: e.tid.clone(),
+                complete: complete(&e.pid, e.ts_ns, e.end_ns()),
+            })
+        })
+        .collect();
+    if out.is_empty() {
+        let mut opt: Vec<&Event> = ev
+            .iter()
+            .filter(|e| is_cpu(e) && e.name.starts_with("Optimizer.step"))
+            .collect();
+        opt.sort_by_key(|e| (e.ts_ns, e.end_ns()));
+        for (i, w) in opt.windows(2).enumerate() {
+            let (a, b) = (w[0], w[1]);
+            out.push(StepWindow {
+                label: format!("Optimizer.step iteration {}", i + 1),
+                number: i as u64 + 1,
+                start_ns: a.end_ns(),
+                end_ns: b.end_ns(),
+                pid: b.pid.clone(),
+                tid: b.tid.clone(),
+                complete: complete(&b.pid, a.end_ns(), b.end_ns()),
+            });
+        }
+    }
+    out.sort_by_key(|s| (s.start_ns, s.number));
+    out
+}
+
+fn launches_gpu(c: RuntimeCall) -> bool {
+    matches!(
+        c,
+        RuntimeCall::LaunchKernel
+            | RuntimeCall::Memcpy { .. }
+            | RuntimeCall::MemcpyAsync
+            | RuntimeCall::Memset { .. }
+            | RuntimeCall::MemsetAsync
+            | RuntimeCall::GraphLaunch
+    )
+}
+
+/// Pick the window: step `n` (ProfilerStep number or Optimizer.step iteration), or the last
+/// complete one.
+pub fn pick_step(
+    trace: &KinetoTrace,
+    name: &str,
+    step: Option<u64>,
+) -> Result<StepWindow, TraceGraphError> {
+    let all = steps(trace);
+    if all.is_empty() {
+        return Err(TraceGraphError::NoIterations { name: name.into() });
+    }
+    let list = || {
+        let kind = if all[0].label.starts_with("ProfilerStep") {
+            "ProfilerStep#"
+        } else {
+            "Optimizer.step iterations "
+        };
+        let l = all
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}{}",
+                    s.number,
+                    if s.complete { "" } else { " (incomplete)" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("{kind}{l}")
+    };
+    match step {
+        Some(n) => all
+            .iter()
+            .find(|s| s.number == n && s.complete)
+            .cloned()
+            .ok_or_else(|| TraceGraphError::NoStep {
+                name: name.into(),
+                what: format!("{n} (it has {})", list()),
+            }),
+        None => all
+            .iter()
+            .rev()
+            .find(|s| s.complete)
+            .cloned()
+            .ok_or_else(|| TraceGraphError::NoStep {
+                name: name.into(),
+                what: format!("(it has {})", list()),
+            }),
+    }
+}
+
+/// Phase implied by an event's name, if any.
+fn name_phase(name: &str) -> Option<Phase> {
+    if name.starts_with("Optimizer.step") || name.starts_with("Optimizer.zero_grad") {
+        Some(Phase::Update)
+    } else if name.starts_with("autograd::engine::evaluate_function") || name.contains("Backward") {
+        Some(Phase::Bw)
+    } else {
+        None
+    }
+}
+
+/// One flattened piece of a CPU thread: `[start, end)` of event `ev` (index into the trace).
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    start: i64,
+    end: i64,
+    ev: usize,
+    /// The last piece of its event.
+    last: bool,
+    phase: Phase,
+    layer: u32,
+}
+
+struct Builder {
+    local: LocalGraph,
+    layer_ids: BTreeMap<String, u32>,
+    recorded: Vec<i64>,
+}
+
+impl Builder {
+    fn layer(&mut self, name: &str) -> u32 {
+        if let Some(&l) = self.layer_ids.get(name) {
+            return l;
+        }
+        let id = self.local.layers.len() as u32;
+        self.local.layers.push(name.to_string());
+        self.layer_ids.insert(name.to_string(), id);
+        id
+    }
+    fn push(&mut self, spec: OpSpec, at: i64) -> OpId {
+        self.local.ops.push(LocalOp { spec, work: None });
+        self.recorded.push(at);
+        (self.local.ops.len() - 1) as OpId
+    }
+}
+
+fn ns(v: i64) -> u64 {
+    v.max(0) as u64
+}
+
+/// Flatten one thread's events (indices, any order) within `[lo, hi)`.
+fn flatten(ev: &[Event], idx: &mut [usize], lo: i64, hi: i64, b: &mut Builder) -> Vec<Seg> {
+    idx.sort_by_key(|&i| (ev[i].ts_ns, std::cmp::Reverse(ev[i].end_ns()), i));
+    // Open events: (index, clipped end, phase, layer).
+    let mut stack: Vec<(usize, i64, Phase, u32)> = Vec::new();
+    let mut out: Vec<Seg> = Vec::new();
+    let mut t = lo;
+    let emit = |out: &mut Vec<Seg>, s: i64, e: i64, top: &(usize, i64, Phase, u32), last: bool| {
+        if e > s || last {
+            out.push(Seg {
+                start: s,
+                end: e.max(s),
+                ev: top.0,
+                last,
+                phase: top.2,
+                layer: top.3,
+            });
+        }
+    };
+    let close_until =
+        |stack: &mut Vec<(usize, i64, Phase, u32)>, out: &mut Vec<Seg>, t: &mut i64, until: i64| {
+            while let Some(top) = stack.last().copied() {
+                if top.1 > until {
+                    break;
+                }
+                emit(out, *t, top.1, &top, true);
+                *t = (*t).max(top.1);
+                stack.pop();
+            }
+        };
+    for &i in idx.iter() {
+        let e = &ev[i];
+        let (s, mut end) = (e.ts_ns.max(lo), e.end_ns().min(hi));
+        if end < s {
+            continue;
+        }
+        close_until(&mut stack, &mut out, &mut t, s);
+        if let Some(top) = stack.last().copied() {
+            if t < s {
+                emit(&mut out, t, s, &top, false);
+            }
+            end = end.min(top.1);
+        }
+        t = t.max(s);
+        let parent_phase = stack.last().map_or(Phase::Fw, |p| p.2);
+        let phase = name_phase(&e.name).unwrap_or(parent_phase);
+        let layer = if e.cat == Category::CpuOp {
+            b.layer(&e.name)
+        } else {
+            stack.last().map_or(NONE, |p| p.3)
+        };
+        stack.push((i, end, phase, layer));
+    }
+    close_until(&mut stack, &mut out, &mut t, i64::MAX);
+    out
+}
+
+/// Build the job of one iteration (`step`: see [`pick_step`]) of a single-rank trace.
+pub fn build_job(
+    trace: &KinetoTrace,
+    name: &str,
+    step: Option<u64>,
+) -> Result<TraceJob, TraceGraphError> {
+    trace
+        .replayable()
+        .map_err(|reason| TraceGraphError::NotReplayable {
+            name: name.into(),
+            reason,
+        })?;
+    let win = pick_step(trace, name, step)?;
+    let (lo, hi) = (win.start_ns, win.end_ns);
+    let ev = &trace.events;
+    let mut warnings = Vec::new();
+    let mut b = Builder {
+        local: LocalGraph::default(),
+        layer_ids: BTreeMap::new(),
+        recorded: Vec::new(),
+    };
+    b.local.devices.push(DeviceKind::Virtual);
+
+    // CPU threads with events in the window (only the step marker's process).
+    let mut threads: BTreeMap<Id, Vec<usize>> = BTreeMap::new();
+    for (i, e) in ev.iter().enumerate() {
+        if !is_cpu(e) || e.pid != win.pid || e.end_ns() <= lo || e.ts_ns >= hi {
+            continue;
+        }
+        if e.profiler_step().is_some() {
+            continue;
+        }
+        threads.entry(e.tid.clone()).or_default().push(i);
+    }
+    threads.entry(win.tid.clone()).or_default();
+    // Runtime calls in the window by correlation.
+    let mut launch_of: BTreeMap<i64, usize> = BTreeMap::new();
+    for idx in threads.values() {
+        for &i in idx {
+            if let (Some(_), Some(c)) = (ev[i].runtime_call(), ev[i].args.correlation) {
+                launch_of.insert(c, i);
+            }
+        }
+    }
+    // GPU ops in the window: launched from it, or uncorrelated and starting in it.
+    let corr_anywhere: std::collections::BTreeSet<i64> = ev
+        .iter()
+        .filter(|e| e.runtime_call().is_some())
+        .filter_map(|e| e.args.correlation)
+        .collect();
+    let mut streams: BTreeMap<(Id, i64), Vec<usize>> = BTreeMap::new();
+    for (i, e) in ev.iter().enumerate() {
+        if !is_gpu(e) {
+            continue;
+        }
+        let inside = match e.args.correlation {
+            Some(c) if launch_of.contains_key(&c) => true,
+            Some(c) if corr_anywhere.contains(&c) => false,
+            _ => e.ts_ns >= lo && e.ts_ns < hi,
+        };
+        if inside {
+            streams.entry(stream_key(e)).or_default().push(i);
+        }
+    }
+
+    // Per stream, the recorded end of work launched before the window that ran into it.
+    let launch_ts_any: BTreeMap<i64, i64> = ev
+        .iter()
+        .filter(|e| e.runtime_call().is_some())
+        .filter_map(|e| e.args.correlation.map(|c| (c, e.ts_ns)))
+        .collect();
+    let mut carry_in: BTreeMap<(Id, i64), i64> = BTreeMap::new();
+    for e in ev
+        .iter()
+        .filter(|e| is_gpu(e) && e.end_ns() > lo && e.ts_ns < hi)
+    {
+        let Some(c) = e.args.correlation else {
+            continue;
+        };
+        if launch_of.contains_key(&c) || launch_ts_any.get(&c).is_none_or(|&t| t >= lo) {
+            continue;
+        }
+        let k = stream_key(e);
+        if streams.contains_key(&k) {
+            let v = carry_in.entry(k).or_insert(lo);
+            *v = (*v).max(e.end_ns());
+        }
+    }
+    let mut gpu_by_corr: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for &g in streams.values().flatten() {
+        if let Some(c) = ev[g].args.correlation {
+            gpu_by_corr.entry(c).or_default().push(g);
+        }
+    }
+    let mut waits: std::collections::BTreeSet<usize> = std::collections::BTreeSet::new();
+
+    // CPU ops.
+    let mut seg_op: BTreeMap<usize, OpId> = BTreeMap::new(); // event → op of its last piece
+    let mut issue_op: BTreeMap<usize, OpId> = BTreeMap::new(); // blocking event → issue op
+    let mut step_end = NONE;
+    for (thread_no, (tid, idx)) in threads.iter_mut().enumerate() {
+        let dev = b.local.devices.len() as u32;
+        b.local.devices.push(DeviceKind::CpuThread {
+            worker: 0,
+            thread: thread_no as u32,
+        });
+        let segs = flatten(ev, idx, lo, hi, &mut b);
+        let mut prev: Option<(OpId, i64)> = None; // op, recorded end
+        let mut chain = |b: &mut Builder, op: OpId, start: i64, end: i64| {
+            match prev {
+                Some((p, pend)) => {
+                    b.local.ops[p as usize].spec.gap_ns = ns(start - pend);
+                    b.local.edges.push((p, op));
+                }
+                None if start > lo => {
+                    let g = b.push(
+                        OpSpec::new(OpKind::Gap, Phase::Other, dev, ns(start - lo)),
+                        lo,
+                    );
+                    b.local.edges.push((g, op));
+                }
+                None => {}
+            }
+            prev = Some((op, end));
+        };
+        for s in &segs {
+            let e = &ev[s.ev];
+            let call = e.runtime_call();
+            let own: &[usize] = match (call, e.args.correlation) {
+                (Some(c), Some(corr)) if launches_gpu(c) => {
+                    gpu_by_corr.get(&corr).map_or(&[], Vec::as_slice)
+                }
+                _ => &[],
+            };
+            let launches = !own.is_empty();
+            let dur = s.end - s.start;
+            // Part of the call before its GPU work started (all of it when the work was queued).
+            let pre = own
+                .iter()
+                .map(|&g| ev[g].ts_ns)
+                .min()
+                .map_or(0, |t| (t - s.start).clamp(0, dur));
+            // Blocking by name, or in effect: its GPU work ended before it returned (a
+            // cudaMemcpyAsync from pageable memory).
+            let block = s.last
+                && (call.is_some_and(blocking)
+                    || launches && own.iter().all(|&g| ev[g].end_ns() <= s.end));
+            let split = s.last && launches && pre < dur;
+            if block || split {
+                let kind = if launches {
+                    OpKind::Launch
+                } else {
+                    OpKind::CpuOther
+                };
+                let issue = b.push(
+                    OpSpec {
+                        layer: s.layer,
+                        ..OpSpec::new(kind, s.phase, dev, ns(pre))
+                    },
+                    s.start,
+                );
+                chain(&mut b, issue, s.start, s.start + pre);
+                issue_op.insert(s.ev, issue);
+                if block {
+                    waits.insert(s.ev);
+                }
+            }
+            let kind = if launches && !block && !split {
+                OpKind::Launch
+            } else {
+                OpKind::CpuOther
+            };
+            let start = if block || split {
+                s.start + pre
+            } else {
+                s.start
+            };
+            let op = b.push(
+                OpSpec {
+                    layer: s.layer,
+                    ..OpSpec::new(kind, s.phase, dev, ns(s.end - start))
+                },
+                start,
+            );
+            chain(&mut b, op, start, s.end);
+            if s.last {
+                seg_op.insert(s.ev, op);
+            }
+        }
+        if *tid == win.tid {
+            let m = b.push(OpSpec::new(OpKind::Gap, Phase::Other, dev, 0), hi);
+            chain(&mut b, m, hi, hi);
+            step_end = m;
+        }
+    }
+
+    // GPU ops, per stream in recorded order.
+    let mut gpu_op: BTreeMap<usize, OpId> = BTreeMap::new();
+    let mut comm_taken = false;
+    let mut by_stream: BTreeMap<(Id, i64), Vec<(usize, OpId)>> = BTreeMap::new();
+    let mut stream_no = 0u32;
+    for (key, idx) in streams.iter_mut() {
+        idx.sort_by_key(|&i| (ev[i].ts_ns, i));
+        let all_nccl = idx.iter().all(|&i| is_nccl(&ev[i].name));
+        let dev = b.local.devices.len() as u32;
+        if all_nccl && !comm_taken {
+            comm_taken = true;
+            b.local.devices.push(DeviceKind::CommStream { worker: 0 });
+        } else {
+            b.local.devices.push(DeviceKind::GpuStream {
+                worker: 0,
+                stream: stream_no,
+            });
+            stream_no += 1;
+        }
+        let mut prev: Option<OpId> = None;
+        // Carry-in: the stream still runs the previous step's work when the window opens (the
+        // GPU lags the host); a leading Gap op holds the stream until that work's recorded end.
+        let carry = carry_in.get(key).copied().unwrap_or(lo);
+        if carry > lo {
+            prev = Some(b.push(
+                OpSpec::new(OpKind::Gap, Phase::Other, dev, ns(carry - lo)),
+                lo,
+            ));
+        }
+        let list = by_stream.entry(key.clone()).or_default();
+        for &i in idx.iter() {
+            let e = &ev[i];
+            let launch = e.args.correlation.and_then(|c| launch_of.get(&c)).copied();
+            let (kind, phase, layer) = if is_nccl(&e.name) {
+                let l = b.layer(&e.name);
+                (OpKind::Collective, Phase::Comm, l)
+            } else {
+                let kind = match e.cat {
+                    Category::Memcpy => OpKind::Memcpy,
+                    _ => OpKind::Compute,
+                };
+                let (ph, l) = launch
+                    .and_then(|l| seg_op.get(&l).or_else(|| issue_op.get(&l)))
+                    .map_or((Phase::Other, NONE), |&o| {
+                        let s = &b.local.ops[o as usize].spec;
+                        (s.phase, s.layer)
+                    });
+                (kind, ph, l)
+            };
+            let op = b.push(
+                OpSpec {
+                    layer,
+                    ..OpSpec::new(kind, phase, dev, ns(e.dur_ns))
+                },
+                e.ts_ns,
+            );
+            if let Some(p) = prev {
+                b.local.edges.push((p, op));
+            }
+            prev = Some(op);
+            if let Some(l) = launch {
+                // A blocking call launches from its issue op.
+                if let Some(&from) = issue_op.get(&l).or_else(|| seg_op.get(&l)) {
+                    b.local.edges.push((from, op));
+                }
+            }
+            gpu_op.insert(i, op);
+            list.push((i, op));
+        }
+    }
+
+    // Launch time of a GPU event (its launch's ts; its own ts when uncorrelated).
+    let launch_ts = |g: usize| -> i64 {
+        ev[g]
+            .args
+            .correlation
+            .and_then(|c| launch_of.get(&c))
+            .map_or(ev[g].ts_ns, |&l| ev[l].ts_ns)
+    };
+    // cuda_sync events by correlation.
+    let sync_ev: BTreeMap<i64, &Event> = ev
+        .iter()
+        .filter(|e| e.cat == Category::CudaSync)
+        .filter_map(|e| e.args.correlation.map(|c| (c, e)))
+        .collect();
+    // Runtime calls by correlation anywhere (for EventRecord lookups).
+    let call_by_corr: BTreeMap<i64, &Event> = ev
+        .iter()
+        .filter(|e| e.runtime_call().is_some())
+        .filter_map(|e| e.args.correlation.map(|c| (c, e)))
+        .collect();
+    let last_before = |stream: &[(usize, OpId)], t: i64| -> Option<(usize, OpId)> {
+        stream
+            .iter()
+            .rev()
+            .find(|&&(g, _)| launch_ts(g) < t)
+            .copied()
+    };
+    let streams_of_id = |s: i64| -> Vec<&Vec<(usize, OpId)>> {
+        by_stream
+            .iter()
+            .filter(|((_, k), _)| *k == s)
+            .map(|(_, v)| v)
+            .collect()
+    };
+
+    // Blocking calls: waited-for GPU ops → wait op.
+    for (&ei, &wait) in seg_op.iter() {
+        let e = &ev[ei];
+        let Some(call) = e.runtime_call() else {
+            continue;
+        };
+        if !waits.contains(&ei) {
+            continue;
+        }
+        let mut waited: Vec<(usize, OpId)> = Vec::new();
+        if let Some(c) = e.args.correlation {
+            for &g in gpu_by_corr.get(&c).map_or(&[][..], Vec::as_slice) {
+                if let Some(&op) = gpu_op.get(&g) {
+                    waited.push((g, op));
+                }
+            }
+        }
+        if waited.is_empty() {
+            let se = e.args.correlation.and_then(|c| sync_ev.get(&c));
+            let rec = se
+                .and_then(|s| s.args.wait_on_cuda_event_record_corr_id)
+                .filter(|&c| c >= 0)
+                .and_then(|c| call_by_corr.get(&c));
+            let on_stream = se
+                .and_then(|s| s.args.wait_on_stream.filter(|&x| x >= 0))
+                .or_else(|| {
+                    se.and_then(|s| s.args.stream.filter(|&x| x >= 0))
+                        .filter(|_| call == RuntimeCall::StreamSynchronize)
+                });
+            let t = rec.map_or(e.ts_ns, |r| r.ts_ns);
+            let lists: Vec<&Vec<(usize, OpId)>> = match (call, on_stream) {
+                (RuntimeCall::DeviceSynchronize, _) | (_, None) => by_stream.values().collect(),
+                (_, Some(s)) => streams_of_id(s),
+            };
+            for l in lists {
+                waited.extend(last_before(l, t));
+            }
+        }
+        // Only GPU work that ended before the call returned was waited for.
+        waited.retain(|&(g, _)| ev[g].end_ns() <= e.end_ns() + 1_000);
+        if waited.is_empty() {
+            continue;
+        }
+        let g_end = waited
+            .iter()
+            .map(|&(g, _)| ev[g].end_ns())
+            .max()
+            .unwrap_or(0);
+        let from = issue_op.get(&ei).map_or(e.ts_ns, |&i| {
+            b.recorded[i as usize] + b.local.ops[i as usize].spec.dur_ns as i64
+        });
+        let tail = e.end_ns().min(hi) - g_end.max(from);
+        b.local.ops[wait as usize].spec.dur_ns = ns(tail);
+        for (_, op) in waited {
+            b.local.edges.push((op, wait));
+        }
+    }
+
+    // Stream waits (cuda_sync "Wait Event" records): recorded stream → waiting stream.
+    let mut stream_waits = 0usize;
+    for s in ev.iter().filter(|e| e.cat == Category::CudaSync) {
+        let is_wait = s
+            .args
+            .sync_kind
+            .as_deref()
+            .or(Some(s.name.as_str()))
+            .is_some_and(|k| k.contains("Wait Event"));
+        if !is_wait {
+            continue;
+        }
+        let (Some(a), Some(rec), Some(c)) = (
+            s.args.wait_on_stream.filter(|&x| x >= 0),
+            s.args
+                .wait_on_cuda_event_record_corr_id
+                .and_then(|c| call_by_corr.get(&c)),
+            s.args.correlation,
+        ) else {
+            continue;
+        };
+        let Some(call) = launch_of.get(&c).map(|&i| &ev[i]) else {
+            continue;
+        };
+        let waiting = s.args.stream.or_else(|| s.tid.trailing_number());
+        let Some(wb) = waiting else { continue };
+        let from = streams_of_id(a)
+            .into_iter()
+            .filter_map(|l| last_before(l, rec.ts_ns))
+            .max_by_key(|&(g, _)| ev[g].end_ns());
+        let to = streams_of_id(wb)
+            .into_iter()
+            .filter_map(|l| l.iter().find(|&&(g, _)| launch_ts(g) > call.ts_ns).copied())
+            .min_by_key(|&(g, _)| ev[g].ts_ns);
+        if let (Some((_, f)), Some((_, t))) = (from, to)
+            && f != t
+        {
+            b.local.edges.push((f, t));
+            stream_waits += 1;
+        }
+    }
+    let waits_without = ev
+        .iter()
+        .filter(|e| {
+            e.runtime_call() == Some(RuntimeCall::StreamWaitEvent) && e.ts_ns >= lo && e.ts_ns < hi
+        })
+        .count();
+    if waits_without > stream_waits && !sync_ev.is_empty()
+        || waits_without > 0 && sync_ev.is_empty()
+    {
+        warnings.push(format!(
+            "{} cudaStreamWaitEvent calls in the step have no cuda_sync record naming the stream \
+             they wait on; their stream → stream edges are not modelled",
+            waits_without.saturating_sub(stream_waits)
+        ));
+    }
+
+    if !b
+        .local
+        .ops
+        .iter()
+        .any(|o| o.spec.kind == OpKind::Compute || o.spec.kind == OpKind::Collective)
+    {
+        return Err(TraceGraphError::Invalid {
+            name: name.into(),
+            message: format!("{} has no GPU work", win.label),
+        });
+    }
+    b.local.edges.sort_unstable();
+    b.local.edges.dedup();
+    let gpu =
+        crate::cost::config::load_gpu(gpu_name(trace)).map_err(|e| TraceGraphError::Invalid {
+            name: name.into(),
+            message: e.to_string(),
+        })?;
+    let link = AlphaBeta {
+        alpha_ns: 5_000.0,
+        bytes_per_ns: 100.0,
+    };
+    let Builder {
+        local, recorded, ..
+    } = b;
+    let job = Job {
+        local,
+        syncs: Vec::new(),
+        comm: CommSpec {
+            scheme: SyncScheme::Ring,
+            gpus_per_node: 1,
+            nodes: 1,
+            ps_servers: 1,
+            cost: CommCost {
+                intra: link,
+                inter: link,
+                aggregate_bytes_per_ns: 100.0,
+            },
+        },
+        workers: 1,
+        symmetric: false,
+        gpu,
+        dtype: Dtype::Fp32,
+        efficiency: Efficiency::default(),
+        meta: JobMeta {
+            model: name.to_string(),
+            batch: 0,
+            cluster: "trace".into(),
+            source: "trace".into(),
+        },
+    };
+    job.local_dfg().map_err(|e| TraceGraphError::Invalid {
+        name: name.into(),
+        message: format!("the dependency graph of {} is invalid: {e}", win.label),
+    })?;
+    let recorded_start_ns = recorded.into_iter().map(|t| t - lo).collect();
+    Ok(TraceJob {
+        job,
+        window: win,
+        recorded_start_ns,
+        step_end,
+        warnings,
+    })
+}
+
+/// Built-in GPU closest to the trace's `deviceProperties` name (for re-costing only).
+fn gpu_name(trace: &KinetoTrace) -> &'static str {
+    let n = trace
+        .device_properties
+        .first()
+        .and_then(|d| d.name.clone())
+        .unwrap_or_default()
+        .to_ascii_uppercase();
+    if n.contains("H200") {
+        "h200"
+    } else if n.contains("H100") {
+        "h100-sxm"
+    } else if n.contains("MI") {
+        "mi300x"
+    } else if n.contains("A100") {
+        "a100-80gb"
+    } else {
+        "v100-32gb"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::replay;
+    use std::path::{Path, PathBuf};
+
+    fn parse(json: &str) -> KinetoTrace {
+        crate::trace::parse_kineto(json.as_bytes(), "t.json").unwrap()
+    }
+
+    /// A complete CPU event (µs).
+    fn x(cat: &str, name: &str, tid: u32, ts: u64, dur: u64, corr: Option<u32>) -> String {
+        let args = corr.map_or(String::new(), |c| {
+            format!(r#","args":{{"correlation":{c}}}"#)
+        });
+        format!(
+            r#"{{"ph":"X","cat":"{cat}","name":"{name}","pid":100,"tid":{tid},"ts":{ts},"dur":{dur}{args}}}"#
+        )
+    }
+
+    /// A kernel on `stream` with its ac2g flow pair.
+    fn kernel(name: &str, stream: u32, ts: u64, dur: u64, corr: u32, launch_ts: u64) -> String {
+        format!(
+            r#"{{"ph":"X","cat":"kernel","name":"{name}","pid":0,"tid":{stream},"ts":{ts},"dur":{dur},"args":{{"correlation":{corr},"stream":{stream}}}}},
+{{"ph":"s","cat":"ac2g","name":"ac2g","id":{corr},"pid":100,"tid":1,"ts":{launch_ts}}},
+{{"ph":"f","cat":"ac2g","name":"ac2g","id":{corr},"pid":0,"tid":{stream},"ts":{ts},"bp":"e"}}"#
+        )
+    }
+
+    fn doc(events: &[String]) -> String {
+        format!(r#"{{"traceEvents":[{}]}}"#, events.join(",\n"))
+    }
+
+    /// Step 0–100 µs: aten::mm [10,40] with a launch [20,30] of a kernel [25,75], then
+    /// cudaDeviceSynchronize [50,80].
+    fn sync_trace() -> String {
+        doc(&[
+            x("user_annotation", "ProfilerStep#1", 1, 0, 100, None),
+            x("cpu_op", "aten::mm", 1, 10, 30, None),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 20, 10, Some(1)),
+            kernel("gemm", 7, 25, 50, 1, 20),
+            x("cuda_runtime", "cudaDeviceSynchronize", 1, 50, 30, Some(2)),
+        ])
+    }
+
+    fn replay_step(t: &TraceJob) -> (u64, u64) {
+        let g = t.job.expand().unwrap();
+        let r = replay(&g);
+        (r.end_ns[t.step_end as usize], r.iteration_ns)
+    }
+
+    #[test]
+    fn launch_split_gap_and_device_sync() {
+        let t = build_job(&parse(&sync_trace()), "t.json", None).unwrap();
+        assert_eq!(t.window.label, "ProfilerStep#1");
+        assert_eq!(t.window.measured_ns(), 100_000);
+        let l = &t.job.local;
+        // Thread: gap 10, mm [10,20], launch pre [20,25], launch rest [25,30], mm [30,40] + gap
+        // 10, sync issue (0), sync wait (80 − 75 = 5) + gap 20, step end. GPU: the kernel.
+        let durs: Vec<(OpKind, u64, u64)> = l
+            .ops
+            .iter()
+            .map(|o| (o.spec.kind, o.spec.dur_ns / 1000, o.spec.gap_ns / 1000))
+            .collect();
+        assert_eq!(
+            durs,
+            vec![
+                (OpKind::CpuOther, 10, 0),
+                (OpKind::Gap, 10, 0),
+                (OpKind::Launch, 5, 0),
+                (OpKind::CpuOther, 5, 0),
+                (OpKind::CpuOther, 10, 10),
+                (OpKind::CpuOther, 0, 0),
+                (OpKind::CpuOther, 5, 20),
+                (OpKind::Gap, 0, 0),
+                (OpKind::Compute, 50, 0),
+            ]
+        );
+        assert!(l.edges.contains(&(2, 8)), "launch → kernel");
+        assert!(l.edges.contains(&(8, 6)), "kernel → sync wait");
+        assert_eq!(l.op_name(8), "aten::mm FW");
+        assert_eq!(replay_step(&t), (100_000, 100_000));
+        // What-if: the kernel twice as long (25 → 125 µs): the sync waits until 125, returns at
+        // 130, and the thread's 20 µs of recorded idle follows: the step ends at 150 µs.
+        let mut e = t.job.edit();
+        e.scale(&[8], 2.0).unwrap();
+        let job = e.finish().unwrap();
+        let r = replay(&job.expand().unwrap());
+        assert_eq!(r.end_ns[t.step_end as usize], 150_000);
+    }
+
+    #[test]
+    fn blocking_copy_and_pageable_async_copy_wait_for_their_copy() {
+        // cudaMemcpyAsync [10,50] whose copy [15,45] ends inside it (pageable memory): issue 5,
+        // wait = 50 − 45 = 5 after the copy.
+        let json = doc(&[
+            x("user_annotation", "ProfilerStep#3", 1, 0, 60, None),
+            x("cuda_runtime", "cudaMemcpyAsync", 1, 10, 40, Some(1)),
+            r#"{"ph":"X","cat":"gpu_memcpy","name":"Memcpy HtoD","pid":0,"tid":7,"ts":15,"dur":30,"args":{"correlation":1,"stream":7}},
+{"ph":"s","cat":"ac2g","name":"ac2g","id":1,"pid":100,"tid":1,"ts":10},
+{"ph":"f","cat":"ac2g","name":"ac2g","id":1,"pid":0,"tid":7,"ts":15,"bp":"e"}"#
+                .to_string(),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 52, 3, Some(2)),
+            kernel("k", 7, 53, 2, 2, 52),
+        ]);
+        let t = build_job(&parse(&json), "t.json", None).unwrap();
+        let l = &t.job.local;
+        let copy = l
+            .ops
+            .iter()
+            .position(|o| o.spec.kind == OpKind::Memcpy)
+            .unwrap() as OpId;
+        // ops: issue (Launch, 5), leading gap 10, wait (5, gap 2), launch pre 1, launch rest 2
+        // (gap 5), end marker, copy, kernel.
+        assert_eq!(l.ops[0].spec.kind, OpKind::Launch);
+        assert_eq!(l.ops[0].spec.dur_ns, 5_000);
+        assert_eq!(
+            (l.ops[1].spec.kind, l.ops[1].spec.dur_ns),
+            (OpKind::Gap, 10_000)
+        );
+        assert_eq!(l.ops[2].spec.dur_ns, 5_000);
+        assert!(l.edges.contains(&(0, copy)) && l.edges.contains(&(copy, 2)));
+        assert_eq!(replay_step(&t).0, 60_000);
+        // The copy 3× as long (15 → 105): the call returns at 110, the rest shifts by 60 µs.
+        let mut e = t.job.edit();
+        e.scale(&[copy], 3.0).unwrap();
+        let r = replay(&e.finish().unwrap().expand().unwrap());
+        assert_eq!(r.end_ns[t.step_end as usize], 120_000);
+    }
+
+    #[test]
+    fn stream_wait_event_links_streams() {
+        // Kernel A on stream 7 [10,60]; record on 7 at 20; stream 20 waits at 22; kernel B on
+        // stream 20 launched at 24, ran at 60 (after A).
+        let json = doc(&[
+            x("user_annotation", "ProfilerStep#1", 1, 0, 100, None),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 5, 5, Some(1)),
+            kernel("a", 7, 10, 50, 1, 5),
+            x("cuda_runtime", "cudaEventRecord", 1, 20, 1, Some(2)),
+            x("cuda_runtime", "cudaStreamWaitEvent", 1, 22, 1, Some(3)),
+            r#"{"ph":"X","cat":"cuda_sync","name":"Wait Event","pid":0,"tid":20,"ts":23,"dur":0,"args":{"cuda_sync_kind":"Wait Event","wait_on_stream":7,"wait_on_cuda_event_record_corr_id":2,"stream":20,"correlation":3}}"#.to_string(),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 24, 4, Some(4)),
+            kernel("b", 20, 60, 10, 4, 24),
+        ]);
+        let t = build_job(&parse(&json), "t.json", None).unwrap();
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        let l = &t.job.local;
+        let find = |kind: OpKind, dev_nth: usize| -> OpId {
+            l.ops
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| o.spec.kind == kind)
+                .nth(dev_nth)
+                .unwrap()
+                .0 as OpId
+        };
+        let (a, b) = (find(OpKind::Compute, 0), find(OpKind::Compute, 1));
+        assert!(l.edges.contains(&(a, b)));
+        let g = t.job.expand().unwrap();
+        let r = replay(&g);
+        assert_eq!(
+            (r.start_ns[b as usize], r.end_ns[b as usize]),
+            (60_000, 70_000)
+        );
+    }
+
+    #[test]
+    fn iterations_from_optimizer_steps_and_incomplete_steps() {
+        let json = doc(&[
+            x("user_annotation", "Optimizer.step#SGD.step", 1, 0, 10, None),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 20, 5, Some(1)),
+            kernel("k1", 7, 22, 10, 1, 20),
+            x(
+                "user_annotation",
+                "Optimizer.step#SGD.step",
+                1,
+                40,
+                10,
+                None,
+            ),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 60, 5, Some(2)),
+            kernel("k2", 7, 62, 10, 2, 60),
+            x(
+                "user_annotation",
+                "Optimizer.step#SGD.step",
+                1,
+                90,
+                20,
+                None,
+            ),
+            // A cut-off last iteration: a launch whose kernel is not in the file.
+            x("cuda_runtime", "cudaLaunchKernel", 1, 120, 5, Some(3)),
+            x(
+                "user_annotation",
+                "Optimizer.step#SGD.step",
+                1,
+                130,
+                5,
+                None,
+            ),
+        ]);
+        let tr = parse(&json);
+        let s = steps(&tr);
+        assert_eq!(s.len(), 3);
+        assert_eq!(
+            s.iter()
+                .map(|w| (w.start_ns, w.end_ns, w.complete))
+                .collect::<Vec<_>>(),
+            vec![
+                (10_000, 50_000, true),
+                (50_000, 110_000, true),
+                (110_000, 135_000, false)
+            ]
+        );
+        let t = build_job(&tr, "t.json", None).unwrap();
+        assert_eq!((t.window.number, t.window.measured_ns()), (2, 60_000));
+        assert_eq!(replay_step(&t).0, 60_000);
+        let t = build_job(&tr, "t.json", Some(1)).unwrap();
+        assert_eq!(t.window.measured_ns(), 40_000);
+        let e = build_job(&tr, "t.json", Some(3)).unwrap_err().to_string();
+        assert!(
+            e.contains("no complete iteration 3") && e.contains("3 (incomplete)"),
+            "{e}"
+        );
+        let none = doc(&[
+            x("cuda_runtime", "cudaLaunchKernel", 1, 20, 5, Some(1)),
+            kernel("k", 7, 22, 1, 1, 20),
+        ]);
+        let e = build_job(&parse(&none), "t.json", None).unwrap_err();
+        assert!(matches!(e, TraceGraphError::NoIterations { .. }));
+    }
+
+    #[test]
+    fn nccl_kernels_are_collectives_on_the_comm_stream() {
+        let json = doc(&[
+            x("user_annotation", "ProfilerStep#1", 1, 0, 50, None),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 5, 5, Some(1)),
+            kernel("gemm", 7, 12, 10, 1, 5),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 12, 5, Some(2)),
+            kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 20, 20, 20, 2, 12),
+        ]);
+        let t = build_job(&parse(&json), "t.json", None).unwrap();
+        let l = &t.job.local;
+        let c = l
+            .ops
+            .iter()
+            .find(|o| o.spec.kind == OpKind::Collective)
+            .unwrap();
+        assert_eq!(c.spec.phase, Phase::Comm);
+        assert_eq!(c.spec.dur_ns, 20_000);
+        assert_eq!(
+            l.devices[c.spec.device as usize],
+            DeviceKind::CommStream { worker: 0 }
+        );
+        // Makespan: the collective ends at 40 µs, the step at 50.
+        assert_eq!(replay_step(&t), (50_000, 50_000));
+    }
+
+    fn traces_dir() -> Option<PathBuf> {
+        let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/pytorch-kineto");
+        if d.is_dir() {
+            Some(d)
+        } else {
+            eprintln!("skipping: ../shared/traces is absent (the real-trace tests need it)");
+            None
+        }
+    }
+
+    /// Every replayable real trace with iteration markers: measured against replayed step, and
+    /// the replayed end of the step's GPU work against the recorded one.
+    #[test]
+    fn real_traces_replay_error() {
+        let Some(dir) = traces_dir() else { return };
+        // (file, step, |error| bound on the step %, |error| bound on the GPU end %)
+        let expect: &[(&str, u64, f64, f64)] = &[
+            ("linear_rtx2080ti_no_profilerstep.json.gz", 39, 0.01, 1.0),
+            (
+                "resnet18like_rtx2080ti_no_profilerstep.json.gz",
+                29,
+                0.01,
+                1.0,
+            ),
+            ("resnet50_ddp_a100_rank0of2.json.gz", 6, 0.01, 1.0),
+            ("resnet50_v100_1gpu_ns_timestamps.json.gz", 105, 0.01, 1.0),
+            ("toy_cuda_event_sync.json.gz", 100, 0.1, 1.0),
+            ("toy_train_mi250_rocm.json.gz", 1, 0.01, 1.0),
+        ];
+        println!(
+            "{:<48} {:>6} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
+            "trace",
+            "step",
+            "measured",
+            "predicted",
+            "err %",
+            "GPU end rec",
+            "GPU end rep",
+            "err %"
+        );
+        for &(n, step, bound, gpu_bound) in expect {
+            let tr = crate::trace::read_kineto(&dir.join(n)).unwrap();
+            let t = build_job(&tr, n, None).unwrap();
+            let (p, makespan) = replay_step(&t);
+            let m = t.window.measured_ns();
+            let err = 100.0 * (p as f64 / m as f64 - 1.0);
+            // Recorded end of the step's GPU work, from the window's start.
+            let rec_gpu = t
+                .job
+                .local
+                .ops
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| {
+                    matches!(
+                        o.spec.kind,
+                        OpKind::Compute | OpKind::Memcpy | OpKind::Collective
+                    )
+                })
+                .map(|(i, o)| t.recorded_start_ns[i] + o.spec.dur_ns as i64)
+                .max()
+                .unwrap()
+                .max(m as i64);
+            let gpu_err = 100.0 * (makespan as f64 / rec_gpu as f64 - 1.0);
+            println!(
+                "{:<48} {:>6} {:>11.3} {:>11.3} {:>8.3} {:>11.3} {:>11.3} {:>8.3}",
+                n,
+                t.window.number,
+                m as f64 / 1e6,
+                p as f64 / 1e6,
+                err,
+                rec_gpu as f64 / 1e6,
+                makespan as f64 / 1e6,
+                gpu_err
+            );
+            assert_eq!(t.window.number, step, "{n}");
+            assert!(err.abs() <= bound, "{n}: step error {err} %");
+            assert!(gpu_err.abs() <= gpu_bound, "{n}: GPU end error {gpu_err} %");
+        }
+    }
+
+    #[test]
+    fn real_traces_that_cannot_be_replayed() {
+        let Some(dir) = traces_dir() else { return };
+        for r in [0, 1] {
+            let n = format!("sampled_events_rank{r}of128_NOT_REPLAYABLE.json.gz");
+            let tr = crate::trace::read_kineto(&dir.join(&n)).unwrap();
+            let e = build_job(&tr, &n, None).unwrap_err().to_string();
+            assert!(e.contains(&n) && e.contains("sampled"), "{e}");
+        }
+        for n in [
+            "alexnet_a100_cuda_sync.json.gz",
+            "toy_cuda_event_sync_multi_stream.json.gz",
+        ] {
+            let tr = crate::trace::read_kineto(&dir.join(n)).unwrap();
+            let e = build_job(&tr, n, None).unwrap_err();
+            assert!(matches!(e, TraceGraphError::NoIterations { .. }), "{e}");
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! `trainplan replay --trace`: one rank's Kineto trace replayed against its measured step, and
+//! the traces that must be refused (sampled, truncated, several ranks) with exit 3.
+
+use std::path::{Path, PathBuf};
+
+use crate::cli::{check_bad_input, run, run_json};
+
+fn traces() -> Option<PathBuf> {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/pytorch-kineto");
+    if d.is_dir() {
+        Some(d)
+    } else {
+        eprintln!("skipping: ../shared/traces is absent (the real-trace tests need it)");
+        None
+    }
+}
+
+/// A small complete trace: step 0–100 µs, one kernel behind a device synchronize.
+const TINY: &str = r#"{"traceEvents":[
+{"ph":"X","cat":"user_annotation","name":"ProfilerStep#7","pid":1,"tid":1,"ts":0,"dur":100},
+{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":20,"dur":10,"args":{"correlation":1}},
+{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":25,"dur":50,"args":{"correlation":1,"stream":7}},
+{"ph":"s","cat":"ac2g","name":"ac2g","id":1,"pid":1,"tid":1,"ts":20},
+{"ph":"f","cat":"ac2g","name":"ac2g","id":1,"pid":0,"tid":7,"ts":25,"bp":"e"},
+{"ph":"X","cat":"cuda_runtime","name":"cudaDeviceSynchronize","pid":1,"tid":1,"ts":50,"dur":30,"args":{"correlation":2}}
+]}"#;
+
+fn write_tmp(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trainplan-it-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn tiny_trace_json_fields() {
+    let p = write_tmp("tiny_step.json", TINY);
+    let v = run_json(&["replay", "--trace", p.to_str().unwrap()]);
+    assert_eq!(v["measured_iteration_ms"].as_f64(), Some(0.1));
+    assert_eq!(v["iteration_ms"].as_f64(), Some(0.1));
+    assert_eq!(v["error_pct"].as_f64(), Some(0.0));
+    assert_eq!(v["step"], "ProfilerStep#7");
+    assert_eq!(v["model"], "tiny_step");
+    assert_eq!(v["cluster"], "trace");
+    let (code, out, err) = run(&["replay", "--trace", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("measured step") && out.contains("error +0.00 %"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_traces_exit_3() {
+    let full = write_tmp("tiny_full.json", TINY);
+    let cut = write_tmp("tiny_cut.json", &TINY[..TINY.len() / 2]);
+    let msg = check_bad_input(&["replay", "--trace", cut.to_str().unwrap()], "truncated");
+    assert!(msg.contains("tiny_cut.json"), "{msg}");
+    let f = full.to_str().unwrap();
+    check_bad_input(
+        &["replay", "--trace", f, "--trace", f],
+        "multi-rank traces are not supported yet",
+    );
+    check_bad_input(
+        &["replay", "--trace", f, "--step", "3"],
+        "no complete iteration 3",
+    );
+    // --step needs --trace; --trace excludes --model: usage errors.
+    assert_eq!(run(&["replay", "--step", "3"]).0, 2);
+    assert_eq!(run(&["replay", "--trace", f, "--model", "resnet50"]).0, 2);
+}
+
+#[test]
+fn real_traces() {
+    let Some(d) = traces() else { return };
+    let t = d.join("resnet50_v100_1gpu_ns_timestamps.json.gz");
+    let v = run_json(&["replay", "--trace", t.to_str().unwrap(), "--step", "104"]);
+    let m = v["measured_iteration_ms"].as_f64().unwrap();
+    assert!((m - 95.551).abs() < 0.001, "{m}");
+    assert!(v["error_pct"].as_f64().unwrap().abs() < 0.01, "{v}");
+    for r in [0, 1] {
+        let s = d.join(format!(
+            "sampled_events_rank{r}of128_NOT_REPLAYABLE.json.gz"
+        ));
+        check_bad_input(&["replay", "--trace", s.to_str().unwrap()], "sampled");
+    }
+    let a = d.join("alexnet_a100_cuda_sync.json.gz");
+    check_bad_input(
+        &["replay", "--trace", a.to_str().unwrap()],
+        "no iteration markers",
+    );
+}
