@@ -166,13 +166,21 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
     }
     let names: Vec<&str> = a.pass.iter().map(String::as_str).collect();
     let lines = [
-        format!(
-            "{} (batch {}/GPU) on {}: what if {}",
-            base.job.meta.model,
-            base.job.meta.batch,
-            base.job.meta.cluster,
-            names.join(" + ")
-        ),
+        if base.job.meta.source == "trace" {
+            format!(
+                "{} (trace, one rank): what if {}",
+                base.job.meta.model,
+                names.join(" + ")
+            )
+        } else {
+            format!(
+                "{} (batch {}/GPU) on {}: what if {}",
+                base.job.meta.model,
+                base.job.meta.batch,
+                base.job.meta.cluster,
+                names.join(" + ")
+            )
+        },
         String::new(),
         format!(
             "{:<16} {:>12} {:>12} {:>9}",
@@ -185,13 +193,17 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
             ms(a_it),
             100.0 * (a_it as f64 / b_it.max(1) as f64 - 1.0)
         ),
-        format!(
-            "{:<16} {:>12} {:>12} {:>+8.1} %",
-            "peak memory",
-            gb(base.memory.peak_bytes),
-            gb(cur.memory.peak_bytes),
-            100.0 * (cur.memory.peak_bytes as f64 / base.memory.peak_bytes.max(1) as f64 - 1.0)
-        ),
+        if base.memory.peak_bytes == 0 {
+            "peak memory      not modelled for this input (no allocation events)".to_string()
+        } else {
+            format!(
+                "{:<16} {:>12} {:>12} {:>+8.1} %",
+                "peak memory",
+                gb(base.memory.peak_bytes),
+                gb(cur.memory.peak_bytes),
+                100.0 * (cur.memory.peak_bytes as f64 / base.memory.peak_bytes as f64 - 1.0)
+            )
+        },
         format!("speedup          {speedup:.3}x"),
     ];
     for l in lines {
