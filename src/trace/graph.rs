@@ -107,8 +107,23 @@ pub struct TraceJob {
     /// Recorded start of each local op, ns from the window's start (a blocking call's wait op:
     /// the call's start).
     pub recorded_start_ns: Vec<i64>,
+    /// The step's NCCL/RCCL kernels in stream order: the collectives other ranks must match.
+    pub collectives: Vec<TraceCollective>,
     /// Ignorable oddities met while building.
     pub warnings: Vec<String>,
+}
+
+/// One recorded collective kernel of a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceCollective {
+    /// Its `Collective` op in the job's local graph.
+    pub op: OpId,
+    /// Index of the kernel event in the trace's `traceEvents`.
+    pub event: usize,
+    pub name: String,
+    /// Recorded start and duration on the trace's own clock (ns).
+    pub start_ns: i64,
+    pub dur_ns: u64,
 }
 
 fn is_cpu(e: &Event) -> bool {
@@ -589,6 +604,7 @@ pub fn build_job(
     // GPU ops, per stream in recorded order.
     let mut gpu_op: BTreeMap<usize, OpId> = BTreeMap::new();
     let mut comm_taken = false;
+    let mut collectives: Vec<TraceCollective> = Vec::new();
     let mut by_stream: BTreeMap<(Id, i64), Vec<(usize, OpId)>> = BTreeMap::new();
     let mut stream_no = 0u32;
     for (key, idx) in streams.iter_mut() {
@@ -654,6 +670,15 @@ pub fn build_job(
             }
             gpu_op.insert(i, op);
             list.push((i, op));
+            if kind == OpKind::Collective {
+                collectives.push(TraceCollective {
+                    op,
+                    event: i,
+                    name: e.name.clone(),
+                    start_ns: e.ts_ns,
+                    dur_ns: ns(e.dur_ns),
+                });
+            }
         }
     }
 
@@ -868,6 +893,7 @@ pub fn build_job(
         window: win,
         recorded_start_ns,
         step_end,
+        collectives,
         warnings,
     })
 }

@@ -2,8 +2,10 @@
 //! traces for now) into normalised event lists for the rest of the importer (graph construction,
 //! replay). This module holds the shared error type; each format lives in its own submodule.
 
+pub mod align;
 pub mod graph;
 pub mod kineto;
+pub mod multi;
 
 pub use kineto::{KinetoTrace, parse_kineto, read_kineto};
 

@@ -1,0 +1,378 @@
+//! Clock alignment of rank traces (dPRO §4.2) as a quadratic program solved by clarabel.
+//!
+//! Each rank records on its own clock; rank r's true time is its recorded time plus an unknown
+//! offset θ_r (θ of the first rank is 0: it is the reference). What ties the clocks together are the
+//! collectives: a collective ends on every rank at about the same moment, after the last rank has
+//! arrived, and the part of it after that moment — the data transfer, dPRO's RECV-family duration —
+//! takes about equally long on every rank. For collective k with recorded start s_rk and end e_rk on
+//! rank r, and m_k the (unknown) moment the last rank arrives:
+//!
+//! ```text
+//! minimise   Σ_k Σ_r (D_rk − mean_j D_jk)²  +  w · Σ_hosts Σ_{r∈host} (θ_r − mean_{j∈host} θ_j)²
+//! where      D_rk = e_rk + θ_r − m_k                      (transfer time of k seen on rank r)
+//! subject to s_jk + θ_j ≤ m_k          for every rank j   (m_k is after every arrival)
+//!            m_k ≤ e_rk + θ_r + tol    for every rank r   (no rank finishes before the last arrival)
+//! ```
+//!
+//! The variance of D_rk over r does not depend on m_k, so the objective is a convex quadratic in θ
+//! and the m_k only enter the constraints: the dependency constraints that rule out offsets under
+//! which a collective would end before one of its ranks started it. The second term (ranks of one
+//! host share a clock) is used only when hosts are given. `tol` absorbs the profiler's timestamp
+//! noise (a few µs). Times are solved in µs around a coarse estimate (the median difference of
+//! collective ends to the reference rank), which keeps the problem well conditioned for absolute
+//! nanosecond timestamps.
+
+// Index loops below follow the formulas' subscripts (r ranks, c collectives).
+#![allow(clippy::needless_range_loop)]
+
+use clarabel::algebra::CscMatrix;
+use clarabel::solver::{
+    DefaultSettings, DefaultSolver, IPSolver, SolverStatus, SupportedConeT::NonnegativeConeT,
+};
+
+/// Why the offsets could not be estimated.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AlignError {
+    #[error("clock alignment needs at least one collective common to all ranks")]
+    NoCollectives,
+    #[error("rank {rank} has {got} collectives but rank 0 has {want}: they cannot be aligned")]
+    Mismatch {
+        rank: usize,
+        got: usize,
+        want: usize,
+    },
+    #[error("the clock-alignment QP could not be solved: {0}")]
+    Solver(String),
+}
+
+/// Options of the alignment.
+#[derive(Clone, Debug)]
+pub struct AlignOptions {
+    /// Host of each rank (ranks on one host share a clock); empty: every rank its own clock.
+    pub hosts: Vec<u32>,
+    /// Weight of the within-host offset variance.
+    pub host_weight: f64,
+    /// Timestamp noise tolerated in the dependency constraints (ns).
+    pub tolerance_ns: f64,
+}
+
+impl Default for AlignOptions {
+    fn default() -> Self {
+        AlignOptions {
+            hosts: Vec::new(),
+            host_weight: 1.0,
+            tolerance_ns: 5_000.0,
+        }
+    }
+}
+
+/// The estimated offsets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alignment {
+    /// θ_r in ns: add to rank r's recorded times to get the reference (rank 0's) clock.
+    pub offsets_ns: Vec<i64>,
+    /// Root-mean-square spread of the transfer durations D_rk around their per-collective mean,
+    /// before (offsets 0) and after alignment (ns).
+    pub spread_before_ns: f64,
+    pub spread_after_ns: f64,
+    /// Whether the dependency constraints were feasible (if not, the unconstrained least-squares
+    /// solution is returned).
+    pub constrained: bool,
+}
+
+/// RMS of e_rk + θ_r around the per-collective mean (the objective's first term, normalised).
+fn spread(times: &[Vec<(i64, i64)>], theta: &[f64]) -> f64 {
+    let n = times.len();
+    let k = times[0].len();
+    let mut sum = 0.0;
+    for c in 0..k {
+        let e: Vec<f64> = (0..n)
+            .map(|r| (times[r][c].1 - times[0][c].1) as f64 + theta[r])
+            .collect();
+        let mean = e.iter().sum::<f64>() / n as f64;
+        sum += e.iter().map(|x| (x - mean).powi(2)).sum::<f64>();
+    }
+    (sum / (n * k) as f64).sqrt()
+}
+
+/// Estimate each rank's clock offset from matched collectives: `times[r][k]` = (start, end) of
+/// the k-th collective on rank r, in ns on rank r's clock.
+pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment, AlignError> {
+    let n = times.len();
+    let Some(first) = times.first() else {
+        return Err(AlignError::NoCollectives);
+    };
+    let k = first.len();
+    if k == 0 {
+        return Err(AlignError::NoCollectives);
+    }
+    for (r, t) in times.iter().enumerate() {
+        if t.len() != k {
+            return Err(AlignError::Mismatch {
+                rank: r,
+                got: t.len(),
+                want: k,
+            });
+        }
+    }
+    if n == 1 {
+        return Ok(Alignment {
+            offsets_ns: vec![0],
+            spread_before_ns: 0.0,
+            spread_after_ns: 0.0,
+            constrained: true,
+        });
+    }
+    // Coarse estimate: median over collectives of (end on rank 0 − end on rank r).
+    let coarse: Vec<i64> = (0..n)
+        .map(|r| {
+            let mut d: Vec<i64> = (0..k).map(|c| first[c].1 - times[r][c].1).collect();
+            d.sort_unstable();
+            d[k / 2]
+        })
+        .collect();
+    // Shifted times in µs relative to rank 0's first collective end.
+    let base = first[0].1;
+    let us = |t: i64, r: usize| (t + coarse[r] - base) as f64 / 1e3;
+    let s: Vec<Vec<f64>> = (0..n)
+        .map(|r| (0..k).map(|c| us(times[r][c].0, r)).collect())
+        .collect();
+    let e: Vec<Vec<f64>> = (0..n)
+        .map(|r| (0..k).map(|c| us(times[r][c].1, r)).collect())
+        .collect();
+
+    // Variables: δ_1..δ_{n−1} (µs, on top of the coarse offsets), then m_1..m_K.
+    let nv = n - 1 + k;
+    let th = |r: usize| r - 1; // variable index of δ_r, r ≥ 1
+    // Objective: Σ_k ||d_k + C δ||² with C = (I − 11ᵀ/n) on columns 1..n−1 (δ_0 = 0), so
+    // P = 2K·(I − J/n) and q = 2·Cᵀ Σ_k d_k, plus the host term.
+    let mut p = vec![vec![0.0; n - 1]; n - 1];
+    let mut q = vec![0.0; nv];
+    let nf = n as f64;
+    let kf = k as f64;
+    for i in 0..n - 1 {
+        for j in 0..n - 1 {
+            p[i][j] = 2.0 * kf * (if i == j { 1.0 } else { 0.0 } - 1.0 / nf);
+        }
+    }
+    let mut dsum = vec![0.0; n];
+    for c in 0..k {
+        let mean = (0..n).map(|r| e[r][c]).sum::<f64>() / nf;
+        for r in 0..n {
+            dsum[r] += e[r][c] - mean;
+        }
+    }
+    // (Cᵀ D)_i = D_{i} − mean(D) = D_i (D is centred).
+    for r in 1..n {
+        q[th(r)] = 2.0 * dsum[r];
+    }
+    if !opts.hosts.is_empty() && opts.hosts.len() == n {
+        let mut hosts: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (r, &h) in opts.hosts.iter().enumerate() {
+            hosts.entry(h).or_default().push(r);
+        }
+        let w = opts.host_weight;
+        for members in hosts.values() {
+            let m = members.len() as f64;
+            // Σ_{r∈h} (θ_r − mean θ)², θ_r = coarse_r/1e3 + δ_r.
+            let c: Vec<f64> = members.iter().map(|&r| coarse[r] as f64 / 1e3).collect();
+            let cmean = c.iter().sum::<f64>() / m;
+            for (a, &ra) in members.iter().enumerate() {
+                let lin = 2.0 * w * (c[a] - cmean);
+                if ra > 0 {
+                    q[th(ra)] += lin;
+                }
+                for &rb in members {
+                    if ra > 0 && rb > 0 {
+                        let v = 2.0 * w * (if ra == rb { 1.0 } else { 0.0 } - 1.0 / m);
+                        p[th(ra)][th(rb)] += v;
+                    }
+                }
+            }
+        }
+    }
+    // Upper-triangular CSC of P (the m_k columns are empty).
+    let mut colptr = vec![0usize];
+    let mut rowval = Vec::new();
+    let mut nzval = Vec::new();
+    for j in 0..nv {
+        if j < n - 1 {
+            for (i, row) in p.iter().enumerate().take(j + 1) {
+                if row[j] != 0.0 {
+                    rowval.push(i);
+                    nzval.push(row[j]);
+                }
+            }
+        }
+        colptr.push(rowval.len());
+    }
+    let pm = CscMatrix::new(nv, nv, colptr, rowval, nzval);
+
+    // Constraints A x ≤ b, built row by row as (row, col, value) triplets.
+    let tol = opts.tolerance_ns / 1e3;
+    let mut trip: Vec<(usize, usize, f64)> = Vec::new();
+    let mut b = Vec::new();
+    for c in 0..k {
+        let mk = n - 1 + c;
+        for r in 0..n {
+            // s_rc + δ_r − m_c ≤ 0
+            let row = b.len();
+            if r > 0 {
+                trip.push((row, th(r), 1.0));
+            }
+            trip.push((row, mk, -1.0));
+            b.push(-s[r][c]);
+            // m_c − δ_r ≤ e_rc + tol
+            let row = b.len();
+            trip.push((row, mk, 1.0));
+            if r > 0 {
+                trip.push((row, th(r), -1.0));
+            }
+            b.push(e[r][c] + tol);
+        }
+    }
+    let rows = b.len();
+    trip.sort_by_key(|&(r, c, _)| (c, r));
+    let mut colptr = vec![0usize; nv + 1];
+    for &(_, c, _) in &trip {
+        colptr[c + 1] += 1;
+    }
+    for j in 0..nv {
+        colptr[j + 1] += colptr[j];
+    }
+    let am = CscMatrix::new(
+        rows,
+        nv,
+        colptr,
+        trip.iter().map(|t| t.0).collect(),
+        trip.iter().map(|t| t.2).collect(),
+    );
+    let cones = [NonnegativeConeT(rows)];
+    let settings = DefaultSettings {
+        verbose: false,
+        ..DefaultSettings::default()
+    };
+    let mut solver = DefaultSolver::new(&pm, &q, &am, &b, &cones, settings)
+        .map_err(|e| AlignError::Solver(format!("{e:?}")))?;
+    solver.solve();
+    let status = solver.solution.status;
+    let (delta, constrained): (Vec<f64>, bool) = match status {
+        SolverStatus::Solved | SolverStatus::AlmostSolved => {
+            let x = &solver.solution.x;
+            let mut d = vec![0.0; n];
+            for r in 1..n {
+                d[r] = x[th(r)];
+            }
+            (d, true)
+        }
+        SolverStatus::PrimalInfeasible | SolverStatus::AlmostPrimalInfeasible => {
+            // Unconstrained minimum: δ_r = −D_r/K up to a common shift, δ_0 = 0.
+            let mut d: Vec<f64> = dsum.iter().map(|v| -v / kf).collect();
+            let d0 = d[0];
+            for v in &mut d {
+                *v -= d0;
+            }
+            (d, false)
+        }
+        other => return Err(AlignError::Solver(format!("{other:?}"))),
+    };
+    let offsets_ns: Vec<i64> = (0..n)
+        .map(|r| coarse[r] + (delta[r] * 1e3).round() as i64)
+        .collect();
+    let theta_after: Vec<f64> = offsets_ns.iter().map(|&o| o as f64).collect();
+    Ok(Alignment {
+        spread_before_ns: spread(times, &vec![0.0; n]),
+        spread_after_ns: spread(times, &theta_after),
+        offsets_ns,
+        constrained,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Synthetic ranks: collective k ends at the same true time on every rank after the last
+    /// arrival; each rank's clock is shifted by a known offset.
+    fn synthetic(offsets: &[i64], k: usize) -> Vec<Vec<(i64, i64)>> {
+        let n = offsets.len();
+        (0..n)
+            .map(|r| {
+                (0..k)
+                    .map(|c| {
+                        let arrive = 1_000_000 * c as i64 + 37_000 * ((r * 7 + c * 3) % 5) as i64;
+                        let last = (0..n)
+                            .map(|j| 1_000_000 * c as i64 + 37_000 * ((j * 7 + c * 3) % 5) as i64)
+                            .max()
+                            .unwrap();
+                        // Timestamp noise of ±1.5 µs that varies between collectives.
+                        let end = last + 50_000 + (((r * 5 + c * 11) % 7) as i64 - 3) * 500;
+                        (arrive - offsets[r], end - offsets[r])
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn recovers_known_offsets() {
+        let truth = [0i64, 4_300_000, -2_750_000, 1_234_567, -4_999_000];
+        let t = synthetic(&truth, 6);
+        let a = align(&t, &AlignOptions::default()).unwrap();
+        assert!(a.constrained);
+        for r in 0..truth.len() {
+            // The recovered offset maps rank r's clock back onto rank 0's (whose offset is 0).
+            let err = (a.offsets_ns[r] - truth[r]).abs();
+            assert!(
+                err < 2_000,
+                "rank {r}: {} vs {} ",
+                a.offsets_ns[r],
+                truth[r]
+            );
+        }
+        assert!(a.spread_before_ns > 1e6);
+        assert!(a.spread_after_ns < 2_000.0);
+    }
+
+    #[test]
+    fn identical_clocks_give_zero_offsets() {
+        let t = synthetic(&[0, 0, 0], 4);
+        let a = align(&t, &AlignOptions::default()).unwrap();
+        assert!(a.offsets_ns.iter().all(|o| o.abs() < 2_000), "{a:?}");
+    }
+
+    #[test]
+    fn host_term_pulls_ranks_of_one_host_together() {
+        // Two ranks on one host with one collective whose ends disagree by 10 µs: without the host
+        // term the offset follows the ends; with a heavy host term it stays near 0.
+        let t = vec![vec![(0, 100_000)], vec![(0, 90_000)]];
+        let free = align(&t, &AlignOptions::default()).unwrap();
+        assert!((free.offsets_ns[1] - 10_000).abs() < 100, "{free:?}");
+        let tied = align(
+            &t,
+            &AlignOptions {
+                hosts: vec![0, 0],
+                host_weight: 100.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(tied.offsets_ns[1].abs() < 1_000, "{tied:?}");
+    }
+
+    #[test]
+    fn refuses_empty_and_mismatched_input() {
+        assert_eq!(
+            align(&[], &AlignOptions::default()),
+            Err(AlignError::NoCollectives)
+        );
+        assert_eq!(
+            align(&[vec![(0, 1)], vec![]], &AlignOptions::default()),
+            Err(AlignError::Mismatch {
+                rank: 1,
+                got: 0,
+                want: 1
+            })
+        );
+    }
+}
