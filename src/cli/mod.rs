@@ -8,6 +8,7 @@
 mod export;
 mod output;
 mod plan;
+mod ranks;
 mod replay;
 mod whatif;
 
@@ -103,7 +104,9 @@ Examples:
   trainplan replay --model resnet50 --batch 64 --cluster my-cluster.yaml --json
   trainplan replay --model vgg16 --cluster dpro-16xv100-tcp --timeline vgg.json   (open in ui.perfetto.dev)
   trainplan replay --model bert-large --cluster 128xv100-rdma --symmetric
-  trainplan replay --trace resnet50_rank0.json.gz --step 5 --json")]
+  trainplan replay --trace resnet50_rank0.json.gz --step 5 --json
+  trainplan replay --trace traces/dlrm/rank*.kineto.json.gz      (all ranks: one global graph)
+  trainplan replay --trace traces/dlrm/ --timeline dlrm.json     (a folder: every Kineto file in it)")]
     Replay(ReplayArgs),
     /// List the optimization passes (built-in and declarative) with their knobs.
     Passes(ListArgs),
@@ -152,10 +155,16 @@ pub struct ListArgs {
 /// Where the iteration comes from: a zoo model on a cluster, or a recorded trace.
 #[derive(Debug, Args, Clone)]
 pub struct InputArgs {
-    /// A PyTorch profiler (Kineto) trace of one rank, `.json` or `.json.gz`, instead of
-    /// --model/--cluster: replays one recorded iteration and compares it with the measured time.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["model", "cluster"])]
+    /// PyTorch profiler (Kineto) traces, `.json` or `.json.gz`, instead of --model/--cluster:
+    /// replays one recorded iteration and compares it with the measured time. Several files (or a
+    /// folder of them) are the ranks of one job: they are matched collective by collective, their
+    /// clocks aligned, and replayed as one global graph (`replay` only).
+    #[arg(long, value_name = "PATH", num_args = 1.., conflicts_with = "model")]
     pub trace: Vec<std::path::PathBuf>,
+    /// With several ranks: trust the recorded clocks instead of aligning them (dPRO §4.2 QP over
+    /// the matched collectives).
+    #[arg(long, requires = "trace")]
+    pub no_align: bool,
     /// The trace's iteration: N of ProfilerStep#N, or the N-th iteration between Optimizer.step
     /// annotations when the trace has no ProfilerStep spans (default: the last complete one).
     #[arg(long, value_name = "N", requires = "trace")]

@@ -13,7 +13,7 @@ use crate::graph::job::Job;
 use crate::replay::{self, breakdown, critical_path, dependency_bound_ns, peak_memory};
 use crate::zoo::{self, BuildOptions, ModelOptions};
 
-fn out() -> std::io::StdoutLock<'static> {
+pub(super) fn out() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
 }
 
@@ -109,10 +109,12 @@ pub struct TraceInput {
 
 /// Read `--trace FILE [--step N]` into a job (one rank for now).
 fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
-    let [path] = i.trace.as_slice() else {
-        return Err(CliError::bad_input(format!(
-            "multi-rank traces are not supported yet ({} --trace files given); replay one rank's trace at a time",
-            i.trace.len()
+    let files = crate::trace::expand_inputs(&i.trace).map_err(CliError::bad_input)?;
+    let [path] = files.as_slice() else {
+        return Err(CliError::usage(format!(
+            "{} rank traces given: `replay` takes several ranks; `whatif` and `plan` take one \
+             rank's trace (the job's ranks are alike)",
+            files.len()
         )));
     };
     let t = Instant::now();
@@ -220,6 +222,12 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
 
 /// `trainplan replay`.
 pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
+    if !a.input.trace.is_empty() {
+        let files = crate::trace::expand_inputs(&a.input.trace).map_err(CliError::bad_input)?;
+        if files.len() > 1 {
+            return super::ranks::replay_ranks_cmd(a, &files);
+        }
+    }
     let b = build_input(&a.input)?;
     let g = &b.graph;
     let t = Instant::now();
@@ -407,6 +415,7 @@ fn trace_report(
             "devices": g.device_count(),
             "workers": 1,
             "critical_path_ms": dependency_bound_ns(g) as f64 / 1e6,
+            "peak_memory_bytes": null,
             "replay_wall_ms": replay_wall_ms,
             "build_wall_ms": b.build_ms,
             "edges": g.edge_count(),

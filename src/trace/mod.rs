@@ -43,3 +43,47 @@ pub enum TraceError {
     #[error("{name} is not a Kineto/Chrome trace: {reason}")]
     NotATrace { name: String, reason: String },
 }
+
+/// Whether a file name looks like a Kineto / Chrome trace rather than an execution trace.
+fn kineto_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    (n.ends_with(".json") || n.ends_with(".json.gz"))
+        && !n.contains("execution_trace")
+        && !n.contains("host_et")
+        && !n.contains(".et.")
+}
+
+/// Expand `--trace` arguments: files stay as given (in order); a folder stands for the Kineto
+/// traces in it (`*.json`, `*.json.gz`, execution traces excluded), sorted by name.
+pub fn expand_inputs(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>, TraceError> {
+    let mut out = Vec::new();
+    for p in paths {
+        if !p.is_dir() {
+            out.push(p.clone());
+            continue;
+        }
+        let io = |source| TraceError::Io {
+            path: p.display().to_string(),
+            source,
+        };
+        let mut found: Vec<std::path::PathBuf> = Vec::new();
+        for entry in std::fs::read_dir(p).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+            if path.is_file() && name.is_some_and(|n| kineto_name(&n)) {
+                found.push(path);
+            }
+        }
+        if found.is_empty() {
+            return Err(TraceError::NotATrace {
+                name: p.display().to_string(),
+                reason: "the folder holds no Kineto trace (*.json or *.json.gz that is not an \
+                         execution trace)"
+                    .into(),
+            });
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
+}

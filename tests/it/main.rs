@@ -8,10 +8,12 @@
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
+//! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
 
 mod cli;
 mod export;
 mod plan;
 mod properties;
+mod trace_multi;
 mod trace_replay;
 mod whatif;

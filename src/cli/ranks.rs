@@ -1,0 +1,200 @@
+//! `trainplan replay --trace` with several ranks: one global graph, clocks aligned, measured
+//! against predicted step per rank.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::output::thousands;
+use super::replay::out;
+use super::{CliError, ReplayArgs, write_atomic};
+use crate::replay::{dependency_bound_ns, timeline};
+use crate::trace::align::{AlignOptions, align};
+use crate::trace::multi::{collective_times, global_graph, rank_steps, replay_ranks};
+use crate::trace::{KinetoTrace, read_kineto};
+
+fn pct(pred: u64, meas: u64) -> f64 {
+    100.0 * (pred as f64 / meas.max(1) as f64 - 1.0)
+}
+
+/// Replay the ranks of one job.
+pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliError> {
+    let t = Instant::now();
+    let mut traces: Vec<(String, KinetoTrace)> = Vec::with_capacity(files.len());
+    for p in files {
+        let tr = read_kineto(p).map_err(CliError::bad_input)?;
+        let name = p.display().to_string();
+        for w in &tr.warnings {
+            tracing::warn!(file = %name, "{w}");
+        }
+        traces.push((name, tr));
+    }
+    let refs: Vec<(String, &KinetoTrace)> = traces.iter().map(|(n, t)| (n.clone(), t)).collect();
+    let (ranks, warnings) = rank_steps(&refs, a.input.step).map_err(CliError::bad_input)?;
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    // The same oddity on every rank is said once, with the ranks it concerns.
+    let mut said: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
+    for r in &ranks {
+        for w in &r.built.warnings {
+            said.entry(w.as_str()).or_default().push(r.rank);
+        }
+    }
+    for (w, on) in said {
+        let who = if on.len() == ranks.len() {
+            "every rank".to_string()
+        } else {
+            format!(
+                "rank {}",
+                on.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            )
+        };
+        tracing::warn!("{who}: {w}");
+    }
+    let g = global_graph(&ranks).map_err(CliError::bad_input)?;
+    let build_ms = t.elapsed().as_secs_f64() * 1e3;
+    tracing::info!(
+        ranks = ranks.len(),
+        ops = g.graph.op_count(),
+        collectives = g.matched.len(),
+        build_ms,
+        "built the ranks' global graph"
+    );
+
+    // Clock offsets.
+    let n = ranks.len();
+    let (offsets, alignment) = if a.input.no_align || g.matched.is_empty() {
+        if g.matched.is_empty() && !a.input.no_align {
+            tracing::warn!("the ranks share no collective: their clocks are taken as recorded");
+        }
+        (vec![0i64; n], None)
+    } else {
+        let al = align(&collective_times(&ranks), &AlignOptions::default())
+            .map_err(CliError::bad_input)?;
+        if !al.constrained {
+            tracing::warn!(
+                "the clock-alignment constraints are infeasible (collectives end before their \
+                 ranks start on every offset): used the unconstrained least-squares offsets"
+            );
+        }
+        (al.offsets_ns.clone(), Some(al))
+    };
+    let t = Instant::now();
+    let rr = replay_ranks(&ranks, &g, &offsets);
+    let replay_wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    if let Some(path) = &a.timeline {
+        write_atomic(path, |w| {
+            timeline::write_chrome_trace(&g.graph, &rr.replay, w)
+        })
+        .map_err(|e| {
+            CliError::bad_input(format!("failed to write timeline {}: {e}", path.display()))
+        })?;
+    }
+    let measured: Vec<u64> = ranks.iter().map(|r| r.measured_ns()).collect();
+    let m_max = measured.iter().copied().max().unwrap_or(0);
+    let p_max = rr.predicted_ns.iter().copied().max().unwrap_or(0);
+    let errs: Vec<f64> = rr
+        .predicted_ns
+        .iter()
+        .zip(&measured)
+        .map(|(&p, &m)| pct(p, m))
+        .collect();
+    let mean_abs = errs.iter().map(|e| e.abs()).sum::<f64>() / n.max(1) as f64;
+    let max_abs = errs.iter().map(|e| e.abs()).fold(0.0, f64::max);
+    let step = ranks
+        .first()
+        .map(|r| r.built.window.label.clone())
+        .unwrap_or_default();
+    let mut o = out();
+    if a.json {
+        let per: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                json!({"rank": r.rank, "trace": r.file,
+                       "measured_ms": measured[i] as f64 / 1e6,
+                       "predicted_ms": rr.predicted_ns[i] as f64 / 1e6,
+                       "error_pct": errs[i],
+                       "clock_offset_us": offsets[i] as f64 / 1e3,
+                       "release_ms": rr.release_ns[i] as f64 / 1e6})
+            })
+            .collect();
+        let v = json!({
+            "iteration_ms": p_max as f64 / 1e6,
+            "measured_iteration_ms": m_max as f64 / 1e6,
+            "error_pct": pct(p_max, m_max),
+            "mean_abs_rank_error_pct": mean_abs,
+            "max_abs_rank_error_pct": max_abs,
+            "ops": g.graph.op_count(),
+            "devices": g.graph.device_count(),
+            "workers": n,
+            "critical_path_ms": dependency_bound_ns(&g.graph) as f64 / 1e6,
+            "peak_memory_bytes": null,
+            "replay_wall_ms": replay_wall_ms,
+            "build_wall_ms": build_ms,
+            "edges": g.graph.edge_count(),
+            "step": step,
+            "collectives": g.matched.len(),
+            "aligned": alignment.is_some(),
+            "alignment_spread_before_us": alignment.as_ref().map(|a| a.spread_before_ns / 1e3),
+            "alignment_spread_after_us": alignment.as_ref().map(|a| a.spread_after_ns / 1e3),
+            "ranks": per,
+            "model": "trace",
+            "cluster": "trace",
+            "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
+        });
+        return writeln!(o, "{v}").map_err(CliError::stdout);
+    }
+    let mut lines = vec![
+        format!(
+            "{n} ranks, {step}: {} ops, {} devices, {} collectives matched; built in {build_ms:.0} ms, replayed in {replay_wall_ms:.1} ms",
+            thousands(g.graph.op_count() as u64),
+            g.graph.device_count(),
+            g.matched.len()
+        ),
+        match &alignment {
+            Some(al) => format!(
+                "clocks aligned (dPRO §4.2 QP): spread of collective ends {:.1} µs → {:.1} µs",
+                al.spread_before_ns / 1e3,
+                al.spread_after_ns / 1e3
+            ),
+            None => "clocks as recorded (not aligned)".to_string(),
+        },
+        String::new(),
+        format!(
+            "{:>4}  {:>12}  {:>12}  {:>8}  {:>10}  trace",
+            "rank", "measured ms", "predicted ms", "error", "offset µs"
+        ),
+    ];
+    for (i, r) in ranks.iter().enumerate() {
+        lines.push(format!(
+            "{:>4}  {:>12.3}  {:>12.3}  {:>+7.2}%  {:>10.1}  {}",
+            r.rank,
+            measured[i] as f64 / 1e6,
+            rr.predicted_ns[i] as f64 / 1e6,
+            errs[i],
+            offsets[i] as f64 / 1e3,
+            r.file
+        ));
+    }
+    lines.push(String::new());
+    lines.push(format!(
+        "slowest rank: measured {:.3} ms, predicted {:.3} ms, error {:+.2} %; mean |error| over ranks {mean_abs:.2} %, max {max_abs:.2} %",
+        m_max as f64 / 1e6,
+        p_max as f64 / 1e6,
+        pct(p_max, m_max)
+    ));
+    if let Some(p) = &a.timeline {
+        lines.push(format!(
+            "timeline written to {} (open in ui.perfetto.dev)",
+            p.display()
+        ));
+    }
+    for l in lines {
+        writeln!(o, "{l}").map_err(CliError::stdout)?;
+    }
+    Ok(())
+}
