@@ -105,6 +105,17 @@ pub struct TraceInput {
     pub window: crate::trace::graph::StepWindow,
     /// Local op whose replayed end is the predicted step time.
     pub step_end: crate::graph::OpId,
+    /// Set when the rank was extrapolated to a cluster (`--trace FILE --cluster C`).
+    pub extrapolated: Option<Extrapolation>,
+}
+
+/// One rank's trace standing for every worker of a cluster.
+pub struct Extrapolation {
+    pub cluster: String,
+    pub workers: u32,
+    /// World size of the recorded run.
+    pub recorded_world: u32,
+    pub collectives: Vec<crate::trace::extrapolate::Extrapolated>,
 }
 
 /// Read `--trace FILE [--step N]` into a job (one rank for now).
@@ -123,10 +134,36 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     for w in &trace.warnings {
         tracing::warn!(file = %file, "{w}");
     }
-    let built =
+    let mut built =
         crate::trace::graph::build_job(&trace, &file, i.step).map_err(CliError::bad_input)?;
     for w in &built.warnings {
         tracing::warn!(file = %file, "{w}");
+    }
+    // --cluster: this rank stands for every worker of the cluster (one rank → n).
+    let mut extrapolated = None;
+    if let Some(c) = &i.cluster {
+        let cluster = config::load_cluster(c).map_err(CliError::bad_input)?;
+        let et = crate::trace::extrapolate::sizes_beside(path, &trace, &built);
+        let list = crate::trace::extrapolate::extrapolate(&trace, &file, &mut built, &cluster, &et)
+            .map_err(CliError::bad_input)?;
+        let world = trace
+            .distributed
+            .as_ref()
+            .and_then(|d| d.world_size)
+            .unwrap_or(1)
+            .max(1) as u32;
+        tracing::info!(
+            workers = cluster.workers(),
+            recorded_world = world,
+            collectives = list.len(),
+            "extrapolated the rank to the cluster"
+        );
+        extrapolated = Some(Extrapolation {
+            cluster: cluster.name.clone(),
+            workers: cluster.workers(),
+            recorded_world: world,
+            collectives: list,
+        });
     }
     let mut job = built.job;
     job.meta.model = trace_stem(path);
@@ -146,6 +183,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
             name,
             window: built.window,
             step_end: built.step_end,
+            extrapolated,
         }),
     })
 }
@@ -398,6 +436,25 @@ fn trace_report(
     let cp = critical_path(g, r);
     let bd = breakdown::breakdown(g, r, 0);
     let items = breakdown::critical_path_items(g, &cp);
+    // Extrapolated to another number of workers: the measurement is of a different job, so no
+    // error figure.
+    let x = t.extrapolated.as_ref();
+    let comparable = x.is_none_or(|x| x.workers == x.recorded_world);
+    let err = comparable.then_some(err);
+    let workers = x.map_or(1, |x| x.workers);
+    let extrapolation = x.map(|x| {
+        json!({
+            "cluster": x.cluster,
+            "workers": x.workers,
+            "recorded_world_size": x.recorded_world,
+            "collectives": x.collectives.iter().map(|c| json!({
+                "name": c.name, "kind": c.size.kind, "bytes": c.size.bytes,
+                "size_from": c.source,
+                "recorded_ms": c.recorded_ns as f64 / 1e6,
+                "modelled_ms": c.modelled_ns as f64 / 1e6,
+            })).collect::<Vec<_>>(),
+        })
+    });
     if a.json {
         let top: Vec<_> = items
             .iter()
@@ -413,7 +470,8 @@ fn trace_report(
             "trace": t.file,
             "ops": g.op_count(),
             "devices": g.device_count(),
-            "workers": 1,
+            "workers": workers,
+            "extrapolation": extrapolation,
             "critical_path_ms": dependency_bound_ns(g) as f64 / 1e6,
             "peak_memory_bytes": null,
             "replay_wall_ms": replay_wall_ms,
@@ -421,15 +479,26 @@ fn trace_report(
             "edges": g.edge_count(),
             "symmetric": false,
             "model": t.name,
-            "cluster": "trace",
+            "cluster": x.map_or("trace".to_string(), |x| x.cluster.clone()),
             "compute_ms": bd.compute_ns as f64 / 1e6,
             "critical_path_top": top,
             "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
         });
         return writeln!(o, "{v}").map_err(CliError::stdout);
     }
+    let who = match x {
+        Some(x) => format!(
+            "one rank standing for the {} workers of {} (recorded with {})",
+            x.workers, x.cluster, x.recorded_world
+        ),
+        None => "one rank".to_string(),
+    };
+    let verdict = match err {
+        Some(e) => format!("replayed; error {e:+.2} %"),
+        None => "replayed; no error figure: the recorded run had another worker count".into(),
+    };
     let lines = [
-        format!("{} ({}, one rank)", t.file, t.window.label),
+        format!("{} ({}, {who})", t.file, t.window.label),
         format!(
             "graph: {} ops, {} edges, {} devices; built in {:.0} ms, replayed in {:.0} ms",
             thousands(g.op_count() as u64),
@@ -443,10 +512,7 @@ fn trace_report(
             "measured step    {:>9.3} ms   the ProfilerStep / iteration span",
             ms(measured)
         ),
-        format!(
-            "predicted step   {:>9.3} ms   replayed; error {err:+.2} %",
-            ms(predicted)
-        ),
+        format!("predicted step   {:>9.3} ms   {verdict}", ms(predicted)),
         format!(
             "GPU drains at    {:>9.3} ms   the step's last GPU work ends (replayed)",
             ms(r.iteration_ns)
@@ -460,6 +526,26 @@ fn trace_report(
     for i in items.iter().take(8) {
         writeln!(o, "    {:>8.3} ms  {}", i.dur_ns as f64 / 1e6, i.name)
             .map_err(CliError::stdout)?;
+    }
+    if let Some(x) = x {
+        writeln!(
+            o,
+            "\ncollectives re-timed for {} workers:\n    {:>11}  {:>11}  {:>14}  {:<15}  kernel",
+            x.workers, "recorded ms", "modelled ms", "bytes", "size from"
+        )
+        .map_err(CliError::stdout)?;
+        for c in &x.collectives {
+            writeln!(
+                o,
+                "    {:>11.3}  {:>11.3}  {:>14}  {:<15}  {}",
+                c.recorded_ns as f64 / 1e6,
+                c.modelled_ns as f64 / 1e6,
+                thousands(c.size.bytes),
+                c.source,
+                c.name.chars().take(48).collect::<String>()
+            )
+            .map_err(CliError::stdout)?;
+        }
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! replay). This module holds the shared error type; each format lives in its own submodule.
 
 pub mod align;
+pub mod extrapolate;
 pub mod graph;
 pub mod kineto;
 pub mod multi;
