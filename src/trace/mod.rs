@@ -40,6 +40,9 @@ pub enum TraceError {
         location: String,
         message: String,
     },
+    /// The same file given twice as two ranks.
+    #[error("{name} is given twice: give each rank's trace once")]
+    Duplicate { name: String },
     /// Valid JSON, but not a Chrome / Kineto trace.
     #[error("{name} is not a Kineto/Chrome trace: {reason}")]
     NotATrace { name: String, reason: String },
@@ -85,6 +88,15 @@ pub fn expand_inputs(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::Path
         }
         found.sort();
         out.extend(found);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &out {
+        let key = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        if !seen.insert(key) {
+            return Err(TraceError::Duplicate {
+                name: p.display().to_string(),
+            });
+        }
     }
     Ok(out)
 }

@@ -1,5 +1,5 @@
 //! `trainplan replay --trace`: one rank's Kineto trace replayed against its measured step, and
-//! the traces that must be refused (sampled, truncated, several ranks) with exit 3.
+//! the traces that must be refused (sampled, truncated, one file given twice) with exit 3.
 
 use std::path::{Path, PathBuf};
 
@@ -58,10 +58,7 @@ fn bad_traces_exit_3() {
     let msg = check_bad_input(&["replay", "--trace", cut.to_str().unwrap()], "truncated");
     assert!(msg.contains("tiny_cut.json"), "{msg}");
     let f = full.to_str().unwrap();
-    check_bad_input(
-        &["replay", "--trace", f, "--trace", f],
-        "multi-rank traces are not supported yet",
-    );
+    check_bad_input(&["replay", "--trace", f, "--trace", f], "given twice");
     check_bad_input(
         &["replay", "--trace", f, "--step", "3"],
         "no complete iteration 3",
