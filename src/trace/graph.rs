@@ -898,6 +898,64 @@ pub fn build_job(
     })
 }
 
+/// One step replayed: what `trainplan replay --trace FILE --step N` reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepReplay {
+    pub window: StepWindow,
+    pub measured_ns: u64,
+    /// Replayed end of the step on the step's thread.
+    pub predicted_ns: u64,
+    /// When the step's GPU work ends (ns from the step's start): recorded, and replayed. The
+    /// step's CPU side keeps its recorded durations and gaps; this is where the graph's
+    /// dependencies alone decide the timing.
+    pub gpu_end_recorded_ns: u64,
+    pub gpu_end_predicted_ns: u64,
+    pub ops: usize,
+}
+
+/// Build and replay one step of a single-rank trace.
+pub fn replay_step(
+    trace: &KinetoTrace,
+    name: &str,
+    step: Option<u64>,
+) -> Result<StepReplay, TraceGraphError> {
+    let built = build_job(trace, name, step)?;
+    let g = built.job.expand().map_err(|e| TraceGraphError::Invalid {
+        name: name.into(),
+        message: e.to_string(),
+    })?;
+    let r = crate::replay::replay(&g);
+    let gpu = |o: &LocalOp| {
+        matches!(
+            o.spec.kind,
+            OpKind::Compute | OpKind::Memcpy | OpKind::Collective
+        )
+    };
+    let ops = &built.job.local.ops;
+    let gpu_end_recorded_ns = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| gpu(o))
+        .map(|(i, o)| (built.recorded_start_ns[i] + o.spec.dur_ns as i64).max(0) as u64)
+        .max()
+        .unwrap_or(0);
+    let gpu_end_predicted_ns = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| gpu(o))
+        .map(|(i, _)| r.end_ns[i])
+        .max()
+        .unwrap_or(0);
+    Ok(StepReplay {
+        measured_ns: built.window.measured_ns(),
+        predicted_ns: r.end_ns[built.step_end as usize],
+        gpu_end_recorded_ns,
+        gpu_end_predicted_ns,
+        ops: g.op_count(),
+        window: built.window,
+    })
+}
+
 /// Built-in GPU closest to the trace's `deviceProperties` name (for re-costing only).
 fn gpu_name(trace: &KinetoTrace) -> &'static str {
     let n = trace
