@@ -4,7 +4,6 @@
 //!
 //! `cargo run --release --example replay_accuracy` → experiments/results/replay_accuracy.{md,csv,svg}
 
-#[allow(dead_code)]
 mod svg;
 
 use std::fmt::Write as _;
