@@ -286,6 +286,14 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../configs/clusters/8xh200.yaml"),
     ),
     (
+        "clusters/8xv100.yaml",
+        include_str!("../../configs/clusters/8xv100.yaml"),
+    ),
+    (
+        "clusters/2xa100.yaml",
+        include_str!("../../configs/clusters/2xa100.yaml"),
+    ),
+    (
         "clusters/64xh100-ib.yaml",
         include_str!("../../configs/clusters/64xh100-ib.yaml"),
     ),

@@ -213,3 +213,58 @@ fn dlrm_known_clock_shifts_are_recovered() {
     assert!(worst(&before.predicted_ns) > 0.05, "the shifts must matter");
     assert!(worst(&after.predicted_ns) < 0.01);
 }
+
+#[test]
+fn one_rank_stands_for_a_cluster() {
+    // Rank 0 of 2 with the all-reduce's size on the kernel (PyTorch ≥ 2.1): 1,000,000 floats.
+    let text = rank(0, 2, 0, 100, 15, 95, AR).replace(
+        r#""args":{"correlation":1,"stream":20}"#,
+        r#""args":{"correlation":1,"stream":20,"Collective name":"allreduce","In msg nelems":1000000,"dtype":"Float","Group size":2}"#,
+    );
+    let p = write_tmp("one_to_n.json", &text);
+    let v = run_json(&[
+        "replay",
+        "--trace",
+        p.to_str().unwrap(),
+        "--cluster",
+        "8xv100",
+    ]);
+    assert_eq!(v["workers"], 8);
+    assert_eq!(v["cluster"], "8xv100");
+    // 8 ranks on NVLink (α 5.4 µs, 1,200 Gb/s × 0.907): 14 ring steps of (5.4 µs + 500 kB / 136.05 B/ns).
+    let c = &v["extrapolation"]["collectives"][0];
+    assert_eq!(c["bytes"], 4_000_000);
+    assert_eq!(c["size_from"], "kernel args");
+    let expect_ms = 14.0 * (5400.0 + 500_000.0 / (1200.0 * 0.907 / 8.0)) / 1e6;
+    assert!(
+        (c["modelled_ms"].as_f64().unwrap() - expect_ms).abs() < 1e-5,
+        "{c}"
+    );
+    // The recorded run had 2 workers: no error figure against it.
+    assert!(v["error_pct"].is_null(), "{v}");
+    // On its own shape (2 workers) the measurement is comparable again.
+    let v2 = run_json(&[
+        "replay",
+        "--trace",
+        p.to_str().unwrap(),
+        "--cluster",
+        "2xa100",
+    ]);
+    assert!(v2["error_pct"].is_number(), "{v2}");
+    // Without a size anywhere: refused, naming the kernel.
+    let bare = write_tmp("one_to_n_bare.json", &rank(0, 2, 0, 100, 15, 95, AR));
+    let msg = check_bad_input(
+        &[
+            "replay",
+            "--trace",
+            bare.to_str().unwrap(),
+            "--cluster",
+            "8xv100",
+        ],
+        "has no size",
+    );
+    assert!(
+        msg.contains("one_to_n_bare.json") && msg.contains("event #"),
+        "{msg}"
+    );
+}
