@@ -22,7 +22,7 @@
 //! `q_{n−1}` ends (its `In` ops' latest end in the replay; for a group already fused in this
 //! proposal, its predicted end), `p^e_n` when `q_n` is ready (its `Out` ops' latest end; for a
 //! group, the latest ready time of its members), and `t_sync(s)` is
-//! [`tensor_partition::sync_time_ns`]: a partial replay of one synchronisation of `s` bytes
+//! `tensor_partition::sync_time_ns`: a partial replay of one synchronisation of `s` bytes
 //! alone on the job's topology. The left side is when `q_n` ends unfused if the segment is
 //! communication-bound (`q_n` waits for `q_{n−1}`), the right side when the fused sync ends.
 //! `t_sync` is taken at the sync's current partition count for `q_n` and at `k = 1` for the fused
@@ -37,7 +37,7 @@
 //! **Coarsened view** (`coarsen`, dPRO §5.3 and Fig. 6; Algorithm 1 line 2). With `coarsen=1`
 //! (default) the tensors of one layer — consecutive syncs whose tensors all belong to the same
 //! layer, e.g. a Linear's weight and bias or a BatchNorm's two parameters, produced by the same
-//! backward op — form one unit ([`sync_units`]): by Theorem 3 (a multi-tensor op is the fusion
+//! backward op — form one unit (`sync_units`): by Theorem 3 (a multi-tensor op is the fusion
 //! of itself and a null op) fusing them is never worse, so a unit on the critical path is
 //! proposed fused even on its own, and Theorem 2 is applied between units (fewer, larger
 //! candidates: ResNet-50 has 161 tensors in 107 units, BERT-base 206 in 105). A unit's

@@ -282,7 +282,7 @@ pub struct ExportArgs {
     /// The framework to write patches for.
     #[arg(long, value_enum, value_name = "FRAMEWORK")]
     pub to: crate::plan::emit::Framework,
-    /// Directory for the files (default: trainplan-<framework>/ next to the plan; created if
+    /// Directory for the files (default: `trainplan-<framework>/` next to the plan; created if
     /// needed). Files are written atomically.
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output: Option<std::path::PathBuf>,

@@ -2,7 +2,7 @@
 //! critical-path rounds (`--strategy mcmc --seed N`).
 //!
 //! **State.** A job (with the on/off passes already taken). Its *moves* are exactly the
-//! critical-path strategy's candidates for that job ([`Ctx::moves`]: every site of a granular
+//! critical-path strategy's candidates for that job (`Ctx::moves`: every site of a granular
 //! pass alone, every other pass not yet taken as one move).
 //!
 //! **Step.** Draw a move uniformly from the current job's moves

@@ -255,7 +255,7 @@ pub struct Matched {
     pub group: usize,
     pub index: usize,
     pub name: String,
-    /// Global op of each rank's kernel (rank order of [`GlobalTrace::ranks`]).
+    /// Global op of each rank's kernel (in the order of the ranks given).
     pub ops: Vec<OpId>,
     /// Transfer time: the shortest recorded duration over the ranks.
     pub transfer_ns: u64,

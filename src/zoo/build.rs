@@ -12,14 +12,14 @@
 //!   (BW edges reversed; a layer's BW also waits for its own FW);
 //! * gradients become ready in backward order (wait-free backprop): each parameter tensor gets a
 //!   virtual `Out` after its layer's BW, its synchronisation on the cluster's topology
-//!   ([`CommTopology`]), issued in reverse layer order, and a virtual `In` when done;
+//!   ([`CommTopology`](crate::graph::comm::CommTopology)), issued in reverse layer order, and a virtual `In` when done;
 //! * one UPDATE op per parameter tensor after its `In` and after the whole backward
 //!   (`optimizer.step()` follows `loss.backward()`);
 //! * memory: weights, gradients and optimizer state are static; each layer's saved activations
 //!   are allocated when its FW starts and freed when its BW ends.
 //!
 //! With [`BuildOptions::symmetric`] the graph holds one worker and the quotient ring chain
-//! ([`CommTopology::symmetric_ring`]) and stands for all of the cluster's workers.
+//! ([`CommTopology::symmetric_ring`](crate::graph::comm::CommTopology::symmetric_ring)) and stands for all of the cluster's workers.
 
 use crate::cost::compute::Efficiency;
 use crate::cost::config::{Cluster, Dtype, SyncScheme};
