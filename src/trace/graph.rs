@@ -22,8 +22,14 @@
 //! flows carry the same pairs) become `Compute` / `Memcpy` ops with their measured durations; NCCL
 //! kernels become `Collective` ops. Consecutive ops of one device get an explicit edge, so the
 //! recorded order holds whatever the replayer's queue policy. When the GPU lags the host (work
-//! launched in the previous step still runs when the window opens), a leading `Gap` op holds the
-//! stream until that work's recorded end (the carry-in; fixed, not re-derived).
+//! launched in the previous step still runs when the window opens), that work comes first on its
+//! stream as ops of its own with their recorded durations (the carry-in).
+//!
+//! **Launch back-pressure.** A launch much slower than the window's usual one (over 4× the median
+//! and 30 µs) was blocked on a full launch queue: it gets an edge from the GPU op (in the window or
+//! carried in) that ended last while it was blocked — the op whose end freed its slot — and keeps
+//! only its recorded time after that end. Replayed as recorded it changes nothing; in a what-if
+//! where the GPU is faster, the launch returns earlier.
 //!
 //! **Dependencies.** launch → GPU op; blocking calls (`cudaDeviceSynchronize`,
 //! `cudaStreamSynchronize`, `cudaEventSynchronize`, blocking `cudaMemcpy`/`cudaMemset`,
@@ -476,11 +482,11 @@ pub fn build_job(
         .filter(|e| e.runtime_call().is_some())
         .filter_map(|e| e.args.correlation.map(|c| (c, e.ts_ns)))
         .collect();
-    let mut carry_in: BTreeMap<(Id, i64), i64> = BTreeMap::new();
-    for e in ev
-        .iter()
-        .filter(|e| is_gpu(e) && e.end_ns() > lo && e.ts_ns < hi)
-    {
+    let mut carry_in: BTreeMap<(Id, i64), Vec<usize>> = BTreeMap::new();
+    for (i, e) in ev.iter().enumerate() {
+        if !(is_gpu(e) && e.end_ns() > lo && e.ts_ns < hi) {
+            continue;
+        }
         let Some(c) = e.args.correlation else {
             continue;
         };
@@ -489,10 +495,11 @@ pub fn build_job(
         }
         let k = stream_key(e);
         if streams.contains_key(&k) {
-            let v = carry_in.entry(k).or_insert(lo);
-            *v = (*v).max(e.end_ns());
+            carry_in.entry(k).or_default().push(i);
         }
     }
+    // GPU ops carried in from the previous step (event, op): launch-queue slots they free.
+    let mut carried: Vec<(usize, OpId)> = Vec::new();
     let mut gpu_by_corr: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
     for &g in streams.values().flatten() {
         if let Some(c) = ev[g].args.correlation {
@@ -500,6 +507,25 @@ pub fn build_job(
         }
     }
     let mut waits: std::collections::BTreeSet<usize> = std::collections::BTreeSet::new();
+    // Launch back-pressure: a launch far slower than the thread's usual one, while the GPU is
+    // busy, was blocked on a full launch queue. Typical launch time: the median over the window.
+    let mut launch_durs: Vec<i64> = threads
+        .values()
+        .flatten()
+        .filter(|&&i| {
+            ev[i].runtime_call().is_some_and(launches_gpu)
+                && ev[i]
+                    .args
+                    .correlation
+                    .is_some_and(|c| gpu_by_corr.contains_key(&c))
+        })
+        .map(|&i| ev[i].dur_ns)
+        .collect();
+    launch_durs.sort_unstable();
+    let usual_launch = launch_durs.get(launch_durs.len() / 2).copied().unwrap_or(0);
+    let stall_threshold = (4 * usual_launch).max(30_000);
+    // (launch op, recorded start, recorded end, launch event)
+    let mut stalled: Vec<(OpId, i64, i64, usize)> = Vec::new();
 
     // CPU ops.
     let mut seg_op: BTreeMap<usize, OpId> = BTreeMap::new(); // event → op of its last piece
@@ -592,6 +618,9 @@ pub fn build_job(
             chain(&mut b, op, start, s.end);
             if s.last {
                 seg_op.insert(s.ev, op);
+                if kind == OpKind::Launch && s.end - start > stall_threshold {
+                    stalled.push((op, start, s.end, s.ev));
+                }
             }
         }
         if *tid == win.tid {
@@ -623,13 +652,45 @@ pub fn build_job(
         }
         let mut prev: Option<OpId> = None;
         // Carry-in: the stream still runs the previous step's work when the window opens (the
-        // GPU lags the host); a leading Gap op holds the stream until that work's recorded end.
-        let carry = carry_in.get(key).copied().unwrap_or(lo);
-        if carry > lo {
-            prev = Some(b.push(
-                OpSpec::new(OpKind::Gap, Phase::Other, dev, ns(carry - lo)),
-                lo,
-            ));
+        // GPU lags the host). Those ops come first on the stream, each with its recorded duration
+        // (the part inside the window for the one running at its start) and the idle time between
+        // them as a Gap op, so that launches of this step blocked on a full queue can wait for them.
+        if let Some(list) = carry_in.get_mut(key) {
+            list.sort_by_key(|&i| (ev[i].ts_ns, i));
+            let mut t = lo;
+            for &i in list.iter() {
+                let e = &ev[i];
+                let start = e.ts_ns.max(t);
+                if start > t {
+                    let g = b.push(
+                        OpSpec::new(OpKind::Gap, Phase::Other, dev, ns(start - t)),
+                        t,
+                    );
+                    if let Some(p) = prev {
+                        b.local.edges.push((p, g));
+                    }
+                    prev = Some(g);
+                }
+                let kind = if is_nccl(&e.name) {
+                    OpKind::Collective
+                } else if e.cat == Category::Memcpy {
+                    OpKind::Memcpy
+                } else {
+                    OpKind::Compute
+                };
+                let phase = if kind == OpKind::Collective {
+                    Phase::Comm
+                } else {
+                    Phase::Other
+                };
+                let op = b.push(OpSpec::new(kind, phase, dev, ns(e.end_ns() - start)), start);
+                if let Some(p) = prev {
+                    b.local.edges.push((p, op));
+                }
+                prev = Some(op);
+                carried.push((i, op));
+                t = e.end_ns().max(t);
+            }
         }
         let list = by_stream.entry(key.clone()).or_default();
         for &i in idx.iter() {
@@ -716,6 +777,42 @@ pub fn build_job(
             .map(|(_, v)| v)
             .collect()
     };
+
+    // Stalled launches wait for the GPU op whose end freed a slot in the launch queue: the last GPU
+    // op (not launched by this call) to end while the call was blocked. The launch then keeps only
+    // its recorded time after that end, so a faster GPU frees it earlier in a what-if.
+    if !stalled.is_empty() {
+        let mut ends: Vec<(i64, OpId, usize)> = gpu_op
+            .iter()
+            .map(|(&g, &op)| (g, op))
+            .chain(carried.iter().copied())
+            .map(|(g, op)| (ev[g].end_ns(), op, g))
+            .collect();
+        ends.sort_unstable();
+        let mut modelled = 0usize;
+        for &(op, start, end, le) in &stalled {
+            let corr = ev[le].args.correlation;
+            let hi = ends.partition_point(|&(t, _, _)| t <= end);
+            let freed = ends[..hi]
+                .iter()
+                .rev()
+                .take_while(|&&(t, _, _)| t > start)
+                .find(|&&(_, _, g)| corr.is_none() || ev[g].args.correlation != corr);
+            if let Some(&(t, gop, _)) = freed {
+                b.local.edges.push((gop, op));
+                b.local.ops[op as usize].spec.dur_ns = ns(end - t);
+                modelled += 1;
+            }
+        }
+        if modelled > 0 {
+            tracing::info!(
+                file = name,
+                stalled = modelled,
+                usual_launch_us = usual_launch as f64 / 1e3,
+                "launches blocked on a full launch queue: each waits for the GPU op that freed its slot"
+            );
+        }
+    }
 
     // Blocking calls: waited-for GPU ops → wait op.
     for (&ei, &wait) in seg_op.iter() {
@@ -1333,5 +1430,54 @@ mod tests {
             let e = build_job(&tr, n, None).unwrap_err();
             assert!(matches!(e, TraceGraphError::NoIterations { .. }), "{e}");
         }
+    }
+
+    /// Step 1 is 100–300 µs. Kernel `prev`, launched in step 0, runs 60–250 (carried in). Three
+    /// quick launches (5 µs) queue k2–k4 behind it; the fourth launch, 140–252, was blocked on the
+    /// full queue until `prev` ended; a device synchronize 260–291 waits for k5 (280–290).
+    fn stall_trace() -> String {
+        doc(&[
+            x("user_annotation", "ProfilerStep#1", 1, 100, 200, None),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 50, 5, Some(1)),
+            kernel("prev", 7, 60, 190, 1, 50),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 110, 5, Some(2)),
+            kernel("k2", 7, 250, 10, 2, 110),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 120, 5, Some(3)),
+            kernel("k3", 7, 260, 10, 3, 120),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 130, 5, Some(4)),
+            kernel("k4", 7, 270, 10, 4, 130),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 140, 112, Some(5)),
+            kernel("k5", 7, 280, 10, 5, 140),
+            x("cuda_runtime", "cudaDeviceSynchronize", 1, 260, 31, Some(6)),
+        ])
+    }
+
+    #[test]
+    fn stalled_launch_waits_for_the_carried_in_kernel() {
+        let tr = parse(&stall_trace());
+        let mut t = build_job(&tr, "stall", Some(1)).unwrap();
+        let g = t.job.expand().unwrap();
+        let r = replay(&g);
+        // As recorded: exact.
+        assert_eq!(r.end_ns[t.step_end as usize], 200_000);
+        // The carried-in kernel is an op of its own (its part inside the window, 100–250) …
+        let ops = &t.job.local.ops;
+        let prev = (0..ops.len())
+            .find(|&i| ops[i].spec.kind == OpKind::Compute && t.recorded_start_ns[i] == 0)
+            .expect("carried-in op");
+        assert_eq!(ops[prev].spec.dur_ns, 150_000);
+        // … and the stalled launch waits for it, keeping 2 µs after its end.
+        let launch = (0..ops.len())
+            .find(|&i| ops[i].spec.kind == OpKind::Launch && t.recorded_start_ns[i] == 40_000)
+            .expect("the stalled launch");
+        assert_eq!(ops[launch].spec.dur_ns, 2_000);
+        assert!(t.job.local.edges.contains(&(prev as OpId, launch as OpId)));
+        // What if the GPU were twice as fast on `prev`: it ends at 75 µs; the launch returns at 77
+        // and its gap (8 µs) brings the synchronize to 85; k2–k4 run 75–105, k5 105–115; the
+        // synchronize returns 1 µs after k5 and the step ends 9 µs later: 125 µs instead of 200.
+        t.job.local.ops[prev].spec.dur_ns = 75_000;
+        let g = t.job.expand().unwrap();
+        let r = replay(&g);
+        assert_eq!(r.end_ns[t.step_end as usize], 125_000);
     }
 }
