@@ -42,9 +42,13 @@
 //! call. Only ops that ended before the call returned count. `cudaStreamWaitEvent` after
 //! `cudaEventRecord`, when the trace has the `cuda_sync` "Wait Event" record (2024+ Kineto): an edge
 //! from the last op of the recorded stream launched before the record to the first op of the
-//! waiting stream launched after the wait. Not modelled yet: cross-thread waits on the host (the
+//! waiting stream launched after the wait. Without that record (older traces), the pair is
+//! inferred from the launching thread's order — the stream of its last launch before the
+//! preceding `cudaEventRecord` (or, when the trace has none, before the wait) that differs from
+//! the stream of its next launch — and kept only if the recorded times satisfy it; the rest are
+//! counted in a warning. Not modelled yet: cross-thread waits on the host (the
 //! main thread blocked in `backward()` while the autograd thread runs is replayed as recorded idle
-//! time), stream waits in traces without `cuda_sync` events, memory effects (none).
+//! time) and memory effects (none).
 //!
 //! **Phases** (best effort): an event inherits its enclosing event's phase unless its name says
 //! otherwise: `Optimizer.step` / `Optimizer.zero_grad` → UPDATE; autograd names
@@ -874,6 +878,7 @@ pub fn build_job(
 
     // Stream waits (cuda_sync "Wait Event" records): recorded stream → waiting stream.
     let mut stream_waits = 0usize;
+    let mut handled: std::collections::BTreeSet<i64> = std::collections::BTreeSet::new();
     for s in ev.iter().filter(|e| e.cat == Category::CudaSync) {
         let is_wait = s
             .args
@@ -906,6 +911,7 @@ pub fn build_job(
             .into_iter()
             .filter_map(|l| l.iter().find(|&&(g, _)| launch_ts(g) > call.ts_ns).copied())
             .min_by_key(|&(g, _)| ev[g].ts_ns);
+        handled.insert(c);
         if let (Some((_, f)), Some((_, t))) = (from, to)
             && f != t
         {
@@ -913,19 +919,90 @@ pub fn build_job(
             stream_waits += 1;
         }
     }
-    let waits_without = ev
-        .iter()
-        .filter(|e| {
-            e.runtime_call() == Some(RuntimeCall::StreamWaitEvent) && e.ts_ns >= lo && e.ts_ns < hi
-        })
-        .count();
-    if waits_without > stream_waits && !sync_ev.is_empty()
-        || waits_without > 0 && sync_ev.is_empty()
-    {
+    // Stream waits without a cuda_sync record: inferred from the launching thread's order. The
+    // waiting stream is the stream of the thread's next launch after the wait; the recorded stream
+    // is the stream of its last launch before the preceding cudaEventRecord on another stream
+    // (the pattern of c10d: record on the compute stream, wait on the NCCL stream, and back; when
+    // the trace has no cudaEventRecord, the wait's own time stands for the record).
+    // An inferred edge is kept only if the recorded times satisfy it.
+    // Per launching thread: (launch time, stream, GPU event, GPU op), in launch order.
+    type Launched = (i64, (Id, i64), usize, OpId);
+    let mut by_thread: BTreeMap<(Id, Id), Vec<Launched>> = BTreeMap::new();
+    for (key, list) in &by_stream {
+        for &(g, op) in list {
+            if let Some(&l) = ev[g].args.correlation.and_then(|c| launch_of.get(&c)) {
+                by_thread
+                    .entry((ev[l].pid.clone(), ev[l].tid.clone()))
+                    .or_default()
+                    .push((ev[l].ts_ns, key.clone(), g, op));
+            }
+        }
+    }
+    for v in by_thread.values_mut() {
+        v.sort_by_key(|&(t, _, g, _)| (t, g));
+    }
+    let mut records: BTreeMap<(Id, Id), Vec<i64>> = BTreeMap::new();
+    for e in ev.iter().filter(|e| {
+        e.runtime_call() == Some(RuntimeCall::EventRecord) && e.ts_ns < hi && e.pid == win.pid
+    }) {
+        records
+            .entry((e.pid.clone(), e.tid.clone()))
+            .or_default()
+            .push(e.ts_ns);
+    }
+    for v in records.values_mut() {
+        v.sort_unstable();
+    }
+    let (mut inferred, mut unmodelled) = (0usize, 0usize);
+    for e in ev.iter().filter(|e| {
+        e.runtime_call() == Some(RuntimeCall::StreamWaitEvent)
+            && e.ts_ns >= lo
+            && e.ts_ns < hi
+            && e.pid == win.pid
+            && e.args.correlation.is_none_or(|c| !handled.contains(&c))
+    }) {
+        let th = (e.pid.clone(), e.tid.clone());
+        let launches = by_thread.get(&th).map_or(&[][..], Vec::as_slice);
+        // Without a cudaEventRecord in the trace (some versions drop or mislabel it), the event
+        // is taken as recorded just before the wait, as c10d does.
+        let rec = records
+            .get(&th)
+            .and_then(|r| {
+                let i = r.partition_point(|&t| t < e.ts_ns);
+                i.checked_sub(1).map(|i| r[i])
+            })
+            .or(Some(e.ts_ns));
+        let next = launches.iter().find(|x| x.0 > e.ts_ns);
+        let edge = match (rec, next) {
+            (Some(rt), Some(to)) => launches
+                .iter()
+                .rev()
+                .find(|x| x.0 < rt && x.1 != to.1)
+                .map(|from| (from, to)),
+            _ => None,
+        };
+        match edge {
+            Some((from, to)) if ev[from.2].end_ns() <= ev[to.2].ts_ns + 1_000 => {
+                b.local.edges.push((from.3, to.3));
+                inferred += 1;
+            }
+            _ => unmodelled += 1,
+        }
+    }
+    if inferred + stream_waits > 0 {
+        tracing::info!(
+            file = name,
+            from_cuda_sync = stream_waits,
+            inferred,
+            "cudaStreamWaitEvent without cuda_sync records: stream → stream edges inferred from \
+             the launch order"
+        );
+    }
+    if unmodelled > 0 {
         warnings.push(format!(
-            "{} cudaStreamWaitEvent calls in the step have no cuda_sync record naming the stream \
-             they wait on; their stream → stream edges are not modelled",
-            waits_without.saturating_sub(stream_waits)
+            "{unmodelled} cudaStreamWaitEvent calls in the step have no cuda_sync record and no \
+             stream pair could be inferred from the launch order; their stream → stream edges are \
+             not modelled"
         ));
     }
 
@@ -1479,5 +1556,57 @@ mod tests {
         let g = t.job.expand().unwrap();
         let r = replay(&g);
         assert_eq!(r.end_ns[t.step_end as usize], 125_000);
+    }
+
+    /// Step 0–100 µs: k1, k2 on stream 7, then a cudaStreamWaitEvent (no cuda_sync record) and k3
+    /// on stream 24, which starts `k3_ts` µs in.
+    fn wait_trace(k3_ts: u64) -> String {
+        doc(&[
+            x("user_annotation", "ProfilerStep#1", 1, 0, 100, None),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 10, 5, Some(1)),
+            kernel("k1", 7, 16, 20, 1, 10),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 20, 5, Some(2)),
+            kernel("k2", 7, 36, 24, 2, 20),
+            x("cuda_runtime", "cudaStreamWaitEvent", 1, 30, 2, Some(3)),
+            x("cuda_runtime", "cudaLaunchKernel", 1, 35, 5, Some(4)),
+            kernel("k3", 24, k3_ts, 10, 4, 35),
+        ])
+    }
+
+    #[test]
+    fn stream_waits_without_records_are_inferred_from_launch_order() {
+        let t = build_job(&parse(&wait_trace(61)), "wait", Some(1)).unwrap();
+        let ops = &t.job.local.ops;
+        let at = |us: i64| {
+            (0..ops.len())
+                .find(|&i| {
+                    ops[i].spec.kind == OpKind::Compute && t.recorded_start_ns[i] == us * 1000
+                })
+                .unwrap() as OpId
+        };
+        let (k2, k3) = (at(36), at(61));
+        assert!(t.job.local.edges.contains(&(k2, k3)), "k2 → k3 inferred");
+        assert!(
+            t.warnings
+                .iter()
+                .all(|w| !w.contains("cudaStreamWaitEvent"))
+        );
+        // The edge holds in a what-if: k2 twice as long pushes k3 to k2's end (k1 runs 15–35 from
+        // its launch's return, k2 35–83).
+        let mut j = t.job.clone();
+        j.local.ops[k2 as usize].spec.dur_ns = 48_000;
+        let r = replay(&j.expand().unwrap());
+        assert_eq!(r.start_ns[k3 as usize], 83_000);
+        // k3 recorded before k2 ended: the guess contradicts the record, so no edge, a warning.
+        let t = build_job(&parse(&wait_trace(45)), "wait", Some(1)).unwrap();
+        assert!(
+            t.warnings
+                .iter()
+                .any(|w| w.contains("1 cudaStreamWaitEvent")),
+            "{:?}",
+            t.warnings
+        );
+        let r = replay(&t.job.expand().unwrap());
+        assert_eq!(r.end_ns[t.step_end as usize], 100_000);
     }
 }
