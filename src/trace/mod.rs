@@ -3,6 +3,7 @@
 //! replay). This module holds the shared error type; each format lives in its own submodule.
 
 pub mod align;
+pub mod chakra;
 pub mod extrapolate;
 pub mod graph;
 pub mod kineto;
@@ -46,6 +47,16 @@ pub enum TraceError {
     /// Valid JSON, but not a Chrome / Kineto trace.
     #[error("{name} is not a Kineto/Chrome trace: {reason}")]
     NotATrace { name: String, reason: String },
+    /// Readable bytes that do not make a valid trace of the expected format (a protobuf message
+    /// that does not decode, a JSON document that is not an execution trace, ...).
+    #[error("{name} is not a valid {format} at {location}: {message}")]
+    Invalid {
+        name: String,
+        /// `Chakra execution trace`, `PyTorch host execution trace`, `Horovod timeline`, ...
+        format: &'static str,
+        location: String,
+        message: String,
+    },
 }
 
 /// Whether a file name looks like a Kineto / Chrome trace rather than an execution trace.
