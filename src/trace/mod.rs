@@ -8,6 +8,7 @@ pub mod extrapolate;
 pub mod graph;
 pub mod host_et;
 pub mod kineto;
+pub mod link;
 pub mod multi;
 
 pub use kineto::{KinetoTrace, parse_kineto, read_kineto};
