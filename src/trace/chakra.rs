@@ -1062,5 +1062,11 @@ mod tests {
         assert_eq!(j.gpu_collectives, 7);
         assert_eq!(j.collective_bytes, sizes.iter().sum::<u64>());
         assert_eq!(j.measured_ns, None);
+        // Edges and the dependency bound recomputed with the same rule in python3 (data deps,
+        // plus control deps forward in the data-dependency order, Kahn by lowest id).
+        assert_eq!(j.job.local.edges.len(), 182_626);
+        assert!(j.warnings[0].contains("383 on the node itself, 1277 on nodes not in the file, 554 against"));
+        let g = j.job.local_dfg().unwrap();
+        assert_eq!(crate::replay::dependency_bound_ns(&g), 82_269_000);
     }
 }

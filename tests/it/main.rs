@@ -7,10 +7,12 @@
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
+//! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 //! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
 
 mod cli;
+mod exec_traces;
 mod export;
 mod plan;
 mod properties;
