@@ -345,6 +345,9 @@ pub struct EventArgs {
     pub input_dims: Option<serde_json::Value>,
     #[serde(rename = "Input type")]
     pub input_type: Option<serde_json::Value>,
+    /// `shape` of a Horovod timeline's end-of-operation event (e.g. `"[256, 128]"`).
+    #[serde(deserialize_with = "lenient_string")]
+    pub shape: Option<String>,
 }
 
 /// One normalised trace event.

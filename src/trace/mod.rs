@@ -6,6 +6,7 @@ pub mod align;
 pub mod chakra;
 pub mod extrapolate;
 pub mod graph;
+pub mod horovod;
 pub mod host_et;
 pub mod kineto;
 pub mod link;
