@@ -609,6 +609,10 @@ pub fn is_chakra(path: &Path) -> bool {
 // Replay: a Job from the nodes
 // ---------------------------------------------------------------------------------------------
 
+/// Longest node duration accepted (µs): 30 days. Longer ones mean a corrupt file, and would
+/// overflow the replayer's integer-ns clock when summed.
+pub const MAX_DURATION_US: u64 = 30 * 24 * 3600 * 1_000_000;
+
 /// A job built from a Chakra trace.
 #[derive(Clone, Debug)]
 pub struct ChakraJob {
@@ -636,9 +640,27 @@ pub fn build_job(trace: &ChakraTrace, name: &str) -> Result<ChakraJob, TraceGrap
         return Err(invalid("the trace has no nodes".into()));
     }
     let mut index: HashMap<u64, usize> = HashMap::with_capacity(nodes.len());
+    let total_us = nodes
+        .iter()
+        .fold(0u64, |acc, n| acc.saturating_add(n.duration_micros));
+    if total_us > 100 * MAX_DURATION_US {
+        return Err(invalid(format!(
+            "the node durations add up to {total_us} µs: not plausible (the file is corrupt)"
+        )));
+    }
     for (i, n) in nodes.iter().enumerate() {
         if index.insert(n.id, i).is_some() {
             return Err(invalid(format!("node id {} appears twice", n.id)));
+        }
+        if n.duration_micros > MAX_DURATION_US || n.start_time_micros > MAX_DURATION_US * 1000 {
+            return Err(invalid(format!(
+                "node {} (message {}) has start {} µs and duration {} µs: not plausible times \
+                 (the file is corrupt)",
+                n.id,
+                i + 1,
+                n.start_time_micros,
+                n.duration_micros
+            )));
         }
     }
     // Data dependencies → a topological order (Kahn, lowest node id first).
@@ -1004,6 +1026,17 @@ mod tests {
         assert!(e.contains("Node does not decode"), "{e}");
         let e = parse_chakra(&[], "empty.et").unwrap_err().to_string();
         assert!(e.contains("empty"), "{e}");
+    }
+
+    /// Regression (found in review, not yet by the fuzzer): a corrupt duration near `u64::MAX`
+    /// used to reach the replayer and overflow its ns clock; it is now refused.
+    #[test]
+    fn absurd_durations_are_refused() {
+        let mut nodes = tiny();
+        nodes[1].duration_micros = u64::MAX / 2;
+        let t = parse_chakra(&stream(&meta(), &nodes), "huge.et").unwrap();
+        let e = build_job(&t, "huge.et").unwrap_err().to_string();
+        assert!(e.contains("huge.et") && e.contains("not plausible"), "{e}");
     }
 
     fn shared() -> Option<PathBuf> {

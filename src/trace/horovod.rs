@@ -33,7 +33,7 @@ pub struct Span {
 
 impl Span {
     pub fn dur_ns(&self) -> i64 {
-        self.end_ns - self.start_ns
+        self.end_ns.saturating_sub(self.start_ns)
     }
 }
 

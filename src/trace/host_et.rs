@@ -658,7 +658,9 @@ fn record_param_comms(n: &HostNode) -> Option<CommCall> {
         group_size,
     ) {
         (Some(s), Some(d), Some(g)) if g > 0 && g < 1 << 20 => {
-            Some((0..g as u64).map(|k| (s + k * d) as u32).collect())
+            (0..g as u64)
+                .map(|k| u32::try_from(s.checked_add(k.checked_mul(d)?)?).ok())
+                .collect()
         }
         _ => None,
     };
@@ -759,6 +761,19 @@ mod tests {
         assert_eq!((c.bytes, c.out_bytes), (2000, Some(2000)));
         assert_eq!(c.pg.as_deref(), Some("3"));
         assert_eq!(c.ranks, Some(vec![2, 4]));
+    }
+
+    /// Regression (found in review): `global_rank_start + k * stride` overflowed (a panic in
+    /// debug builds) on absurd attribute values; such ranks are now left unknown.
+    #[test]
+    fn absurd_rank_attributes() {
+        let text = V11.replace(
+            r#""name": "global_rank_start", "type": "uint64", "value": 2"#,
+            r#""name": "global_rank_start", "type": "uint64", "value": 18446744073709551615"#,
+        );
+        assert_ne!(text, V11);
+        let et = parse_host_et(text.as_bytes(), "v11.json").unwrap();
+        assert_eq!(et.comm_calls()[0].ranks, None);
     }
 
     #[test]

@@ -17,7 +17,7 @@ fn attr(name: &str, value: AttrValue) -> AttributeProto {
 }
 
 /// A CPU op (10 µs) feeding a GPU kernel (100 µs), as a Chakra byte stream.
-fn tiny_stream() -> Vec<u8> {
+pub(crate) fn tiny_stream() -> Vec<u8> {
     let meta = GlobalMetadata {
         version: String::new(),
         attr: vec![attr("schema", AttrValue::String("1.0.1".into()))],
