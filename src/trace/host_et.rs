@@ -54,7 +54,8 @@ impl TensorRef {
 
     fn from_value(v: &Value) -> Option<TensorRef> {
         let a = v.as_array()?;
-        if !(a.len() == 5 || a.len() == 6) {
+        // Five numbers, then (newer PyTorch) the device as a string.
+        if !(a.len() == 5 || a.len() == 6 && a[5].is_string()) {
             return None;
         }
         let n = |i: usize| a[i].as_u64();
@@ -836,12 +837,15 @@ mod tests {
         let et = read_host_et(&d.join("execution-traces/simple_add.host_et.json.gz")).unwrap();
         assert_eq!((et.schema.as_str(), et.nodes.len()), ("1.0.1", 38));
         assert!(et.comm_calls().is_empty());
+        // Data dependencies recounted with the same rule in python3.
+        assert_eq!(et.data_deps().len(), 14);
 
         let et = read_host_et(&d.join("execution-traces/resnet_ddp_2gpu.host_et.json.gz")).unwrap();
         assert_eq!(
             (et.schema.as_str(), et.nodes.len()),
             ("1.1.0-chakra.0.0.4", 14392)
         );
+        assert_eq!(et.data_deps().len(), 14769);
         let calls = et.comm_calls();
         let kinds = |k: CollectiveKind| calls.iter().filter(|c| c.kind == k).count();
         assert_eq!(
@@ -868,6 +872,9 @@ mod tests {
             let f = d.join(format!("multi-rank-dlrm/rank{r}.execution_trace.json.gz"));
             let et = read_host_et(&f).unwrap();
             assert_eq!(et.nodes.len(), 1675, "rank {r}");
+            if r == 0 {
+                assert_eq!(et.data_deps().len(), 1525);
+            }
             let calls = et.comm_calls();
             let bytes: Vec<u64> = calls.iter().map(|c| c.bytes).collect();
             assert_eq!(bytes, send, "rank {r}");
