@@ -110,7 +110,10 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
         ),
         String::new(),
         match measured {
-            Some(m) => format!("measured span    {:>9.3} ms   first start to last end", ms(m)),
+            Some(m) => format!(
+                "measured span    {:>9.3} ms   first start to last end",
+                ms(m)
+            ),
             None => "measured span         n/a      the nodes have no start times".to_string(),
         },
         format!(
@@ -130,7 +133,8 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
         writeln!(o, "{l}").map_err(CliError::stdout)?;
     }
     for i in items.iter().take(8) {
-        writeln!(o, "    {:>8.3} ms  {}", i.dur_ns as f64 / 1e6, i.name).map_err(CliError::stdout)?;
+        writeln!(o, "    {:>8.3} ms  {}", i.dur_ns as f64 / 1e6, i.name)
+            .map_err(CliError::stdout)?;
     }
     Ok(())
 }

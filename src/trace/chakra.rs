@@ -313,7 +313,9 @@ impl Node {
 
     /// The recording thread (`tid`), 0 when absent.
     pub fn tid(&self) -> i64 {
-        self.attr("tid").and_then(AttributeProto::as_i64).unwrap_or(0)
+        self.attr("tid")
+            .and_then(AttributeProto::as_i64)
+            .unwrap_or(0)
     }
 
     /// `rf_id`: the PyTorch record-function id of a host op.
@@ -351,7 +353,8 @@ impl ChakraTrace {
         if !self.metadata.version.is_empty() {
             return Some(&self.metadata.version);
         }
-        self.metadata_attr("schema").and_then(AttributeProto::as_str)
+        self.metadata_attr("schema")
+            .and_then(AttributeProto::as_str)
     }
 }
 
@@ -417,7 +420,11 @@ impl<R: Read> ChakraReader<R> {
         };
         let at = r.offset;
         if !r.next_message()? {
-            return Err(r.invalid(0, at, "the file is empty (no GlobalMetadata message)".into()));
+            return Err(r.invalid(
+                0,
+                at,
+                "the file is empty (no GlobalMetadata message)".into(),
+            ));
         }
         r.metadata = GlobalMetadata::decode(r.buf.as_slice())
             .map_err(|e| r.invalid(0, at, format!("GlobalMetadata does not decode: {e}")))?;
@@ -570,7 +577,10 @@ pub fn read_chakra(path: &Path) -> Result<ChakraTrace, TraceError> {
 
 /// Parses a whole Chakra trace from bytes (plain or gzip); `name` is used in messages.
 pub fn parse_chakra(bytes: &[u8], name: &str) -> Result<ChakraTrace, TraceError> {
-    collect(ChakraReader::from_reader(io::Cursor::new(bytes.to_vec()), name)?)
+    collect(ChakraReader::from_reader(
+        io::Cursor::new(bytes.to_vec()),
+        name,
+    )?)
 }
 
 fn collect<R: Read>(mut r: ChakraReader<R>) -> Result<ChakraTrace, TraceError> {
@@ -1059,14 +1069,15 @@ mod tests {
         assert_eq!(t.schema(), Some("1.0.1"));
         assert_eq!(t.nodes.len(), 3664);
         let count = |ty: NodeType| t.nodes.iter().filter(|n| n.node_type() == ty).count();
-        assert_eq!((count(NodeType::Comp), count(NodeType::CommColl)), (3643, 21));
+        assert_eq!(
+            (count(NodeType::Comp), count(NodeType::CommColl)),
+            (3643, 21)
+        );
         let gpu: Vec<_> = t.nodes.iter().filter(|n| n.is_gpu_collective()).collect();
         let sizes: Vec<u64> = gpu.iter().map(|n| n.comm_size().unwrap()).collect();
         assert_eq!(
             sizes,
-            vec![
-                212480, 424, 8196000, 31502336, 26255360, 26550272, 9724160
-            ]
+            vec![212480, 424, 8196000, 31502336, 26255360, 26550272, 9724160]
         );
         let types: Vec<_> = gpu.iter().map(|n| n.comm_type().unwrap()).collect();
         use CollectiveCommType::*;
@@ -1084,7 +1095,10 @@ mod tests {
             .filter(|n| n.node_type() == NodeType::CommColl && !n.is_gpu_collective())
             .count();
         assert_eq!(host, 14);
-        assert_eq!(t.nodes.iter().filter(|n| n.duration_micros > 0).count(), 3507);
+        assert_eq!(
+            t.nodes.iter().filter(|n| n.duration_micros > 0).count(),
+            3507
+        );
         let data: usize = t.nodes.iter().map(|n| n.data_deps.len()).sum();
         let ctrl: usize = t.nodes.iter().map(|n| n.ctrl_deps.len()).sum();
         assert_eq!((data, ctrl), (181878, 3664));
@@ -1098,7 +1112,10 @@ mod tests {
         // Edges and the dependency bound recomputed with the same rule in python3 (data deps,
         // plus control deps forward in the data-dependency order, Kahn by lowest id).
         assert_eq!(j.job.local.edges.len(), 182_626);
-        assert!(j.warnings[0].contains("383 on the node itself, 1277 on nodes not in the file, 554 against"));
+        assert!(
+            j.warnings[0]
+                .contains("383 on the node itself, 1277 on nodes not in the file, 554 against")
+        );
         let g = j.job.local_dfg().unwrap();
         assert_eq!(crate::replay::dependency_bound_ns(&g), 82_269_000);
     }

@@ -159,9 +159,7 @@ pub fn from_events(t: &KinetoTrace, name: &str) -> HorovodTimeline {
                         .as_deref()
                         .and_then(|d| dtype_bytes(d.trim_start_matches("HOROVOD_")));
                     let bytes = match (&shape, size) {
-                        (Some(s), Some(b)) => s
-                            .iter()
-                            .try_fold(b, |acc, d| acc.checked_mul(*d)),
+                        (Some(s), Some(b)) => s.iter().try_fold(b, |acc, d| acc.checked_mul(*d)),
                         _ => None,
                     };
                     ops.entry(*pid).or_default().push(HvdOp {
@@ -271,13 +269,25 @@ mod tests {
         let text = std::fs::read_to_string(fixture()).unwrap();
         // Cut inside an event: the complete events are kept, and the cut spans reported.
         let cut = &text[..text.find("MEMCPY_IN").unwrap()];
-        let t = from_events(&parse_kineto(cut.as_bytes(), "hvd.json").unwrap(), "hvd.json");
+        let t = from_events(
+            &parse_kineto(cut.as_bytes(), "hvd.json").unwrap(),
+            "hvd.json",
+        );
         assert!(t.tensors.iter().all(|x| x.ops.is_empty()));
-        assert!(t.warnings[1].contains("2 spans are still open"), "{:?}", t.warnings);
+        assert!(
+            t.warnings[1].contains("2 spans are still open"),
+            "{:?}",
+            t.warnings
+        );
         // Malformed JSON: an error naming the file and the line.
         let bad = text.replacen("\"pid\": 1}", "\"pid\": 1]", 1);
-        let msg = parse_kineto(bad.as_bytes(), "hvd.json").unwrap_err().to_string();
-        assert!(msg.contains("hvd.json") && msg.contains("line 6 column 64"), "{msg}");
+        let msg = parse_kineto(bad.as_bytes(), "hvd.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("hvd.json") && msg.contains("line 6 column 64"),
+            "{msg}"
+        );
         assert_eq!(parse_shape("[3,4]"), Some(vec![3, 4]));
         assert_eq!(parse_shape("[]"), Some(vec![]));
         assert_eq!(parse_shape("3x4"), None);

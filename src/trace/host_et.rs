@@ -346,14 +346,14 @@ impl RawNode {
         for a in self.attrs {
             attrs.entry(a.name).or_insert(a.value);
         }
-        let parent = self
-            .parent
-            .and_then(|p| u64::try_from(p).ok())
-            .or_else(|| match &self.ctrl_deps {
-                Some(Value::Number(n)) => n.as_u64(),
-                Some(Value::Array(a)) => a.first().and_then(Value::as_u64),
-                _ => None,
-            });
+        let parent =
+            self.parent
+                .and_then(|p| u64::try_from(p).ok())
+                .or_else(|| match &self.ctrl_deps {
+                    Some(Value::Number(n)) => n.as_u64(),
+                    Some(Value::Array(a)) => a.first().and_then(Value::as_u64),
+                    _ => None,
+                });
         let rf_id = self
             .rf_id
             .or_else(|| attrs.get("rf_id").and_then(Value::as_u64));
@@ -362,7 +362,12 @@ impl RawNode {
             .or_else(|| attrs.get("tid").and_then(Value::as_i64));
         let op_schema = self
             .op_schema
-            .or_else(|| attrs.get("op_schema").and_then(Value::as_str).map(Into::into))
+            .or_else(|| {
+                attrs
+                    .get("op_schema")
+                    .and_then(Value::as_str)
+                    .map(Into::into)
+            })
             .unwrap_or_default();
         HostNode {
             id: self.id,
@@ -658,11 +663,9 @@ fn record_param_comms(n: &HostNode) -> Option<CommCall> {
         n.attr_u64("global_rank_stride"),
         group_size,
     ) {
-        (Some(s), Some(d), Some(g)) if g > 0 && g < 1 << 20 => {
-            (0..g as u64)
-                .map(|k| u32::try_from(s.checked_add(k.checked_mul(d)?)?).ok())
-                .collect()
-        }
+        (Some(s), Some(d), Some(g)) if g > 0 && g < 1 << 20 => (0..g as u64)
+            .map(|k| u32::try_from(s.checked_add(k.checked_mul(d)?)?).ok())
+            .collect(),
         _ => None,
     };
     Some(CommCall {
@@ -859,16 +862,14 @@ mod tests {
         let first: Vec<u64> = calls.iter().take(7).map(|c| c.bytes).collect();
         assert_eq!(
             first,
-            vec![
-                212480, 424, 8196000, 31502336, 26255360, 26550272, 9724160
-            ]
+            vec![212480, 424, 8196000, 31502336, 26255360, 26550272, 9724160]
         );
         assert!(calls.iter().all(|c| c.ranks == Some(vec![0, 1])));
         assert!(calls.iter().all(|c| c.pg.as_deref() == Some("0")));
 
         let send = [24576, 192, 1536, 13568, 1576964, 24576, 448, 907840];
         let recv4 = [768, 1792, 2304, 13312, 4736, 768, 1536, 1920];
-        for r in 0..8 {
+        for (r, recv) in recv4.into_iter().enumerate() {
             let f = d.join(format!("multi-rank-dlrm/rank{r}.execution_trace.json.gz"));
             let et = read_host_et(&f).unwrap();
             assert_eq!(et.nodes.len(), 1675, "rank {r}");
@@ -888,7 +889,7 @@ mod tests {
                 ]
             );
             // The uneven all-to-all: what each rank receives differs (int32 elements × 4).
-            assert_eq!(calls[3].out_bytes, Some(recv4[r] * 4), "rank {r}");
+            assert_eq!(calls[3].out_bytes, Some(recv * 4), "rank {r}");
             assert_eq!(calls[0].group_size, Some(8));
         }
     }

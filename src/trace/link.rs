@@ -110,7 +110,13 @@ fn from_call(e_idx: usize, e: &Event, c: &CommCall, how: MatchedBy) -> Collectiv
 
 /// Bytes from the first input's dims and type (`[[6144], ...]`, `["float", ...]`).
 fn operator_input_bytes(op: &Event) -> Option<(u64, String)> {
-    let dims = op.args.input_dims.as_ref()?.as_array()?.first()?.as_array()?;
+    let dims = op
+        .args
+        .input_dims
+        .as_ref()?
+        .as_array()?
+        .first()?
+        .as_array()?;
     if dims.is_empty() {
         return None;
     }
@@ -345,7 +351,10 @@ mod tests {
         let text = et(11, "allreduce").replace("\"allreduce\",[],[]", "\"all_to_all\",[],[]");
         let et = parse_host_et(text.as_bytes(), "et.json").unwrap();
         let e = collective_sizes(&k, Some(&et)).unwrap_err();
-        assert!(matches!(e, LinkError::KindMismatch { rf_id: 11, .. }), "{e}");
+        assert!(
+            matches!(e, LinkError::KindMismatch { rf_id: 11, .. }),
+            "{e}"
+        );
     }
 
     fn shared() -> Option<PathBuf> {
@@ -370,11 +379,11 @@ mod tests {
         ];
         let mut per_rank = Vec::new();
         for r in 0..8 {
-            let k = read_kineto(&d.join(format!("multi-rank-dlrm/rank{r}.kineto.json.gz"))).unwrap();
-            let et = read_host_et(&d.join(format!(
-                "multi-rank-dlrm/rank{r}.execution_trace.json.gz"
-            )))
-            .unwrap();
+            let k =
+                read_kineto(&d.join(format!("multi-rank-dlrm/rank{r}.kineto.json.gz"))).unwrap();
+            let et =
+                read_host_et(&d.join(format!("multi-rank-dlrm/rank{r}.execution_trace.json.gz")))
+                    .unwrap();
             let got = collective_sizes(&k, Some(&et)).unwrap();
             assert_eq!(got.len(), 8, "rank {r}");
             assert!(got.iter().all(|c| c.matched_by == MatchedBy::IssueOrder));
@@ -382,7 +391,11 @@ mod tests {
             assert_eq!(bytes, send, "rank {r}");
             let ks: Vec<_> = got.iter().map(|c| c.kind.clone()).collect();
             assert_eq!(ks, kinds, "rank {r}");
-            per_rank.push(got.iter().map(|c| (c.kind.clone(), c.bytes)).collect::<Vec<_>>());
+            per_rank.push(
+                got.iter()
+                    .map(|c| (c.kind.clone(), c.bytes))
+                    .collect::<Vec<_>>(),
+            );
 
             // Without the host ET: the single-tensor all-to-alls from the operator's input dims;
             // the all-reduces pass tensor lists, which have no dims in Kineto.

@@ -1,6 +1,19 @@
-//! Trace importers: readers that turn recorded training traces (PyTorch profiler / Kineto Chrome
-//! traces for now) into normalised event lists for the rest of the importer (graph construction,
-//! replay). This module holds the shared error type; each format lives in its own submodule.
+//! Trace importers: readers that turn recorded training traces into normalised data for the rest
+//! of the importer (graph construction, replay). This module holds the shared error type; each
+//! format lives in its own submodule:
+//!
+//! * [`kineto`]: PyTorch profiler (Kineto) Chrome traces, streamed; [`graph`]: one rank's step of
+//!   one → a `Job`.
+//! * [`chakra`]: Chakra execution traces (protobuf, varint-length-delimited), streamed one message
+//!   at a time, and a `Job` from the nodes.
+//! * [`host_et`]: PyTorch host execution traces (JSON): operators, tensor data dependencies,
+//!   communication calls with their sizes.
+//! * [`link`]: each NCCL/RCCL kernel of a Kineto trace → its collective's kind and size (kernel
+//!   args, else the host ET of the same run, else the operator's input shapes).
+//! * [`horovod`]: Horovod timelines (a Chrome event array, often without its closing `]`).
+//!
+//! Every error names the file and where in it (line/column of the JSON, or message index and
+//! byte offset of a protobuf stream); ignorable oddities become warnings on the result.
 
 pub mod align;
 pub mod chakra;

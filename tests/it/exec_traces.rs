@@ -53,12 +53,18 @@ fn tiny_chakra_replays_exactly() {
     let v = run_json(&["replay", "--trace", p.to_str().unwrap()]);
     assert_eq!(v["iteration_ms"].as_f64(), Some(0.11));
     assert!(v["measured_iteration_ms"].is_null() && v["error_pct"].is_null());
-    assert_eq!((v["ops"].as_u64(), v["workers"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(
+        (v["ops"].as_u64(), v["workers"].as_u64()),
+        (Some(2), Some(1))
+    );
     assert_eq!(v["critical_path_ms"].as_f64(), Some(0.11));
     assert_eq!(v["format"], "chakra");
     let (code, out, err) = run(&["replay", "--trace", p.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("Chakra execution trace") && out.contains("n/a"), "{out}");
+    assert!(
+        out.contains("Chakra execution trace") && out.contains("n/a"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -82,7 +88,10 @@ fn real_resnet_chakra() {
     }
     let v = run_json(&["replay", "--trace", p.to_str().unwrap()]);
     assert!(v["measured_iteration_ms"].is_null() && v["error_pct"].is_null());
-    assert_eq!((v["ops"].as_u64(), v["nodes"].as_u64()), (Some(3664), Some(3664)));
+    assert_eq!(
+        (v["ops"].as_u64(), v["nodes"].as_u64()),
+        (Some(3664), Some(3664))
+    );
     assert_eq!(v["gpu_collectives"].as_u64(), Some(7));
     // Sum of comm_size over the 7 GPU collectives (python3).
     assert_eq!(v["collective_bytes"].as_u64(), Some(102_441_032));

@@ -39,7 +39,10 @@ fn head(path: &Path, limit: usize) -> Vec<u8> {
 
 /// A mutation: cut at a fraction of the length, then overwrite a few bytes.
 fn mutation() -> impl Strategy<Value = (f64, Vec<(f64, u8)>)> {
-    (0.0f64..=1.0, proptest::collection::vec((0.0f64..1.0, any::<u8>()), 0..6))
+    (
+        0.0f64..=1.0,
+        proptest::collection::vec((0.0f64..1.0, any::<u8>()), 0..6),
+    )
 }
 
 fn mutate(base: &[u8], (cut, flips): &(f64, Vec<(f64, u8)>)) -> Vec<u8> {
