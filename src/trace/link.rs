@@ -17,7 +17,11 @@
 
 use std::collections::HashMap;
 
-use super::host_et::{CollectiveKind, CommCall, HostEt, dtype_bytes};
+use std::path::{Path, PathBuf};
+
+use super::extrapolate::{self, CollectiveSize};
+use super::graph::TraceJob;
+use super::host_et::{CollectiveKind, CommCall, HostEt, dtype_bytes, read_host_et};
 use super::kineto::{Category, Event, KinetoTrace, Phase};
 
 /// How a kernel's size was found.
@@ -39,6 +43,8 @@ pub struct CollectiveInfo {
     pub kind: CollectiveKind,
     /// Bytes this rank sends; `None` when no source had it.
     pub bytes: Option<u64>,
+    /// Bytes this rank receives (the output buffer), when known.
+    pub out_bytes: Option<u64>,
     pub dtype: Option<String>,
     pub pg: Option<String>,
     pub ranks: Option<Vec<u32>>,
@@ -99,6 +105,7 @@ fn from_call(e_idx: usize, e: &Event, c: &CommCall, how: MatchedBy) -> Collectiv
         kernel: e.name.clone(),
         kind: c.kind.clone(),
         bytes: Some(c.bytes),
+        out_bytes: c.out_bytes,
         dtype: c.dtype.clone(),
         pg: c.pg.clone(),
         ranks: c.ranks.clone(),
@@ -209,6 +216,10 @@ pub fn collective_sizes(
                     kernel: k.name.clone(),
                     kind: CollectiveKind::parse(name),
                     bytes: Some(n.saturating_mul(s)),
+                    out_bytes: a
+                        .out_msg_nelems
+                        .and_then(|o| u64::try_from(o).ok())
+                        .map(|o| o.saturating_mul(s)),
                     dtype: a.dtype.clone(),
                     pg: a.process_group_name.clone(),
                     group_size: a
@@ -267,6 +278,7 @@ pub fn collective_sizes(
             kernel: k.name.clone(),
             kind,
             bytes,
+            out_bytes: bytes,
             dtype,
             pg: None,
             ranks: None,
@@ -282,6 +294,95 @@ pub fn collective_sizes(
         });
     }
     Ok(out)
+}
+
+/// The one-rank-to-n model's kind for a collective (`None` for kinds it has no formula for).
+pub fn model_kind(k: &CollectiveKind) -> Option<extrapolate::CollectiveKind> {
+    use extrapolate::CollectiveKind as M;
+    Some(match k {
+        CollectiveKind::AllReduce => M::AllReduce,
+        CollectiveKind::AllToAll => M::AllToAll,
+        CollectiveKind::AllGather => M::AllGather,
+        CollectiveKind::ReduceScatter => M::ReduceScatter,
+        CollectiveKind::Broadcast => M::Broadcast,
+        CollectiveKind::Reduce => M::Reduce,
+        CollectiveKind::Send | CollectiveKind::Recv | CollectiveKind::SendRecv => M::SendRecv,
+        CollectiveKind::Barrier => M::Barrier,
+        CollectiveKind::Gather | CollectiveKind::Scatter | CollectiveKind::Other(_) => {
+            return None;
+        }
+    })
+}
+
+/// Sizes of a built step's collectives (in [`TraceJob::collectives`] order, matched by kernel
+/// event index) from [`collective_sizes`]; all-gather takes its output buffer, the rest what a
+/// rank sends.
+pub fn sizes_for_step(built: &TraceJob, infos: &[CollectiveInfo]) -> Vec<Option<CollectiveSize>> {
+    let by_event: HashMap<usize, &CollectiveInfo> =
+        infos.iter().map(|c| (c.event_index, c)).collect();
+    built
+        .collectives
+        .iter()
+        .map(|c| {
+            let info = by_event.get(&c.event)?;
+            let kind = model_kind(&info.kind)?;
+            let bytes = if kind == extrapolate::CollectiveKind::AllGather {
+                info.out_bytes.or(info.bytes)?
+            } else {
+                info.bytes?
+            };
+            Some(CollectiveSize { kind, bytes })
+        })
+        .collect()
+}
+
+/// The host execution trace recorded beside a Kineto trace: the same file name with `kineto`
+/// replaced by `execution_trace`, `host_et` or `et` (`rank3.kineto.json.gz` →
+/// `rank3.execution_trace.json.gz`), when such a file exists.
+pub fn host_et_beside(kineto_path: &Path) -> Option<PathBuf> {
+    let name = kineto_path.file_name()?.to_str()?;
+    if !name.contains("kineto") {
+        return None;
+    }
+    ["execution_trace", "host_et", "et"]
+        .iter()
+        .map(|r| kineto_path.with_file_name(name.replacen("kineto", r, 1)))
+        .find(|p| p.is_file())
+}
+
+/// Sizes of `built`'s collectives from the host execution trace beside `path` (see
+/// [`host_et_beside`]); all `None` when there is none. An execution trace that cannot be read or
+/// does not fit is reported as a warning and ignored: it is an optional extra source.
+pub fn sizes_beside(
+    path: &Path,
+    trace: &KinetoTrace,
+    built: &TraceJob,
+) -> Vec<Option<CollectiveSize>> {
+    let none = vec![None; built.collectives.len()];
+    let Some(et_path) = host_et_beside(path) else {
+        return none;
+    };
+    let et = match read_host_et(&et_path) {
+        Ok(et) => et,
+        Err(e) => {
+            tracing::warn!("ignoring the execution trace beside the Kineto trace: {e}");
+            return none;
+        }
+    };
+    match collective_sizes(trace, Some(&et)) {
+        Ok(infos) => {
+            tracing::info!(
+                file = %et_path.display(),
+                collectives = infos.len(),
+                "collective sizes from the execution trace"
+            );
+            sizes_for_step(built, &infos)
+        }
+        Err(e) => {
+            tracing::warn!(file = %et_path.display(), "ignoring the execution trace: {e}");
+            none
+        }
+    }
 }
 
 #[cfg(test)]
@@ -412,6 +513,28 @@ mod tests {
             assert_eq!(alone, expect, "rank {r}");
         }
         assert!(per_rank.windows(2).all(|w| w[0] == w[1]));
+    }
+
+    #[test]
+    fn real_dlrm_step_sizes_from_the_execution_trace_beside() {
+        let Some(d) = shared() else { return };
+        let p = d.join("multi-rank-dlrm/rank0.kineto.json.gz");
+        assert_eq!(
+            host_et_beside(&p),
+            Some(d.join("multi-rank-dlrm/rank0.execution_trace.json.gz"))
+        );
+        let k = read_kineto(&p).unwrap();
+        let built = crate::trace::graph::build_job(&k, "rank0", None).unwrap();
+        let sizes = sizes_beside(&p, &k, &built);
+        let bytes: Vec<u64> = sizes.iter().map(|s| s.unwrap().bytes).collect();
+        assert_eq!(
+            bytes,
+            [24576, 192, 1536, 13568, 1576964, 24576, 448, 907840]
+        );
+        assert_eq!(
+            sizes[4].unwrap().kind,
+            crate::trace::extrapolate::CollectiveKind::AllReduce
+        );
     }
 
     #[test]

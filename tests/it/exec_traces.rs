@@ -100,3 +100,39 @@ fn real_resnet_chakra() {
     // replay can be no shorter.
     assert!(v["iteration_ms"].as_f64().unwrap() >= 292.828, "{v}");
 }
+
+/// One rank → n on the DLRM trace, whose kernels carry no sizes: the sizes come from the host
+/// execution trace beside it (`rank0.execution_trace.json.gz`).
+#[test]
+fn dlrm_rank_to_cluster_takes_sizes_from_the_execution_trace() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/traces/multi-rank-dlrm/rank0.kineto.json.gz");
+    if !p.is_file() {
+        eprintln!("skipping: ../shared/traces is absent (the DLRM traces are needed)");
+        return;
+    }
+    let v = run_json(&[
+        "replay",
+        "--trace",
+        p.to_str().unwrap(),
+        "--cluster",
+        "8xh200",
+    ]);
+    let list = v["extrapolation"]["collectives"].as_array().unwrap();
+    let got: Vec<(u64, &str)> = list
+        .iter()
+        .map(|c| {
+            (
+                c["bytes"].as_u64().unwrap(),
+                c["size_from"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let send = [24576, 192, 1536, 13568, 1576964, 24576, 448, 907840];
+    assert_eq!(
+        got,
+        send.iter()
+            .map(|&b| (b, "execution trace"))
+            .collect::<Vec<_>>()
+    );
+}
