@@ -11,6 +11,8 @@
 //! * [`link`]: each NCCL/RCCL kernel of a Kineto trace → its collective's kind and size (kernel
 //!   args, else the host ET of the same run, else the operator's input shapes).
 //! * [`horovod`]: Horovod timelines (a Chrome event array, often without its closing `]`).
+//! * [`multi`], [`align`], [`extrapolate`]: several ranks in one graph, their clock alignment, and
+//!   one rank standing for n workers.
 //!
 //! Every error names the file and where in it (line/column of the JSON, or message index and
 //! byte offset of a protobuf stream); ignorable oddities become warnings on the result.
