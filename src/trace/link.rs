@@ -2,20 +2,22 @@
 //!
 //! 1. **Kernel args** (`Collective name`, `In msg nelems` × `dtype`, `Group size`, `Process Group
 //!    Name`, `Process Group Ranks`) — written by PyTorch ≥ 2.1 on the kernel itself.
-//! 2. **The host execution trace of the same run**, linked by record-function id: the kernel's
-//!    launch (same `correlation`) sits inside a `record_param_comms` (or `c10d::…`, `nccl:…`)
-//!    `cpu_op`; its `Record function id` is the host ET node's `rf_id`.
-//! 3. **The host execution trace by issue order**, when the Kineto trace has no record-function
-//!    ids (PyTorch 2.0, e.g. the DLRM traces): the k-th kernel takes the next unused host-ET
-//!    collective whose kind the kernel can run (`SendRecv` runs all-to-all, send, recv, gather,
-//!    scatter). Both sides list collectives in issue order on one NCCL stream, so this is exact
-//!    when the ET records the same iteration as the Kineto window.
+//! 2. **The host execution trace of the same run**, through the operator: the kernel's launch
+//!    (same `correlation`) sits inside a `record_param_comms` (or `c10d::…`, `nccl:…`) `cpu_op`,
+//!    which [`link_ops`] ties to a host-ET node — by `Record function id` = `rf_id` (PyTorch ≥
+//!    2.1), else by `External id` = `rf_id` + a per-thread offset found by name agreement
+//!    (PyTorch 2.0, e.g. the DLRM traces).
+//! 3. **The host execution trace by issue order**, for kernels whose operator is not linked: the
+//!    k-th kernel takes the next unused host-ET collective (after the last one linked) whose kind
+//!    the kernel can run (`SendRecv` runs all-to-all, send, recv, gather, scatter). Both sides
+//!    list collectives in issue order on one NCCL stream, so this is exact when the ET records
+//!    the same iteration as the Kineto window.
 //! 4. **Operator input shapes**: `Input Dims` × `Input type` of the enclosing `record_param_comms`
 //!    `cpu_op` (present for single-tensor collectives; tensor lists have no dims there).
 //!
 //! A kernel none of these sizes keeps `bytes: None` and says so in [`MatchedBy::Unmatched`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +31,8 @@ use super::kineto::{Category, Event, KinetoTrace, Phase};
 pub enum MatchedBy {
     KernelArgs,
     RecordFunctionId,
+    /// Kineto `External id` = host-ET `rf_id` + a per-thread offset (see [`link_ops`]).
+    ExternalIdOffset,
     IssueOrder,
     OperatorInputs,
     Unmatched,
@@ -58,15 +62,13 @@ pub struct CollectiveInfo {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LinkError {
     #[error(
-        "kernel {kernel} (event {event_index}) is linked by record-function id {rf_id} to host-ET \
-         node {node}, a {call:?} that a {kind:?} kernel cannot run: the host ET is not of the \
-         same run"
+        "kernel {kernel} (event {event_index}) is linked through its operator to host-ET node \
+         {node}, a {call:?} that a {kind:?} kernel cannot run: the host ET is not of the same run"
     )]
     KindMismatch {
         event_index: usize,
         kernel: String,
         kind: CollectiveKind,
-        rf_id: i64,
         node: u64,
         call: CollectiveKind,
     },
@@ -134,6 +136,121 @@ fn operator_input_bytes(op: &Event) -> Option<(u64, String)> {
     Some((elems.checked_mul(dtype_bytes(ty)?)?, ty.to_string()))
 }
 
+/// How a Kineto CPU event was tied to a host-ET node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum OpLinkMethod {
+    /// The event's `Record function id` is the node's `rf_id` (PyTorch ≥ 2.1).
+    RecordFunctionId,
+    /// The event's `External id` minus `offset` is the node's `rf_id`: the offset is found per
+    /// Kineto thread as the one that makes the most operator names agree (PyTorch 2.0 numbers
+    /// the two differently, and differently per thread: +1 on the DLRM main thread, +234 on its
+    /// autograd thread).
+    ExternalIdOffset { offset: i64 },
+}
+
+/// One Kineto CPU event (`cpu_op` / `user_annotation`) tied to a host-ET node of the same name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OpLink {
+    pub event_index: usize,
+    pub node_id: u64,
+    pub method: OpLinkMethod,
+}
+
+/// Names that occur at most this often in the host ET vote for a thread's offset (frequent
+/// names would make the vote quadratic and add nothing).
+const RARE_NAME: usize = 16;
+
+/// Ties the Kineto trace's CPU operators to the host-ET nodes of the same run: by record-function
+/// id when the Kineto events carry it, else by `External id` with a per-thread offset (see
+/// [`OpLinkMethod`]). A pair is kept only when the names agree; a thread whose best offset
+/// explains fewer than 2 names (or under 10 % of its operators) is left unlinked.
+pub fn link_ops(kineto: &KinetoTrace, et: &HostEt) -> Vec<OpLink> {
+    let ev = &kineto.events;
+    let mut by_rf: HashMap<u64, (u64, &str)> = HashMap::new();
+    let mut by_name: HashMap<&str, Vec<u64>> = HashMap::new();
+    for n in &et.nodes {
+        if let Some(rf) = n.rf_id {
+            by_rf.entry(rf).or_insert((n.id, n.name.as_str()));
+            by_name.entry(n.name.as_str()).or_default().push(rf);
+        }
+    }
+    let ops: Vec<usize> = (0..ev.len())
+        .filter(|&i| {
+            matches!(ev[i].cat, Category::CpuOp | Category::UserAnnotation)
+                && ev[i].ph == Phase::Complete
+        })
+        .collect();
+    let mut out = Vec::new();
+    if ops.iter().any(|&i| ev[i].args.rf_id.is_some()) {
+        for &i in &ops {
+            let e = &ev[i];
+            if let Some(rf) = e.args.rf_id.and_then(|r| u64::try_from(r).ok())
+                && let Some(&(node, name)) = by_rf.get(&rf)
+                && name == e.name
+            {
+                out.push(OpLink {
+                    event_index: i,
+                    node_id: node,
+                    method: OpLinkMethod::RecordFunctionId,
+                });
+            }
+        }
+        return out;
+    }
+    let mut threads: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+    for &i in &ops {
+        if ev[i].args.external_id.is_some() {
+            threads
+                .entry((ev[i].pid.to_string(), ev[i].tid.to_string()))
+                .or_default()
+                .push(i);
+        }
+    }
+    for list in threads.values() {
+        let mut votes: BTreeMap<i64, usize> = BTreeMap::new();
+        for &i in list {
+            let Some(ext) = ev[i].args.external_id else {
+                continue;
+            };
+            let Some(rfs) = by_name.get(ev[i].name.as_str()) else {
+                continue;
+            };
+            if rfs.len() > RARE_NAME {
+                continue;
+            }
+            for &rf in rfs {
+                if let Ok(rf) = i64::try_from(rf) {
+                    *votes.entry(ext.saturating_sub(rf)).or_default() += 1;
+                }
+            }
+        }
+        // Most votes; ties to the smallest offset.
+        let Some((&offset, _)) = votes
+            .iter()
+            .max_by_key(|&(o, v)| (*v, std::cmp::Reverse(*o)))
+        else {
+            continue;
+        };
+        let pairs: Vec<OpLink> = list
+            .iter()
+            .filter_map(|&i| {
+                let rf = u64::try_from(ev[i].args.external_id?.checked_sub(offset)?).ok()?;
+                let &(node, name) = by_rf.get(&rf)?;
+                (name == ev[i].name).then_some(OpLink {
+                    event_index: i,
+                    node_id: node,
+                    method: OpLinkMethod::ExternalIdOffset { offset },
+                })
+            })
+            .collect();
+        if pairs.len() >= 2 && pairs.len() * 10 >= list.len() {
+            out.extend(pairs);
+        }
+    }
+    out.sort_by_key(|l| l.event_index);
+    out
+}
+
 /// Per NCCL/RCCL kernel of `kineto` (in start-time order): its collective's kind and size, from
 /// the kernel's args, else `host_et` (the execution trace of the same run), else the enclosing
 /// operator's input shapes (see the module docs for the order and the rules).
@@ -158,47 +275,47 @@ pub fn collective_sizes(
             ev[i].cat == Category::CpuOp && ev[i].ph == Phase::Complete && is_comm_op(&ev[i].name)
         })
         .collect();
-    // The innermost communication cpu_op enclosing the kernel's launch.
-    let enclosing = |k: &Event| -> Option<&Event> {
+    // The innermost communication cpu_op enclosing the kernel's launch (its event index).
+    let enclosing = |k: &Event| -> Option<usize> {
         let l = &ev[*launch.get(&k.args.correlation?)?];
         cpu_ops
             .iter()
-            .map(|&i| &ev[i])
-            .filter(|o| {
+            .copied()
+            .filter(|&i| {
+                let o = &ev[i];
                 o.pid == l.pid && o.tid == l.tid && o.ts_ns <= l.ts_ns && o.end_ns() >= l.end_ns()
             })
-            .max_by_key(|o| (o.ts_ns, std::cmp::Reverse(o.dur_ns)))
+            .max_by_key(|&i| (ev[i].ts_ns, std::cmp::Reverse(ev[i].dur_ns)))
     };
     let calls: Vec<CommCall> = host_et.map(HostEt::comm_calls).unwrap_or_default();
-    let by_node: HashMap<u64, usize> = calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.host_et_node_id, i))
-        .collect();
-    // rf_id → the comm call of that node, of its parent (nccl:* under record_param_comms) or of
-    // its child (c10d::* above record_param_comms).
-    let by_rf: HashMap<u64, usize> = host_et
-        .map(|et| {
-            let mut m = HashMap::new();
-            for n in &et.nodes {
-                let Some(rf) = n.rf_id else { continue };
-                let own = by_node.get(&n.id).copied();
-                let parent = n.parent.and_then(|p| by_node.get(&p).copied());
-                if let Some(c) = own.or(parent) {
-                    m.insert(rf, c);
-                }
+    // Host-ET node → its comm call: the record_param_comms node itself, its nccl:* child or its
+    // c10d::* parent.
+    let mut call_of_node: HashMap<u64, usize> = HashMap::new();
+    if let Some(et) = host_et {
+        for (c, call) in calls.iter().enumerate() {
+            call_of_node.insert(call.host_et_node_id, c);
+            if let Some(p) = et.node(call.host_et_node_id).and_then(|n| n.parent) {
+                call_of_node.entry(p).or_insert(c);
             }
-            for c in &calls {
-                if let Some(p) = et.node(c.host_et_node_id).and_then(|n| n.parent)
-                    && let Some(rf) = et.node(p).and_then(|n| n.rf_id)
-                {
-                    m.entry(rf).or_insert(by_node[&c.host_et_node_id]);
-                }
+        }
+        let own: HashMap<u64, usize> = calls
+            .iter()
+            .enumerate()
+            .map(|(c, call)| (call.host_et_node_id, c))
+            .collect();
+        for n in &et.nodes {
+            if let Some(&c) = n.parent.and_then(|p| own.get(&p)) {
+                call_of_node.entry(n.id).or_insert(c);
             }
-            m
-        })
-        .unwrap_or_default();
-
+        }
+    }
+    let links: HashMap<usize, OpLink> = match host_et {
+        Some(et) if !calls.is_empty() => link_ops(kineto, et)
+            .into_iter()
+            .map(|l| (l.event_index, l))
+            .collect(),
+        _ => HashMap::new(),
+    };
     let mut out = Vec::with_capacity(kernels.len());
     let mut next_call = 0usize;
     let (mut needed_et, mut got_et) = (0usize, 0usize);
@@ -233,12 +350,13 @@ pub fn collective_sizes(
                 continue;
             }
         }
-        let op = enclosing(k);
+        let op_index = enclosing(k);
+        let op = op_index.map(|o| &ev[o]);
         if !calls.is_empty() {
             needed_et += 1;
-            // 2. record-function id
-            if let Some(rf) = op.and_then(|o| o.args.rf_id)
-                && let Some(&c) = u64::try_from(rf).ok().and_then(|r| by_rf.get(&r))
+            // 2. the enclosing op's link to a host-ET node
+            if let Some(link) = op_index.and_then(|o| links.get(&o))
+                && let Some(&c) = call_of_node.get(&link.node_id)
             {
                 let call = &calls[c];
                 if !kind.kernel_runs(&call.kind) {
@@ -246,14 +364,17 @@ pub fn collective_sizes(
                         event_index: i,
                         kernel: k.name.clone(),
                         kind,
-                        rf_id: rf,
                         node: call.host_et_node_id,
                         call: call.kind.clone(),
                     });
                 }
                 next_call = next_call.max(c + 1);
                 got_et += 1;
-                out.push(from_call(i, k, call, MatchedBy::RecordFunctionId));
+                let how = match link.method {
+                    OpLinkMethod::RecordFunctionId => MatchedBy::RecordFunctionId,
+                    OpLinkMethod::ExternalIdOffset { .. } => MatchedBy::ExternalIdOffset,
+                };
+                out.push(from_call(i, k, call, how));
                 continue;
             }
             // 3. issue order
@@ -452,10 +573,7 @@ mod tests {
         let text = et(11, "allreduce").replace("\"allreduce\",[],[]", "\"all_to_all\",[],[]");
         let et = parse_host_et(text.as_bytes(), "et.json").unwrap();
         let e = collective_sizes(&k, Some(&et)).unwrap_err();
-        assert!(
-            matches!(e, LinkError::KindMismatch { rf_id: 11, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, LinkError::KindMismatch { node: 5, .. }), "{e}");
     }
 
     fn shared() -> Option<PathBuf> {
@@ -487,7 +605,23 @@ mod tests {
                     .unwrap();
             let got = collective_sizes(&k, Some(&et)).unwrap();
             assert_eq!(got.len(), 8, "rank {r}");
-            assert!(got.iter().all(|c| c.matched_by == MatchedBy::IssueOrder));
+            // The kernels' record_param_comms ops are tied to their host-ET nodes by External
+            // id (per-thread offset) where the offset holds, else by issue order; either way the
+            // sizes are those the python3 recount read from the record_param_comms inputs.
+            let how: Vec<MatchedBy> = got.iter().map(|c| c.matched_by).collect();
+            assert!(
+                how.iter()
+                    .all(|m| matches!(m, MatchedBy::ExternalIdOffset | MatchedBy::IssueOrder)),
+                "rank {r}: {how:?}"
+            );
+            if r == 0 {
+                // The last all-reduce's op has External id 1632 and the autograd thread's
+                // offset (+234) gives rf 1398, but its node has rf_id 1400: the offset drifts
+                // at the end of the backward pass, and issue order takes over.
+                let mut expect = vec![MatchedBy::ExternalIdOffset; 7];
+                expect.push(MatchedBy::IssueOrder);
+                assert_eq!(how, expect);
+            }
             let bytes: Vec<u64> = got.iter().map(|c| c.bytes.unwrap()).collect();
             assert_eq!(bytes, send, "rank {r}");
             let ks: Vec<_> = got.iter().map(|c| c.kind.clone()).collect();
@@ -513,6 +647,35 @@ mod tests {
             assert_eq!(alone, expect, "rank {r}");
         }
         assert!(per_rank.windows(2).all(|w| w[0] == w[1]));
+    }
+
+    #[test]
+    fn real_dlrm_op_links() {
+        let Some(d) = shared() else { return };
+        let k = read_kineto(&d.join("multi-rank-dlrm/rank0.kineto.json.gz")).unwrap();
+        let et = read_host_et(&d.join("multi-rank-dlrm/rank0.execution_trace.json.gz")).unwrap();
+        let links = link_ops(&k, &et);
+        let mut per_offset: BTreeMap<i64, usize> = BTreeMap::new();
+        for l in &links {
+            let OpLinkMethod::ExternalIdOffset { offset } = l.method else {
+                panic!("{l:?}")
+            };
+            *per_offset.entry(offset).or_default() += 1;
+        }
+        // Main thread: External id = rf_id + 1 for 791 of its 989 operators; autograd thread:
+        // + 234 for 527 of 684 (python3, same name rule).
+        assert_eq!(per_offset, BTreeMap::from([(1, 791), (234, 527)]));
+
+        // The tiny pair: all 36 CPU events, External id = rf_id.
+        let k = read_kineto(&d.join("execution-traces/simple_add.kineto.json.gz")).unwrap();
+        let et = read_host_et(&d.join("execution-traces/simple_add.host_et.json.gz")).unwrap();
+        let links = link_ops(&k, &et);
+        assert_eq!(links.len(), 36);
+        assert!(
+            links
+                .iter()
+                .all(|l| l.method == OpLinkMethod::ExternalIdOffset { offset: 0 })
+        );
     }
 
     #[test]
