@@ -5,6 +5,7 @@
 //! malformed config, impossible size; the message names the file and where); 4 infeasible;
 //! 130 interrupted. A closed stdout (`trainplan … | head`) exits 0.
 
+mod chakra;
 mod export;
 mod output;
 mod plan;

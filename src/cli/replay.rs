@@ -260,6 +260,11 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
 
 /// `trainplan replay`.
 pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
+    if let [path] = a.input.trace.as_slice()
+        && crate::trace::chakra::is_chakra(path)
+    {
+        return super::chakra::replay(a, path);
+    }
     if !a.input.trace.is_empty() {
         let files = crate::trace::expand_inputs(&a.input.trace).map_err(CliError::bad_input)?;
         if files.len() > 1 {

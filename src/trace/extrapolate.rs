@@ -211,13 +211,13 @@ pub fn extrapolate(
 }
 
 /// Sizes of `built`'s collectives from the execution trace recorded beside `path` (issue 3's
-/// host-ET link); empty when there is none. Filled in by the execution-trace reader.
+/// host-ET link, [`super::link::sizes_beside`]); all `None` when there is none.
 pub fn sizes_beside(
-    _path: &std::path::Path,
-    _trace: &KinetoTrace,
+    path: &std::path::Path,
+    trace: &KinetoTrace,
     built: &TraceJob,
 ) -> Vec<Option<CollectiveSize>> {
-    vec![None; built.collectives.len()]
+    super::link::sizes_beside(path, trace, built)
 }
 
 #[cfg(test)]

@@ -337,6 +337,17 @@ pub struct EventArgs {
     /// `wait_on_cuda_event_record_corr_id`: correlation of the `cudaEventRecord` waited on.
     #[serde(deserialize_with = "lenient_i64")]
     pub wait_on_cuda_event_record_corr_id: Option<i64>,
+    /// `Record function id` of a CPU op: the host execution trace's `rf_id` (newer PyTorch).
+    #[serde(rename = "Record function id", deserialize_with = "lenient_i64")]
+    pub rf_id: Option<i64>,
+    /// `Input Dims` and `Input type` of a CPU op, as written (sizes of collectives' inputs).
+    #[serde(rename = "Input Dims")]
+    pub input_dims: Option<serde_json::Value>,
+    #[serde(rename = "Input type")]
+    pub input_type: Option<serde_json::Value>,
+    /// `shape` of a Horovod timeline's end-of-operation event (e.g. `"[256, 128]"`).
+    #[serde(deserialize_with = "lenient_string")]
+    pub shape: Option<String>,
 }
 
 /// One normalised trace event.

@@ -1,11 +1,30 @@
-//! Trace importers: readers that turn recorded training traces (PyTorch profiler / Kineto Chrome
-//! traces for now) into normalised event lists for the rest of the importer (graph construction,
-//! replay). This module holds the shared error type; each format lives in its own submodule.
+//! Trace importers: readers that turn recorded training traces into normalised data for the rest
+//! of the importer (graph construction, replay). This module holds the shared error type; each
+//! format lives in its own submodule:
+//!
+//! * [`kineto`]: PyTorch profiler (Kineto) Chrome traces, streamed; [`graph`]: one rank's step of
+//!   one → a `Job`.
+//! * [`chakra`]: Chakra execution traces (protobuf, varint-length-delimited), streamed one message
+//!   at a time, and a `Job` from the nodes.
+//! * [`host_et`]: PyTorch host execution traces (JSON): operators, tensor data dependencies,
+//!   communication calls with their sizes.
+//! * [`link`]: each NCCL/RCCL kernel of a Kineto trace → its collective's kind and size (kernel
+//!   args, else the host ET of the same run, else the operator's input shapes).
+//! * [`horovod`]: Horovod timelines (a Chrome event array, often without its closing `]`).
+//! * [`multi`], [`align`], [`extrapolate`]: several ranks in one graph, their clock alignment, and
+//!   one rank standing for n workers.
+//!
+//! Every error names the file and where in it (line/column of the JSON, or message index and
+//! byte offset of a protobuf stream); ignorable oddities become warnings on the result.
 
 pub mod align;
+pub mod chakra;
 pub mod extrapolate;
 pub mod graph;
+pub mod horovod;
+pub mod host_et;
 pub mod kineto;
+pub mod link;
 pub mod multi;
 
 pub use kineto::{KinetoTrace, parse_kineto, read_kineto};
@@ -46,6 +65,16 @@ pub enum TraceError {
     /// Valid JSON, but not a Chrome / Kineto trace.
     #[error("{name} is not a Kineto/Chrome trace: {reason}")]
     NotATrace { name: String, reason: String },
+    /// Readable bytes that do not make a valid trace of the expected format (a protobuf message
+    /// that does not decode, a JSON document that is not an execution trace, ...).
+    #[error("{name} is not a valid {format} at {location}: {message}")]
+    Invalid {
+        name: String,
+        /// `Chakra execution trace`, `PyTorch host execution trace`, `Horovod timeline`, ...
+        format: &'static str,
+        location: String,
+        message: String,
+    },
 }
 
 /// Whether a file name looks like a Kineto / Chrome trace rather than an execution trace.

@@ -7,11 +7,15 @@
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
+//! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
+//! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 //! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
 
 mod cli;
+mod exec_traces;
 mod export;
+mod fuzz_traces;
 mod plan;
 mod properties;
 mod trace_multi;
