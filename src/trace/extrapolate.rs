@@ -14,9 +14,10 @@
 //!
 //! **Model** (ring algorithms, `n` ranks, α–β per hop; the hop is the inter-node link when the
 //! cluster has several nodes — the ring is paced by its slowest hop — else the intra-node one):
-//! all-reduce `2(n−1)(α + S/n/B)`; all-gather, reduce-scatter and all-to-all `(n−1)(α + S/n/B)`
-//! (S: the full buffer, each rank exchanging an `S/n` share with every other); broadcast and
-//! reduce (pipelined) `(n−1)α + S/B`; point-to-point `α + S/B`.
+//! all-reduce `2(n−1)(α + S/n/B)`; all-gather and reduce-scatter `(n−1)(α + S/n/B)` (S: the full
+//! buffer); all-to-all `α + (n−1)·(S/n)/B` (NCCL issues the n−1 exchanges of `S/n` at once as
+//! grouped point-to-point, so one latency, and the rank's link carries them one after another);
+//! broadcast and reduce (pipelined) `(n−1)α + S/B`; point-to-point `α + S/B`.
 
 use crate::cost::comm::AlphaBeta;
 use crate::cost::config::Cluster;
@@ -122,9 +123,11 @@ pub fn collective_ns(size: CollectiveSize, n: u32, link: AlphaBeta) -> u64 {
     let k = f64::from(n - 1);
     let t = match size.kind {
         CollectiveKind::AllReduce => 2.0 * k * link.time_ns(s / f64::from(n)),
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
             k * link.time_ns(s / f64::from(n))
         }
+        // NCCL runs the n−1 sends and receives of an all-to-all concurrently (grouped p2p).
+        CollectiveKind::AllToAll => link.alpha_ns + k * (s / f64::from(n)) / link.bytes_per_ns,
         CollectiveKind::Broadcast | CollectiveKind::Reduce => {
             k * link.alpha_ns + s / link.bytes_per_ns
         }
@@ -255,9 +258,10 @@ mod tests {
             collective_ns(s(CollectiveKind::AllReduce, 800_000), 8, link),
             28_000
         );
+        // All-to-all: one α, then 7 shares of 100 kB one after another: 1 µs + 7 µs.
         assert_eq!(
             collective_ns(s(CollectiveKind::AllToAll, 800_000), 8, link),
-            14_000
+            8_000
         );
         assert_eq!(
             collective_ns(s(CollectiveKind::Broadcast, 800_000), 8, link),
