@@ -3,9 +3,12 @@
 
 #![doc = include_str!("../ARCHITECTURE.md")]
 
+pub mod calibrate;
 pub mod cli;
 pub mod cost;
 pub mod graph;
+pub mod lowerbound;
+pub mod onnx;
 #[path = "../passes/mod.rs"]
 pub mod passes;
 pub mod plan;

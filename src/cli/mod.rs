@@ -5,8 +5,10 @@
 //! malformed config, impossible size; the message names the file and where); 4 infeasible;
 //! 130 interrupted. A closed stdout (`trainplan … | head`) exits 0.
 
+mod calibrate;
 mod chakra;
 mod export;
+mod lower_bound;
 mod output;
 mod plan;
 mod ranks;
@@ -144,6 +146,22 @@ Examples:
 Frameworks: horovod, xla, byteps, pytorch, jax. An unknown one is a usage error (exit 2); a
 malformed plan or one of another schema version is bad input (exit 3).")]
     Export(ExportArgs),
+    /// Lower-bound latency of an ONNX model on a GPU (Benanza): sequential and parallel, fused and
+    /// on tensor cores, the slowest layers, and how far a measured run or trace is from it.
+    #[command(after_help = "\
+Examples:
+  trainplan lower-bound tests/fixtures/onnx/resnet50.onnx --gpu v100-32gb --batch 32
+  trainplan lower-bound model.onnx --gpu h200 --batch 8 --dim sequence=128 --json
+  trainplan lower-bound model.onnx --batch 1 --measured-ms 6.1
+  trainplan lower-bound model.onnx --batch 32 --trace run.json.gz --db perf.json
+
+Bad input (unreadable or malformed ONNX, unsupported operator, dynamic dims without a size,
+unknown GPU, corrupt database) exits 3 with the file and the place named.")]
+    LowerBound(lower_bound::LowerBoundArgs),
+    /// Measure this machine's GPU (GEMM per dtype, memory bandwidth, launch overhead, fused vs
+    /// unfused element-wise) and write a GPU profile for the cost models. Needs a build with
+    /// `--features gpu`; exits 3 without it or without a GPU.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -339,5 +357,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Whatif(a) => whatif::whatif_cmd(&a),
         Command::Plan(a) => plan::plan_cmd(&a),
         Command::Export(a) => export::export_cmd(&a),
+        Command::LowerBound(a) => lower_bound::lower_bound_cmd(&a),
+        Command::Calibrate(a) => calibrate::calibrate_cmd(&a),
     }
 }

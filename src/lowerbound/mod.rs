@@ -1,0 +1,370 @@
+//! Benanza's "lower-bound" latency (IPDPS'20, §III) of an ONNX model on a GPU: the time of one
+//! forward pass if every layer ran as its best library kernel, back to back, with no framework in
+//! between.
+//!
+//! ```text
+//! ONNX ──► layers (layers.rs: kernels, canonical keys) ──► unique layers ──► perf DB (db.rs)
+//!             │                                                    │  analytic: roofline; measured: GPU
+//!             └─► fusion groups (fusion.rs)                        ▼
+//!                                      sequential = Σ layer latency; parallel = critical path of the
+//!                                      layer DAG; the same with fused groups; fp16/bf16 tensor cores
+//!                                                     │
+//!                                       report.rs: Q1–Q6 against a measured latency or a trace
+//! ```
+//!
+//! Analytic latency of one kernel (`crate::cost::compute`'s roofline and efficiency factors):
+//! `max(matrix_flops / (matrix peak·0.7) + vector_flops / (vector peak·0.5), bytes / (bw·0.8)) +
+//! launch`. A layer's latency is the sum over the kernels of its best unfused implementation; a
+//! fused group is one kernel. Peaks are per dtype: fp16/bf16 matrix math runs on tensor cores
+//! where the GPU config gives a matrix peak for it.
+
+pub mod db;
+pub mod fusion;
+pub mod layers;
+pub mod report;
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::cost::compute::{Efficiency, Roofline};
+use crate::cost::config::{Dtype, GpuSpec};
+use crate::onnx::Graph;
+use crate::zoo::MathClass;
+
+pub use db::{Entry, PerfDb, Source};
+pub use fusion::Fused;
+pub use layers::{Kernel, Layer};
+
+/// Time of one kernel in ns under a roofline.
+pub fn kernel_ns(r: &Roofline, k: &Kernel) -> f64 {
+    let compute = r.time_ns(MathClass::Matrix, k.matrix_flops, 0.0, 0)
+        + r.time_ns(MathClass::Vector, k.vector_flops, 0.0, 0);
+    let memory = r.mem_time_ns(k.elems * r.dtype().bytes() as f64);
+    compute.max(memory) + r.time_ns(MathClass::Vector, 0.0, 0.0, 1)
+}
+
+/// The dtype the tensor-core variant uses on `gpu` when the model runs in `dtype`: fp16 when the
+/// GPU has an fp16 matrix peak, else bf16; none when `dtype` is already a 16-bit type or the GPU
+/// has neither.
+pub fn tensor_core_dtype(gpu: &GpuSpec, dtype: Dtype) -> Option<Dtype> {
+    if matches!(dtype, Dtype::Fp16 | Dtype::Bf16 | Dtype::Fp8) {
+        return None;
+    }
+    [Dtype::Fp16, Dtype::Bf16]
+        .into_iter()
+        .find(|d| gpu.matrix_tflops.contains_key(d))
+}
+
+/// Latencies of every layer and fused group in one dtype, in ms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Costs {
+    pub dtype: Dtype,
+    pub layer_ms: Vec<f64>,
+    pub fused_ms: Vec<f64>,
+    /// Layers whose latency came from a measured database entry.
+    pub measured_layers: usize,
+}
+
+/// The four bounds of one dtype, in ms.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Bounds {
+    pub sequential_ms: f64,
+    pub parallel_ms: f64,
+    pub fused_sequential_ms: f64,
+    pub fused_parallel_ms: f64,
+}
+
+/// The key of a fused group in the database.
+pub fn fused_key(f: &Fused, layers: &[Layer]) -> String {
+    let members: Vec<&str> = f.members.iter().map(|&m| layers[m].key.as_str()).collect();
+    format!("fused:{}:{}", f.pattern, members.join(" + "))
+}
+
+/// Put the analytic entries of every unique layer and fused group into `db` (replacing older
+/// analytic ones) and read back each one's best latency.
+pub fn costs(
+    gpu: &GpuSpec,
+    dtype: Dtype,
+    layers: &[Layer],
+    fused: &[Fused],
+    db: &mut PerfDb,
+) -> Costs {
+    let r = Roofline::new(gpu, dtype, Efficiency::default());
+    let bytes = dtype.bytes() as f64;
+    let mut cache: HashMap<String, (f64, bool)> = HashMap::new();
+    let mut lookup = |key: &str, ks: &[Kernel], db: &mut PerfDb| -> (f64, bool) {
+        if ks.is_empty() {
+            return (0.0, false);
+        }
+        if let Some(v) = cache.get(key) {
+            return *v;
+        }
+        let ms = ks.iter().map(|k| kernel_ns(&r, k)).sum::<f64>() / 1e6;
+        db.upsert(Entry {
+            gpu: gpu.name.clone(),
+            dtype,
+            layer: key.to_string(),
+            implementation: "roofline".into(),
+            source: Source::Analytic,
+            ms,
+            flops: ks.iter().map(|k| k.matrix_flops + k.vector_flops).sum(),
+            bytes: ks.iter().map(|k| k.elems).sum::<f64>() * bytes,
+        });
+        let best = db
+            .best(&gpu.name, dtype, key)
+            .expect("an entry was just inserted");
+        let v = (best.ms, best.source == Source::Measured);
+        cache.insert(key.to_string(), v);
+        v
+    };
+    let mut measured_layers = 0;
+    let layer_ms = layers
+        .iter()
+        .map(|l| {
+            let (ms, m) = lookup(&l.key, &l.kernels, db);
+            measured_layers += m as usize;
+            ms
+        })
+        .collect();
+    let fused_ms = fused
+        .iter()
+        .map(|f| lookup(&fused_key(f, layers), std::slice::from_ref(&f.kernel), db).0)
+        .collect();
+    Costs {
+        dtype,
+        layer_ms,
+        fused_ms,
+        measured_layers,
+    }
+}
+
+/// Longest path through the layer DAG with per-layer weights; returns (length, path).
+pub fn critical_path(layers: &[Layer], ms: &[f64]) -> (f64, Vec<usize>) {
+    let mut finish = vec![0.0f64; layers.len()];
+    let mut from = vec![usize::MAX; layers.len()];
+    for (i, l) in layers.iter().enumerate() {
+        let mut start = 0.0f64;
+        for &p in &l.preds {
+            debug_assert!(p < i, "layers are in topological order");
+            if finish[p] > start {
+                start = finish[p];
+                from[i] = p;
+            }
+        }
+        finish[i] = start + ms[i];
+    }
+    let Some(mut end) = (0..layers.len()).max_by(|&a, &b| finish[a].total_cmp(&finish[b])) else {
+        return (0.0, Vec::new());
+    };
+    let len = finish[end];
+    let mut path = vec![end];
+    while from[end] != usize::MAX {
+        end = from[end];
+        path.push(end);
+    }
+    path.reverse();
+    (len, path)
+}
+
+/// Sequential and parallel bounds, unfused and fused.
+pub fn bounds(layers: &[Layer], fused: &[Fused], c: &Costs) -> Bounds {
+    let sequential_ms = c.layer_ms.iter().sum();
+    let (parallel_ms, _) = critical_path(layers, &c.layer_ms);
+    // Collapse each fused group into one unit carried by its last member: every member's outside
+    // inputs come from layers before that member (see fusion.rs: intermediates have one consumer),
+    // so the layer order stays topological.
+    let mut unit_ms = c.layer_ms.clone();
+    let mut carrier: Vec<usize> = (0..layers.len()).collect();
+    for (f, &ms) in fused.iter().zip(&c.fused_ms) {
+        let last = *f.members.iter().max().expect("groups are not empty");
+        for &m in &f.members {
+            unit_ms[m] = 0.0;
+            carrier[m] = last;
+        }
+        unit_ms[last] = ms;
+    }
+    let collapsed: Vec<Layer> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut preds: Vec<usize> = Vec::new();
+            if carrier[i] == i {
+                for (j, m) in layers.iter().enumerate().take(i + 1) {
+                    if carrier[j] == i {
+                        preds.extend(m.preds.iter().map(|&p| carrier[p]).filter(|&p| p != i));
+                    }
+                }
+            }
+            preds.sort_unstable();
+            preds.dedup();
+            Layer {
+                preds,
+                kernels: Vec::new(),
+                ..l.clone()
+            }
+        })
+        .collect();
+    let (fused_parallel_ms, _) = critical_path(&collapsed, &unit_ms);
+    Bounds {
+        sequential_ms,
+        parallel_ms,
+        fused_sequential_ms: unit_ms.iter().sum(),
+        fused_parallel_ms,
+    }
+}
+
+/// Per operator type: layer count, sequential latency, FLOPs.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct OpTypeStats {
+    pub layers: usize,
+    pub ms: f64,
+    pub flops: f64,
+}
+
+/// One unique layer in the report.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct UniqueRow {
+    pub op_type: String,
+    /// The first layer with this key.
+    pub name: String,
+    pub key: String,
+    pub count: usize,
+    pub ms_each: f64,
+    pub ms_total: f64,
+}
+
+/// One fusion pattern in the report.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct FusionRow {
+    pub pattern: String,
+    pub groups: usize,
+    pub layers: usize,
+    pub unfused_ms: f64,
+    pub fused_ms: f64,
+}
+
+/// The whole analysis of a model on a GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Analysis {
+    pub gpu: String,
+    pub dtype: Dtype,
+    pub batch: i64,
+    pub layers: Vec<Layer>,
+    pub fused: Vec<Fused>,
+    pub costs: Costs,
+    pub bounds: Bounds,
+    /// Tensor-core variant: its dtype, costs and bounds.
+    pub tensor_core: Option<(Costs, Bounds)>,
+    /// Layer indices on the (unfused) critical path.
+    pub critical_path: Vec<usize>,
+}
+
+impl Analysis {
+    /// Analyse a shape-inferred graph. Fills `db` with analytic entries (see `db.rs`).
+    pub fn new(g: &Graph, gpu: &GpuSpec, dtype: Dtype, db: &mut PerfDb) -> Analysis {
+        let layers = layers::layers(g);
+        let fused = fusion::find(g, &layers);
+        let c = costs(gpu, dtype, &layers, &fused, db);
+        let b = bounds(&layers, &fused, &c);
+        let (_, critical_path) = critical_path(&layers, &c.layer_ms);
+        let tensor_core = tensor_core_dtype(gpu, dtype).map(|d| {
+            let c = costs(gpu, d, &layers, &fused, db);
+            let b = bounds(&layers, &fused, &c);
+            (c, b)
+        });
+        Analysis {
+            gpu: gpu.name.clone(),
+            dtype,
+            batch: g.batch,
+            layers,
+            fused,
+            costs: c,
+            bounds: b,
+            tensor_core,
+            critical_path,
+        }
+    }
+
+    /// Number of distinct layer keys.
+    pub fn unique_layers(&self) -> usize {
+        let keys: std::collections::HashSet<&str> =
+            self.layers.iter().map(|l| l.key.as_str()).collect();
+        keys.len()
+    }
+
+    /// Total forward FLOPs (one multiply-add = 2).
+    pub fn flops(&self) -> f64 {
+        self.layers.iter().map(Layer::flops).sum()
+    }
+
+    /// Kernels one forward launches, unfused and fused.
+    pub fn kernels(&self) -> (usize, usize) {
+        let unfused: usize = self.layers.iter().map(|l| l.kernels.len()).sum();
+        let in_groups: usize = self
+            .fused
+            .iter()
+            .flat_map(|f| &f.members)
+            .map(|&m| self.layers[m].kernels.len())
+            .sum();
+        (unfused, unfused - in_groups + self.fused.len())
+    }
+
+    pub fn by_op_type(&self) -> BTreeMap<String, OpTypeStats> {
+        let mut m: BTreeMap<String, OpTypeStats> = BTreeMap::new();
+        for (l, ms) in self.layers.iter().zip(&self.costs.layer_ms) {
+            let s = m.entry(l.op_type.clone()).or_default();
+            s.layers += 1;
+            s.ms += ms;
+            s.flops += l.flops();
+        }
+        m
+    }
+
+    /// Unique layers by total sequential latency, largest first (ties: first appearance).
+    pub fn unique_rows(&self) -> Vec<UniqueRow> {
+        let mut rows: Vec<UniqueRow> = Vec::new();
+        let mut at: HashMap<&str, usize> = HashMap::new();
+        for (l, &ms) in self.layers.iter().zip(&self.costs.layer_ms) {
+            match at.get(l.key.as_str()) {
+                Some(&i) => {
+                    rows[i].count += 1;
+                    rows[i].ms_total += ms;
+                }
+                None => {
+                    at.insert(&l.key, rows.len());
+                    rows.push(UniqueRow {
+                        op_type: l.op_type.clone(),
+                        name: l.name.clone(),
+                        key: l.key.clone(),
+                        count: 1,
+                        ms_each: ms,
+                        ms_total: ms,
+                    });
+                }
+            }
+        }
+        rows.sort_by(|a, b| b.ms_total.total_cmp(&a.ms_total));
+        rows
+    }
+
+    pub fn fusion_rows(&self) -> Vec<FusionRow> {
+        let mut m: BTreeMap<&str, FusionRow> = BTreeMap::new();
+        for (f, &ms) in self.fused.iter().zip(&self.costs.fused_ms) {
+            let r = m.entry(f.pattern).or_insert_with(|| FusionRow {
+                pattern: f.pattern.to_string(),
+                groups: 0,
+                layers: 0,
+                unfused_ms: 0.0,
+                fused_ms: 0.0,
+            });
+            r.groups += 1;
+            r.layers += f.members.len();
+            r.unfused_ms += f
+                .members
+                .iter()
+                .map(|&i| self.costs.layer_ms[i])
+                .sum::<f64>();
+            r.fused_ms += ms;
+        }
+        m.into_values().collect()
+    }
+}

@@ -1,0 +1,306 @@
+//! Benanza's analyses (§III-D, questions Q1–Q6) answered from what trainplan has: the bounds, the
+//! fused and tensor-core variants, and — when given — a measured latency or a Kineto trace of the
+//! same model.
+//!
+//! From a trace step: the step's wall time (the measured latency), the sum of its GPU kernel,
+//! copy and set times, the GPU busy time (their union: overlap shows concurrent streams), the
+//! number of kernels, and how much GEMM/convolution kernel time ran in tensor-core kernels. Both
+//! kernel classes are recognised by name (Benanza's rule, widened to later GPUs): GEMM/conv
+//! kernels contain `gemm`, `conv`, `xmma`, `cutlass`, `implicit`, `wgrad` or `dgrad`; tensor-core
+//! ones `884`, `1688`, `16816`, `hmma`, `xmma`, `tensorop`, `gmma` (`volta_h884gemm`,
+//! `turing_s1688cudnn`, `ampere_fp16_s16816gemm`, `sm90_xmma_gemm`, `cutlass_tensorop`).
+
+use crate::trace::graph::StepWindow;
+use crate::trace::kineto::{Category, KinetoTrace, Phase};
+
+use super::Analysis;
+
+/// What one step of a trace shows.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TraceStats {
+    pub file: String,
+    pub step: String,
+    pub step_ms: f64,
+    /// Sum of the GPU activities' durations (kernels, copies, sets) inside the step.
+    pub gpu_time_ms: f64,
+    /// Union of those activities: time the GPU had something running.
+    pub gpu_busy_ms: f64,
+    pub kernels: usize,
+    /// GEMM / convolution kernel time.
+    pub matrix_kernel_ms: f64,
+    /// Part of it in tensor-core kernels.
+    pub tensor_core_kernel_ms: f64,
+}
+
+fn is_matrix_kernel(name: &str) -> bool {
+    [
+        "gemm", "conv", "xmma", "cutlass", "implicit", "wgrad", "dgrad",
+    ]
+    .iter()
+    .any(|p| name.contains(p))
+}
+
+fn is_tensor_core_kernel(name: &str) -> bool {
+    ["884", "1688", "16816", "hmma", "xmma", "tensorop", "gmma"]
+        .iter()
+        .any(|p| name.contains(p))
+}
+
+/// Statistics of one step window of a trace.
+pub fn trace_stats(trace: &KinetoTrace, w: &StepWindow, file: &str) -> TraceStats {
+    let mut iv: Vec<(i64, i64)> = Vec::new();
+    let (mut total, mut kernels, mut mat, mut tc) = (0i64, 0usize, 0i64, 0i64);
+    for e in &trace.events {
+        if !(e.cat.is_gpu_activity() && e.ph == Phase::Complete) {
+            continue;
+        }
+        if e.ts_ns < w.start_ns || e.ts_ns >= w.end_ns {
+            continue;
+        }
+        total += e.dur_ns;
+        iv.push((e.ts_ns, e.end_ns()));
+        if e.cat == Category::Kernel {
+            kernels += 1;
+            let n = e.name.to_ascii_lowercase();
+            if is_matrix_kernel(&n) {
+                mat += e.dur_ns;
+                if is_tensor_core_kernel(&n) {
+                    tc += e.dur_ns;
+                }
+            }
+        }
+    }
+    iv.sort_unstable();
+    let (mut busy, mut cur): (i64, Option<(i64, i64)>) = (0, None);
+    for (s, e) in iv {
+        cur = match cur {
+            Some((cs, ce)) if s <= ce => Some((cs, ce.max(e))),
+            Some((cs, ce)) => {
+                busy += ce - cs;
+                Some((s, e))
+            }
+            None => Some((s, e)),
+        };
+    }
+    if let Some((cs, ce)) = cur {
+        busy += ce - cs;
+    }
+    let ms = |ns: i64| ns as f64 / 1e6;
+    TraceStats {
+        file: file.to_string(),
+        step: w.label.clone(),
+        step_ms: ms(w.measured_ns() as i64),
+        gpu_time_ms: ms(total),
+        gpu_busy_ms: ms(busy),
+        kernels,
+        matrix_kernel_ms: ms(mat),
+        tensor_core_kernel_ms: ms(tc),
+    }
+}
+
+/// A measured latency to compare the bound with.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Measurement {
+    pub ms: f64,
+    /// Where it comes from (`--measured-ms`, or the trace and step).
+    pub source: String,
+    pub trace: Option<TraceStats>,
+}
+
+/// One of Benanza's questions and what the data says.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Answer {
+    pub id: &'static str,
+    pub question: &'static str,
+    pub answer: String,
+}
+
+fn pct(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        100.0 * part / whole
+    } else {
+        0.0
+    }
+}
+
+/// Benanza ratio (bound / measured) of the sequential bound, when measured.
+pub fn ratio(a: &Analysis, m: Option<&Measurement>) -> Option<f64> {
+    m.filter(|m| m.ms > 0.0)
+        .map(|m| a.bounds.sequential_ms / m.ms)
+}
+
+/// Answers to Q1–Q6.
+pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
+    let b = &a.bounds;
+    let (k_unfused, k_fused) = a.kernels();
+    let trace = m.and_then(|m| m.trace.as_ref());
+    let mut out = Vec::new();
+    out.push(Answer {
+        id: "Q1",
+        question: "How far is the run from the lower bound?",
+        answer: match m {
+            Some(m) if m.ms > 0.0 => {
+                let mut s = format!(
+                    "measured {:.3} ms ({}) is {:.2}x the sequential bound {:.3} ms (Benanza \
+                     ratio {:.2}); with fusion and parallel layers the bound is {:.3} ms, {:.2}x \
+                     below the measurement",
+                    m.ms,
+                    m.source,
+                    m.ms / b.sequential_ms,
+                    b.sequential_ms,
+                    b.sequential_ms / m.ms,
+                    b.fused_parallel_ms,
+                    m.ms / b.fused_parallel_ms
+                );
+                if m.ms < b.fused_parallel_ms {
+                    s.push_str(
+                        "; the measurement is below the bound: the GPU config's peaks are too \
+                         low for this GPU (run `trainplan calibrate`), or the run is not this \
+                         model at this batch size and dtype",
+                    );
+                }
+                s
+            }
+            _ => "no measurement given: pass --measured-ms MS or --trace FILE".into(),
+        },
+    });
+    let mut q2 = format!(
+        "parallel bound {:.3} ms vs sequential {:.3} ms: running independent layers concurrently \
+         saves {:.1} % ({} of {} layers are on the critical path)",
+        b.parallel_ms,
+        b.sequential_ms,
+        pct(b.sequential_ms - b.parallel_ms, b.sequential_ms),
+        a.critical_path.len(),
+        a.layers.len()
+    );
+    if let Some(t) = trace {
+        q2.push_str(&format!(
+            "; in the trace, GPU work overlapped for {:.3} ms (sum {:.3} ms, busy {:.3} ms)",
+            t.gpu_time_ms - t.gpu_busy_ms,
+            t.gpu_time_ms,
+            t.gpu_busy_ms
+        ));
+    }
+    out.push(Answer {
+        id: "Q2",
+        question: "Are independent layers executed in parallel, and what would it buy?",
+        answer: q2,
+    });
+    out.push(Answer {
+        id: "Q3",
+        question: "Do convolutions use the best algorithm?",
+        answer: if a.costs.measured_layers > 0 {
+            format!(
+                "{} layers have measured latencies; the bound takes the fastest measured \
+                 implementation of each, but which algorithm the framework picked needs a \
+                 cuDNN log, which trainplan does not read",
+                a.costs.measured_layers
+            )
+        } else {
+            "not answered: the analytic database has one implementation per layer (the \
+             roofline); per-algorithm latencies need measured entries and the framework's \
+             choice a cuDNN log"
+                .into()
+        },
+    });
+    out.push(Answer {
+        id: "Q4",
+        question: "Is the framework adding overhead between kernels?",
+        answer: match trace {
+            Some(t) => format!(
+                "in {} the GPU was idle {:.3} ms of the {:.3} ms step ({:.1} %); {} kernels ran \
+                 where the bound needs {} unfused / {} fused; kernel time {:.3} ms vs the \
+                 sequential bound {:.3} ms",
+                t.step,
+                t.step_ms - t.gpu_busy_ms,
+                t.step_ms,
+                pct(t.step_ms - t.gpu_busy_ms, t.step_ms),
+                t.kernels,
+                k_unfused,
+                k_fused,
+                t.gpu_time_ms,
+                b.sequential_ms
+            ),
+            None => format!(
+                "needs a trace (--trace FILE); the bound launches {k_unfused} kernels unfused, \
+                 {k_fused} fused"
+            ),
+        },
+    });
+    let fusion: Vec<String> = a
+        .fusion_rows()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} x{} ({:.3} → {:.3} ms)",
+                r.pattern, r.groups, r.unfused_ms, r.fused_ms
+            )
+        })
+        .collect();
+    let fused_layers: usize = a.fused.iter().map(|f| f.members.len()).sum();
+    out.push(Answer {
+        id: "Q5",
+        question: "What would layer fusion buy?",
+        answer: format!(
+            "fused sequential bound {:.3} ms vs {:.3} ms: {:.1} % less; {} of {} layers in {} \
+             groups{}{}",
+            b.fused_sequential_ms,
+            b.sequential_ms,
+            pct(b.sequential_ms - b.fused_sequential_ms, b.sequential_ms),
+            fused_layers,
+            a.layers.len(),
+            a.fused.len(),
+            if fusion.is_empty() { "" } else { ": " },
+            fusion.join(", ")
+        ),
+    });
+    let mut q6 = match &a.tensor_core {
+        Some((c, tb)) => format!(
+            "in {} on tensor cores the bound is {:.3} ms ({:.2}x faster than {}), {:.3} ms fused",
+            dtype_name(c.dtype),
+            tb.sequential_ms,
+            b.sequential_ms / tb.sequential_ms,
+            dtype_name(a.dtype),
+            tb.fused_sequential_ms
+        ),
+        None if matches!(
+            a.dtype,
+            crate::cost::config::Dtype::Fp16 | crate::cost::config::Dtype::Bf16
+        ) =>
+        {
+            format!(
+                "the bound is already in {} on tensor cores",
+                dtype_name(a.dtype)
+            )
+        }
+        None => format!("{} has no fp16/bf16 matrix peak in its config", a.gpu),
+    };
+    if let Some(t) = trace {
+        q6.push_str(&format!(
+            "; in the trace {:.3} of {:.3} ms of GEMM/conv kernel time ran in tensor-core kernels \
+             ({:.0} %, by kernel name)",
+            t.tensor_core_kernel_ms,
+            t.matrix_kernel_ms,
+            pct(t.tensor_core_kernel_ms, t.matrix_kernel_ms)
+        ));
+    }
+    out.push(Answer {
+        id: "Q6",
+        question: "Does the run use tensor cores, and what do they buy?",
+        answer: q6,
+    });
+    out
+}
+
+/// The config-file spelling of a dtype.
+pub fn dtype_name(d: crate::cost::config::Dtype) -> &'static str {
+    use crate::cost::config::Dtype::*;
+    match d {
+        Fp64 => "fp64",
+        Fp32 => "fp32",
+        Tf32 => "tf32",
+        Fp16 => "fp16",
+        Bf16 => "bf16",
+        Fp8 => "fp8",
+    }
+}

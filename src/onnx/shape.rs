@@ -1,0 +1,887 @@
+//! Shape inference at a chosen batch size: every value of the graph gets concrete dims.
+//!
+//! The graph inputs' declared shapes are bound first ([`bind_inputs`]): dim 0 of every input
+//! becomes `--batch` when given (a fixed batch in the file is overridden; a symbolic one needs
+//! `--batch`), any other symbolic dim needs `--dim NAME=N`. Then the nodes are visited in
+//! topological order ([`infer`]) with one rule per operator type.
+//!
+//! Small integer tensors are folded along the way (`Constant`, integer initializers, `Shape`,
+//! `Gather`, `Unsqueeze`, `Squeeze`, `Concat`, `Cast` and integer arithmetic), which is how
+//! exported models compute `Reshape` targets. An operator without a rule is refused with its node
+//! named: a lower bound that silently skipped work would not be a bound.
+
+use std::collections::BTreeMap;
+
+use super::proto::ValueInfoProto;
+use super::{Attr, Elem, Graph, Node, OnnxError, Value};
+
+/// Concrete dims of a value.
+pub type Dims = Vec<i64>;
+
+/// How to turn symbolic dims into numbers.
+#[derive(Clone, Debug, Default)]
+pub struct InferOptions {
+    /// Batch size: dim 0 of every graph input.
+    pub batch: Option<i64>,
+    /// Values of other named (symbolic) dims, e.g. `sequence` → 128.
+    pub dims: BTreeMap<String, i64>,
+}
+
+/// The operator types with a shape rule (and a cost in `crate::lowerbound`).
+pub const SUPPORTED: &[&str] = &[
+    "Abs",
+    "Add",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "Clip",
+    "Concat",
+    "Constant",
+    "Conv",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Flatten",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Greater",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Less",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Min",
+    "Mul",
+    "Neg",
+    "Pow",
+    "Reciprocal",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Shape",
+    "Sigmoid",
+    "Softmax",
+    "Softplus",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+];
+
+/// Largest tensor accepted (elements): beyond this a dim is surely wrong.
+const MAX_ELEMS: i64 = 1 << 48;
+
+/// Bind the graph inputs' shapes (see the module docs).
+pub fn bind_inputs(
+    g: &mut Graph,
+    inputs: &[ValueInfoProto],
+    opts: &InferOptions,
+) -> Result<(), OnnxError> {
+    let err = |message: String| OnnxError::Model {
+        file: g.file.clone(),
+        message,
+    };
+    if let Some(b) = opts.batch
+        && b <= 0
+    {
+        return Err(err(format!("batch size must be at least 1, got {b}")));
+    }
+    let mut batch = None;
+    for vi in inputs {
+        if g.values.contains_key(&vi.name) {
+            continue; // an initializer listed as an input (IR < 4 files do this)
+        }
+        let tt = vi
+            .r#type
+            .as_ref()
+            .and_then(|t| t.tensor_type.as_ref())
+            .ok_or_else(|| err(format!("graph input `{}` is not a tensor", vi.name)))?;
+        let shape = tt
+            .shape
+            .as_ref()
+            .ok_or_else(|| err(format!("graph input `{}` declares no shape", vi.name)))?;
+        let mut dims = Vec::with_capacity(shape.dim.len());
+        for (k, d) in shape.dim.iter().enumerate() {
+            let param = d.dim_param.clone().filter(|p| !p.is_empty());
+            let v = match (k, opts.batch, d.dim_value, &param) {
+                (0, Some(b), _, _) => b,
+                (_, _, Some(v), _) if v > 0 => v,
+                (_, _, _, Some(p)) if opts.dims.contains_key(p) => opts.dims[p],
+                (0, None, _, p) => {
+                    return Err(err(format!(
+                        "graph input `{}` has a dynamic batch dimension{}; give the batch size \
+                         with --batch N",
+                        vi.name,
+                        p.as_ref().map(|p| format!(" (`{p}`)")).unwrap_or_default()
+                    )));
+                }
+                (_, _, _, Some(p)) => {
+                    return Err(err(format!(
+                        "graph input `{}` dim {k} (`{p}`) is dynamic; give it with --dim {p}=N",
+                        vi.name
+                    )));
+                }
+                _ => {
+                    return Err(err(format!(
+                        "graph input `{}` dim {k} has no size (neither a value nor a name)",
+                        vi.name
+                    )));
+                }
+            };
+            if v <= 0 {
+                return Err(err(format!(
+                    "graph input `{}` dim {k} must be at least 1, got {v}",
+                    vi.name
+                )));
+            }
+            dims.push(v);
+        }
+        check_size(&dims).map_err(err)?;
+        if batch.is_none() && !dims.is_empty() {
+            batch = Some(dims[0]);
+        }
+        g.values.insert(
+            vi.name.clone(),
+            Value {
+                dims,
+                elem: Elem::from_onnx(tt.elem_type),
+                initializer: false,
+                ints: None,
+            },
+        );
+        g.inputs.push(vi.name.clone());
+    }
+    if g.inputs.is_empty() {
+        return Err(err(
+            "the graph has no inputs besides its initializers".into()
+        ));
+    }
+    g.batch = batch.unwrap_or(1);
+    Ok(())
+}
+
+fn check_size(dims: &[i64]) -> Result<(), String> {
+    let mut n: i64 = 1;
+    for &d in dims {
+        if d < 0 {
+            return Err(format!("negative dimension in {dims:?}"));
+        }
+        n = n.saturating_mul(d);
+    }
+    if n > MAX_ELEMS {
+        return Err(format!("shape {dims:?} has more than 2^48 elements"));
+    }
+    Ok(())
+}
+
+/// Infer every node's output shapes, in order.
+pub fn infer(g: &mut Graph) -> Result<(), OnnxError> {
+    for idx in 0..g.nodes.len() {
+        let n = &g.nodes[idx];
+        let ins: Vec<Option<&Value>> = n
+            .inputs
+            .iter()
+            .map(|i| if i.is_empty() { None } else { g.values.get(i) })
+            .collect();
+        let node_err = |message: String| OnnxError::Node {
+            file: g.file.clone(),
+            index: n.index,
+            name: n.name.clone(),
+            op_type: n.op_type.clone(),
+            message,
+        };
+        for (k, i) in n.inputs.iter().enumerate() {
+            if !i.is_empty() && ins[k].is_none() {
+                return Err(node_err(format!("input `{i}` has no known shape")));
+            }
+        }
+        let outs = infer_node(n, &ins, g.opset).map_err(node_err)?;
+        for o in &outs {
+            check_size(&o.dims).map_err(node_err)?;
+        }
+        let names = n.outputs.clone();
+        for (name, v) in names.into_iter().zip(outs) {
+            if !name.is_empty() {
+                g.values.insert(name, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn float(dims: Dims) -> Value {
+    Value {
+        dims,
+        elem: Elem::Float,
+        initializer: false,
+        ints: None,
+    }
+}
+
+fn like(v: &Value, dims: Dims) -> Value {
+    Value {
+        dims,
+        elem: v.elem,
+        initializer: false,
+        ints: None,
+    }
+}
+
+fn ints(dims: Dims, values: Vec<i64>) -> Value {
+    Value {
+        dims,
+        elem: Elem::Int,
+        initializer: false,
+        ints: Some(values),
+    }
+}
+
+/// Normalise a possibly negative axis against `rank`.
+fn axis(a: i64, rank: usize) -> Result<usize, String> {
+    let r = rank as i64;
+    let v = if a < 0 { a + r } else { a };
+    if (0..r).contains(&v) {
+        Ok(v as usize)
+    } else {
+        Err(format!("axis {a} is out of range for rank {rank}"))
+    }
+}
+
+/// Numpy-style broadcast of several shapes.
+fn broadcast(shapes: &[&[i64]]) -> Result<Dims, String> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1i64; rank];
+    for s in shapes {
+        let off = rank - s.len();
+        for (k, &d) in s.iter().enumerate() {
+            let o = &mut out[off + k];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return Err(format!("shapes {shapes:?} do not broadcast"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Integer contents of input `k` when known.
+fn const_ints<'a>(ins: &[Option<&'a Value>], k: usize) -> Option<&'a [i64]> {
+    ins.get(k).copied().flatten()?.ints.as_deref()
+}
+
+/// Axes from the attribute (older opsets) or the second input (newer ones).
+fn axes_of(n: &Node, ins: &[Option<&Value>], k: usize) -> Result<Option<Vec<i64>>, String> {
+    if let Some(a) = n.ints("axes") {
+        return Ok(Some(a.to_vec()));
+    }
+    match ins.get(k).copied().flatten() {
+        None => Ok(None),
+        Some(v) => match &v.ints {
+            Some(a) => Ok(Some(a.clone())),
+            None => Err("its axes input is not a constant the importer can compute".into()),
+        },
+    }
+}
+
+fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>, String> {
+    if !(n.domain.is_empty() || n.domain == "ai.onnx") {
+        return Err(format!(
+            "operators of domain `{}` are not supported (only the default ai.onnx domain)",
+            n.domain
+        ));
+    }
+    let need = |k: usize| -> Result<&Value, String> {
+        ins.get(k)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("needs input {k}, which is missing"))
+    };
+    let op = n.op_type.as_str();
+    let out = match op {
+        "Conv" => vec![conv(n, need(0)?, need(1)?, ins.get(2).copied().flatten())?],
+        "MaxPool" | "AveragePool" => {
+            let x = need(0)?;
+            let mut outs = vec![pool(n, x)?];
+            if op == "MaxPool" && n.outputs.len() > 1 {
+                let d = outs[0].dims.clone();
+                outs.push(ints(d, Vec::new()));
+                outs[1].ints = None;
+            }
+            outs
+        }
+        "GlobalAveragePool" | "GlobalMaxPool" => {
+            let x = need(0)?;
+            if x.dims.len() < 3 {
+                return Err(format!("input must be N×C×spatial, got {:?}", x.dims));
+            }
+            let mut d = x.dims[..2].to_vec();
+            d.extend(std::iter::repeat_n(1, x.dims.len() - 2));
+            vec![like(x, d)]
+        }
+        "Gemm" => vec![gemm(n, need(0)?, need(1)?, ins.get(2).copied().flatten())?],
+        "MatMul" => vec![matmul(need(0)?, need(1)?)?],
+        "BatchNormalization" => {
+            let x = need(0)?;
+            if x.dims.len() < 2 {
+                return Err(format!("input must be N×C×..., got {:?}", x.dims));
+            }
+            let c = x.dims[1];
+            for k in 1..5 {
+                let p = need(k)?;
+                if p.dims != [c] {
+                    return Err(format!(
+                        "input {k} must have shape [{c}] (the channels), got {:?}",
+                        p.dims
+                    ));
+                }
+            }
+            let mut outs = vec![like(x, x.dims.clone())];
+            for _ in 1..n.outputs.len() {
+                outs.push(float(vec![c]));
+            }
+            outs
+        }
+        "LayerNormalization" => {
+            let x = need(0)?;
+            let a = axis(n.int("axis").unwrap_or(-1), x.dims.len())?;
+            let mut outs = vec![like(x, x.dims.clone())];
+            let mut stat = x.dims.clone();
+            for d in stat.iter_mut().skip(a) {
+                *d = 1;
+            }
+            for _ in 1..n.outputs.len() {
+                outs.push(float(stat.clone()));
+            }
+            outs
+        }
+        "Relu" | "Gelu" | "Sigmoid" | "Tanh" | "Erf" | "Sqrt" | "Exp" | "Log" | "Neg" | "Abs"
+        | "Reciprocal" | "LeakyRelu" | "Elu" | "Softplus" | "HardSigmoid" | "HardSwish"
+        | "Clip" | "Identity" => {
+            let x = need(0)?;
+            let mut v = like(x, x.dims.clone());
+            if matches!(op, "Identity" | "Neg" | "Abs") {
+                v.ints = x.ints.as_ref().map(|i| {
+                    i.iter()
+                        .map(|&a| match op {
+                            "Neg" => -a,
+                            "Abs" => a.abs(),
+                            _ => a,
+                        })
+                        .collect()
+                });
+            }
+            vec![v]
+        }
+        "Softmax" | "LogSoftmax" => {
+            let x = need(0)?;
+            let default = if opset >= 13 { -1 } else { 1 };
+            axis(n.int("axis").unwrap_or(default), x.dims.len())?;
+            vec![like(x, x.dims.clone())]
+        }
+        "Dropout" => {
+            let x = need(0)?;
+            let mut outs = vec![like(x, x.dims.clone())];
+            if n.outputs.len() > 1 {
+                let mut m = like(x, x.dims.clone());
+                m.elem = Elem::Int;
+                outs.push(m);
+            }
+            outs
+        }
+        "Cast" => {
+            let x = need(0)?;
+            let to = n.int("to").ok_or("needs the attribute `to`")?;
+            let mut v = like(x, x.dims.clone());
+            v.elem = Elem::from_onnx(to as i32);
+            if v.elem == Elem::Int {
+                v.ints = x.ints.clone();
+            }
+            vec![v]
+        }
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Equal" | "Less" | "Greater" => {
+            let (a, b) = (need(0)?, need(1)?);
+            let dims = broadcast(&[&a.dims, &b.dims])?;
+            let mut v = like(a, dims);
+            if matches!(op, "Equal" | "Less" | "Greater") {
+                v.elem = Elem::Int;
+            }
+            if let (Some(x), Some(y)) = (&a.ints, &b.ints) {
+                v.ints = fold_binary(op, x, y, v.dims.iter().product::<i64>() as usize);
+            }
+            vec![v]
+        }
+        "Where" => {
+            let (c, a, b) = (need(0)?, need(1)?, need(2)?);
+            vec![like(a, broadcast(&[&c.dims, &a.dims, &b.dims])?)]
+        }
+        "Concat" => {
+            let first = need(0)?;
+            let rank = first.dims.len();
+            let a = axis(n.int("axis").ok_or("needs the attribute `axis`")?, rank)?;
+            let mut dims = first.dims.clone();
+            dims[a] = 0;
+            let mut folded: Option<Vec<i64>> = Some(Vec::new());
+            for k in 0..n.inputs.len() {
+                let v = need(k)?;
+                if v.dims.len() != rank
+                    || v.dims
+                        .iter()
+                        .zip(&first.dims)
+                        .enumerate()
+                        .any(|(i, (x, y))| i != a && x != y)
+                {
+                    return Err(format!(
+                        "input {k} has shape {:?}, which does not concatenate with {:?} on axis {a}",
+                        v.dims, first.dims
+                    ));
+                }
+                dims[a] += v.dims[a];
+                folded = match (folded, &v.ints) {
+                    (Some(mut f), Some(i)) if rank == 1 => {
+                        f.extend(i);
+                        Some(f)
+                    }
+                    _ => None,
+                };
+            }
+            let mut v = like(first, dims);
+            v.ints = folded;
+            vec![v]
+        }
+        "Reshape" => {
+            let x = need(0)?;
+            let target = const_ints(ins, 1)
+                .ok_or("its shape input is not a constant the importer can compute")?;
+            let allowzero = n.int("allowzero").unwrap_or(0) != 0;
+            let mut dims = Vec::with_capacity(target.len());
+            let mut infer_at = None;
+            for (k, &t) in target.iter().enumerate() {
+                match t {
+                    0 if !allowzero => dims.push(
+                        *x.dims
+                            .get(k)
+                            .ok_or(format!("target dim {k} copies an input dim that is absent"))?,
+                    ),
+                    -1 if infer_at.is_none() => {
+                        infer_at = Some(k);
+                        dims.push(1);
+                    }
+                    t if t >= 0 => dims.push(t),
+                    t => return Err(format!("invalid target dim {t} in {target:?}")),
+                }
+            }
+            let total = x.elems() as i64;
+            let known: i64 = dims.iter().product();
+            if let Some(k) = infer_at {
+                if known == 0 || total % known != 0 {
+                    return Err(format!(
+                        "cannot reshape {:?} ({total} elements) to {target:?}",
+                        x.dims
+                    ));
+                }
+                dims[k] = total / known;
+            } else if known != total {
+                return Err(format!(
+                    "cannot reshape {:?} ({total} elements) to {target:?} ({known} elements)",
+                    x.dims
+                ));
+            }
+            let mut v = like(x, dims);
+            v.ints = x.ints.clone();
+            vec![v]
+        }
+        "Flatten" => {
+            let x = need(0)?;
+            let r = x.dims.len();
+            let a = n.int("axis").unwrap_or(1);
+            let a = if a == r as i64 { r } else { axis(a, r.max(1))? };
+            let outer: i64 = x.dims[..a].iter().product();
+            let inner: i64 = x.dims[a..].iter().product();
+            vec![like(x, vec![outer, inner])]
+        }
+        "Transpose" => {
+            let x = need(0)?;
+            let r = x.dims.len();
+            let perm: Vec<usize> = match n.ints("perm") {
+                Some(p) => p
+                    .iter()
+                    .map(|&a| axis(a, r))
+                    .collect::<Result<Vec<_>, _>>()?,
+                None => (0..r).rev().collect(),
+            };
+            let mut seen = vec![false; r];
+            if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+                return Err(format!("perm {perm:?} is not a permutation of {r} axes"));
+            }
+            vec![like(x, perm.iter().map(|&p| x.dims[p]).collect())]
+        }
+        "Squeeze" => {
+            let x = need(0)?;
+            let r = x.dims.len();
+            let dims: Dims = match axes_of(n, ins, 1)? {
+                Some(a) => {
+                    let a: Vec<usize> = a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?;
+                    for &k in &a {
+                        if x.dims[k] != 1 {
+                            return Err(format!("cannot squeeze axis {k} of {:?}", x.dims));
+                        }
+                    }
+                    (0..r)
+                        .filter(|k| !a.contains(k))
+                        .map(|k| x.dims[k])
+                        .collect()
+                }
+                None => x.dims.iter().copied().filter(|&d| d != 1).collect(),
+            };
+            let mut v = like(x, dims);
+            v.ints = x.ints.clone();
+            vec![v]
+        }
+        "Unsqueeze" => {
+            let x = need(0)?;
+            let a = axes_of(n, ins, 1)?.ok_or("needs axes")?;
+            let r = x.dims.len() + a.len();
+            let mut a: Vec<usize> = a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?;
+            a.sort_unstable();
+            a.dedup();
+            let mut src = x.dims.iter();
+            let dims = (0..r)
+                .map(|k| {
+                    if a.contains(&k) {
+                        1
+                    } else {
+                        *src.next().unwrap_or(&1)
+                    }
+                })
+                .collect();
+            let mut v = like(x, dims);
+            v.ints = x.ints.clone();
+            vec![v]
+        }
+        "Shape" => {
+            let x = need(0)?;
+            let r = x.dims.len() as i64;
+            let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+            let s = clamp(n.int("start").unwrap_or(0));
+            let e = clamp(n.int("end").unwrap_or(r));
+            let d = x.dims[s..e.max(s)].to_vec();
+            vec![ints(vec![d.len() as i64], d)]
+        }
+        "Constant" => vec![constant(n)?],
+        "Gather" => {
+            let (data, idx) = (need(0)?, need(1)?);
+            let a = axis(n.int("axis").unwrap_or(0), data.dims.len())?;
+            let mut dims = data.dims[..a].to_vec();
+            dims.extend(&idx.dims);
+            dims.extend(&data.dims[a + 1..]);
+            let mut v = like(data, dims);
+            if let (Some(d), Some(i), 1) = (&data.ints, &idx.ints, data.dims.len()) {
+                let len = d.len() as i64;
+                v.ints = i
+                    .iter()
+                    .map(|&k| {
+                        let k = if k < 0 { k + len } else { k };
+                        d.get(k as usize).copied()
+                    })
+                    .collect();
+            }
+            vec![v]
+        }
+        "ReduceMean" | "ReduceSum" | "ReduceMax" => {
+            let x = need(0)?;
+            let r = x.dims.len();
+            let keep = n.int("keepdims").unwrap_or(1) != 0;
+            let axes: Vec<usize> = match axes_of(n, ins, 1)? {
+                Some(a) if !a.is_empty() => {
+                    a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?
+                }
+                _ if n.int("noop_with_empty_axes").unwrap_or(0) != 0 => Vec::new(),
+                _ => (0..r).collect(),
+            };
+            let dims = (0..r)
+                .filter_map(|k| match (axes.contains(&k), keep) {
+                    (true, true) => Some(1),
+                    (true, false) => None,
+                    (false, _) => Some(x.dims[k]),
+                })
+                .collect();
+            vec![like(x, dims)]
+        }
+        _ => {
+            return Err(format!(
+                "unsupported operator type `{op}`; supported: {}",
+                SUPPORTED.join(", ")
+            ));
+        }
+    };
+    if out.len() < n.outputs.iter().filter(|o| !o.is_empty()).count() {
+        return Err(format!(
+            "has {} outputs; the importer knows {} for this operator",
+            n.outputs.len(),
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+fn fold_binary(op: &str, x: &[i64], y: &[i64], n: usize) -> Option<Vec<i64>> {
+    if n > 1 << 16 || x.is_empty() || y.is_empty() {
+        return None;
+    }
+    let at = |v: &[i64], i: usize| if v.len() == 1 { v[0] } else { v[i] };
+    if (x.len() != 1 && x.len() != n) || (y.len() != 1 && y.len() != n) {
+        return None;
+    }
+    (0..n)
+        .map(|i| {
+            let (a, b) = (at(x, i), at(y, i));
+            match op {
+                "Add" => a.checked_add(b),
+                "Sub" => a.checked_sub(b),
+                "Mul" => a.checked_mul(b),
+                "Div" if b != 0 => Some(a.div_euclid(b)),
+                "Max" => Some(a.max(b)),
+                "Min" => Some(a.min(b)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn constant(n: &Node) -> Result<Value, String> {
+    if let Some(Attr::Tensor { dims, ints: i }) = n.attrs.get("value") {
+        let mut v = float(dims.clone());
+        if let Some(i) = i {
+            v.elem = Elem::Int;
+            v.ints = Some(i.clone());
+        }
+        return Ok(v);
+    }
+    if let Some(i) = n.int("value_int") {
+        return Ok(ints(Vec::new(), vec![i]));
+    }
+    if let Some(i) = n.ints("value_ints") {
+        return Ok(ints(vec![i.len() as i64], i.to_vec()));
+    }
+    if n.float("value_float").is_some() {
+        return Ok(float(Vec::new()));
+    }
+    if let Some(Attr::Floats(f)) = n.attrs.get("value_floats") {
+        return Ok(float(vec![f.len() as i64]));
+    }
+    Err("has no value attribute the importer reads (value, value_int(s), value_float(s))".into())
+}
+
+/// Spatial attributes of a conv or pool over `s` spatial dims: (kernel, strides, dilations,
+/// pads begin, pads end).
+type Window = (Dims, Dims, Dims, Dims, Dims);
+
+fn window(n: &Node, x: &[i64], kernel: Dims) -> Result<(Window, Dims), String> {
+    let s = kernel.len();
+    if x.len() != s + 2 {
+        return Err(format!(
+            "input {x:?} does not have 2 + {s} dims for a {s}-d window"
+        ));
+    }
+    let get = |name: &str, default: i64, len: usize| -> Result<Dims, String> {
+        match n.ints(name) {
+            Some(v) if v.len() == len => Ok(v.to_vec()),
+            Some(v) => Err(format!(
+                "attribute {name} has {} values, expected {len}",
+                v.len()
+            )),
+            None => Ok(vec![default; len]),
+        }
+    };
+    let strides = get("strides", 1, s)?;
+    let dil = get("dilations", 1, s)?;
+    let pads = get("pads", 0, 2 * s)?;
+    if strides.iter().chain(&dil).chain(&kernel).any(|&v| v < 1) || pads.iter().any(|&p| p < 0) {
+        return Err("kernel, strides and dilations must be ≥ 1 and pads ≥ 0".into());
+    }
+    let auto = n.string("auto_pad").unwrap_or("NOTSET");
+    let ceil = n.int("ceil_mode").unwrap_or(0) != 0;
+    let (mut pb, mut pe) = (pads[..s].to_vec(), pads[s..].to_vec());
+    let mut out = Vec::with_capacity(s);
+    for k in 0..s {
+        let inp = x[k + 2];
+        let ek = (kernel[k] - 1) * dil[k] + 1;
+        let o = match auto {
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let o = (inp + strides[k] - 1) / strides[k];
+                let total = ((o - 1) * strides[k] + ek - inp).max(0);
+                let (small, big) = (total / 2, total - total / 2);
+                (pb[k], pe[k]) = if auto == "SAME_UPPER" {
+                    (small, big)
+                } else {
+                    (big, small)
+                };
+                o
+            }
+            "VALID" => {
+                (pb[k], pe[k]) = (0, 0);
+                (inp - ek) / strides[k] + 1
+            }
+            "NOTSET" | "" => {
+                let span = inp + pb[k] + pe[k] - ek;
+                if span < 0 {
+                    return Err(format!(
+                        "window {ek} is larger than the padded input {} on spatial axis {k}",
+                        inp + pb[k] + pe[k]
+                    ));
+                }
+                let mut o = if ceil {
+                    (span + strides[k] - 1) / strides[k] + 1
+                } else {
+                    span / strides[k] + 1
+                };
+                if ceil && (o - 1) * strides[k] >= inp + pb[k] {
+                    o -= 1;
+                }
+                o
+            }
+            other => return Err(format!("unknown auto_pad `{other}`")),
+        };
+        if o < 1 {
+            return Err(format!("spatial axis {k} would have {o} outputs"));
+        }
+        out.push(o);
+    }
+    Ok(((kernel, strides, dil, pb, pe), out))
+}
+
+fn conv(n: &Node, x: &Value, w: &Value, b: Option<&Value>) -> Result<Value, String> {
+    if w.dims.len() < 3 || w.dims.len() != x.dims.len() {
+        return Err(format!(
+            "weight {:?} and input {:?} must have the same rank ≥ 3",
+            w.dims, x.dims
+        ));
+    }
+    let g = n.int("group").unwrap_or(1);
+    let (m, cg) = (w.dims[0], w.dims[1]);
+    if g < 1 || x.dims[1] != cg * g || m % g != 0 {
+        return Err(format!(
+            "input channels {} do not match weight {:?} with group {g}",
+            x.dims[1], w.dims
+        ));
+    }
+    let kernel = w.dims[2..].to_vec();
+    if let Some(k) = n.ints("kernel_shape")
+        && k != kernel.as_slice()
+    {
+        return Err(format!(
+            "kernel_shape {k:?} disagrees with the weight {:?}",
+            w.dims
+        ));
+    }
+    if let Some(b) = b
+        && b.dims != [m]
+    {
+        return Err(format!("bias {:?} must have shape [{m}]", b.dims));
+    }
+    let (_, spatial) = window(n, &x.dims, kernel)?;
+    let mut d = vec![x.dims[0], m];
+    d.extend(spatial);
+    Ok(like(x, d))
+}
+
+fn pool(n: &Node, x: &Value) -> Result<Value, String> {
+    let kernel = n
+        .ints("kernel_shape")
+        .ok_or("needs the attribute kernel_shape")?
+        .to_vec();
+    let (_, spatial) = window(n, &x.dims, kernel)?;
+    let mut d = x.dims[..2].to_vec();
+    d.extend(spatial);
+    Ok(like(x, d))
+}
+
+/// (M, K, N) of a Gemm with its transposes.
+pub fn gemm_mkn(n: &Node, a: &[i64], b: &[i64]) -> Result<(i64, i64, i64), String> {
+    if a.len() != 2 || b.len() != 2 {
+        return Err(format!("A {a:?} and B {b:?} must be matrices"));
+    }
+    let (m, k) = if n.int("transA").unwrap_or(0) != 0 {
+        (a[1], a[0])
+    } else {
+        (a[0], a[1])
+    };
+    let (k2, nn) = if n.int("transB").unwrap_or(0) != 0 {
+        (b[1], b[0])
+    } else {
+        (b[0], b[1])
+    };
+    if k != k2 {
+        return Err(format!(
+            "inner dims differ: A {a:?} gives K = {k}, B {b:?} gives K = {k2}"
+        ));
+    }
+    Ok((m, k, nn))
+}
+
+fn gemm(n: &Node, a: &Value, b: &Value, c: Option<&Value>) -> Result<Value, String> {
+    let (m, _, nn) = gemm_mkn(n, &a.dims, &b.dims)?;
+    if let Some(c) = c {
+        broadcast(&[&c.dims, &[m, nn]]).map_err(|_| {
+            format!(
+                "C {:?} does not broadcast to the output [{m}, {nn}]",
+                c.dims
+            )
+        })?;
+    }
+    Ok(like(a, vec![m, nn]))
+}
+
+/// Batch dims, M, K, N of a numpy matmul.
+pub fn matmul_dims(a: &[i64], b: &[i64]) -> Result<(Dims, i64, i64, i64, Dims), String> {
+    if a.is_empty() || b.is_empty() {
+        return Err("MatMul of a scalar".into());
+    }
+    let a2: Dims = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b2: Dims = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, nn) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        return Err(format!("inner dims differ: {a:?} × {b:?}"));
+    }
+    let batch = broadcast(&[&a2[..a2.len() - 2], &b2[..b2.len() - 2]])?;
+    let mut out = batch.clone();
+    if a.len() > 1 {
+        out.push(m);
+    }
+    if b.len() > 1 {
+        out.push(nn);
+    }
+    Ok((batch, m, k, nn, out))
+}
+
+fn matmul(a: &Value, b: &Value) -> Result<Value, String> {
+    let (_, _, _, _, out) = matmul_dims(&a.dims, &b.dims)?;
+    Ok(like(a, out))
+}
