@@ -130,6 +130,21 @@ pub fn profile_yaml(
     base: Option<&GpuSpec>,
 ) -> Result<String, ConfigError> {
     let eff = Efficiency::default();
+    let measured = [
+        ("copy bandwidth", m.copy_gbps),
+        ("FMA throughput", m.vector_fp32_tflops),
+        ("launch overhead", m.launch_us),
+    ]
+    .into_iter()
+    .chain(m.gemm_tflops.values().map(|&t| ("GEMM throughput", t)));
+    for (what, v) in measured {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(ConfigError::File {
+                file: format!("{}.yaml", spec.name),
+                message: format!("the {what} measurement is {v}, not a positive number"),
+            });
+        }
+    }
     let mut y = String::new();
     let _ = writeln!(
         y,
@@ -305,6 +320,9 @@ mod tests {
         m.copy_gbps = f64::NAN;
         let spec = to_spec(&m, "x", None);
         let e = profile_yaml(&m, &spec, None).unwrap_err().to_string();
-        assert!(e.contains("memory_gbps"), "{e}");
+        assert_eq!(
+            e,
+            "x.yaml: the copy bandwidth measurement is NaN, not a positive number"
+        );
     }
 }

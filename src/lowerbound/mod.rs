@@ -368,3 +368,189 @@ impl Analysis {
         m.into_values().collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::config::load_gpu;
+    use crate::onnx::shape::tests::{A, init, input, model, node};
+    use crate::onnx::{InferOptions, from_proto};
+
+    fn graph(
+        nodes: Vec<crate::onnx::proto::NodeProto>,
+        x: &[i64],
+        inits: Vec<crate::onnx::proto::TensorProto>,
+    ) -> Graph {
+        from_proto(
+            &model(nodes, vec![input("x", x)], inits, 13),
+            "t.onnx",
+            &InferOptions::default(),
+        )
+        .unwrap()
+    }
+
+    // V100 fp32 by hand: vector peak 15.7 TFLOP/s (no fp32 matrix peak), 900 GB/s, 4 µs launch;
+    // efficiencies 0.7 matrix, 0.5 vector, 0.8 memory.
+    const MATRIX: f64 = 15.7e3 * 0.7; // FLOP/ns
+    const VECTOR: f64 = 15.7e3 * 0.5;
+    const BW: f64 = 900.0 * 0.8; // B/ns
+    const LAUNCH: f64 = 4000.0;
+    const N: f64 = 1024.0 * 1024.0;
+
+    fn gemm_ns() -> f64 {
+        (2.0 * 1024f64.powi(3) / MATRIX).max(3.0 * N * 4.0 / BW) + LAUNCH
+    }
+    fn relu_ns() -> f64 {
+        (N / VECTOR).max(2.0 * N * 4.0 / BW) + LAUNCH
+    }
+
+    #[test]
+    fn a_gemm_and_a_relu_by_hand() {
+        let g = graph(
+            vec![
+                node("Gemm", &["x", "w"], &["h"], &[]),
+                node("Relu", &["h"], &["y"], &[]),
+            ],
+            &[1024, 1024],
+            vec![init("w", &[1024, 1024], None)],
+        );
+        let v100 = load_gpu("v100-32gb").unwrap();
+        let mut db = PerfDb::new();
+        let a = Analysis::new(&g, &v100, Dtype::Fp32, &mut db);
+        let ms = |ns: f64| ns / 1e6;
+        assert!(
+            (a.bounds.sequential_ms - ms(gemm_ns() + relu_ns())).abs() < 1e-9,
+            "{:?}",
+            a.bounds
+        );
+        assert_eq!(a.bounds.parallel_ms, a.bounds.sequential_ms);
+        // Fused: one kernel with the GEMM's and the ReLU's FLOPs, moving A, B and the output once.
+        let fused = (2.0 * 1024f64.powi(3) / MATRIX + N / VECTOR).max(3.0 * N * 4.0 / BW) + LAUNCH;
+        assert_eq!(a.fused.len(), 1);
+        assert_eq!(a.fused[0].pattern, "gemm+bias+act");
+        assert!((a.bounds.fused_sequential_ms - ms(fused)).abs() < 1e-9);
+        assert_eq!(a.kernels(), (2, 1));
+        // fp16 on V100's tensor cores: 125 TFLOP/s matrix, 2-byte elements.
+        let (c, tb) = a.tensor_core.as_ref().unwrap();
+        assert_eq!(c.dtype, Dtype::Fp16);
+        let g16 = (2.0 * 1024f64.powi(3) / (125e3 * 0.7)).max(3.0 * N * 2.0 / BW) + LAUNCH;
+        let r16 = (N / (31.4e3 * 0.5)).max(2.0 * N * 2.0 / BW) + LAUNCH;
+        assert!((tb.sequential_ms - ms(g16 + r16)).abs() < 1e-9);
+        // The database now holds the analytic entries of both dtypes: 2 layers + 1 group each.
+        assert_eq!(db.len(), 6);
+        assert!(db.entries().all(|e| e.source == Source::Analytic));
+    }
+
+    #[test]
+    fn parallel_bound_follows_the_longest_branch() {
+        // x ─► Relu ─┐
+        //  └─► Gemm ─┴► Add
+        let g = graph(
+            vec![
+                node("Relu", &["x"], &["a"], &[]),
+                node("Gemm", &["x", "w"], &["b"], &[]),
+                node("Add", &["a", "b"], &["y"], &[]),
+            ],
+            &[1024, 1024],
+            vec![init("w", &[1024, 1024], None)],
+        );
+        let v100 = load_gpu("v100-32gb").unwrap();
+        let a = Analysis::new(&g, &v100, Dtype::Fp32, &mut PerfDb::new());
+        let add = (N / VECTOR).max(3.0 * N * 4.0 / BW) + LAUNCH;
+        assert!((a.bounds.sequential_ms * 1e6 - (relu_ns() + gemm_ns() + add)).abs() < 1e-3);
+        assert!((a.bounds.parallel_ms * 1e6 - (gemm_ns() + add)).abs() < 1e-3);
+        let names: Vec<&str> = a
+            .critical_path
+            .iter()
+            .map(|&i| a.layers[i].name.as_str())
+            .collect();
+        assert_eq!(names, ["b", "y"]);
+    }
+
+    #[test]
+    fn a_measured_entry_replaces_the_analytic_one() {
+        let g = graph(
+            vec![node("Relu", &["x"], &["y"], &[])],
+            &[1024, 1024],
+            vec![],
+        );
+        let v100 = load_gpu("v100-32gb").unwrap();
+        let mut db = PerfDb::new();
+        let before = Analysis::new(&g, &v100, Dtype::Fp32, &mut db);
+        db.upsert(Entry {
+            gpu: "v100-32gb".into(),
+            dtype: Dtype::Fp32,
+            layer: before.layers[0].key.clone(),
+            implementation: "nvrtc".into(),
+            source: Source::Measured,
+            ms: 0.5,
+            flops: 0.0,
+            bytes: 0.0,
+        });
+        let after = Analysis::new(&g, &v100, Dtype::Fp32, &mut db);
+        assert_eq!(after.bounds.sequential_ms, 0.5);
+        assert_eq!(after.costs.measured_layers, 1);
+        // The analytic entry was refreshed, not dropped.
+        assert_eq!(db.len(), 3);
+    }
+
+    #[test]
+    fn conv_bias_is_two_kernels_unless_fused() {
+        let g = graph(
+            vec![
+                node(
+                    "Conv",
+                    &["x", "w", "b"],
+                    &["c"],
+                    &[("pads", A::Is(&[1, 1, 1, 1]))],
+                ),
+                node("Relu", &["c"], &["y"], &[]),
+            ],
+            &[8, 64, 56, 56],
+            vec![init("w", &[64, 64, 3, 3], None), init("b", &[64], None)],
+        );
+        let layers = layers::layers(&g);
+        assert_eq!(layers[0].kernels.len(), 2);
+        let n = 8.0 * 64.0 * 56.0 * 56.0;
+        assert_eq!(layers[0].kernels[0].matrix_flops, 2.0 * n * 64.0 * 9.0);
+        assert_eq!(layers[0].kernels[1].vector_flops, n);
+        let f = fusion::find(&g, &layers);
+        assert_eq!(
+            (f.len(), f[0].pattern, f[0].members.as_slice()),
+            (1, "conv+bias+act", &[0, 1][..])
+        );
+        assert_eq!(f[0].kernel.elems, n + 64.0 * 64.0 * 9.0 + 64.0 + n);
+    }
+
+    #[test]
+    fn a_value_read_twice_is_not_fused_away() {
+        // The conv output feeds the ReLU and the Add: fusing conv+relu would lose it; only the
+        // conv's own bias joins its kernel.
+        let g = graph(
+            vec![
+                node("Conv", &["x", "w", "b"], &["c"], &[]),
+                node("Relu", &["c"], &["r"], &[]),
+                node("Add", &["c", "r"], &["y"], &[]),
+            ],
+            &[1, 4, 8, 8],
+            vec![init("w", &[4, 4, 1, 1], None), init("b", &[4], None)],
+        );
+        let layers = layers::layers(&g);
+        let f = fusion::find(&g, &layers);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(
+            (f[0].pattern, f[0].members.as_slice()),
+            ("conv+bias", &[0][..])
+        );
+    }
+
+    #[test]
+    fn tensor_core_dtype_per_gpu() {
+        let v100 = load_gpu("v100-32gb").unwrap();
+        assert_eq!(tensor_core_dtype(&v100, Dtype::Fp32), Some(Dtype::Fp16));
+        assert_eq!(tensor_core_dtype(&v100, Dtype::Fp16), None);
+        let mut no_tc = v100.clone();
+        no_tc.matrix_tflops.clear();
+        assert_eq!(tensor_core_dtype(&no_tc, Dtype::Fp32), None);
+    }
+}

@@ -885,3 +885,409 @@ fn matmul(a: &Value, b: &Value) -> Result<Value, String> {
     let (_, _, _, _, out) = matmul_dims(&a.dims, &b.dims)?;
     Ok(like(a, out))
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::super::proto::{self, *};
+    use super::super::{Graph, InferOptions, OnnxError, from_proto};
+
+    /// An attribute of a test node.
+    pub enum A {
+        I(i64),
+        Is(&'static [i64]),
+        S(&'static str),
+    }
+
+    pub fn node(op: &str, ins: &[&str], outs: &[&str], attrs: &[(&str, A)]) -> NodeProto {
+        NodeProto {
+            op_type: op.into(),
+            name: outs[0].into(),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            attribute: attrs
+                .iter()
+                .map(|(n, a)| {
+                    let mut p = AttributeProto {
+                        name: n.to_string(),
+                        ..Default::default()
+                    };
+                    match a {
+                        A::I(i) => (p.r#type, p.i) = (attribute_type::INT, *i),
+                        A::Is(v) => (p.r#type, p.ints) = (attribute_type::INTS, v.to_vec()),
+                        A::S(s) => {
+                            (p.r#type, p.s) = (attribute_type::STRING, s.as_bytes().to_vec())
+                        }
+                    }
+                    p
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A float weight with dims only, or an int64 tensor with values.
+    pub fn init(name: &str, dims: &[i64], ints: Option<&[i64]>) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: if ints.is_some() {
+                data_type::INT64
+            } else {
+                data_type::FLOAT
+            },
+            int64_data: ints.map(|v| v.to_vec()).unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    /// An input with dims (negative = symbolic named `d<k>`).
+    pub fn input(name: &str, dims: &[i64]) -> ValueInfoProto {
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                tensor_type: Some(TypeTensor {
+                    elem_type: data_type::FLOAT,
+                    shape: Some(TensorShapeProto {
+                        dim: dims
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &d)| Dimension {
+                                dim_value: (d >= 0).then_some(d),
+                                dim_param: (d < 0).then(|| format!("d{k}")),
+                            })
+                            .collect(),
+                    }),
+                }),
+            }),
+            ..Default::default()
+        }
+    }
+
+    pub fn model(
+        nodes: Vec<NodeProto>,
+        inputs: Vec<ValueInfoProto>,
+        inits: Vec<TensorProto>,
+        opset: i64,
+    ) -> proto::ModelProto {
+        let out = nodes
+            .last()
+            .map(|n| n.output[0].clone())
+            .unwrap_or_default();
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
+            graph: Some(GraphProto {
+                node: nodes,
+                initializer: inits,
+                input: inputs,
+                output: vec![ValueInfoProto {
+                    name: out,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn infer(m: &proto::ModelProto, batch: Option<i64>) -> Result<Graph, OnnxError> {
+        from_proto(
+            m,
+            "t.onnx",
+            &InferOptions {
+                batch,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Shape of value `v` after inferring a one-node model.
+    fn check(
+        n: NodeProto,
+        inputs: &[(&str, &[i64])],
+        inits: Vec<TensorProto>,
+        opset: i64,
+        expect: &[i64],
+    ) {
+        let out = n.output[0].clone();
+        let m = model(
+            vec![n],
+            inputs.iter().map(|(n, d)| input(n, d)).collect(),
+            inits,
+            opset,
+        );
+        let g = infer(&m, None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(g.values[&out].dims, expect);
+    }
+
+    fn check_err(n: NodeProto, inputs: &[(&str, &[i64])], inits: Vec<TensorProto>, expect: &str) {
+        let m = model(
+            vec![n],
+            inputs.iter().map(|(n, d)| input(n, d)).collect(),
+            inits,
+            13,
+        );
+        let e = infer(&m, None).unwrap_err().to_string();
+        assert!(e.contains(expect), "{e}");
+    }
+
+    #[test]
+    fn conv_padding_modes() {
+        let w = || vec![init("w", &[8, 3, 3, 3], None)];
+        let x: &[(&str, &[i64])] = &[("x", &[2, 3, 15, 15])];
+        let c = |attrs: &[(&str, A)]| node("Conv", &["x", "w"], &["y"], attrs);
+        check(c(&[]), x, w(), 13, &[2, 8, 13, 13]);
+        check(
+            c(&[("pads", A::Is(&[1, 1, 1, 1])), ("strides", A::Is(&[2, 2]))]),
+            x,
+            w(),
+            13,
+            &[2, 8, 8, 8],
+        );
+        check(
+            c(&[
+                ("auto_pad", A::S("SAME_UPPER")),
+                ("strides", A::Is(&[2, 2])),
+            ]),
+            x,
+            w(),
+            13,
+            &[2, 8, 8, 8],
+        );
+        check(
+            c(&[("auto_pad", A::S("VALID")), ("dilations", A::Is(&[2, 2]))]),
+            x,
+            w(),
+            13,
+            &[2, 8, 11, 11],
+        );
+        check_err(
+            c(&[("group", A::I(2))]),
+            x,
+            w(),
+            "input channels 3 do not match weight [8, 3, 3, 3] with group 2",
+        );
+    }
+
+    #[test]
+    fn pooling_floor_and_ceil() {
+        let x: &[(&str, &[i64])] = &[("x", &[1, 4, 10, 10])];
+        let p = |ceil| {
+            node(
+                "MaxPool",
+                &["x"],
+                &["y"],
+                &[
+                    ("kernel_shape", A::Is(&[3, 3])),
+                    ("strides", A::Is(&[2, 2])),
+                    ("ceil_mode", A::I(ceil)),
+                ],
+            )
+        };
+        check(p(0), x, vec![], 13, &[1, 4, 4, 4]);
+        check(p(1), x, vec![], 13, &[1, 4, 5, 5]);
+    }
+
+    #[test]
+    fn matmul_broadcasts_and_gemm_transposes() {
+        check(
+            node("MatMul", &["a", "b"], &["y"], &[]),
+            &[("a", &[2, 1, 5, 3]), ("b", &[4, 3, 6])],
+            vec![],
+            13,
+            &[2, 4, 5, 6],
+        );
+        check(
+            node("MatMul", &["a", "b"], &["y"], &[]),
+            &[("a", &[3]), ("b", &[2, 3, 6])],
+            vec![],
+            13,
+            &[2, 6],
+        );
+        check(
+            node(
+                "Gemm",
+                &["a", "b"],
+                &["y"],
+                &[("transA", A::I(1)), ("transB", A::I(1))],
+            ),
+            &[("a", &[7, 5]), ("b", &[9, 7])],
+            vec![],
+            13,
+            &[5, 9],
+        );
+        check_err(
+            node("MatMul", &["a", "b"], &["y"], &[]),
+            &[("a", &[5, 3]), ("b", &[4, 6])],
+            vec![],
+            "inner dims differ",
+        );
+    }
+
+    #[test]
+    fn reshape_copies_zeros_and_infers_minus_one() {
+        let x: &[(&str, &[i64])] = &[("x", &[2, 3, 4, 5])];
+        let r = || node("Reshape", &["x", "s"], &["y"], &[]);
+        check(
+            r(),
+            x,
+            vec![init("s", &[3], Some(&[0, -1, 5]))],
+            13,
+            &[2, 12, 5],
+        );
+        check_err(
+            r(),
+            x,
+            vec![init("s", &[2], Some(&[7, -1]))],
+            "cannot reshape [2, 3, 4, 5] (120 elements) to [7, -1]",
+        );
+        check_err(
+            r(),
+            x,
+            vec![init("s", &[2], None)],
+            "its shape input is not a constant",
+        );
+    }
+
+    #[test]
+    fn unsqueeze_and_squeeze_by_attribute_or_input() {
+        let x: &[(&str, &[i64])] = &[("x", &[3, 4])];
+        check(
+            node("Unsqueeze", &["x"], &["y"], &[("axes", A::Is(&[0, -1]))]),
+            x,
+            vec![],
+            11,
+            &[1, 3, 4, 1],
+        );
+        check(
+            node("Unsqueeze", &["x", "a"], &["y"], &[]),
+            x,
+            vec![init("a", &[1], Some(&[1]))],
+            13,
+            &[3, 1, 4],
+        );
+        check(
+            node("Squeeze", &["x"], &["y"], &[]),
+            &[("x", &[1, 3, 1])],
+            vec![],
+            13,
+            &[3],
+        );
+    }
+
+    #[test]
+    fn shape_arithmetic_is_folded_into_a_reshape_target() {
+        // y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0) * Gather(Shape(x), 1)), [-1]))
+        let nodes = vec![
+            node("Shape", &["x"], &["s"], &[]),
+            node("Gather", &["s", "i0"], &["a"], &[]),
+            node("Gather", &["s", "i1"], &["b"], &[]),
+            node("Mul", &["a", "b"], &["ab"], &[]),
+            node("Unsqueeze", &["ab", "ax"], &["u"], &[]),
+            node("Concat", &["u", "m1"], &["t"], &[("axis", A::I(0))]),
+            node("Reshape", &["x", "t"], &["y"], &[]),
+        ];
+        let inits = vec![
+            init("i0", &[], Some(&[0])),
+            init("i1", &[], Some(&[1])),
+            init("ax", &[1], Some(&[0])),
+            init("m1", &[1], Some(&[-1])),
+        ];
+        let m = model(nodes, vec![input("x", &[-1, 5, 6])], inits, 13);
+        let g = infer(&m, Some(4)).unwrap();
+        assert_eq!(g.values["t"].ints.as_deref(), Some(&[20, -1][..]));
+        assert_eq!(g.values["y"].dims, [20, 6]);
+        assert_eq!(g.batch, 4);
+    }
+
+    #[test]
+    fn symbolic_dims_need_sizes() {
+        let m = model(
+            vec![node("Relu", &["x"], &["y"], &[])],
+            vec![input("x", &[-1, -1])],
+            vec![],
+            13,
+        );
+        let e = infer(&m, None).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "t.onnx: graph input `x` has a dynamic batch dimension (`d0`); give the batch size with --batch N"
+        );
+        let e = infer(&m, Some(2)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "t.onnx: graph input `x` dim 1 (`d1`) is dynamic; give it with --dim d1=N"
+        );
+        let g = from_proto(
+            &m,
+            "t.onnx",
+            &InferOptions {
+                batch: Some(2),
+                dims: [("d1".to_string(), 9)].into_iter().collect(),
+            },
+        )
+        .unwrap();
+        assert_eq!(g.values["y"].dims, [2, 9]);
+        let e = infer(&m, Some(0)).unwrap_err().to_string();
+        assert!(e.contains("batch size must be at least 1"), "{e}");
+    }
+
+    #[test]
+    fn graph_errors_name_the_node() {
+        let m = model(
+            vec![node("Relu", &["nope"], &["y"], &[])],
+            vec![input("x", &[1])],
+            vec![],
+            13,
+        );
+        let e = infer(&m, None).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "t.onnx: node #0 `y` (Relu): input `nope` is neither a graph input, an initializer nor another node's output"
+        );
+        let mut n = node("Relu", &["x"], &["y"], &[]);
+        n.domain = "com.microsoft".into();
+        let m = model(vec![n], vec![input("x", &[1])], vec![], 13);
+        let e = infer(&m, None).unwrap_err().to_string();
+        assert!(
+            e.contains("domain `com.microsoft` are not supported"),
+            "{e}"
+        );
+        // A cycle: a → b → a.
+        let m = model(
+            vec![
+                node("Add", &["x", "b"], &["a"], &[]),
+                node("Relu", &["a"], &["b"], &[]),
+            ],
+            vec![input("x", &[1])],
+            vec![],
+            13,
+        );
+        assert!(infer(&m, None).unwrap_err().to_string().contains("cycle"));
+    }
+
+    #[test]
+    fn nodes_out_of_order_are_sorted() {
+        let m = model(
+            vec![
+                node("Relu", &["a"], &["b"], &[]),
+                node("Neg", &["x"], &["a"], &[]),
+            ],
+            vec![input("x", &[3])],
+            vec![],
+            13,
+        );
+        let g = infer(&m, None).unwrap();
+        assert_eq!(
+            g.nodes
+                .iter()
+                .map(|n| n.op_type.as_str())
+                .collect::<Vec<_>>(),
+            ["Neg", "Relu"]
+        );
+        assert_eq!(g.values["b"].dims, [3]);
+    }
+}
