@@ -18,7 +18,7 @@
 //! | Softmax / LogSoftmax | 1 | — | 5n | 2n |
 //! | MaxPool / AveragePool k | 1 | — | ΠK·n | x+y |
 //! | GlobalAveragePool / GlobalMaxPool / Reduce* | 1 | — | x | x+y |
-//! | Concat, Transpose, Cast, Gather | 1 | — | — | reads + writes |
+//! | Concat, Transpose, Cast, Slice, Gather, Expand, ConstantOfShape | 1 | — | — | reads + writes |
 //! | Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout, Shape, Constant | 0 (views, or inference no-ops) | | | |
 //!
 //! A node whose outputs were all folded to constants (shape arithmetic) costs nothing: a framework
@@ -159,8 +159,8 @@ pub fn kernels(n: &Node, g: &Graph) -> Vec<Kernel> {
             };
             let g_ = n.int("group").unwrap_or(1).max(1) as f64;
             let c = x.dims[1] as f64;
-            let ksz: i64 = w.dims[2..].iter().product();
-            let mf = 2.0 * y * (c / g_) * ksz as f64;
+            let ksz: f64 = w.dims[2..].iter().map(|&d| d as f64).product();
+            let mf = 2.0 * y * (c / g_) * ksz;
             let mut ks = vec![Kernel {
                 matrix_flops: mf,
                 vector_flops: 0.0,
@@ -178,7 +178,7 @@ pub fn kernels(n: &Node, g: &Graph) -> Vec<Kernel> {
             let (m, k, nn) = crate::onnx::shape::gemm_mkn(n, &a.dims, &b.dims).unwrap_or((0, 0, 0));
             let bias = n.input(2).is_some();
             vec![Kernel {
-                matrix_flops: 2.0 * (m * k * nn) as f64,
+                matrix_flops: 2.0 * m as f64 * k as f64 * nn as f64,
                 vector_flops: if bias { y } else { 0.0 },
                 elems: e(0) + e(1) + e(2) + y,
             }]
@@ -189,9 +189,9 @@ pub fn kernels(n: &Node, g: &Graph) -> Vec<Kernel> {
             };
             let (batch, m, k, nn, _) =
                 crate::onnx::shape::matmul_dims(&a.dims, &b.dims).unwrap_or_default();
-            let nb: i64 = batch.iter().product();
+            let nb: f64 = batch.iter().map(|&d| d as f64).product();
             vec![Kernel {
-                matrix_flops: 2.0 * (nb * m * k * nn) as f64,
+                matrix_flops: 2.0 * nb * m as f64 * k as f64 * nn as f64,
                 vector_flops: 0.0,
                 elems: e(0) + e(1) + y,
             }]
@@ -200,8 +200,13 @@ pub fn kernels(n: &Node, g: &Graph) -> Vec<Kernel> {
         "LayerNormalization" => vec![vec_k(7.0 * y, 2.0 * y + e(1) + e(2))],
         "Softmax" | "LogSoftmax" => vec![vec_k(5.0 * y, 2.0 * y)],
         "MaxPool" | "AveragePool" => {
-            let k: i64 = n.ints("kernel_shape").unwrap_or(&[1]).iter().product();
-            vec![vec_k(k as f64 * y, e(0) + y)]
+            let k: f64 = n
+                .ints("kernel_shape")
+                .unwrap_or(&[1])
+                .iter()
+                .map(|&d| d as f64)
+                .product();
+            vec![vec_k(k * y, e(0) + y)]
         }
         "GlobalAveragePool" | "GlobalMaxPool" | "ReduceMean" | "ReduceSum" | "ReduceMax" => {
             vec![vec_k(e(0), e(0) + y)]
@@ -211,7 +216,9 @@ pub fn kernels(n: &Node, g: &Graph) -> Vec<Kernel> {
             let ins: f64 = (0..n.inputs.len()).map(e).sum();
             vec![vec_k(y, ins + y)]
         }
-        "Concat" | "Transpose" | "Cast" => vec![vec_k(0.0, 2.0 * y)],
+        "Concat" | "Transpose" | "Cast" | "Slice" => vec![vec_k(0.0, 2.0 * y)],
+        "Expand" => vec![vec_k(0.0, e(0) + y)],
+        "ConstantOfShape" => vec![vec_k(0.0, y)],
         "Gather" => vec![vec_k(0.0, e(1) + 2.0 * y)],
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Dropout" | "Shape"
         | "Constant" => Vec::new(),

@@ -145,7 +145,9 @@ pub struct Value {
 impl Value {
     /// Number of elements.
     pub fn elems(&self) -> u64 {
-        self.dims.iter().map(|&d| d.max(0) as u64).product()
+        self.dims
+            .iter()
+            .fold(1u64, |n, &d| n.saturating_mul(d.max(0) as u64))
     }
 }
 
@@ -275,11 +277,8 @@ pub fn from_proto(
     }
     let mut values: HashMap<String, Value> = HashMap::new();
     for t in &g.initializer {
-        if t.dims.iter().any(|&d| d < 0) {
-            return Err(model_err(format!(
-                "initializer `{}` has a negative dimension {:?}",
-                t.name, t.dims
-            )));
+        if let Err(m) = shape::check_size(&t.dims) {
+            return Err(model_err(format!("initializer `{}`: {m}", t.name)));
         }
         values.insert(
             t.name.clone(),

@@ -177,7 +177,7 @@ pub fn bind_inputs(
     Ok(())
 }
 
-fn check_size(dims: &[i64]) -> Result<(), String> {
+pub(crate) fn check_size(dims: &[i64]) -> Result<(), String> {
     let mut n: i64 = 1;
     for &d in dims {
         if d < 0 {
@@ -378,12 +378,12 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
             let x = need(0)?;
             let mut v = like(x, x.dims.clone());
             if matches!(op, "Identity" | "Neg" | "Abs") {
-                v.ints = x.ints.as_ref().map(|i| {
+                v.ints = x.ints.as_ref().and_then(|i| {
                     i.iter()
                         .map(|&a| match op {
-                            "Neg" => -a,
-                            "Abs" => a.abs(),
-                            _ => a,
+                            "Neg" => a.checked_neg(),
+                            "Abs" => a.checked_abs(),
+                            _ => Some(a),
                         })
                         .collect()
                 });
@@ -424,7 +424,8 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
                 v.elem = Elem::Int;
             }
             if let (Some(x), Some(y)) = (&a.ints, &b.ints) {
-                v.ints = fold_binary(op, x, y, v.dims.iter().product::<i64>() as usize);
+                let n = v.dims.iter().fold(1i64, |n, &d| n.saturating_mul(d));
+                v.ints = fold_binary(op, x, y, n as usize);
             }
             vec![v]
         }
@@ -453,7 +454,7 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
                         v.dims, first.dims
                     ));
                 }
-                dims[a] += v.dims[a];
+                dims[a] = dims[a].saturating_add(v.dims[a]);
                 folded = match (folded, &v.ints) {
                     (Some(mut f), Some(i)) if rank == 1 => {
                         f.extend(i);
@@ -489,7 +490,10 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
                 }
             }
             let total = x.elems() as i64;
-            let known: i64 = dims.iter().product();
+            let known = dims
+                .iter()
+                .try_fold(1i64, |n, &d| n.checked_mul(d))
+                .ok_or_else(|| format!("target shape {target:?} is too large"))?;
             if let Some(k) = infer_at {
                 if known == 0 || total % known != 0 {
                     return Err(format!(
@@ -586,6 +590,29 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
             vec![ints(vec![d.len() as i64], d)]
         }
         "Constant" => vec![constant(n)?],
+        "ConstantOfShape" => {
+            let target = const_ints(ins, 0)
+                .ok_or("its shape input is not a constant the importer can compute")?
+                .to_vec();
+            check_size(&target)?;
+            let mut v = float(target.clone());
+            if let Some(Attr::Tensor { ints: Some(i), .. }) = n.attrs.get("value") {
+                let count = target.iter().product::<i64>();
+                if count <= 1 << 16 && i.len() == 1 {
+                    v = ints(target, vec![i[0]; count as usize]);
+                } else {
+                    v.elem = Elem::Int;
+                }
+            }
+            vec![v]
+        }
+        "Expand" => {
+            let x = need(0)?;
+            let target = const_ints(ins, 1)
+                .ok_or("its shape input is not a constant the importer can compute")?;
+            vec![like(x, broadcast(&[&x.dims, target])?)]
+        }
+        "Slice" => vec![slice(n, ins, need(0)?)?],
         "Gather" => {
             let (data, idx) = (need(0)?, need(1)?);
             let a = axis(n.int("axis").unwrap_or(0), data.dims.len())?;
@@ -642,6 +669,64 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
     Ok(out)
 }
 
+/// `Slice`: starts/ends/axes/steps from inputs (opset ≥ 10) or attributes (older).
+fn slice(n: &Node, ins: &[Option<&Value>], x: &Value) -> Result<Value, String> {
+    let get = |k: usize, attr: &str| -> Result<Option<Vec<i64>>, String> {
+        if let Some(a) = n.ints(attr) {
+            return Ok(Some(a.to_vec()));
+        }
+        match ins.get(k).copied().flatten() {
+            None => Ok(None),
+            Some(v) => v.ints.clone().map(Some).ok_or_else(|| {
+                format!("its {attr} input is not a constant the importer can compute")
+            }),
+        }
+    };
+    let starts = get(1, "starts")?.ok_or("needs starts")?;
+    let ends = get(2, "ends")?.ok_or("needs ends")?;
+    let r = x.dims.len();
+    let axes: Vec<usize> = match get(3, "axes")? {
+        Some(a) => a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?,
+        None => (0..starts.len()).collect(),
+    };
+    let steps = get(4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("starts, ends, axes and steps differ in length".into());
+    }
+    let mut dims = x.dims.clone();
+    let mut folded = x.ints.clone().filter(|_| r == 1);
+    for k in 0..starts.len() {
+        let (a, step) = (axes[k], steps[k]);
+        if step == 0 {
+            return Err("a step of 0".into());
+        }
+        let d = x.dims[a];
+        let clamp = |v: i64, lo: i64, hi: i64| {
+            let v = if v < 0 { v.saturating_add(d) } else { v };
+            v.clamp(lo, hi)
+        };
+        let (s, e) = if step > 0 {
+            (clamp(starts[k], 0, d), clamp(ends[k], 0, d))
+        } else {
+            (clamp(starts[k], -1, d - 1), clamp(ends[k], -1, d - 1))
+        };
+        let len = if step > 0 {
+            (e - s + step - 1).max(0) / step
+        } else {
+            (s - e - step - 1).max(0) / -step
+        };
+        dims[a] = len;
+        folded = folded.map(|f| {
+            (0..len)
+                .filter_map(|i| f.get((s + i * step) as usize).copied())
+                .collect()
+        });
+    }
+    let mut v = like(x, dims);
+    v.ints = folded;
+    Ok(v)
+}
+
 fn fold_binary(op: &str, x: &[i64], y: &[i64], n: usize) -> Option<Vec<i64>> {
     if n > 1 << 16 || x.is_empty() || y.is_empty() {
         return None;
@@ -657,7 +742,7 @@ fn fold_binary(op: &str, x: &[i64], y: &[i64], n: usize) -> Option<Vec<i64>> {
                 "Add" => a.checked_add(b),
                 "Sub" => a.checked_sub(b),
                 "Mul" => a.checked_mul(b),
-                "Div" if b != 0 => Some(a.div_euclid(b)),
+                "Div" => a.checked_div_euclid(b),
                 "Max" => Some(a.max(b)),
                 "Min" => Some(a.min(b)),
                 _ => None,
@@ -723,11 +808,11 @@ fn window(n: &Node, x: &[i64], kernel: Dims) -> Result<(Window, Dims), String> {
     let mut out = Vec::with_capacity(s);
     for k in 0..s {
         let inp = x[k + 2];
-        let ek = (kernel[k] - 1) * dil[k] + 1;
+        let ek = (kernel[k] - 1).saturating_mul(dil[k]).saturating_add(1);
         let o = match auto {
             "SAME_UPPER" | "SAME_LOWER" => {
-                let o = (inp + strides[k] - 1) / strides[k];
-                let total = ((o - 1) * strides[k] + ek - inp).max(0);
+                let o = inp.saturating_add(strides[k] - 1) / strides[k];
+                let total = ((o - 1).saturating_mul(strides[k]).saturating_add(ek) - inp).max(0);
                 let (small, big) = (total / 2, total - total / 2);
                 (pb[k], pe[k]) = if auto == "SAME_UPPER" {
                     (small, big)
@@ -738,22 +823,27 @@ fn window(n: &Node, x: &[i64], kernel: Dims) -> Result<(Window, Dims), String> {
             }
             "VALID" => {
                 (pb[k], pe[k]) = (0, 0);
+                if inp < ek {
+                    return Err(format!(
+                        "window {ek} is larger than the input {inp} on spatial axis {k}"
+                    ));
+                }
                 (inp - ek) / strides[k] + 1
             }
             "NOTSET" | "" => {
-                let span = inp + pb[k] + pe[k] - ek;
+                let padded = inp.saturating_add(pb[k]).saturating_add(pe[k]);
+                let span = padded - ek;
                 if span < 0 {
                     return Err(format!(
-                        "window {ek} is larger than the padded input {} on spatial axis {k}",
-                        inp + pb[k] + pe[k]
+                        "window {ek} is larger than the padded input {padded} on spatial axis {k}"
                     ));
                 }
                 let mut o = if ceil {
-                    (span + strides[k] - 1) / strides[k] + 1
+                    span.saturating_add(strides[k] - 1) / strides[k] + 1
                 } else {
                     span / strides[k] + 1
                 };
-                if ceil && (o - 1) * strides[k] >= inp + pb[k] {
+                if ceil && (o - 1).saturating_mul(strides[k]) >= inp.saturating_add(pb[k]) {
                     o -= 1;
                 }
                 o
@@ -777,7 +867,7 @@ fn conv(n: &Node, x: &Value, w: &Value, b: Option<&Value>) -> Result<Value, Stri
     }
     let g = n.int("group").unwrap_or(1);
     let (m, cg) = (w.dims[0], w.dims[1]);
-    if g < 1 || x.dims[1] != cg * g || m % g != 0 {
+    if g < 1 || Some(x.dims[1]) != cg.checked_mul(g) || m % g != 0 {
         return Err(format!(
             "input channels {} do not match weight {:?} with group {g}",
             x.dims[1], w.dims
@@ -1289,5 +1379,56 @@ pub(crate) mod tests {
             ["Neg", "Relu"]
         );
         assert_eq!(g.values["b"].dims, [3]);
+    }
+
+    #[test]
+    fn slice_and_expand() {
+        let x: &[(&str, &[i64])] = &[("x", &[2, 10, 6])];
+        let sl = || node("Slice", &["x", "s", "e", "a", "st"], &["y"], &[]);
+        let c = |name: &str, v: &'static [i64]| init(name, &[v.len() as i64], Some(v));
+        check(
+            sl(),
+            x,
+            vec![c("s", &[1]), c("e", &[-1]), c("a", &[1]), c("st", &[1])],
+            13,
+            &[2, 8, 6],
+        );
+        // Backwards by 2 from the last element: indices 5, 3, 1.
+        check(
+            sl(),
+            x,
+            vec![c("s", &[-1]), c("e", &[-100]), c("a", &[2]), c("st", &[-2])],
+            13,
+            &[2, 10, 3],
+        );
+        check(
+            node(
+                "Slice",
+                &["x"],
+                &["y"],
+                &[
+                    ("starts", A::Is(&[0])),
+                    ("ends", A::Is(&[1])),
+                    ("axes", A::Is(&[0])),
+                ],
+            ),
+            x,
+            vec![],
+            9,
+            &[1, 10, 6],
+        );
+        check(
+            node("Expand", &["x", "t"], &["y"], &[]),
+            &[("x", &[3, 1])],
+            vec![c("t", &[2, 3, 4])],
+            13,
+            &[2, 3, 4],
+        );
+        check_err(
+            node("Expand", &["x", "t"], &["y"], &[]),
+            &[("x", &[3, 2])],
+            vec![c("t", &[3, 4])],
+            "do not broadcast",
+        );
     }
 }

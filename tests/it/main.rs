@@ -9,6 +9,7 @@
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
 //! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
 //! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
+//! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 //! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
 
@@ -16,6 +17,7 @@ mod cli;
 mod exec_traces;
 mod export;
 mod fuzz_traces;
+mod lower_bound;
 mod plan;
 mod properties;
 mod trace_multi;
