@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `conv+bias+act` | Conv [with bias] [→ BatchNormalization] → activation | cuDNN `ConvolutionBiasActivationForward` (BN folded into the weights at inference) |
 //! | `conv+bias` | Conv with bias, or Conv → BatchNormalization | the same API with an identity activation |
-//! | `gemm+bias+act` | Gemm, or MatMul → Add(1-d bias), → GELU/ReLU/... | cuBLASLt epilogue `BIAS_GELU` / `BIAS_RELU` |
+//! | `gemm+bias+act` | Gemm, or MatMul → Add(1-d bias), → GELU/ReLU/... (GELU also as exporters write it before opset 20: x·(1 + erf(x/√2))·0.5) | cuBLASLt epilogue `BIAS_GELU` / `BIAS_RELU` |
 //! | `gemm+bias` | MatMul → Add(1-d bias) | cuBLASLt epilogue `BIAS` |
 //! | `attention` | MatMul(Q,Kᵀ) [→ Div/Mul by a scalar] [→ Add mask] → Softmax → MatMul(·,V) | flash attention: no S×S matrix in DRAM |
 //!
@@ -218,6 +218,37 @@ fn conv(cx: &Ctx, c: usize) -> Option<Fused> {
     })
 }
 
+/// The layers of `Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)` applied to layer `x`'s output,
+/// the GELU that exporters write for opsets before 20.
+fn erf_gelu(cx: &Ctx, x: usize) -> Option<Vec<usize>> {
+    let out = cx.layers[x].outputs.first()?.as_str();
+    if cx.outputs.contains(out) {
+        return None;
+    }
+    let cons = cx.consumers.get(out)?;
+    let [p, q] = cons.as_slice() else {
+        return None;
+    };
+    let (div, mul) = match (cx.op(*p), cx.op(*q)) {
+        ("Div", "Mul") => (*p, *q),
+        ("Mul", "Div") => (*q, *p),
+        _ => return None,
+    };
+    if cx.taken[div] || cx.taken[mul] || !cx.is_scalar(div, 1) {
+        return None;
+    }
+    let erf = cx.sole_next(div).filter(|&e| cx.op(e) == "Erf")?;
+    let add = cx.sole_next(erf).filter(|&a| cx.op(a) == "Add")?;
+    if !(cx.is_scalar(add, 0) || cx.is_scalar(add, 1)) || cx.sole_next(add) != Some(mul) {
+        return None;
+    }
+    let half = cx.sole_next(mul).filter(|&h| cx.op(h) == "Mul")?;
+    if !(cx.is_scalar(half, 0) || cx.is_scalar(half, 1)) {
+        return None;
+    }
+    Some(vec![div, erf, add, mul, half])
+}
+
 fn gemm(cx: &Ctx, g: usize) -> Option<Fused> {
     let mut members = vec![g];
     let mut bias_elems = 0.0;
@@ -245,6 +276,9 @@ fn gemm(cx: &Ctx, g: usize) -> Option<Fused> {
         && is_activation(cx.op(a))
     {
         members.push(a);
+        act = true;
+    } else if let Some(gelu) = erf_gelu(cx, *members.last()?) {
+        members.extend(gelu);
         act = true;
     }
     let pattern = match (bias, act) {

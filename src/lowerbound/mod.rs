@@ -182,18 +182,20 @@ pub fn bounds(layers: &[Layer], fused: &[Fused], c: &Costs) -> Bounds {
         }
         unit_ms[last] = ms;
     }
+    let mut members_of: Vec<Vec<usize>> = vec![Vec::new(); layers.len()];
+    for (j, &c) in carrier.iter().enumerate() {
+        members_of[c].push(j);
+    }
     let collapsed: Vec<Layer> = layers
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let mut preds: Vec<usize> = Vec::new();
-            if carrier[i] == i {
-                for (j, m) in layers.iter().enumerate().take(i + 1) {
-                    if carrier[j] == i {
-                        preds.extend(m.preds.iter().map(|&p| carrier[p]).filter(|&p| p != i));
-                    }
-                }
-            }
+            let mut preds: Vec<usize> = members_of[i]
+                .iter()
+                .flat_map(|&m| &layers[m].preds)
+                .map(|&p| carrier[p])
+                .filter(|&p| p != i)
+                .collect();
             preds.sort_unstable();
             preds.dedup();
             Layer {
@@ -552,5 +554,41 @@ mod tests {
         let mut no_tc = v100.clone();
         no_tc.matrix_tflops.clear();
         assert_eq!(tensor_core_dtype(&no_tc, Dtype::Fp32), None);
+    }
+
+    #[test]
+    fn exported_erf_gelu_joins_the_gemm_epilogue() {
+        // MatMul → Add(bias) → x·(1 + erf(x/√2))·0.5, as torch.onnx.export writes GELU.
+        let g = graph(
+            vec![
+                node("MatMul", &["x", "w"], &["m"], &[]),
+                node("Add", &["m", "b"], &["h"], &[]),
+                node("Div", &["h", "sqrt2"], &["d"], &[]),
+                node("Erf", &["d"], &["e"], &[]),
+                node("Add", &["e", "one"], &["p"], &[]),
+                node("Mul", &["h", "p"], &["q"], &[]),
+                node("Mul", &["q", "half"], &["y"], &[]),
+            ],
+            &[4, 16, 32],
+            vec![
+                init("w", &[32, 64], None),
+                init("b", &[64], None),
+                init("sqrt2", &[], None),
+                init("one", &[], None),
+                init("half", &[], None),
+            ],
+        );
+        let layers = layers::layers(&g);
+        let f = fusion::find(&g, &layers);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!((f[0].pattern, f[0].members.len()), ("gemm+bias+act", 7));
+        let y = 4.0 * 16.0 * 64.0;
+        assert_eq!(
+            f[0].kernel.elems,
+            4.0 * 16.0 * 32.0 + 32.0 * 64.0 + 64.0 + y
+        );
+        let v100 = load_gpu("v100-32gb").unwrap();
+        let a = Analysis::new(&g, &v100, Dtype::Fp32, &mut PerfDb::new());
+        assert_eq!(a.kernels(), (7, 1));
     }
 }
