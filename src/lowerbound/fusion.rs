@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::layers::{Kernel, Layer, is_activation};
+use super::layers::{Kernel, Layer, WINOGRAD, is_activation, winograd, winograd_eligible};
 use crate::onnx::Graph;
 
 /// One fused group.
@@ -25,6 +25,8 @@ pub struct Fused {
     /// Member layers, in chain order.
     pub members: Vec<usize>,
     pub kernel: Kernel,
+    /// Other implementations of the fused kernel (a Winograd conv); the bound takes the fastest.
+    pub alternatives: Vec<(&'static str, Kernel)>,
 }
 
 struct Ctx<'a> {
@@ -163,6 +165,7 @@ fn attention(cx: &Ctx, q: usize) -> Option<Fused> {
     let qk = |k| cx.input(q, k).map_or(0.0, |i| cx.elems(i));
     let v = cx.input(p, 1).map_or(0.0, |i| cx.elems(i));
     Some(Fused {
+        alternatives: Vec::new(),
         pattern: "attention",
         kernel: Kernel {
             matrix_flops: cx.matrix_flops(&members),
@@ -201,19 +204,25 @@ fn conv(cx: &Ctx, c: usize) -> Option<Fused> {
     let x = cx.input(c, 0).map_or(0.0, |i| cx.elems(i));
     let w = cx.input(c, 1).map_or(0.0, |i| cx.elems(i));
     let y = cx.out_elems(*members.last()?);
+    let kernel = Kernel {
+        matrix_flops: cx.matrix_flops(&members),
+        // The epilogue: a bias add per output, plus the activation's own work.
+        vector_flops: if bias { y } else { 0.0 }
+            + members[1..]
+                .iter()
+                .filter(|&&l| is_activation(cx.op(l)))
+                .map(|&l| cx.vector_flops(&[l]))
+                .sum::<f64>(),
+        elems: x + w + if bias { m } else { 0.0 } + y,
+    };
+    let mut alternatives = Vec::new();
+    if winograd_eligible(&cx.g.nodes[cx.layers[c].node], cx.g) {
+        alternatives.push((WINOGRAD, winograd(&kernel, x, y)));
+    }
     Some(Fused {
         pattern,
-        kernel: Kernel {
-            matrix_flops: cx.matrix_flops(&members),
-            // The epilogue: a bias add per output, plus the activation's own work.
-            vector_flops: if bias { y } else { 0.0 }
-                + members[1..]
-                    .iter()
-                    .filter(|&&l| is_activation(cx.op(l)))
-                    .map(|&l| cx.vector_flops(&[l]))
-                    .sum::<f64>(),
-            elems: x + w + if bias { m } else { 0.0 } + y,
-        },
+        kernel,
+        alternatives,
         members,
     })
 }
@@ -290,6 +299,7 @@ fn gemm(cx: &Ctx, g: usize) -> Option<Fused> {
     let b = cx.input(g, 1).map_or(0.0, |i| cx.elems(i));
     Some(Fused {
         pattern,
+        alternatives: Vec::new(),
         kernel: Kernel {
             matrix_flops: cx.matrix_flops(&members),
             vector_flops: cx.vector_flops(&members),

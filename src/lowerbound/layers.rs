@@ -47,8 +47,13 @@ pub struct Layer {
     pub op_type: String,
     /// Canonical key: op type, attributes, input and output shapes.
     pub key: String,
-    /// Kernels of the best unfused implementation (empty for views).
+    /// Kernels of the default unfused implementation (empty for views).
     pub kernels: Vec<Kernel>,
+    /// The default implementation's name (`implicit-gemm` for convolutions, `roofline` else).
+    pub implementation: &'static str,
+    /// Other implementations of the same layer (Winograd for eligible convolutions); the bound
+    /// takes the fastest.
+    pub alternatives: Vec<(&'static str, Vec<Kernel>)>,
     /// Layers whose outputs this one reads.
     pub preds: Vec<usize>,
     /// Value names of its data inputs and outputs (for fusion matching).
@@ -114,6 +119,38 @@ pub fn key(n: &Node, g: &Graph) -> String {
     };
     let _ = write!(s, "({})->{}", shapes(&n.inputs), shapes(&n.outputs));
     s
+}
+
+/// Winograd F(2×2, 3×3) computes a 2×2 output tile of a 3×3 convolution with 16 multiplies
+/// instead of 36.
+pub const WINOGRAD_SAVING: f64 = 2.25;
+/// The implementation name of the Winograd variant.
+pub const WINOGRAD: &str = "winograd-f2x2-3x3";
+
+/// Whether a convolution has a Winograd F(2×2, 3×3) implementation: 2-d, 3×3, stride 1,
+/// dilation 1, one group (cuDNN's `WINOGRAD` algorithms).
+pub fn winograd_eligible(n: &Node, g: &Graph) -> bool {
+    let Some(w) = n.input(1).and_then(|w| g.values.get(w)) else {
+        return false;
+    };
+    let ones = |name: &str| n.ints(name).is_none_or(|v| v.iter().all(|&x| x == 1));
+    w.dims.len() == 4
+        && w.dims[2..] == [3, 3]
+        && n.int("group").unwrap_or(1) == 1
+        && ones("strides")
+        && ones("dilations")
+}
+
+/// The Winograd variant of a convolution kernel reading `x` and writing `y` elements: the
+/// multiplies shrink by [`WINOGRAD_SAVING`]; the input and output tile transforms add about 8
+/// vector FLOPs per input element and 6 per output element (adds of the 4×4 and 2×2 transforms);
+/// the transforms stay on chip (cuDNN's fused Winograd), so the bytes moved do not change.
+pub fn winograd(k: &Kernel, x: f64, y: f64) -> Kernel {
+    Kernel {
+        matrix_flops: k.matrix_flops / WINOGRAD_SAVING,
+        vector_flops: k.vector_flops + 8.0 * x + 6.0 * y,
+        elems: k.elems,
+    }
 }
 
 /// Vector FLOPs per output element of the element-wise activations.
@@ -253,12 +290,30 @@ pub fn layers(g: &Graph) -> Vec<Layer> {
         for o in &n.outputs {
             producer.insert(o, idx);
         }
+        let ks = kernels(n, g);
+        let conv = n.op_type == "Conv";
+        let mut alternatives = Vec::new();
+        if conv && !ks.is_empty() && winograd_eligible(n, g) {
+            let size = |v: Option<&str>| {
+                v.and_then(|v| g.values.get(v))
+                    .map_or(0.0, |v| v.elems() as f64)
+            };
+            let mut w = ks.clone();
+            w[0] = winograd(
+                &ks[0],
+                size(n.input(0)),
+                size(n.outputs.first().map(String::as_str)),
+            );
+            alternatives.push((WINOGRAD, w));
+        }
         out.push(Layer {
             node: pos,
             name: n.name.clone(),
             op_type: n.op_type.clone(),
             key: key(n, g),
-            kernels: kernels(n, g),
+            kernels: ks,
+            implementation: if conv { "implicit-gemm" } else { "roofline" },
+            alternatives,
             preds,
             inputs: n.inputs.clone(),
             outputs: n.outputs.clone(),

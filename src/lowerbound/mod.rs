@@ -59,6 +59,11 @@ pub fn tensor_core_dtype(gpu: &GpuSpec, dtype: Dtype) -> Option<Dtype> {
 pub struct Costs {
     pub dtype: Dtype,
     pub layer_ms: Vec<f64>,
+    /// The implementation each layer's latency comes from (the fastest).
+    pub layer_impl: Vec<String>,
+    /// Analytic latency of each layer's default implementation (implicit GEMM for convolutions).
+    pub default_ms: Vec<f64>,
+    /// Each fused group: the faster of its fused kernel and its members run apart.
     pub fused_ms: Vec<f64>,
     /// Layers whose latency came from a measured database entry.
     pub measured_layers: usize,
@@ -79,6 +84,15 @@ pub fn fused_key(f: &Fused, layers: &[Layer]) -> String {
     format!("fused:{}:{}", f.pattern, members.join(" + "))
 }
 
+/// The best entry of a layer after its analytic implementations are put into `db`.
+struct Best {
+    ms: f64,
+    measured: bool,
+    implementation: String,
+    /// Analytic latency of the first (default) implementation.
+    default_ms: f64,
+}
+
 /// Put the analytic entries of every unique layer and fused group into `db` (replacing older
 /// analytic ones) and read back each one's best latency.
 pub fn costs(
@@ -90,48 +104,88 @@ pub fn costs(
 ) -> Costs {
     let r = Roofline::new(gpu, dtype, Efficiency::default());
     let bytes = dtype.bytes() as f64;
-    let mut cache: HashMap<String, (f64, bool)> = HashMap::new();
-    let mut lookup = |key: &str, ks: &[Kernel], db: &mut PerfDb| -> (f64, bool) {
-        if ks.is_empty() {
-            return (0.0, false);
+    let mut cache: HashMap<String, (f64, bool, String, f64)> = HashMap::new();
+    let mut lookup = |key: &str, impls: &[(&str, &[Kernel])], db: &mut PerfDb| -> Best {
+        if impls.first().is_none_or(|(_, ks)| ks.is_empty()) {
+            return Best {
+                ms: 0.0,
+                measured: false,
+                implementation: "none".into(),
+                default_ms: 0.0,
+            };
         }
-        if let Some(v) = cache.get(key) {
-            return *v;
+        if let Some((ms, measured, implementation, default_ms)) = cache.get(key) {
+            return Best {
+                ms: *ms,
+                measured: *measured,
+                implementation: implementation.clone(),
+                default_ms: *default_ms,
+            };
         }
-        let ms = ks.iter().map(|k| kernel_ns(&r, k)).sum::<f64>() / 1e6;
-        db.upsert(Entry {
-            gpu: gpu.name.clone(),
-            dtype,
-            layer: key.to_string(),
-            implementation: "roofline".into(),
-            source: Source::Analytic,
-            ms,
-            flops: ks.iter().map(|k| k.matrix_flops + k.vector_flops).sum(),
-            bytes: ks.iter().map(|k| k.elems).sum::<f64>() * bytes,
-        });
+        let mut default_ms = 0.0;
+        for (i, (name, ks)) in impls.iter().enumerate() {
+            let ms = ks.iter().map(|k| kernel_ns(&r, k)).sum::<f64>() / 1e6;
+            if i == 0 {
+                default_ms = ms;
+            }
+            db.upsert(Entry {
+                gpu: gpu.name.clone(),
+                dtype,
+                layer: key.to_string(),
+                implementation: name.to_string(),
+                source: Source::Analytic,
+                ms,
+                flops: ks.iter().map(|k| k.matrix_flops + k.vector_flops).sum(),
+                bytes: ks.iter().map(|k| k.elems).sum::<f64>() * bytes,
+            });
+        }
         let best = db
             .best(&gpu.name, dtype, key)
             .expect("an entry was just inserted");
-        let v = (best.ms, best.source == Source::Measured);
-        cache.insert(key.to_string(), v);
-        v
+        let v = (
+            best.ms,
+            best.source == Source::Measured,
+            best.implementation.clone(),
+            default_ms,
+        );
+        cache.insert(key.to_string(), v.clone());
+        Best {
+            ms: v.0,
+            measured: v.1,
+            implementation: v.2,
+            default_ms,
+        }
     };
+    let (mut layer_ms, mut layer_impl, mut default_ms) = (Vec::new(), Vec::new(), Vec::new());
     let mut measured_layers = 0;
-    let layer_ms = layers
-        .iter()
-        .map(|l| {
-            let (ms, m) = lookup(&l.key, &l.kernels, db);
-            measured_layers += m as usize;
-            ms
-        })
-        .collect();
+    for l in layers {
+        let mut impls: Vec<(&str, &[Kernel])> = vec![(l.implementation, &l.kernels)];
+        impls.extend(l.alternatives.iter().map(|(n, k)| (*n, k.as_slice())));
+        let b = lookup(&l.key, &impls, db);
+        measured_layers += b.measured as usize;
+        layer_ms.push(b.ms);
+        layer_impl.push(b.implementation);
+        default_ms.push(b.default_ms);
+    }
     let fused_ms = fused
         .iter()
-        .map(|f| lookup(&fused_key(f, layers), std::slice::from_ref(&f.kernel), db).0)
+        .map(|f| {
+            let mut impls: Vec<(&str, &[Kernel])> =
+                vec![("fused", std::slice::from_ref(&f.kernel))];
+            impls.extend(
+                f.alternatives
+                    .iter()
+                    .map(|(n, k)| (*n, std::slice::from_ref(k))),
+            );
+            let apart: f64 = f.members.iter().map(|&m| layer_ms[m]).sum();
+            lookup(&fused_key(f, layers), &impls, db).ms.min(apart)
+        })
         .collect();
     Costs {
         dtype,
         layer_ms,
+        layer_impl,
+        default_ms,
         fused_ms,
         measured_layers,
     }
@@ -590,5 +644,43 @@ mod tests {
         let v100 = load_gpu("v100-32gb").unwrap();
         let a = Analysis::new(&g, &v100, Dtype::Fp32, &mut PerfDb::new());
         assert_eq!(a.kernels(), (7, 1));
+    }
+
+    #[test]
+    fn winograd_is_taken_where_it_is_faster() {
+        // A large stride-1 3x3 conv is compute-bound in fp32 on V100: Winograd's 2.25x fewer
+        // multiplies win; a strided one has no Winograd variant.
+        let g = graph(
+            vec![
+                node(
+                    "Conv",
+                    &["x", "w"],
+                    &["a"],
+                    &[("pads", A::Is(&[1, 1, 1, 1]))],
+                ),
+                node(
+                    "Conv",
+                    &["a", "w"],
+                    &["y"],
+                    &[("pads", A::Is(&[1, 1, 1, 1])), ("strides", A::Is(&[2, 2]))],
+                ),
+            ],
+            &[32, 128, 28, 28],
+            vec![init("w", &[128, 128, 3, 3], None)],
+        );
+        let v100 = load_gpu("v100-32gb").unwrap();
+        let a = Analysis::new(&g, &v100, Dtype::Fp32, &mut PerfDb::new());
+        assert_eq!(a.layers[0].alternatives.len(), 1);
+        assert!(a.layers[1].alternatives.is_empty());
+        assert_eq!(a.costs.layer_impl, [layers::WINOGRAD, "implicit-gemm"]);
+        let n = 32.0 * 128.0 * 28.0 * 28.0;
+        let direct = 2.0 * n * 128.0 * 9.0;
+        let wino = (direct / 2.25 / MATRIX + (8.0 * n + 6.0 * n) / VECTOR)
+            .max((2.0 * n + 128.0 * 128.0 * 9.0) * 4.0 / BW)
+            + LAUNCH;
+        assert!((a.costs.layer_ms[0] * 1e6 - wino).abs() < 1e-3);
+        assert!((a.costs.default_ms[0] * 1e6 - (direct / MATRIX + LAUNCH)).abs() < 1e-3);
+        let q3 = &report::answers(&a, None)[2].answer;
+        assert!(q3.contains("beats implicit GEMM on 1 of the 1 eligible 3x3 convolutions (2 convolutions in all)"), "{q3}");
     }
 }
