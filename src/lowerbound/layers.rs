@@ -21,8 +21,9 @@
 //! | Concat, Transpose, Cast, Slice, Gather, Expand, ConstantOfShape | 1 | — | — | reads + writes |
 //! | Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout, Shape, Constant | 0 (views, or inference no-ops) | | | |
 //!
-//! A node whose outputs were all folded to constants (shape arithmetic) costs nothing: a framework
-//! computes it on the host.
+//! A node whose outputs are all constant — computable from initializers, constants and the (now
+//! concrete) shapes alone, like shape arithmetic or a scale `1/√d` — costs nothing: runtimes fold
+//! such nodes when they load the model.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -179,8 +180,8 @@ pub fn kernels(n: &Node, g: &Graph) -> Vec<Kernel> {
     let e = |i: usize| v(i).map_or(0.0, |x| x.elems() as f64);
     let outs: Vec<&Value> = n.outputs.iter().filter_map(|o| g.values.get(o)).collect();
     let y = outs.first().map_or(0.0, |o| o.elems() as f64);
-    if !outs.is_empty() && outs.iter().all(|o| o.ints.is_some()) {
-        return Vec::new(); // host-side shape arithmetic
+    if !outs.is_empty() && outs.iter().all(|o| o.constant) {
+        return Vec::new(); // folded when the model is loaded (shape arithmetic, constant weights)
     }
     let vec_k = |flops: f64, elems: f64| Kernel {
         matrix_flops: 0.0,

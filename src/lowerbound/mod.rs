@@ -683,4 +683,28 @@ mod tests {
         let q3 = &report::answers(&a, None)[2].answer;
         assert!(q3.contains("beats implicit GEMM on 1 of the 1 eligible 3x3 convolutions (2 convolutions in all)"), "{q3}");
     }
+
+    #[test]
+    fn constant_subgraphs_cost_nothing() {
+        // scale = 1 / sqrt(Cast(Gather(Shape(x), 1))) is folded at load; x · scale is real work.
+        let g = graph(
+            vec![
+                node("Shape", &["x"], &["s"], &[]),
+                node("Gather", &["s", "i"], &["d"], &[]),
+                node("Cast", &["d"], &["df"], &[("to", A::I(1))]),
+                node("Sqrt", &["df"], &["r"], &[]),
+                node("Reciprocal", &["r"], &["scale"], &[]),
+                node("Mul", &["x", "scale"], &["y"], &[]),
+            ],
+            &[1024, 1024],
+            vec![init("i", &[], Some(&[1]))],
+        );
+        let layers = layers::layers(&g);
+        let costed: Vec<&str> = layers
+            .iter()
+            .filter(|l| !l.kernels.is_empty())
+            .map(|l| l.op_type.as_str())
+            .collect();
+        assert_eq!(costed, ["Mul"]);
+    }
 }

@@ -140,6 +140,9 @@ pub struct Value {
     pub initializer: bool,
     /// Known integer contents (small constants and shape computations), for Reshape and friends.
     pub ints: Option<Vec<i64>>,
+    /// Computable before the model runs (from initializers, constants and shapes only): runtimes
+    /// fold such values when they load a model, so the nodes making them cost nothing.
+    pub constant: bool,
 }
 
 impl Value {
@@ -287,6 +290,7 @@ pub fn from_proto(
                 elem: Elem::from_onnx(t.data_type),
                 initializer: true,
                 ints: tensor_ints(t),
+                constant: true,
             },
         );
     }

@@ -164,6 +164,7 @@ pub fn bind_inputs(
                 elem: Elem::from_onnx(tt.elem_type),
                 initializer: false,
                 ints: None,
+                constant: false,
             },
         );
         g.inputs.push(vi.name.clone());
@@ -212,9 +213,12 @@ pub fn infer(g: &mut Graph) -> Result<(), OnnxError> {
                 return Err(node_err(format!("input `{i}` has no known shape")));
             }
         }
-        let outs = infer_node(n, &ins, g.opset).map_err(node_err)?;
-        for o in &outs {
+        let mut outs = infer_node(n, &ins, g.opset).map_err(node_err)?;
+        let constant = matches!(n.op_type.as_str(), "Shape" | "Constant")
+            || (ins.iter().any(|v| v.is_some()) && ins.iter().flatten().all(|v| v.constant));
+        for o in &mut outs {
             check_size(&o.dims).map_err(node_err)?;
+            o.constant = constant || o.ints.is_some();
         }
         let names = n.outputs.clone();
         for (name, v) in names.into_iter().zip(outs) {
@@ -232,6 +236,7 @@ fn float(dims: Dims) -> Value {
         elem: Elem::Float,
         initializer: false,
         ints: None,
+        constant: false,
     }
 }
 
@@ -241,6 +246,7 @@ fn like(v: &Value, dims: Dims) -> Value {
         elem: v.elem,
         initializer: false,
         ints: None,
+        constant: false,
     }
 }
 
@@ -250,6 +256,7 @@ fn ints(dims: Dims, values: Vec<i64>) -> Value {
         elem: Elem::Int,
         initializer: false,
         ints: Some(values),
+        constant: false,
     }
 }
 
