@@ -14,11 +14,11 @@
 //! | BatchNormalization (inference) | 1 | — | 2n | 2n+4C |
 //! | LayerNormalization | 1 | — | 7n | 2n + scale + bias |
 //! | Relu 1, LeakyRelu/Clip/Abs/Neg 2, Sigmoid/Tanh/Exp/Log/Erf/Softplus/Elu 4, Gelu 8 ·n | 1 | — | c·n | 2n |
-//! | Add/Sub/Mul/Div/Pow/Max/Min/compare/Where | 1 | — | n | inputs + n |
+//! | Add/Sub/Mul/Div/Pow/Max/Min/Mod/compare/logic/Where | 1 | — | n | inputs + n |
 //! | Softmax / LogSoftmax | 1 | — | 5n | 2n |
 //! | MaxPool / AveragePool k | 1 | — | ΠK·n | x+y |
 //! | GlobalAveragePool / GlobalMaxPool / Reduce* | 1 | — | x | x+y |
-//! | Concat, Transpose, Cast, Slice, Gather, Expand, ConstantOfShape | 1 | — | — | reads + writes |
+//! | Concat, Transpose, Cast, Slice, Split, Gather, Expand, ConstantOfShape, Range | 1 | — | — | reads + writes |
 //! | Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout, Shape, Constant | 0 (views, or inference no-ops) | | | |
 //!
 //! A node whose outputs are all constant — computable from initializers, constants and the (now
@@ -160,6 +160,7 @@ fn act_cost(op: &str) -> Option<f64> {
         "Relu" => 1.0,
         "LeakyRelu" | "Clip" | "Abs" | "Neg" | "Reciprocal" | "Sqrt" | "HardSigmoid"
         | "HardSwish" => 2.0,
+        "Not" | "IsNaN" | "IsInf" | "Sign" | "Floor" | "Ceil" | "Round" => 1.0,
         "Sigmoid" | "Tanh" | "Exp" | "Log" | "Erf" | "Softplus" | "Elu" => 4.0,
         "Gelu" => 8.0,
         _ => return None,
@@ -249,12 +250,15 @@ pub fn kernels(n: &Node, g: &Graph) -> Vec<Kernel> {
         "GlobalAveragePool" | "GlobalMaxPool" | "ReduceMean" | "ReduceSum" | "ReduceMax" => {
             vec![vec_k(e(0), e(0) + y)]
         }
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Equal" | "Less" | "Greater"
-        | "Where" => {
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
+        | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Where" => {
             let ins: f64 = (0..n.inputs.len()).map(e).sum();
             vec![vec_k(y, ins + y)]
         }
         "Concat" | "Transpose" | "Cast" | "Slice" => vec![vec_k(0.0, 2.0 * y)],
+        // Every output written once after one read of the input.
+        "Split" => vec![vec_k(0.0, 2.0 * e(0))],
+        "Range" => vec![vec_k(y, y)],
         "Expand" => vec![vec_k(0.0, e(0) + y)],
         "ConstantOfShape" => vec![vec_k(0.0, y)],
         "Gather" => vec![vec_k(0.0, e(1) + 2.0 * y)],

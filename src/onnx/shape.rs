@@ -31,12 +31,15 @@ pub struct InferOptions {
 pub const SUPPORTED: &[&str] = &[
     "Abs",
     "Add",
+    "And",
     "AveragePool",
     "BatchNormalization",
     "Cast",
+    "Ceil",
     "Clip",
     "Concat",
     "Constant",
+    "ConstantOfShape",
     "Conv",
     "Div",
     "Dropout",
@@ -44,38 +47,52 @@ pub const SUPPORTED: &[&str] = &[
     "Equal",
     "Erf",
     "Exp",
+    "Expand",
     "Flatten",
+    "Floor",
     "Gather",
     "Gelu",
     "Gemm",
     "GlobalAveragePool",
     "GlobalMaxPool",
     "Greater",
+    "GreaterOrEqual",
     "HardSigmoid",
     "HardSwish",
     "Identity",
+    "IsInf",
+    "IsNaN",
     "LayerNormalization",
     "LeakyRelu",
     "Less",
+    "LessOrEqual",
     "Log",
     "LogSoftmax",
     "MatMul",
     "Max",
     "MaxPool",
     "Min",
+    "Mod",
     "Mul",
     "Neg",
+    "Not",
+    "Or",
     "Pow",
+    "Range",
     "Reciprocal",
     "ReduceMax",
     "ReduceMean",
     "ReduceSum",
     "Relu",
     "Reshape",
+    "Round",
     "Shape",
     "Sigmoid",
+    "Sign",
+    "Slice",
     "Softmax",
     "Softplus",
+    "Split",
     "Sqrt",
     "Squeeze",
     "Sub",
@@ -83,6 +100,7 @@ pub const SUPPORTED: &[&str] = &[
     "Transpose",
     "Unsqueeze",
     "Where",
+    "Xor",
 ];
 
 /// Largest tensor accepted (elements): beyond this a dim is surely wrong.
@@ -381,7 +399,7 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
         }
         "Relu" | "Gelu" | "Sigmoid" | "Tanh" | "Erf" | "Sqrt" | "Exp" | "Log" | "Neg" | "Abs"
         | "Reciprocal" | "LeakyRelu" | "Elu" | "Softplus" | "HardSigmoid" | "HardSwish"
-        | "Clip" | "Identity" => {
+        | "Clip" | "Identity" | "Not" | "IsNaN" | "IsInf" | "Sign" | "Floor" | "Ceil" | "Round" => {
             let x = need(0)?;
             let mut v = like(x, x.dims.clone());
             if matches!(op, "Identity" | "Neg" | "Abs") {
@@ -423,11 +441,22 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
             }
             vec![v]
         }
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Equal" | "Less" | "Greater" => {
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
+        | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
             let (a, b) = (need(0)?, need(1)?);
             let dims = broadcast(&[&a.dims, &b.dims])?;
             let mut v = like(a, dims);
-            if matches!(op, "Equal" | "Less" | "Greater") {
+            if matches!(
+                op,
+                "Equal"
+                    | "Less"
+                    | "Greater"
+                    | "LessOrEqual"
+                    | "GreaterOrEqual"
+                    | "And"
+                    | "Or"
+                    | "Xor"
+            ) {
                 v.elem = Elem::Int;
             }
             if let (Some(x), Some(y)) = (&a.ints, &b.ints) {
@@ -620,6 +649,66 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
             vec![like(x, broadcast(&[&x.dims, target])?)]
         }
         "Slice" => vec![slice(n, ins, need(0)?)?],
+        "Range" => {
+            let scalar = |k: usize| const_ints(ins, k).and_then(|v| v.first().copied());
+            let (start, limit, delta) = match (scalar(0), scalar(1), scalar(2)) {
+                (Some(a), Some(b), Some(c)) if c != 0 => (a, b, c),
+                _ => {
+                    return Err(
+                        "start, limit and delta must be integer constants, delta ≠ 0".into(),
+                    );
+                }
+            };
+            let n = ((limit.saturating_sub(start) as f64) / delta as f64)
+                .ceil()
+                .max(0.0) as i64;
+            check_size(&[n])?;
+            let v = if n <= 1 << 16 {
+                ints(vec![n], (0..n).map(|i| start + i * delta).collect())
+            } else {
+                let mut v = float(vec![n]);
+                v.elem = Elem::Int;
+                v
+            };
+            vec![v]
+        }
+        "Split" => {
+            let x = need(0)?;
+            let a = axis(n.int("axis").unwrap_or(0), x.dims.len())?;
+            let parts = n.outputs.len().max(1) as i64;
+            let sizes: Vec<i64> = match n
+                .ints("split")
+                .map(<[i64]>::to_vec)
+                .or_else(|| const_ints(ins, 1).map(<[i64]>::to_vec))
+            {
+                Some(s) => s,
+                None if x.dims[a] % parts == 0 => vec![x.dims[a] / parts; parts as usize],
+                None => {
+                    let chunk = (x.dims[a] + parts - 1) / parts;
+                    (0..parts)
+                        .map(|i| chunk.min(x.dims[a] - i * chunk).max(0))
+                        .collect()
+                }
+            };
+            if sizes.len() != n.outputs.len()
+                || sizes.iter().sum::<i64>() != x.dims[a]
+                || sizes.iter().any(|&s| s < 0)
+            {
+                return Err(format!(
+                    "split sizes {sizes:?} do not cover axis {a} of {:?} in {} outputs",
+                    x.dims,
+                    n.outputs.len()
+                ));
+            }
+            sizes
+                .iter()
+                .map(|&s| {
+                    let mut d = x.dims.clone();
+                    d[a] = s;
+                    like(x, d)
+                })
+                .collect()
+        }
         "Gather" => {
             let (data, idx) = (need(0)?, need(1)?);
             let a = axis(n.int("axis").unwrap_or(0), data.dims.len())?;
@@ -1437,5 +1526,66 @@ pub(crate) mod tests {
             vec![c("t", &[3, 4])],
             "do not broadcast",
         );
+    }
+
+    #[test]
+    fn every_supported_operator_has_a_rule() {
+        // An op without a shape rule fails with "unsupported operator type"; every listed one
+        // gets past that check (it may still want inputs the one-input graph lacks).
+        for op in super::SUPPORTED {
+            let m = model(
+                vec![node(op, &["x"], &["y"], &[])],
+                vec![input("x", &[2, 3])],
+                vec![],
+                13,
+            );
+            if let Err(e) = infer(&m, None) {
+                assert!(
+                    !e.to_string().contains("unsupported operator type"),
+                    "{op}: {e}"
+                );
+            }
+        }
+        let m = model(
+            vec![node("NonMaxSuppression", &["x"], &["y"], &[])],
+            vec![input("x", &[2])],
+            vec![],
+            13,
+        );
+        let e = infer(&m, None).unwrap_err().to_string();
+        assert!(
+            e.contains("unsupported operator type `NonMaxSuppression`; supported: Abs, Add, And,"),
+            "{e}"
+        );
+        assert!(super::SUPPORTED.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn split_and_range() {
+        let mut n = node("Split", &["x"], &["a", "b", "c"], &[("axis", A::I(1))]);
+        let m = model(vec![n.clone()], vec![input("x", &[2, 9])], vec![], 13);
+        let g = infer(&m, None).unwrap();
+        assert_eq!(
+            [&g.values["a"].dims, &g.values["c"].dims],
+            [&[2, 3], &[2, 3]]
+        );
+        n.attribute.push(
+            node("X", &[], &["z"], &[("split", A::Is(&[2, 3, 4]))])
+                .attribute
+                .remove(0),
+        );
+        let m = model(vec![n], vec![input("x", &[2, 9])], vec![], 11);
+        let g = infer(&m, None).unwrap();
+        assert_eq!(g.values["c"].dims, [2, 4]);
+        let r = node("Range", &["s", "l", "d"], &["y"], &[]);
+        let c = |name: &str, v: i64| init(name, &[], Some(&[v][..]));
+        let m = model(
+            vec![r],
+            vec![input("x", &[1])],
+            vec![c("s", 2), c("l", 11), c("d", 3)],
+            13,
+        );
+        let g = infer(&m, None).unwrap();
+        assert_eq!(g.values["y"].ints.as_deref(), Some(&[2, 5, 8][..]));
     }
 }
