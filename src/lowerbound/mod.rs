@@ -312,6 +312,8 @@ pub struct Analysis {
     pub tensor_core: Option<(Costs, Bounds)>,
     /// Layer indices on the (unfused) critical path.
     pub critical_path: Vec<usize>,
+    /// The GPU has a matrix (tensor-core) peak for `dtype`.
+    pub matrix_units: bool,
 }
 
 impl Analysis {
@@ -337,6 +339,7 @@ impl Analysis {
             bounds: b,
             tensor_core,
             critical_path,
+            matrix_units: gpu.matrix_tflops.contains_key(&dtype),
         }
     }
 

@@ -308,13 +308,20 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
             dtype_name(a.dtype),
             tb.fused_sequential_ms
         ),
+        None if a.matrix_units => format!(
+            "the bound is already in {} on tensor cores",
+            dtype_name(a.dtype)
+        ),
         None if matches!(
             a.dtype,
             crate::cost::config::Dtype::Fp16 | crate::cost::config::Dtype::Bf16
         ) =>
         {
             format!(
-                "the bound is already in {} on tensor cores",
+                "{} has no {} matrix peak in its config: the bound runs {} math on the vector \
+                 units",
+                a.gpu,
+                dtype_name(a.dtype),
                 dtype_name(a.dtype)
             )
         }
