@@ -549,3 +549,48 @@ proptest! {
         }
     }
 }
+
+/// The README's `lower-bound` example is this binary's output (lines cut with `…` match up to
+/// the cut; `Q… …` lines match on their question number).
+#[test]
+fn readme_example_is_current() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let cmd = "$ trainplan lower-bound tests/fixtures/onnx/resnet50.onnx --gpu v100-32gb --batch 32 --measured-ms 34.78 --top 3";
+    let start = readme.find(cmd).expect("the README shows the example") + cmd.len();
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let (code, out, err) = run(&[
+        "lower-bound",
+        &path("resnet50.onnx"),
+        "--gpu",
+        "v100-32gb",
+        "--batch",
+        "32",
+        "--measured-ms",
+        "34.78",
+        "--top",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out: Vec<&str> = out.lines().map(|l| l.trim_end()).collect();
+    let mut checked = 0;
+    for line in block.lines().filter(|l| !l.is_empty()) {
+        let ok = match line.split_once('…') {
+            Some((pre, _)) if pre.len() <= 4 && pre.starts_with('Q') => {
+                out.iter().any(|o| o.starts_with(pre.trim_end()))
+            }
+            Some((pre, _)) => out.iter().any(|o| o.trim_start().starts_with(pre.trim())),
+            None => {
+                let l = line.strip_prefix("tests/fixtures/onnx/").unwrap_or(line);
+                out.iter().any(|o| o.ends_with(l))
+            }
+        };
+        assert!(
+            ok,
+            "README line not in the output: {line:?}\n{}",
+            out.join("\n")
+        );
+        checked += 1;
+    }
+    assert!(checked > 15, "{checked}");
+}
