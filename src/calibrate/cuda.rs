@@ -31,30 +31,30 @@ use crate::onnx::Graph;
 const KERNELS: &str = r#"
 extern "C" __global__ void empty_kernel() {}
 
-extern "C" __global__ void copy4(const float4* __restrict__ a, float4* __restrict__ b, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+extern "C" __global__ void copy4(const float4* __restrict__ a, float4* __restrict__ b, unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
         b[i] = a[i];
     }
 }
 
-extern "C" __global__ void fill_f32(float* y, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+extern "C" __global__ void fill_f32(float* y, unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
         y[i] = (float)((i * 2654435761u) % 1000u) * 1e-3f;
     }
 }
 
-extern "C" __global__ void fill_u16(unsigned short* y, size_t n, unsigned short base) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+extern "C" __global__ void fill_u16(unsigned short* y, unsigned long long n, unsigned short base) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
         y[i] = base + (unsigned short)(i % 64u);
     }
 }
 
-extern "C" __global__ void axpb(float* __restrict__ y, size_t n, float a, float b, int k) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+extern "C" __global__ void axpb(float* __restrict__ y, unsigned long long n, float a, float b, int k) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
         float v = y[i];
         for (int j = 0; j < k; ++j) v = v * a + b;
         y[i] = v;
@@ -72,9 +72,9 @@ extern "C" __global__ void fma_loop(float* out, int iters, float a, float b) {
 }
 
 extern "C" __global__ void stream_ops(const float* __restrict__ a, float* __restrict__ b,
-                                      size_t n_in, size_t n_out, int ops) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_out;
-         i += (size_t)gridDim.x * blockDim.x) {
+                                      unsigned long long n_in, unsigned long long n_out, int ops) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n_out;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
         float v = a[i % n_in];
         for (int j = 0; j < ops; ++j) v = v * 0.999f + 0.001f;
         b[i] = v;
@@ -113,6 +113,16 @@ pub fn open(ordinal: usize) -> Result<Arc<CudaContext>, String> {
         Ok(Err(e)) => Err(format!("no GPU found (device {ordinal}): {e}")),
         Err(_) => Err("no GPU found: loading the CUDA driver failed".into()),
     }
+}
+
+/// cuBLAS on `g`'s stream, after checking that the library can be loaded (cudarc panics when it
+/// cannot).
+fn blas(g: &Gpu) -> Result<CudaBlas, String> {
+    // SAFETY: only tries to dlopen libcublas by its usual names.
+    if !unsafe { bsys::is_culib_present() } {
+        return Err("cuBLAS (libcublas) is not installed or not on LD_LIBRARY_PATH".into());
+    }
+    CudaBlas::new(g.stream.clone()).map_err(err("cuBLAS"))
 }
 
 struct Gpu {
@@ -309,7 +319,7 @@ pub fn calibrate(ordinal: usize) -> Result<Measured, String> {
     let memory_gib = ctx.total_mem().map_err(err("memory size"))? as f64 / (1u64 << 30) as f64;
     let g = Gpu::new(ctx)?;
     eprintln!("calibrating {device} ({} SMs, {memory_gib:.1} GiB)", g.sms);
-    let h = CudaBlas::new(g.stream.clone()).map_err(err("cuBLAS"))?;
+    let h = blas(&g)?;
 
     let sizes = [2048u64, 4096, 8192];
     let mut gemm_tflops = BTreeMap::new();
@@ -462,7 +472,7 @@ pub fn measure_layers(
 ) -> Result<usize, String> {
     let ctx = open(0)?;
     let g = Gpu::new(ctx)?;
-    let h = CudaBlas::new(g.stream.clone()).map_err(err("cuBLAS"))?;
+    let h = blas(&g)?;
     let layers = lowerbound::layers::layers(graph);
     let fused = lowerbound::fusion::find(graph, &layers);
     let mut written = 0;
