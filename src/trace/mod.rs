@@ -40,9 +40,11 @@ pub enum TraceError {
         source: std::io::Error,
     },
     /// The file starts with the gzip magic bytes but is not a valid gzip stream.
-    #[error("failed to decompress {name} (gzip): {source}")]
+    #[error("failed to decompress {name} (gzip, {location}): {source}")]
     Gzip {
         name: String,
+        /// How far decompression got (bytes of JSON, line and column, event).
+        location: String,
         #[source]
         source: std::io::Error,
     },
@@ -52,7 +54,9 @@ pub enum TraceError {
          (an interrupted download or copy, or a profiler killed while writing it)"
     )]
     Truncated { name: String, location: String },
-    /// Syntax error or a value of the wrong type.
+    /// Syntax error or a value of the wrong type. `location`: line and column (of the
+    /// decompressed JSON for gzip files), and the event (index in `traceEvents`, name, `ts`, field)
+    /// when the error is inside one.
     #[error("malformed JSON in {name} at {location}: {message}")]
     Json {
         name: String,
