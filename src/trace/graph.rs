@@ -183,28 +183,33 @@ pub fn steps(trace: &KinetoTrace) -> Vec<StepWindow> {
         .filter(|e| is_gpu(e))
         .filter_map(|e| e.args.correlation)
         .collect();
-    let complete = |pid: &Id, start: i64, end: i64| -> bool {
-        let mut launches = 0usize;
-        for e in ev.iter().filter(|e| is_cpu(e) && &e.pid == pid) {
-            if e.ts_ns < start || e.ts_ns >= end {
-                continue;
-            }
-            // Kineto drops some memsets' GPU side (zero-sized ones): kernels and copies count.
-            if let (Some(c), Some(corr)) = (e.runtime_call(), e.args.correlation)
-                && matches!(
-                    c,
-                    RuntimeCall::LaunchKernel
-                        | RuntimeCall::MemcpyAsync
-                        | RuntimeCall::Memcpy { .. }
-                )
-            {
-                launches += 1;
-                if !gpu_corr.contains(&corr) {
-                    return false;
-                }
-            }
+    // Per process, the launches (kernels and copies; Kineto drops some memsets' GPU side, e.g.
+    // zero-sized ones) in time order, each with whether its GPU side is in the file: one pass over
+    // the events, then a binary search per window (a 300 MB trace has hundreds of steps).
+    let mut launches: BTreeMap<&Id, Vec<(i64, bool)>> = BTreeMap::new();
+    for e in ev.iter().filter(|e| is_cpu(e)) {
+        if let (Some(c), Some(corr)) = (e.runtime_call(), e.args.correlation)
+            && matches!(
+                c,
+                RuntimeCall::LaunchKernel | RuntimeCall::MemcpyAsync | RuntimeCall::Memcpy { .. }
+            )
+        {
+            launches
+                .entry(&e.pid)
+                .or_default()
+                .push((e.ts_ns, gpu_corr.contains(&corr)));
         }
-        launches > 0
+    }
+    for l in launches.values_mut() {
+        l.sort_unstable();
+    }
+    let complete = |pid: &Id, start: i64, end: i64| -> bool {
+        let Some(l) = launches.get(pid) else {
+            return false;
+        };
+        let a = l.partition_point(|x| x.0 < start);
+        let b = l.partition_point(|x| x.0 < end).max(a);
+        b > a && l[a..b].iter().all(|x| x.1)
     };
     let mut out: Vec<StepWindow> = ev
         .iter()
@@ -884,7 +889,7 @@ pub fn build_job(
             .args
             .sync_kind
             .as_deref()
-            .or(Some(s.name.as_str()))
+            .or(Some(&*s.name))
             .is_some_and(|k| k.contains("Wait Event"));
         if !is_wait {
             continue;
