@@ -67,6 +67,10 @@ use crate::graph::{DeviceKind, NONE, OpId, OpKind, OpSpec, Phase};
 
 use super::kineto::{Category, Event, Id, KinetoTrace, RuntimeCall};
 
+/// Largest sum of op durations and gaps in one step's job, ns (~146 years): replayed times stay
+/// far below `u64::MAX`.
+const MAX_TOTAL_NS: u64 = 1 << 62;
+
 /// Why a job could not be built from a trace.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TraceGraphError {
@@ -1020,6 +1024,24 @@ pub fn build_job(
         return Err(TraceGraphError::Invalid {
             name: name.into(),
             message: format!("{} has no GPU work", win.label),
+        });
+    }
+    // The replayed end of any op is at most the sum of every duration and gap (u64 ns): keep it
+    // far from overflowing, whatever times the file claims.
+    let total = b.local.ops.iter().fold(0u64, |t, o| {
+        t.saturating_add(o.spec.dur_ns)
+            .saturating_add(o.spec.gap_ns)
+    });
+    if total > MAX_TOTAL_NS {
+        return Err(TraceGraphError::Invalid {
+            name: name.into(),
+            message: format!(
+                "the durations in {} add up to {:.3e} s, more than {:.0e} s: the recorded times \
+                 cannot be real",
+                win.label,
+                total as f64 / 1e9,
+                MAX_TOTAL_NS as f64 / 1e9
+            ),
         });
     }
     b.local.edges.sort_unstable();

@@ -38,6 +38,14 @@ use super::TraceError;
 /// Size of the read buffers (decompressed JSON and compressed input).
 const READ_BUF: usize = 1 << 20;
 
+/// Largest |`ts`| accepted, ns: 3·10^18 (a Unix-epoch clock reaches it in 2065). With
+/// [`MAX_DUR_NS`], every end is within ±4·10^18 ns, so the difference of any two event times fits
+/// in an `i64`: the graph builder's time arithmetic cannot overflow, whatever the file says.
+pub const MAX_ABS_TS_NS: i64 = 3_000_000_000_000_000_000;
+
+/// Largest `dur` accepted, ns: 10^18 (~31 years).
+pub const MAX_DUR_NS: i64 = 1_000_000_000_000_000_000;
+
 // ---------------------------------------------------------------------------------------------
 // Normalised model
 // ---------------------------------------------------------------------------------------------
@@ -1204,6 +1212,14 @@ impl<'de> Visitor<'de> for EventSeed<'_> {
                 Key::Tid => raw.tid = map.next_value_seed(IdSeed(names))?,
                 Key::Ts => {
                     raw.ts = map.next_value_seed(TimeSeed)?;
+                    if let Some(t) = raw.ts.filter(|t| t.abs() > MAX_ABS_TS_NS) {
+                        return Err(de::Error::custom(format!(
+                            "time {} µs is out of range (trace times are within ±{} µs of \
+                             the clock's zero, ~95 years)",
+                            t as f64 / 1e3,
+                            MAX_ABS_TS_NS / 1000
+                        )));
+                    }
                     if let Some(c) = st.ctx.as_mut() {
                         c.ts_ns = raw.ts;
                     }
@@ -1214,6 +1230,13 @@ impl<'de> Visitor<'de> for EventSeed<'_> {
                         return Err(de::Error::custom(format!(
                             "negative duration ({} µs): an event cannot end before it starts",
                             d as f64 / 1e3
+                        )));
+                    }
+                    if let Some(d) = raw.dur.filter(|&d| d > MAX_DUR_NS) {
+                        return Err(de::Error::custom(format!(
+                            "duration {} µs is out of range (at most {} µs, ~31 years)",
+                            d as f64 / 1e3,
+                            MAX_DUR_NS / 1000
                         )));
                     }
                 }
