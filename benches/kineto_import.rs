@@ -9,10 +9,12 @@
 //! * `resnet50-ddp x N`: when `../shared/traces` exists, the steps of
 //!   `pytorch-kineto/resnet50_ddp_a100_rank0of2.json.gz` replicated with shifted timestamps and ids.
 //!
-//! For each: `read_kineto` (best of `BENCH_RUNS`, default 3), the peak resident memory of the
-//! import measured in a child process (this binary re-executed with `--child-import FILE`, which
-//! reports its `VmHWM` from `/proc/self/status` minus its resident size before the import), the
-//! same for the gzipped file, and `trace::graph::build_job` on the last complete step.
+//! For each: `read_kineto` (wall time, best of `BENCH_RUNS`, default 3), the peak resident memory
+//! of the import measured in a child process (this binary re-executed with `--child-import FILE`,
+//! which reports its `VmHWM` from `/proc/self/status` minus its resident size before the import,
+//! and the import's CPU time from `/proc/self/schedstat`, which other jobs on a shared machine do
+//! not inflate), the same for the gzipped file, and `trace::graph::build_job` on the last complete
+//! step.
 //!
 //! Run: `cargo bench --bench kineto_import` (`KINETO_BENCH_MB=300` sets the size, `BENCH_RUNS`
 //! the runs, `KINETO_BENCH_DIR` a folder where the generated traces are kept).
@@ -45,15 +47,22 @@ fn main() {
     std::fs::create_dir_all(&dir).expect("temp dir");
 
     let mut inputs = Vec::new();
+    // A kept file of the right size is reused.
+    let have =
+        |p: &Path| keep.is_some() && std::fs::metadata(p).is_ok_and(|m| m.len() / 1_000_000 == mb);
     let synth = dir.join("synthetic.json");
-    write_synthetic(&synth, mb * 1_000_000);
+    if !have(&synth) {
+        write_synthetic(&synth, mb * 1_000_000);
+    }
     inputs.push(("synthetic".to_string(), synth));
     let real = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/traces/pytorch-kineto/resnet50_ddp_a100_rank0of2.json.gz");
     if real.is_file() {
         let p = dir.join("resnet50_ddp_replicated.json");
-        let copies = write_replicated(&real, &p, mb * 1_000_000);
-        inputs.push((format!("resnet50-ddp x{copies}"), p));
+        if !have(&p) {
+            write_replicated(&real, &p, mb * 1_000_000);
+        }
+        inputs.push(("resnet50-ddp replicated".to_string(), p));
     } else {
         eprintln!("../shared/traces is absent: only the synthetic trace is measured");
     }
@@ -80,12 +89,16 @@ fn main() {
             &format!("{}, {} ops", job.window.label, job.job.local.ops.len()),
         );
         drop((trace, job));
-        let peak = child_peak(path);
+        let (peak, cpu) = child_peak(path);
         report(
             &format!("{label}: import peak memory"),
             peak as f64 / 1e6,
             "MB",
-            &format!("{:.2}x the file", peak as f64 / bytes as f64),
+            &format!(
+                "{:.2}x the file; that import's CPU time {:.2} s",
+                peak as f64 / bytes as f64,
+                cpu as f64 / 1e9
+            ),
         );
 
         let gz = path.with_extension("json.gz");
@@ -102,12 +115,16 @@ fn main() {
                 bytes as f64 / 1e6 / t.as_secs_f64()
             ),
         );
-        let peak = child_peak(&gz);
+        let (peak, cpu) = child_peak(&gz);
         report(
             &format!("{label}.gz: import peak memory"),
             peak as f64 / 1e6,
             "MB",
-            &format!("{:.2}x the decompressed size", peak as f64 / bytes as f64),
+            &format!(
+                "{:.2}x the decompressed size; CPU time {:.2} s",
+                peak as f64 / bytes as f64,
+                cpu as f64 / 1e9
+            ),
         );
         if keep.is_none() {
             let _ = std::fs::remove_file(&gz);
@@ -137,16 +154,29 @@ fn status_bytes(field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }
 
-/// The child: import once, keep the result alive, print the peak resident growth in bytes.
-fn child_import(path: &Path) {
-    let before = status_bytes("VmRSS");
-    let trace = read_kineto(path).expect("import");
-    let peak = status_bytes("VmHWM");
-    std::hint::black_box(&trace);
-    println!("{}", peak.saturating_sub(before));
+/// CPU time this process has run, ns (`/proc/self/schedstat`): unlike wall time, not inflated
+/// by other jobs on the machine.
+fn cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
-fn child_peak(path: &PathBuf) -> u64 {
+/// The child: import once, keep the result alive, print the peak resident growth in bytes and
+/// the import's CPU time in ns.
+fn child_import(path: &Path) {
+    let before = status_bytes("VmRSS");
+    let cpu = cpu_ns();
+    let trace = read_kineto(path).expect("import");
+    let cpu = cpu_ns() - cpu;
+    let peak = status_bytes("VmHWM");
+    std::hint::black_box(&trace);
+    println!("{} {cpu}", peak.saturating_sub(before));
+}
+
+/// Peak resident growth (bytes) and CPU time (ns) of one import in a fresh process.
+fn child_peak(path: &PathBuf) -> (u64, u64) {
     let out = Command::new(std::env::current_exe().expect("own path"))
         .arg("--child-import")
         .arg(path)
@@ -157,10 +187,11 @@ fn child_peak(path: &PathBuf) -> u64 {
         "child: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("child prints bytes")
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut v = text
+        .split_whitespace()
+        .map(|x| x.parse().expect("child prints numbers"));
+    (v.next().expect("bytes"), v.next().expect("cpu ns"))
 }
 
 fn gzip_file(src: &Path, dst: &Path) {
@@ -270,7 +301,8 @@ const BW_KERNELS: [&str; 3] = [
     "sm80_xmma_dgrad_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize64x64x8_stage3_warpsize1x2x1_g1_tensor16x8x8_kernel",
     "sm80_xmma_wgrad_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x8_stage3_warpsize2x2x1_g1_tensor16x8x8_kernel",
 ];
-const NCCL_KERNEL: &str = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)";
+const NCCL_KERNEL: &str =
+    "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)";
 const ADAM_KERNEL: &str = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<3>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 3, 2, 2>, std::plus<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<3>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 3, 2, 2>, std::plus<float>, float)";
 
 /// State of the generator: clocks in ns, ids, the output.
@@ -529,7 +561,10 @@ impl Synth {
         let drain = self.stream_free[0].max(self.stream_free[1]) + 2_000;
         let ts = self.cpu_ns;
         let d = drain.max(ts + 3_000) - ts;
-        let args = format!("\"External id\": 3, \"cbid\": 165, \"correlation\": {}", self.corr);
+        let args = format!(
+            "\"External id\": 3, \"cbid\": 165, \"correlation\": {}",
+            self.corr
+        );
         self.x(
             "cuda_runtime",
             "cudaDeviceSynchronize",
