@@ -866,26 +866,29 @@ fn json_error(e: serde_json::Error, name: &str, src: &Source, st: &State) -> Tra
             name: name.to_string(),
             location,
         },
-        serde_json::error::Category::Syntax if line == 1 && column <= 1 => {
-            TraceError::NotATrace {
-                name: name.to_string(),
-                reason: match src {
-                    Source::Plain(head) => format!(
-                        "it is not JSON (it starts with the bytes {})",
-                        head.iter()
-                            .map(|b| format!("{b:02x}"))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    ),
-                    Source::Gzip(_) => "its decompressed content is not JSON".into(),
-                },
-            }
-        }
-        serde_json::error::Category::Syntax | serde_json::error::Category::Data => {
+        serde_json::error::Category::Syntax if line == 1 && column <= 1 => TraceError::NotATrace {
+            name: name.to_string(),
+            reason: match src {
+                Source::Plain(head) => format!(
+                    "it is not JSON (it starts with the bytes {})",
+                    head.iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+                Source::Gzip(_) => "its decompressed content is not JSON".into(),
+            },
+        },
+        cat @ (serde_json::error::Category::Syntax | serde_json::error::Category::Data) => {
             let full = e.to_string();
             let suffix = format!(" at line {line} column {column}");
             let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
             TraceError::Json {
+                what: if cat == serde_json::error::Category::Syntax {
+                    "malformed JSON"
+                } else {
+                    "bad value"
+                },
                 name: name.to_string(),
                 location,
                 message,
@@ -961,12 +964,14 @@ struct RawEvent {
 impl State {
     fn push(&mut self, raw: RawEvent) {
         let index = self.trace.events.len();
-        let ph = raw.ph.as_deref().map_or(Phase::Other(self.names.get("")), |p| {
-            match Phase::parse_known(p) {
-                Some(ph) => ph,
-                None => Phase::Other(raw.ph.clone().unwrap_or_default()),
-            }
-        });
+        let ph =
+            raw.ph.as_deref().map_or(
+                Phase::Other(self.names.get("")),
+                |p| match Phase::parse_known(p) {
+                    Some(ph) => ph,
+                    None => Phase::Other(raw.ph.clone().unwrap_or_default()),
+                },
+            );
         let cat = match raw.cat {
             Some(c) => Category::known(&c, &ph).unwrap_or_else(|| {
                 if !UNUSED_CATEGORIES.contains(&&*c) {
@@ -992,13 +997,13 @@ impl State {
         if cat == Category::Flow(FlowKind::LaunchToGpu) {
             self.launch_flows += 1;
         }
-        let empty = self.names.get("");
+        let names = &mut self.names;
         self.trace.events.push(Event {
             ph,
             cat,
-            name: raw.name.unwrap_or_else(|| empty.clone()),
-            pid: raw.pid.unwrap_or_else(|| Id::Str(empty.clone())),
-            tid: raw.tid.unwrap_or(Id::Str(empty)),
+            name: raw.name.unwrap_or_else(|| names.get("")),
+            pid: raw.pid.unwrap_or_else(|| Id::Str(names.get(""))),
+            tid: raw.tid.unwrap_or_else(|| Id::Str(names.get(""))),
             ts_ns: raw.ts.unwrap_or(0),
             dur_ns: raw.dur.unwrap_or(0),
             flow_id: raw.id,

@@ -57,8 +57,10 @@ pub enum TraceError {
     /// Syntax error or a value of the wrong type. `location`: line and column (of the
     /// decompressed JSON for gzip files), and the event (index in `traceEvents`, name, `ts`, field)
     /// when the error is inside one.
-    #[error("malformed JSON in {name} at {location}: {message}")]
+    #[error("{what} in {name} at {location}: {message}")]
     Json {
+        /// `malformed JSON` (a syntax error) or `bad value` (valid JSON the importer refuses).
+        what: &'static str,
         name: String,
         location: String,
         message: String,

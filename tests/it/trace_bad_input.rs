@@ -71,7 +71,11 @@ fn truncated_files() {
     let m = check(
         "cut_stream.json.gz",
         &gz[..gz.len() / 2],
-        &["truncated", "gzip stream ends early", "bytes of decompressed JSON"],
+        &[
+            "truncated",
+            "gzip stream ends early",
+            "bytes of decompressed JSON",
+        ],
     );
     assert!(m.contains("line "), "{m}");
     // A complete gzip stream of a cut JSON text: line/column of the decompressed JSON, and the
@@ -99,7 +103,12 @@ fn malformed_json_mid_file() {
     check(
         "missing_comma.json",
         edit(r#""dur":50,"args""#, r#""dur":50 "args""#).as_bytes(),
-        &["malformed JSON", "line 4 column", "event #2", "expected `,` or `}`"],
+        &[
+            "malformed JSON",
+            "line 4 column",
+            "event #2",
+            "expected `,` or `}`",
+        ],
     );
     check(
         "stray_token.json",
@@ -135,6 +144,7 @@ fn wrong_types_name_event_and_field() {
         edit(r#""dur":50,"#, r#""dur":"fifty","#).as_bytes(),
         &[
             "time \"fifty\" is not a number of µs",
+            "bad value in",
             "event #2 of traceEvents (\"gemm\", ts 25 µs, field `dur`)",
             "line 4",
         ],
@@ -146,7 +156,11 @@ fn wrong_types_name_event_and_field() {
     );
     check(
         "pid_array.json",
-        edit(r#""pid":0,"tid":7,"ts":25,"dur""#, r#""pid":[0],"tid":7,"ts":25,"dur""#).as_bytes(),
+        edit(
+            r#""pid":0,"tid":7,"ts":25,"dur""#,
+            r#""pid":[0],"tid":7,"ts":25,"dur""#,
+        )
+        .as_bytes(),
         &["invalid type: sequence", "field `pid`", "event #2"],
     );
 }
@@ -155,11 +169,7 @@ fn wrong_types_name_event_and_field() {
 fn empty_binary_directory() {
     check("empty.json", b"", &["is empty"]);
     check("empty.json.gz", b"", &["is empty"]);
-    check(
-        "nothing.json.gz",
-        &gzip(b""),
-        &["decompresses to nothing"],
-    );
+    check("nothing.json.gz", &gzip(b""), &["decompresses to nothing"]);
     check(
         "elf.json",
         b"\x7fELF\x02\x01\x01\x00\x00\x00",
@@ -198,7 +208,10 @@ fn out_of_range_negative_and_nan_like_values() {
     check(
         "negative_dur.json",
         edit(r#""dur":50,"#, r#""dur":-50,"#).as_bytes(),
-        &["negative duration (-50 µs)", "event #2 of traceEvents (\"gemm\""],
+        &[
+            "negative duration (-50 µs)",
+            "event #2 of traceEvents (\"gemm\"",
+        ],
     );
     check(
         "nan_ts.json",
@@ -237,8 +250,11 @@ fn duplicate_keys_and_deep_nesting() {
     );
     check(
         "dup_arg.json",
-        edit(r#""correlation":1,"stream":7"#, r#""correlation":1,"correlation":2,"stream":7"#)
-            .as_bytes(),
+        edit(
+            r#""correlation":1,"stream":7"#,
+            r#""correlation":1,"correlation":2,"stream":7"#,
+        )
+        .as_bytes(),
         &["duplicate field `correlation`", "event #2", "field `args`"],
     );
     // A duplicate of a key the importer does not read is ignored.
@@ -260,7 +276,11 @@ fn duplicate_keys_and_deep_nesting() {
     check(
         "deep_name.json",
         edit(r#""name":"gemm""#, &format!(r#""name":{nest}"#)).as_bytes(),
-        &["invalid type: sequence, expected a string", "event #2", "field `name`"],
+        &[
+            "invalid type: sequence, expected a string",
+            "event #2",
+            "field `name`",
+        ],
     );
     check(
         "deep_top.json",
@@ -287,12 +307,18 @@ fn not_replayable_traces_are_refused() {
         .filter(|l| !l.contains("ProfilerStep"))
         .collect::<Vec<_>>()
         .join("\n");
-    check("no_steps.json", no_steps.as_bytes(), &["no iteration markers"]);
+    check(
+        "no_steps.json",
+        no_steps.as_bytes(),
+        &["no iteration markers"],
+    );
     let Some(d) = crate::trace_replay::traces() else {
         return;
     };
     for r in [0, 1] {
-        let s = d.join(format!("sampled_events_rank{r}of128_NOT_REPLAYABLE.json.gz"));
+        let s = d.join(format!(
+            "sampled_events_rank{r}of128_NOT_REPLAYABLE.json.gz"
+        ));
         let m = check_bad_input(&["replay", "--trace", s.to_str().unwrap()], "sampled");
         assert!(m.contains("no launch→GPU flow events"), "{m}");
     }
@@ -312,12 +338,19 @@ fn ignorable_oddities_warn_once_and_go_on() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"measured_iteration_ms\":0.1"), "{out}");
     assert_eq!(err.matches("my_tool").count(), 1, "{err}");
-    assert!(err.contains("2 events") && err.contains("first event #3"), "{err}");
+    assert!(
+        err.contains("2 events") && err.contains("first event #3"),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
     // Rank 5 of 2 in distributedInfo: warned about, not used by a one-rank replay.
     let p = write_tmp(
         "bad_rank.json",
-        edit(r#""rank": 0, "world_size": 1"#, r#""rank": 5, "world_size": 2"#).as_bytes(),
+        edit(
+            r#""rank": 0, "world_size": 1"#,
+            r#""rank": 5, "world_size": 2"#,
+        )
+        .as_bytes(),
     );
     let (code, _, err) = run(&["replay", "--trace", p.to_str().unwrap(), "--json"]);
     assert_eq!(code, 0, "{err}");

@@ -258,12 +258,7 @@ fn apply_byte_edit(b: &mut Vec<u8>, e: &ByteEdit) {
 }
 
 /// Seed `seed` with the value edits applied (re-serialised), then the byte edit, then maybe gzip.
-fn mutate(
-    seed: usize,
-    edits: &[Edit],
-    bytes: Option<&ByteEdit>,
-    gz: Option<&ByteEdit>,
-) -> Vec<u8> {
+fn mutate(seed: usize, edits: &[Edit], bytes: Option<&ByteEdit>, gz: Option<&ByteEdit>) -> Vec<u8> {
     let (_, text) = &SEEDS[seed];
     let mut out = if edits.is_empty() {
         text.clone()
@@ -401,7 +396,9 @@ fn extreme_times_everywhere() {
     // The committed fixtures and the smallest shared trace (all seeds with PROPTEST_CASES set).
     let all = std::env::var_os("PROPTEST_CASES").is_some();
     for (name, text) in SEEDS.iter().filter(|(n, _)| {
-        n.ends_with(".json") || n == "toy_cuda_event_sync.json.gz" || all && !n.starts_with("alexnet")
+        n.ends_with(".json")
+            || n == "toy_cuda_event_sync.json.gz"
+            || all && !n.starts_with("alexnet")
     }) {
         let doc: Value = serde_json::from_slice(text).unwrap();
         let n = doc["traceEvents"].as_array().map_or(0, Vec::len);
@@ -420,7 +417,9 @@ fn extreme_times_everywhere() {
                     let opposite = if v.starts_with('-') { "3e15" } else { "-3e15" };
                     d["traceEvents"][0]["ts"] = serde_json::from_str(opposite).unwrap();
                     let bytes = serde_json::to_vec(&d).unwrap();
-                    check(&bytes).unwrap_or_else(|err| panic!("{name} event {i} {key}={v}, first ts={opposite}: {err}"));
+                    check(&bytes).unwrap_or_else(|err| {
+                        panic!("{name} event {i} {key}={v}, first ts={opposite}: {err}")
+                    });
                 }
             }
         }
