@@ -748,7 +748,7 @@ pub fn build_job(
                 collectives.push(TraceCollective {
                     op,
                     event: i,
-                    name: e.name.clone(),
+                    name: e.name.to_string(),
                     start_ns: e.ts_ns,
                     dur_ns: ns(e.dur_ns),
                 });

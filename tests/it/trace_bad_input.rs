@@ -182,9 +182,10 @@ fn empty_binary_directory() {
     );
     let dir = std::env::temp_dir().join(format!("trainplan-it-bad-dir-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // A folder stands for the traces in it: none there.
     let m = check_bad_input(
         &["replay", "--trace", dir.to_str().unwrap()],
-        "is a directory",
+        "the folder holds no Kineto trace",
     );
     assert!(m.contains(dir.to_str().unwrap()), "{m}");
     check_bad_input(
@@ -355,11 +356,8 @@ fn ignorable_oddities_warn_once_and_go_on() {
     let (code, _, err) = run(&["replay", "--trace", p.to_str().unwrap(), "--json"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("rank 5 of world size 2"), "{err}");
-    // Several ranks: refused for now.
+    // The same rank twice: refused.
     let f = write_tmp("rank_a.json", GOOD.as_bytes());
     let f = f.to_str().unwrap();
-    check_bad_input(
-        &["replay", "--trace", f, "--trace", f],
-        "multi-rank traces are not supported yet",
-    );
+    check_bad_input(&["replay", "--trace", f, "--trace", f], "is given twice");
 }
