@@ -845,7 +845,7 @@ fn json_error(e: serde_json::Error, name: &str, src: &Source, st: &State) -> Tra
                             location: format!("the gzip stream ends early, {at}"),
                         }
                     } else {
-                        TraceError::Gzip {
+                        TraceError::GzipAt {
                             name: name.to_string(),
                             location: at,
                             source,
@@ -883,15 +883,19 @@ fn json_error(e: serde_json::Error, name: &str, src: &Source, st: &State) -> Tra
             let full = e.to_string();
             let suffix = format!(" at line {line} column {column}");
             let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
-            TraceError::Json {
-                what: if cat == serde_json::error::Category::Syntax {
-                    "malformed JSON"
-                } else {
-                    "bad value"
-                },
-                name: name.to_string(),
-                location,
-                message,
+            let name = name.to_string();
+            if cat == serde_json::error::Category::Syntax {
+                TraceError::Json {
+                    name,
+                    location,
+                    message,
+                }
+            } else {
+                TraceError::BadValue {
+                    name,
+                    location,
+                    message,
+                }
             }
         }
     }

@@ -40,10 +40,17 @@ pub enum TraceError {
         source: std::io::Error,
     },
     /// The file starts with the gzip magic bytes but is not a valid gzip stream.
-    #[error("failed to decompress {name} (gzip, {location}): {source}")]
+    #[error("failed to decompress {name} (gzip): {source}")]
     Gzip {
         name: String,
-        /// How far decompression got (bytes of JSON, line and column, event).
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gzip stream breaks part way; `location`: how far decompression got (bytes of JSON,
+    /// line and column, event).
+    #[error("failed to decompress {name} (gzip, {location}): {source}")]
+    GzipAt {
+        name: String,
         location: String,
         #[source]
         source: std::io::Error,
@@ -57,10 +64,16 @@ pub enum TraceError {
     /// Syntax error or a value of the wrong type. `location`: line and column (of the
     /// decompressed JSON for gzip files), and the event (index in `traceEvents`, name, `ts`, field)
     /// when the error is inside one.
-    #[error("{what} in {name} at {location}: {message}")]
+    #[error("malformed JSON in {name} at {location}: {message}")]
     Json {
-        /// `malformed JSON` (a syntax error) or `bad value` (valid JSON the importer refuses).
-        what: &'static str,
+        name: String,
+        location: String,
+        message: String,
+    },
+    /// Valid JSON holding a value the importer refuses (a wrong type, a time out of range, a
+    /// negative duration, a field given twice); `location` as for [`TraceError::Json`].
+    #[error("bad value in {name} at {location}: {message}")]
+    BadValue {
         name: String,
         location: String,
         message: String,
