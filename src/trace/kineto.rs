@@ -4,11 +4,18 @@
 //! thread ids), 2022 (`async_cpu_to_gpu` flows), 2023+ (`cpu_op`, `cuda_runtime`, `kernel`,
 //! `ac2g`/`fwdbwd` flows, ...) and ROCm/HIP traces (same categories, `hip*` runtime names).
 //!
-//! The file is never deserialised into a whole `serde_json::Value`: a visitor walks the top-level
-//! object, streams `traceEvents` element by element into small structs holding only the fields we
-//! use, reads `deviceProperties` / `distributedInfo` into small structs and skips everything else.
+//! The file is never deserialised into a whole `serde_json::Value`, nor held whole in memory: a
+//! visitor walks the top-level object through a 1 MiB buffer, streams `traceEvents` element by
+//! element straight into compact [`Event`]s (names and string ids interned, the common ids inline,
+//! other args boxed only when present: ~260 bytes an event, so a 300 MB trace takes ~1× its size),
+//! reads `deviceProperties` / `distributedInfo` into small structs and skips everything else.
 //! A bare top-level array of events (Chrome's array format, Horovod timelines) is accepted too, and
 //! a missing closing `]` after at least one complete event is tolerated (with a warning).
+//!
+//! Errors say where: line and column (of the decompressed JSON for gzip input; the number of bytes
+//! decompressed when the gzip stream breaks) and, inside `traceEvents`, the event's index, its name
+//! and `ts` when already read, and the field. Values the graph cannot trust are refused there
+//! (times beyond ±3·10^15 µs, durations that are negative or beyond 10^15 µs, a field given twice).
 //!
 //! Timestamps are µs in the file, integers or fractional numbers; they are converted to integer
 //! ns. Integer µs (and numbers written as strings) are converted exactly. A fractional µs number is
