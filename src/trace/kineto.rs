@@ -420,8 +420,8 @@ pub struct EventArgs {
 }
 
 /// The arguments of one event as stored. The ids nearly every event carries (`External id`,
-/// `correlation`, `stream`, `device`, `context`, `Sequence number`, `Fwd thread id`) are fields
-/// here; the complete [`EventArgs`] is boxed only for the few events with anything else (NCCL
+/// `correlation`, `stream`, `device`, `context`, `Sequence number`, `Fwd thread id`,
+/// `Record function id`) are fields here; the complete [`EventArgs`] is boxed only for the few events with anything else (NCCL
 /// kernels, copies, metadata, `cuda_sync`, ...), which keeps a typical event at ~260 bytes instead
 /// of ~700. Every [`EventArgs`] field reads the same: `e.args.correlation` is a field of `Args`,
 /// `e.args.collective_name` is reached through `Deref`.
@@ -437,6 +437,7 @@ pub struct Args {
     pub context: Option<i64>,
     pub seq: Option<i64>,
     pub fwd_thread_id: Option<i64>,
+    pub rf_id: Option<i64>,
     /// Every argument, when the event has any beyond the inline ids.
     full: Option<Box<EventArgs>>,
 }
@@ -460,6 +461,7 @@ impl From<EventArgs> for Args {
             context: a.context,
             seq: a.seq,
             fwd_thread_id: a.fwd_thread_id,
+            rf_id: a.rf_id,
             ..EventArgs::default()
         };
         Args {
@@ -470,6 +472,7 @@ impl From<EventArgs> for Args {
             context: a.context,
             seq: a.seq,
             fwd_thread_id: a.fwd_thread_id,
+            rf_id: a.rf_id,
             full: (a != ids).then(|| Box::new(a)),
         }
     }
@@ -486,6 +489,7 @@ impl Args {
             context: self.context,
             seq: self.seq,
             fwd_thread_id: self.fwd_thread_id,
+            rf_id: self.rf_id,
             ..(**self).clone()
         }
     }
@@ -1834,6 +1838,39 @@ mod tests {
                 .starts_with("failed to read /nonexistent/x.json"),
             "{e}"
         );
+    }
+
+    /// The memory bound rests on this: the args of cpu ops, runtime calls and kernels stay inline
+    /// (add an id that most events carry to `Args`, not only to `EventArgs`).
+    #[test]
+    fn common_events_keep_their_args_inline() {
+        let t = parse(
+            r#"{"traceEvents":[
+              {"ph":"X","cat":"cpu_op","name":"aten::mm","pid":1,"tid":1,"ts":1,"dur":1,
+               "args":{"External id":2,"Record function id":3,"Sequence number":4,"Fwd thread id":0,"Ev Idx":5}},
+              {"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":1,"dur":1,
+               "args":{"External id":2,"cbid":211,"correlation":7}},
+              {"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":2,"dur":1,
+               "args":{"External id":2,"queued":0,"device":0,"context":1,"stream":7,"correlation":7,
+                       "registers per thread":40,"shared memory":0,"grid":[1,1,1],"block":[64,1,1]}},
+              {"ph":"X","cat":"kernel","name":"ncclKernel","pid":0,"tid":7,"ts":2,"dur":1,
+               "args":{"correlation":8,"stream":7,"Collective name":"allreduce"}}
+            ]}"#,
+        );
+        for e in &t.events[..3] {
+            assert!(e.args.full.is_none(), "{}", e.name);
+        }
+        let nccl = &t.events[3].args;
+        assert!(nccl.full.is_some());
+        assert_eq!(nccl.collective_name.as_deref(), Some("allreduce"));
+        assert_eq!((nccl.correlation, nccl.stream), (Some(8), Some(7)));
+        let cpu = &t.events[0].args;
+        assert_eq!((cpu.rf_id, cpu.seq, cpu.fwd_thread_id), (Some(3), Some(4), Some(0)));
+        assert_eq!(cpu.to_event_args().external_id, Some(2));
+        // Two events with one name share it.
+        let t = parse(r#"[{"name":"aten::mm"},{"name":"aten::mm"}]"#);
+        assert!(Arc::ptr_eq(&t.events[0].name, &t.events[1].name));
+        assert!(std::mem::size_of::<Event>() <= 288, "{}", std::mem::size_of::<Event>());
     }
 
     #[test]
