@@ -1865,12 +1865,19 @@ mod tests {
         assert_eq!(nccl.collective_name.as_deref(), Some("allreduce"));
         assert_eq!((nccl.correlation, nccl.stream), (Some(8), Some(7)));
         let cpu = &t.events[0].args;
-        assert_eq!((cpu.rf_id, cpu.seq, cpu.fwd_thread_id), (Some(3), Some(4), Some(0)));
+        assert_eq!(
+            (cpu.rf_id, cpu.seq, cpu.fwd_thread_id),
+            (Some(3), Some(4), Some(0))
+        );
         assert_eq!(cpu.to_event_args().external_id, Some(2));
         // Two events with one name share it.
         let t = parse(r#"[{"name":"aten::mm"},{"name":"aten::mm"}]"#);
         assert!(Arc::ptr_eq(&t.events[0].name, &t.events[1].name));
-        assert!(std::mem::size_of::<Event>() <= 288, "{}", std::mem::size_of::<Event>());
+        assert!(
+            std::mem::size_of::<Event>() <= 288,
+            "{}",
+            std::mem::size_of::<Event>()
+        );
     }
 
     #[test]
