@@ -2,8 +2,9 @@
 //! and the committed fixtures, mutated (cut at a byte, bytes flipped / inserted / deleted, a
 //! number replaced by a string, a huge or negative value, a key dropped, an event duplicated,
 //! events shuffled, the result maybe gzipped), go through the whole path a user's trace takes:
-//! `parse_kineto` → `steps` → `build_job` → expand → replay → critical path, memory, breakdown.
-//! Nothing may panic, and every error must name the file.
+//! `parse_kineto` → `steps` → `build_job` → expand → replay → critical path, memory, breakdown
+//! (and, for a mutated DLRM rank beside an intact one, the multi-rank path: global graph, clock
+//! alignment, replay). Nothing may panic, and every single-rank error must name the file.
 //!
 //! A panic fails the case with the mutated input saved to a file for reproduction; each input that
 //! ever crashed is kept under `tests/fixtures/kineto/fuzz/` and replayed by
@@ -422,6 +423,70 @@ fn extreme_times_everywhere() {
                     });
                 }
             }
+        }
+    }
+}
+
+/// Two ranks of the DLRM job (when `../shared/traces` exists), the second one mutated, through the
+/// multi-rank path: steps of every rank, the global graph, clock alignment, replay. No panic.
+fn multi_rank_path(r0: &[u8], r1: &[u8]) -> Result<(), String> {
+    use trainplan::trace::align::{AlignOptions, align};
+    use trainplan::trace::multi::{collective_times, global_graph, rank_steps, replay_ranks};
+    let a = parse_kineto(r0, "rank0.json").map_err(|e| e.to_string())?;
+    let b = parse_kineto(r1, NAME).map_err(|e| e.to_string())?;
+    let traces = [("rank0.json".to_string(), &a), (NAME.to_string(), &b)];
+    let (ranks, _) = rank_steps(&traces, None).map_err(|e| e.to_string())?;
+    let g = global_graph(&ranks).map_err(|e| e.to_string())?;
+    let offsets = if g.matched.is_empty() {
+        vec![0; ranks.len()]
+    } else {
+        align(&collective_times(&ranks), &AlignOptions::default())
+            .map_err(|e| e.to_string())?
+            .offsets_ns
+    };
+    let _ = replay_ranks(&ranks, &g, &offsets);
+    Ok(())
+}
+
+static DLRM: LazyLock<Option<(Vec<u8>, Vec<u8>)>> = LazyLock::new(|| {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/multi-rank-dlrm");
+    let read = |r: u32| std::fs::read(d.join(format!("rank{r}.kineto.json.gz"))).ok();
+    Some((gunzip_if(read(0)?), gunzip_if(read(1)?)))
+});
+
+proptest! {
+    // ~70 ms a case in a debug build: a twelfth of the cases of the other properties.
+    #![proptest_config(ProptestConfig { cases: cases() / 12 + 1, ..config() })]
+
+    /// One rank of two mutated (value edits, maybe a byte edit): the multi-rank path never panics.
+    #[test]
+    fn multi_rank_edits_never_panic(
+        edits in proptest::collection::vec(edit(), 1..4),
+        bytes in proptest::option::of(byte_edit()),
+    ) {
+        let Some((r0, r1)) = DLRM.as_ref() else {
+            eprintln!("skipping: ../shared/traces is absent");
+            return Ok(());
+        };
+        let mut doc: Value = serde_json::from_slice(r1).unwrap();
+        let events = doc["traceEvents"].as_array_mut().unwrap();
+        for e in &edits {
+            apply_edit(events, e);
+        }
+        let mut m = serde_json::to_string(&doc)
+            .unwrap()
+            .replace("\"__HUGE__\"", "99999999999999999999999")
+            .into_bytes();
+        if let Some(e) = &bytes {
+            apply_byte_edit(&mut m, e);
+        }
+        let res = catch_unwind(AssertUnwindSafe(|| multi_rank_path(r0, &m)));
+        if res.is_err() {
+            let p = std::env::temp_dir().join("trainplan-fuzz-failures");
+            std::fs::create_dir_all(&p).unwrap();
+            let f = p.join("multi_rank_rank1.json");
+            std::fs::write(&f, &m).unwrap();
+            return Err(TestCaseError::fail(format!("panic; rank 1 saved to {}", f.display())));
         }
     }
 }
