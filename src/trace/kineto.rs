@@ -7,7 +7,7 @@
 //! The file is never deserialised into a whole `serde_json::Value`, nor held whole in memory: a
 //! visitor walks the top-level object through a 1 MiB buffer, streams `traceEvents` element by
 //! element straight into compact [`Event`]s (names and string ids interned, the common ids inline,
-//! other args boxed only when present: ~260 bytes an event, so a 300 MB trace takes ~1× its size),
+//! other args boxed only when present: a 300 MB trace takes 0.96–1.39× its size in memory),
 //! reads `deviceProperties` / `distributedInfo` into small structs and skips everything else.
 //! A bare top-level array of events (Chrome's array format, Horovod timelines) is accepted too, and
 //! a missing closing `]` after at least one complete event is tolerated (with a warning).
