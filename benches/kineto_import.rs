@@ -5,7 +5,8 @@
 //! * `synthetic`: a generated DDP-style trace that looks like a real one (ProfilerStep spans,
 //!   nested `cpu_op`s, `cuda_runtime` launches with correlation ids, kernels with Kineto's arg dicts
 //!   on a compute stream, NCCL kernels with their collective args on a comm stream, `ac2g` and
-//!   `fwdbwd` flows, memcpys and memsets, a backward thread), repeated step after step;
+//!   `fwdbwd` flows, memcpys and memsets, a backward thread), repeated step after step; and the
+//!   same with `Input Dims` / `Input type` on every CPU op, as `record_shapes=True` writes them;
 //! * `resnet50-ddp x N`: when `../shared/traces` exists, the steps of
 //!   `pytorch-kineto/resnet50_ddp_a100_rank0of2.json.gz` replicated with shifted timestamps and ids.
 //!
@@ -52,9 +53,14 @@ fn main() {
         |p: &Path| keep.is_some() && std::fs::metadata(p).is_ok_and(|m| m.len() / 1_000_000 == mb);
     let synth = dir.join("synthetic.json");
     if !have(&synth) {
-        write_synthetic(&synth, mb * 1_000_000);
+        write_synthetic(&synth, mb * 1_000_000, false);
     }
     inputs.push(("synthetic".to_string(), synth));
+    let shapes = dir.join("synthetic_shapes.json");
+    if !have(&shapes) {
+        write_synthetic(&shapes, mb * 1_000_000, true);
+    }
+    inputs.push(("synthetic, record_shapes".to_string(), shapes));
     let real = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/traces/pytorch-kineto/resnet50_ddp_a100_rank0of2.json.gz");
     if real.is_file() {
@@ -317,6 +323,8 @@ struct Synth {
     ext: u64,
     seq: u64,
     flow: u64,
+    /// Write `Input Dims` / `Input type` on CPU ops (`record_shapes=True`).
+    shapes: bool,
 }
 
 fn us(ns: u64) -> String {
@@ -370,8 +378,13 @@ impl Synth {
         let end = self.clock(tid);
         self.ext += 1;
         self.seq += 1;
+        let shapes = if self.shapes {
+            "\"Input Dims\": [[32, 256, 56, 56], [256], [256], [256], [256], [], [], [], []], \"Input type\": [\"float\", \"float\", \"float\", \"float\", \"float\", \"Scalar\", \"Scalar\", \"Scalar\", \"Scalar\"],\n      "
+        } else {
+            ""
+        };
         let args = format!(
-            "\"External id\": {},\"Record function id\": 0, \"Sequence number\": {}, \"Fwd thread id\": 0, \"Ev Idx\": {}",
+            "{shapes}\"External id\": {},\"Record function id\": 0, \"Sequence number\": {}, \"Fwd thread id\": 0, \"Ev Idx\": {}",
             self.ext,
             self.seq,
             self.ext % 5000
@@ -589,7 +602,7 @@ impl Synth {
 }
 
 /// Writes a synthetic DDP trace of about `target` bytes.
-fn write_synthetic(path: &Path, target: u64) {
+fn write_synthetic(path: &Path, target: u64, shapes: bool) {
     let f = std::fs::File::create(path).expect("create");
     let mut w = BufWriter::with_capacity(1 << 20, f);
     let head = r#"{
@@ -630,6 +643,7 @@ fn write_synthetic(path: &Path, target: u64) {
         ext: 0,
         seq: 0,
         flow: 0,
+        shapes,
     };
     let mut n = 1;
     while written < target {

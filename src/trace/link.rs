@@ -119,20 +119,16 @@ fn from_call(e_idx: usize, e: &Event, c: &CommCall, how: MatchedBy) -> Collectiv
 
 /// Bytes from the first input's dims and type (`[[6144], ...]`, `["float", ...]`).
 fn operator_input_bytes(op: &Event) -> Option<(u64, String)> {
-    let dims = op
-        .args
-        .input_dims
-        .as_ref()?
-        .as_array()?
-        .first()?
-        .as_array()?;
+    let dims: serde_json::Value = serde_json::from_str(op.args.input_dims.as_deref()?).ok()?;
+    let dims = dims.as_array()?.first()?.as_array()?;
     if dims.is_empty() {
         return None;
     }
     let elems = dims
         .iter()
         .try_fold(1u64, |acc, d| acc.checked_mul(d.as_u64()?))?;
-    let ty = op.args.input_type.as_ref()?.as_array()?.first()?.as_str()?;
+    let ty: serde_json::Value = serde_json::from_str(op.args.input_type.as_deref()?).ok()?;
+    let ty = ty.as_array()?.first()?.as_str()?;
     Some((elems.checked_mul(dtype_bytes(ty)?)?, ty.to_string()))
 }
 
