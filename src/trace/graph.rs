@@ -67,6 +67,10 @@ use crate::graph::{DeviceKind, NONE, OpId, OpKind, OpSpec, Phase};
 
 use super::kineto::{Category, Event, Id, KinetoTrace, RuntimeCall};
 
+/// Largest sum of op durations and gaps in one step's job, ns (~146 years): replayed times stay
+/// far below `u64::MAX`.
+const MAX_TOTAL_NS: u64 = 1 << 62;
+
 /// Why a job could not be built from a trace.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TraceGraphError {
@@ -183,28 +187,33 @@ pub fn steps(trace: &KinetoTrace) -> Vec<StepWindow> {
         .filter(|e| is_gpu(e))
         .filter_map(|e| e.args.correlation)
         .collect();
-    let complete = |pid: &Id, start: i64, end: i64| -> bool {
-        let mut launches = 0usize;
-        for e in ev.iter().filter(|e| is_cpu(e) && &e.pid == pid) {
-            if e.ts_ns < start || e.ts_ns >= end {
-                continue;
-            }
-            // Kineto drops some memsets' GPU side (zero-sized ones): kernels and copies count.
-            if let (Some(c), Some(corr)) = (e.runtime_call(), e.args.correlation)
-                && matches!(
-                    c,
-                    RuntimeCall::LaunchKernel
-                        | RuntimeCall::MemcpyAsync
-                        | RuntimeCall::Memcpy { .. }
-                )
-            {
-                launches += 1;
-                if !gpu_corr.contains(&corr) {
-                    return false;
-                }
-            }
+    // Per process, the launches (kernels and copies; Kineto drops some memsets' GPU side, e.g.
+    // zero-sized ones) in time order, each with whether its GPU side is in the file: one pass over
+    // the events, then a binary search per window (a 300 MB trace has hundreds of steps).
+    let mut launches: BTreeMap<&Id, Vec<(i64, bool)>> = BTreeMap::new();
+    for e in ev.iter().filter(|e| is_cpu(e)) {
+        if let (Some(c), Some(corr)) = (e.runtime_call(), e.args.correlation)
+            && matches!(
+                c,
+                RuntimeCall::LaunchKernel | RuntimeCall::MemcpyAsync | RuntimeCall::Memcpy { .. }
+            )
+        {
+            launches
+                .entry(&e.pid)
+                .or_default()
+                .push((e.ts_ns, gpu_corr.contains(&corr)));
         }
-        launches > 0
+    }
+    for l in launches.values_mut() {
+        l.sort_unstable();
+    }
+    let complete = |pid: &Id, start: i64, end: i64| -> bool {
+        let Some(l) = launches.get(pid) else {
+            return false;
+        };
+        let a = l.partition_point(|x| x.0 < start);
+        let b = l.partition_point(|x| x.0 < end).max(a);
+        b > a && l[a..b].iter().all(|x| x.1)
     };
     let mut out: Vec<StepWindow> = ev
         .iter()
@@ -739,7 +748,7 @@ pub fn build_job(
                 collectives.push(TraceCollective {
                     op,
                     event: i,
-                    name: e.name.clone(),
+                    name: e.name.to_string(),
                     start_ns: e.ts_ns,
                     dur_ns: ns(e.dur_ns),
                 });
@@ -884,7 +893,7 @@ pub fn build_job(
             .args
             .sync_kind
             .as_deref()
-            .or(Some(s.name.as_str()))
+            .or(Some(&*s.name))
             .is_some_and(|k| k.contains("Wait Event"));
         if !is_wait {
             continue;
@@ -1015,6 +1024,24 @@ pub fn build_job(
         return Err(TraceGraphError::Invalid {
             name: name.into(),
             message: format!("{} has no GPU work", win.label),
+        });
+    }
+    // The replayed end of any op is at most the sum of every duration and gap (u64 ns): keep it
+    // far from overflowing, whatever times the file claims.
+    let total = b.local.ops.iter().fold(0u64, |t, o| {
+        t.saturating_add(o.spec.dur_ns)
+            .saturating_add(o.spec.gap_ns)
+    });
+    if total > MAX_TOTAL_NS {
+        return Err(TraceGraphError::Invalid {
+            name: name.into(),
+            message: format!(
+                "the durations in {} add up to {:.3e} s, more than {:.0e} s: the recorded times \
+                 cannot be real",
+                win.label,
+                total as f64 / 1e9,
+                MAX_TOTAL_NS as f64 / 1e9
+            ),
         });
     }
     b.local.edges.sort_unstable();

@@ -110,13 +110,13 @@ pub fn from_events(t: &KinetoTrace, name: &str) -> HorovodTimeline {
     let mut stray_ends = 0usize;
     for (i, e) in t.events.iter().enumerate() {
         let Event { ph, pid, .. } = e;
-        if *ph == Phase::Instant && e.name == "CYCLE_START" {
+        if *ph == Phase::Instant && &*e.name == "CYCLE_START" {
             out.cycle_starts_ns.push(e.ts_ns);
             continue;
         }
         let Id::Num(pid) = pid else { continue };
         match ph {
-            Phase::Metadata if e.name == "process_name" => {
+            Phase::Metadata if &*e.name == "process_name" => {
                 if let Some(n) = &e.args.name {
                     names.insert(*pid, n.clone());
                 }
@@ -125,7 +125,7 @@ pub fn from_events(t: &KinetoTrace, name: &str) -> HorovodTimeline {
                 .entry(*pid)
                 .or_default()
                 .stack
-                .push((e.name.clone(), e.ts_ns)),
+                .push((e.name.to_string(), e.ts_ns)),
             Phase::Complete => {
                 // A rank's ready tick during negotiation.
                 let o = open.entry(*pid).or_default();

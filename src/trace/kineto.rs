@@ -4,11 +4,18 @@
 //! thread ids), 2022 (`async_cpu_to_gpu` flows), 2023+ (`cpu_op`, `cuda_runtime`, `kernel`,
 //! `ac2g`/`fwdbwd` flows, ...) and ROCm/HIP traces (same categories, `hip*` runtime names).
 //!
-//! The file is never deserialised into a whole `serde_json::Value`: a visitor walks the top-level
-//! object, streams `traceEvents` element by element into small structs holding only the fields we
-//! use, reads `deviceProperties` / `distributedInfo` into small structs and skips everything else.
+//! The file is never deserialised into a whole `serde_json::Value`, nor held whole in memory: a
+//! visitor walks the top-level object through a 1 MiB buffer, streams `traceEvents` element by
+//! element straight into compact [`Event`]s (names and string ids interned, the common ids inline,
+//! other args boxed only when present: a 300 MB trace takes 0.96–1.39× its size in memory),
+//! reads `deviceProperties` / `distributedInfo` into small structs and skips everything else.
 //! A bare top-level array of events (Chrome's array format, Horovod timelines) is accepted too, and
 //! a missing closing `]` after at least one complete event is tolerated (with a warning).
+//!
+//! Errors say where: line and column (of the decompressed JSON for gzip input; the number of bytes
+//! decompressed when the gzip stream breaks) and, inside `traceEvents`, the event's index, its name
+//! and `ts` when already read, and the field. Values the graph cannot trust are refused there
+//! (times beyond ±3·10^15 µs, durations that are negative or beyond 10^15 µs, a field given twice).
 //!
 //! Timestamps are µs in the file, integers or fractional numbers; they are converted to integer
 //! ns. Integer µs (and numbers written as strings) are converted exactly. A fractional µs number is
@@ -19,10 +26,15 @@
 //!
 //! Building the dependency graph from these events is not this module's job.
 
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufReader, Read};
+use std::ops::Deref;
 use std::path::Path;
+use std::rc::Rc;
+use std::sync::{Arc, LazyLock};
 
 use flate2::read::MultiGzDecoder;
 use serde::Deserialize;
@@ -33,9 +45,37 @@ use super::TraceError;
 /// Size of the read buffers (decompressed JSON and compressed input).
 const READ_BUF: usize = 1 << 20;
 
+/// Largest |`ts`| accepted, ns: 3·10^18 (a Unix-epoch clock reaches it in 2065). With
+/// [`MAX_DUR_NS`], every end is within ±4·10^18 ns, so the difference of any two event times fits
+/// in an `i64`: the graph builder's time arithmetic cannot overflow, whatever the file says.
+pub const MAX_ABS_TS_NS: i64 = 3_000_000_000_000_000_000;
+
+/// Largest `dur` accepted, ns: 10^18 (~31 years).
+pub const MAX_DUR_NS: i64 = 1_000_000_000_000_000_000;
+
 // ---------------------------------------------------------------------------------------------
 // Normalised model
 // ---------------------------------------------------------------------------------------------
+
+/// An interned string. A trace has ~10^6 events but only thousands of distinct names,
+/// categories and string ids, so every event shares one allocation per distinct string (16 bytes
+/// per event instead of a `String` and its heap block).
+pub type Name = Arc<str>;
+
+/// One `Name` per distinct string seen while reading a file.
+#[derive(Default)]
+struct Interner(HashSet<Name>);
+
+impl Interner {
+    fn get(&mut self, s: &str) -> Name {
+        if let Some(n) = self.0.get(s) {
+            return n.clone();
+        }
+        let n: Name = Arc::from(s);
+        self.0.insert(n.clone());
+        n
+    }
+}
 
 /// A process or thread id: Kineto writes ints, but also strings (`"stream 7"` GPU threads in 2021
 /// traces, `"Spans"`, `"Traces"`, `""` on the profiler's own events). Integral floats become `Num`.
@@ -43,12 +83,12 @@ const READ_BUF: usize = 1 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Id {
     Num(i64),
-    Str(String),
+    Str(Name),
 }
 
 impl Default for Id {
     fn default() -> Self {
-        Id::Str(String::new())
+        Id::Str(Name::from(""))
     }
 }
 
@@ -110,12 +150,17 @@ pub enum Phase {
     /// `M`
     Metadata,
     /// Anything else, as written (empty when missing).
-    Other(String),
+    Other(Name),
 }
 
 impl Phase {
-    fn parse(s: &str) -> Phase {
-        match s {
+    /// The phase written as `s`.
+    pub fn parse(s: &str) -> Phase {
+        Phase::parse_known(s).unwrap_or_else(|| Phase::Other(s.into()))
+    }
+
+    fn parse_known(s: &str) -> Option<Phase> {
+        Some(match s {
             "X" => Phase::Complete,
             "i" | "I" => Phase::Instant,
             "s" => Phase::FlowStart,
@@ -125,8 +170,8 @@ impl Phase {
             "E" => Phase::End,
             "C" => Phase::Counter,
             "M" => Phase::Metadata,
-            other => Phase::Other(other.to_string()),
-        }
+            _ => return None,
+        })
     }
 
     /// `s`, `t` or `f`.
@@ -143,7 +188,7 @@ pub enum FlowKind {
     /// Forward op → its backward op: `fwdbwd`.
     FwdBwd,
     /// Any other flow category, as written.
-    Other(String),
+    Other(Name),
 }
 
 /// Normalised event category, the same across trace vintages and vendors.
@@ -163,12 +208,33 @@ pub enum Category {
     /// The profiler's own spans (`cat: "Trace"`, e.g. "PyTorch Profiler (0)").
     Trace,
     /// Anything else, as written (empty when the event has no `cat`, e.g. metadata events).
-    Other(String),
+    Other(Name),
 }
 
 impl Category {
     /// Maps a raw `cat` of any vintage. Matching ignores case and treats spaces as underscores.
     pub fn parse(cat: &str, ph: &Phase) -> Category {
+        Category::known(cat, ph).unwrap_or_else(|| {
+            if ph.is_flow() {
+                Category::Flow(FlowKind::Other(cat.into()))
+            } else {
+                Category::Other(cat.into())
+            }
+        })
+    }
+
+    /// The category of a name we know (`None` for anything else). The spellings real traces use
+    /// match without allocating; others are normalised first.
+    fn known(cat: &str, ph: &Phase) -> Option<Category> {
+        if let Some(c) = Category::known_normalised(cat, ph) {
+            return Some(c);
+        }
+        if !cat
+            .bytes()
+            .any(|b| b == b' ' || b.is_ascii_uppercase() || b.is_ascii_whitespace())
+        {
+            return None;
+        }
         let norm: String = cat
             .trim()
             .chars()
@@ -180,7 +246,11 @@ impl Category {
                 }
             })
             .collect();
-        match norm.as_str() {
+        Category::known_normalised(&norm, ph)
+    }
+
+    fn known_normalised(norm: &str, ph: &Phase) -> Option<Category> {
+        Some(match norm {
             "cpu_op" | "operator" => Category::CpuOp,
             "user_annotation" => Category::UserAnnotation,
             "cuda_runtime" | "runtime" => Category::CudaRuntime,
@@ -195,9 +265,8 @@ impl Category {
             "async" if ph.is_flow() => Category::Flow(FlowKind::LaunchToGpu),
             "fwdbwd" | "forward_backward" => Category::Flow(FlowKind::FwdBwd),
             "trace" => Category::Trace,
-            _ if ph.is_flow() => Category::Flow(FlowKind::Other(cat.to_string())),
-            _ => Category::Other(cat.to_string()),
-        }
+            _ => return None,
+        })
     }
 
     /// Work executed on the GPU that a host call launched: kernels, memcpys, memsets.
@@ -340,14 +409,92 @@ pub struct EventArgs {
     /// `Record function id` of a CPU op: the host execution trace's `rf_id` (newer PyTorch).
     #[serde(rename = "Record function id", deserialize_with = "lenient_i64")]
     pub rf_id: Option<i64>,
-    /// `Input Dims` and `Input type` of a CPU op, as written (sizes of collectives' inputs).
-    #[serde(rename = "Input Dims")]
-    pub input_dims: Option<serde_json::Value>,
-    #[serde(rename = "Input type")]
-    pub input_type: Option<serde_json::Value>,
+    /// `Input Dims` and `Input type` of a CPU op, as the JSON text written (e.g. `[[6144], []]`,
+    /// `["float", ""]`; sizes of collectives' inputs). Text, not a `serde_json::Value`: a tree of
+    /// 32-byte nodes takes ~15× the text, and traces recorded with shapes have them on every op.
+    #[serde(rename = "Input Dims", deserialize_with = "raw_json")]
+    pub input_dims: Option<String>,
+    #[serde(rename = "Input type", deserialize_with = "raw_json")]
+    pub input_type: Option<String>,
     /// `shape` of a Horovod timeline's end-of-operation event (e.g. `"[256, 128]"`).
     #[serde(deserialize_with = "lenient_string")]
     pub shape: Option<String>,
+}
+
+/// The arguments of one event as stored. The ids nearly every event carries (`External id`,
+/// `correlation`, `stream`, `device`, `context`, `Sequence number`, `Fwd thread id`,
+/// `Record function id`) are fields here; the complete [`EventArgs`] is boxed only for the few events with anything else (NCCL
+/// kernels, copies, metadata, `cuda_sync`, ...), which keeps a typical event at ~260 bytes instead
+/// of ~700. Every [`EventArgs`] field reads the same: `e.args.correlation` is a field of `Args`,
+/// `e.args.collective_name` is reached through `Deref`.
+///
+/// Through `Deref` (an explicit `&EventArgs`), the inline ids read `None` unless the event also
+/// had other args: use the fields of `Args` (or [`Args::to_event_args`]) for them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Args {
+    pub external_id: Option<i64>,
+    pub correlation: Option<i64>,
+    pub stream: Option<i64>,
+    pub device: Option<i64>,
+    pub context: Option<i64>,
+    pub seq: Option<i64>,
+    pub fwd_thread_id: Option<i64>,
+    pub rf_id: Option<i64>,
+    /// Every argument, when the event has any beyond the inline ids.
+    full: Option<Box<EventArgs>>,
+}
+
+static NO_ARGS: LazyLock<EventArgs> = LazyLock::new(EventArgs::default);
+
+impl Deref for Args {
+    type Target = EventArgs;
+    fn deref(&self) -> &EventArgs {
+        self.full.as_deref().unwrap_or(&NO_ARGS)
+    }
+}
+
+impl From<EventArgs> for Args {
+    fn from(a: EventArgs) -> Args {
+        let ids = EventArgs {
+            external_id: a.external_id,
+            correlation: a.correlation,
+            stream: a.stream,
+            device: a.device,
+            context: a.context,
+            seq: a.seq,
+            fwd_thread_id: a.fwd_thread_id,
+            rf_id: a.rf_id,
+            ..EventArgs::default()
+        };
+        Args {
+            external_id: a.external_id,
+            correlation: a.correlation,
+            stream: a.stream,
+            device: a.device,
+            context: a.context,
+            seq: a.seq,
+            fwd_thread_id: a.fwd_thread_id,
+            rf_id: a.rf_id,
+            full: (a != ids).then(|| Box::new(a)),
+        }
+    }
+}
+
+impl Args {
+    /// All the arguments as one [`EventArgs`].
+    pub fn to_event_args(&self) -> EventArgs {
+        EventArgs {
+            external_id: self.external_id,
+            correlation: self.correlation,
+            stream: self.stream,
+            device: self.device,
+            context: self.context,
+            seq: self.seq,
+            fwd_thread_id: self.fwd_thread_id,
+            rf_id: self.rf_id,
+            ..(**self).clone()
+        }
+    }
 }
 
 /// One normalised trace event.
@@ -355,7 +502,8 @@ pub struct EventArgs {
 pub struct Event {
     pub ph: Phase,
     pub cat: Category,
-    pub name: String,
+    /// Interned: events with the same name share it.
+    pub name: Name,
     pub pid: Id,
     pub tid: Id,
     /// Start, integer ns on the file's clock (0 when the event has no `ts`).
@@ -364,7 +512,7 @@ pub struct Event {
     pub dur_ns: i64,
     /// `id` of flow events (string ids are parsed as numbers, or hashed when not numeric).
     pub flow_id: Option<u64>,
-    pub args: EventArgs,
+    pub args: Args,
 }
 
 impl Event {
@@ -509,6 +657,13 @@ impl KinetoTrace {
 /// Reads a Kineto trace file (`.json` or gzip-compressed, detected by content).
 pub fn read_kineto(path: &Path) -> Result<KinetoTrace, TraceError> {
     let name = path.display().to_string();
+    if path.is_dir() {
+        return Err(TraceError::NotATrace {
+            name,
+            reason: "it is a directory; give the trace file itself (one --trace FILE per rank)"
+                .into(),
+        });
+    }
     let file = File::open(path).map_err(|source| TraceError::Io {
         path: name.clone(),
         source,
@@ -518,7 +673,7 @@ pub fn read_kineto(path: &Path) -> Result<KinetoTrace, TraceError> {
 
 /// Parses a Kineto trace from a reader (plain or gzip JSON); `name` is used in messages.
 pub fn parse_kineto<R: Read>(mut reader: R, name: &str) -> Result<KinetoTrace, TraceError> {
-    let mut magic = [0u8; 2];
+    let mut magic = [0u8; 4];
     let mut n = 0;
     while n < magic.len() {
         match reader.read(&mut magic[n..]) {
@@ -533,16 +688,57 @@ pub fn parse_kineto<R: Read>(mut reader: R, name: &str) -> Result<KinetoTrace, T
             }
         }
     }
-    let input = io::Cursor::new(magic[..n].to_vec()).chain(reader);
-    if magic[..n] == [0x1f, 0x8b] {
-        let gz = MultiGzDecoder::new(BufReader::with_capacity(READ_BUF / 4, input));
-        parse_json(BufReader::with_capacity(READ_BUF, gz), name, true)
+    if n == 0 {
+        return Err(TraceError::NotATrace {
+            name: name.to_string(),
+            reason: "the file is empty".into(),
+        });
+    }
+    let head = magic[..n].to_vec();
+    let input = io::Cursor::new(head.clone()).chain(reader);
+    if head.starts_with(&[0x1f, 0x8b]) {
+        let count = Rc::new(Cell::new(0));
+        let gz = Counted {
+            inner: MultiGzDecoder::new(BufReader::with_capacity(READ_BUF / 4, input)),
+            count: count.clone(),
+        };
+        parse_json(
+            BufReader::with_capacity(READ_BUF, gz),
+            name,
+            Source::Gzip(count),
+        )
     } else {
-        parse_json(BufReader::with_capacity(READ_BUF, input), name, false)
+        parse_json(
+            BufReader::with_capacity(READ_BUF, input),
+            name,
+            Source::Plain(head),
+        )
     }
 }
 
-fn parse_json<R: Read>(reader: R, name: &str, gz: bool) -> Result<KinetoTrace, TraceError> {
+/// What the JSON is read from, for error messages.
+enum Source {
+    /// A plain file and its first bytes.
+    Plain(Vec<u8>),
+    /// A gzip stream and the number of bytes decompressed so far.
+    Gzip(Rc<Cell<u64>>),
+}
+
+/// Counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    count: Rc<Cell<u64>>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.set(self.count.get() + n as u64);
+        Ok(n)
+    }
+}
+
+fn parse_json<R: Read>(reader: R, name: &str, src: Source) -> Result<KinetoTrace, TraceError> {
     let mut de = serde_json::Deserializer::from_reader(reader);
     let mut st = State::default();
     let res = (&mut de)
@@ -550,15 +746,13 @@ fn parse_json<R: Read>(reader: R, name: &str, gz: bool) -> Result<KinetoTrace, T
         .and_then(|()| de.end());
     if let Err(e) = res {
         if st.trace.bare_array && e.is_eof() && !st.trace.events.is_empty() {
-            let msg = format!(
+            st.trace.warnings.push(format!(
                 "{name}: the event array is not closed (no final `]`, as in Horovod timelines); \
                  kept the {} complete events",
                 st.trace.events.len()
-            );
-            tracing::warn!("{msg}");
-            st.trace.warnings.push(msg);
+            ));
         } else {
-            return Err(json_error(e, name, gz));
+            return Err(json_error(e, name, &src, &st));
         }
     }
     if !st.trace.bare_array && !st.saw_trace_events {
@@ -571,55 +765,150 @@ fn parse_json<R: Read>(reader: R, name: &str, gz: bool) -> Result<KinetoTrace, T
             reason: format!("the top-level object has no `traceEvents` (keys: {keys})"),
         });
     }
+    if !st.unknown_cats.is_empty() {
+        let total: usize = st.unknown_cats.values().map(|v| v.0).sum();
+        let mut list: Vec<_> = st.unknown_cats.iter().collect();
+        list.sort_by_key(|(_, (n, first))| (std::cmp::Reverse(*n), *first));
+        let shown: Vec<String> = list
+            .iter()
+            .take(5)
+            .map(|(c, (n, first))| format!("`{c}` ({n}, first event #{first})"))
+            .collect();
+        let more = list.len().saturating_sub(5);
+        st.trace.warnings.push(format!(
+            "{name}: {total} events have categories this importer does not know; they are \
+             ignored: {}{}",
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if let Some(d) = &st.trace.distributed
+        && let (Some(r), Some(w)) = (d.rank, d.world_size)
+        && (r < 0 || w <= 0 || r >= w)
+    {
+        st.trace.warnings.push(format!(
+            "{name}: `distributedInfo` says rank {r} of world size {w}, which cannot be; ignored"
+        ));
+    }
     let mut trace = st.trace;
     trace.trace_start_ns = st.min_ts;
     trace.sampled = st.gpu_activity > 0 && st.launch_flows == 0;
     Ok(trace)
 }
 
-fn json_error(e: serde_json::Error, name: &str, gz: bool) -> TraceError {
-    let (line, column) = (e.line(), e.column());
-    let location = if gz {
-        format!("line {line} column {column} of the decompressed JSON")
+/// Where the reader was when it failed: the event (index in `traceEvents`, its name and `ts` when
+/// already read, the field being read) or the section.
+fn reader_context(st: &State) -> String {
+    if let Some(c) = &st.ctx {
+        let mut s = format!("event #{} of traceEvents", c.index);
+        let mut about = Vec::new();
+        if let Some(n) = &c.name {
+            let short: String = n.chars().take(60).collect();
+            let dots = if short.len() < n.len() { "…" } else { "" };
+            about.push(format!("{short:?}{dots}"));
+        }
+        if let Some(ts) = c.ts_ns {
+            about.push(format!("ts {} µs", ts as f64 / 1e3));
+        }
+        if let Some(f) = c.field {
+            about.push(format!("field `{f}`"));
+        }
+        if !about.is_empty() {
+            s.push_str(&format!(" ({})", about.join(", ")));
+        }
+        s
+    } else if let Some(sec) = st.section {
+        format!("in `{sec}`")
     } else {
-        format!("line {line} column {column}")
+        String::new()
+    }
+}
+
+fn json_error(e: serde_json::Error, name: &str, src: &Source, st: &State) -> TraceError {
+    let (line, column) = (e.line(), e.column());
+    let ctx = reader_context(st);
+    let with_ctx = |loc: String| {
+        if ctx.is_empty() {
+            loc
+        } else {
+            format!("{loc}, {ctx}")
+        }
     };
+    let location = with_ctx(match src {
+        Source::Gzip(_) => format!("line {line} column {column} of the decompressed JSON"),
+        Source::Plain(_) => format!("line {line} column {column}"),
+    });
+    let empty = line == 1 && column == 0;
     match e.classify() {
         serde_json::error::Category::Io => {
             let source: io::Error = e.into();
-            if source.kind() == io::ErrorKind::UnexpectedEof {
-                TraceError::Truncated {
-                    name: name.to_string(),
-                    location: if gz {
-                        "the gzip stream ends early".into()
+            match src {
+                Source::Gzip(count) => {
+                    let at = with_ctx(format!(
+                        "after {} bytes of decompressed JSON (line {line} column {column})",
+                        count.get()
+                    ));
+                    if source.kind() == io::ErrorKind::UnexpectedEof {
+                        TraceError::Truncated {
+                            name: name.to_string(),
+                            location: format!("the gzip stream ends early, {at}"),
+                        }
                     } else {
-                        location
-                    },
+                        TraceError::GzipAt {
+                            name: name.to_string(),
+                            location: at,
+                            source,
+                        }
+                    }
                 }
-            } else if gz {
-                TraceError::Gzip {
-                    name: name.to_string(),
-                    source,
-                }
-            } else {
-                TraceError::Io {
+                Source::Plain(_) => TraceError::Io {
                     path: name.to_string(),
                     source,
-                }
+                },
             }
         }
+        serde_json::error::Category::Eof if empty => TraceError::NotATrace {
+            name: name.to_string(),
+            reason: "the gzip stream decompresses to nothing".into(),
+        },
         serde_json::error::Category::Eof => TraceError::Truncated {
             name: name.to_string(),
             location,
         },
-        serde_json::error::Category::Syntax | serde_json::error::Category::Data => {
+        serde_json::error::Category::Syntax if line == 1 && column <= 1 => TraceError::NotATrace {
+            name: name.to_string(),
+            reason: match src {
+                Source::Plain(head) => format!(
+                    "it is not JSON (it starts with the bytes {})",
+                    head.iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+                Source::Gzip(_) => "its decompressed content is not JSON".into(),
+            },
+        },
+        cat @ (serde_json::error::Category::Syntax | serde_json::error::Category::Data) => {
             let full = e.to_string();
             let suffix = format!(" at line {line} column {column}");
             let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
-            TraceError::Json {
-                name: name.to_string(),
-                location,
-                message,
+            let name = name.to_string();
+            if cat == serde_json::error::Category::Syntax {
+                TraceError::Json {
+                    name,
+                    location,
+                    message,
+                }
+            } else {
+                TraceError::BadValue {
+                    name,
+                    location,
+                    message,
+                }
             }
         }
     }
@@ -629,6 +918,35 @@ fn json_error(e: serde_json::Error, name: &str, gz: bool) -> TraceError {
 // Streaming visitors
 // ---------------------------------------------------------------------------------------------
 
+/// The event being read, for error messages.
+#[derive(Default)]
+struct EventCtx {
+    index: usize,
+    name: Option<Name>,
+    ts_ns: Option<i64>,
+    field: Option<&'static str>,
+}
+
+/// Categories Kineto writes that the importer knowingly does not use (no warning for them).
+const UNUSED_CATEGORIES: &[&str] = &[
+    "overhead",
+    "cpu_instant_event",
+    "cuda_profiler_range",
+    "external_correlation",
+    "gpu_pm_counter",
+    "collective_comm",
+    "glow_runtime",
+    "mtia_runtime",
+    "mtia_ccp_events",
+    "mtia_insight",
+    "privateuse1_runtime",
+    "privateuse1_driver",
+    "hpu_op",
+    "xpu_runtime",
+    "xpu_driver",
+    "cpu_to_cuda",
+];
+
 #[derive(Default)]
 struct State {
     trace: KinetoTrace,
@@ -637,15 +955,53 @@ struct State {
     min_ts: Option<i64>,
     gpu_activity: usize,
     launch_flows: usize,
+    names: Interner,
+    /// The event being read (`None` between events and outside `traceEvents`).
+    ctx: Option<EventCtx>,
+    /// The top-level section being read, outside `traceEvents`.
+    section: Option<&'static str>,
+    /// Unknown categories: events, first event index.
+    unknown_cats: HashMap<Name, (usize, usize)>,
+}
+
+/// An event's fields as read, before normalisation.
+#[derive(Default)]
+struct RawEvent {
+    ph: Option<Name>,
+    cat: Option<Name>,
+    name: Option<Name>,
+    pid: Option<Id>,
+    tid: Option<Id>,
+    ts: Option<i64>,
+    dur: Option<i64>,
+    id: Option<u64>,
+    args: Option<EventArgs>,
 }
 
 impl State {
     fn push(&mut self, raw: RawEvent) {
-        let ph = Phase::parse(raw.ph.as_deref().unwrap_or(""));
-        let cat = match raw.cat.as_deref() {
-            Some(c) => Category::parse(c, &ph),
-            None if ph.is_flow() => Category::Flow(FlowKind::Other(String::new())),
-            None => Category::Other(String::new()),
+        let index = self.trace.events.len();
+        let ph =
+            raw.ph.as_deref().map_or(
+                Phase::Other(self.names.get("")),
+                |p| match Phase::parse_known(p) {
+                    Some(ph) => ph,
+                    None => Phase::Other(raw.ph.clone().unwrap_or_default()),
+                },
+            );
+        let cat = match raw.cat {
+            Some(c) => Category::known(&c, &ph).unwrap_or_else(|| {
+                if !UNUSED_CATEGORIES.contains(&&*c) {
+                    self.unknown_cats.entry(c.clone()).or_insert((0, index)).0 += 1;
+                }
+                if ph.is_flow() {
+                    Category::Flow(FlowKind::Other(c))
+                } else {
+                    Category::Other(c)
+                }
+            }),
+            None if ph.is_flow() => Category::Flow(FlowKind::Other(self.names.get(""))),
+            None => Category::Other(self.names.get("")),
         };
         if ph != Phase::Metadata
             && let Some(ts) = raw.ts
@@ -658,41 +1014,19 @@ impl State {
         if cat == Category::Flow(FlowKind::LaunchToGpu) {
             self.launch_flows += 1;
         }
+        let names = &mut self.names;
         self.trace.events.push(Event {
             ph,
             cat,
-            name: raw.name.unwrap_or_default(),
-            pid: raw.pid.unwrap_or_default(),
-            tid: raw.tid.unwrap_or_default(),
+            name: raw.name.unwrap_or_else(|| names.get("")),
+            pid: raw.pid.unwrap_or_else(|| Id::Str(names.get(""))),
+            tid: raw.tid.unwrap_or_else(|| Id::Str(names.get(""))),
             ts_ns: raw.ts.unwrap_or(0),
             dur_ns: raw.dur.unwrap_or(0),
             flow_id: raw.id,
-            args: raw.args.unwrap_or_default(),
+            args: raw.args.map(Args::from).unwrap_or_default(),
         });
     }
-}
-
-/// Only the fields of a trace event that we use; everything else is skipped unparsed.
-#[derive(Default, Deserialize)]
-#[serde(default)]
-struct RawEvent {
-    #[serde(deserialize_with = "lenient_string")]
-    ph: Option<String>,
-    #[serde(deserialize_with = "lenient_string")]
-    cat: Option<String>,
-    #[serde(deserialize_with = "lenient_string")]
-    name: Option<String>,
-    #[serde(deserialize_with = "lenient_id")]
-    pid: Option<Id>,
-    #[serde(deserialize_with = "lenient_id")]
-    tid: Option<Id>,
-    #[serde(deserialize_with = "time_us_to_ns")]
-    ts: Option<i64>,
-    #[serde(deserialize_with = "time_us_to_ns")]
-    dur: Option<i64>,
-    #[serde(deserialize_with = "lenient_flow_id")]
-    id: Option<u64>,
-    args: Option<EventArgs>,
 }
 
 struct TopVisitor<'a>(&'a mut State);
@@ -709,14 +1043,20 @@ impl<'de> Visitor<'de> for TopVisitor<'_> {
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
                 "traceEvents" => {
+                    if st.saw_trace_events {
+                        return Err(de::Error::custom("a second `traceEvents`"));
+                    }
                     st.saw_trace_events = true;
+                    st.section = Some("traceEvents");
                     map.next_value_seed(EventsSeed(st))?;
                 }
                 "deviceProperties" => {
+                    st.section = Some("deviceProperties");
                     let props: Option<Vec<DeviceProps>> = map.next_value()?;
                     st.trace.device_properties.extend(props.unwrap_or_default());
                 }
                 "distributedInfo" => {
+                    st.section = Some("distributedInfo");
                     st.trace.distributed = map.next_value::<Option<DistributedInfo>>()?;
                 }
                 "schemaVersion" => st.trace.schema_version = map.next_value::<Lenient64>()?.0,
@@ -731,6 +1071,7 @@ impl<'de> Visitor<'de> for TopVisitor<'_> {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
+            st.section = None;
         }
         Ok(())
     }
@@ -761,12 +1102,172 @@ impl<'de> Visitor<'de> for EventsVisitor<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let st = self.0;
         if let Some(n) = seq.size_hint() {
-            self.0.trace.events.reserve(n.min(1 << 20));
+            st.trace.events.reserve(n.min(1 << 20));
         }
-        while let Some(raw) = seq.next_element::<RawEvent>()? {
-            self.0.push(raw);
+        loop {
+            st.ctx = Some(EventCtx {
+                index: st.trace.events.len(),
+                ..EventCtx::default()
+            });
+            if seq.next_element_seed(EventSeed(st))?.is_none() {
+                break;
+            }
         }
+        st.ctx = None;
+        Ok(())
+    }
+}
+
+/// One element of `traceEvents`, read straight into the state.
+struct EventSeed<'a>(&'a mut State);
+
+impl<'de> DeserializeSeed<'de> for EventSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+/// The event fields we read; everything else is skipped unparsed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Ph,
+    Cat,
+    Name,
+    Pid,
+    Tid,
+    Ts,
+    Dur,
+    Id,
+    Args,
+    Other,
+}
+
+impl Key {
+    fn name(self) -> &'static str {
+        match self {
+            Key::Ph => "ph",
+            Key::Cat => "cat",
+            Key::Name => "name",
+            Key::Pid => "pid",
+            Key::Tid => "tid",
+            Key::Ts => "ts",
+            Key::Dur => "dur",
+            Key::Id => "id",
+            Key::Args => "args",
+            Key::Other => "",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_identifier(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl<'de> Visitor<'de> for KeyVisitor {
+    type Value = Key;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a field name")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Key, E> {
+        Ok(match v {
+            "ph" => Key::Ph,
+            "cat" => Key::Cat,
+            "name" => Key::Name,
+            "pid" => Key::Pid,
+            "tid" => Key::Tid,
+            "ts" => Key::Ts,
+            "dur" => Key::Dur,
+            "id" => Key::Id,
+            "args" => Key::Args,
+            _ => Key::Other,
+        })
+    }
+}
+
+impl<'de> Visitor<'de> for EventSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a trace event (a JSON object)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let st = self.0;
+        let mut raw = RawEvent::default();
+        let mut seen = 0u16;
+        while let Some(key) = map.next_key::<Key>()? {
+            if key == Key::Other {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let bit = 1u16 << (key as u16);
+            if seen & bit != 0 {
+                return Err(de::Error::custom(format!(
+                    "duplicate field `{}` (which one holds?)",
+                    key.name()
+                )));
+            }
+            seen |= bit;
+            if let Some(c) = st.ctx.as_mut() {
+                c.field = Some(key.name());
+            }
+            let names = &mut st.names;
+            match key {
+                Key::Ph => raw.ph = map.next_value_seed(TextSeed(names))?,
+                Key::Cat => raw.cat = map.next_value_seed(TextSeed(names))?,
+                Key::Name => {
+                    raw.name = map.next_value_seed(TextSeed(names))?;
+                    if let Some(c) = st.ctx.as_mut() {
+                        c.name.clone_from(&raw.name);
+                    }
+                }
+                Key::Pid => raw.pid = map.next_value_seed(IdSeed(names))?,
+                Key::Tid => raw.tid = map.next_value_seed(IdSeed(names))?,
+                Key::Ts => {
+                    raw.ts = map.next_value_seed(TimeSeed)?;
+                    if let Some(t) = raw.ts.filter(|t| t.abs() > MAX_ABS_TS_NS) {
+                        return Err(de::Error::custom(format!(
+                            "time {} µs is out of range (trace times are within ±{} µs of \
+                             the clock's zero, ~95 years)",
+                            t as f64 / 1e3,
+                            MAX_ABS_TS_NS / 1000
+                        )));
+                    }
+                    if let Some(c) = st.ctx.as_mut() {
+                        c.ts_ns = raw.ts;
+                    }
+                }
+                Key::Dur => {
+                    raw.dur = map.next_value_seed(TimeSeed)?;
+                    if let Some(d) = raw.dur.filter(|&d| d < 0) {
+                        return Err(de::Error::custom(format!(
+                            "negative duration ({} µs): an event cannot end before it starts",
+                            d as f64 / 1e3
+                        )));
+                    }
+                    if let Some(d) = raw.dur.filter(|&d| d > MAX_DUR_NS) {
+                        return Err(de::Error::custom(format!(
+                            "duration {} µs is out of range (at most {} µs, ~31 years)",
+                            d as f64 / 1e3,
+                            MAX_DUR_NS / 1000
+                        )));
+                    }
+                }
+                Key::Id => raw.id = map.next_value_seed(FlowIdSeed)?,
+                Key::Args => raw.args = map.next_value()?,
+                Key::Other => {}
+            }
+        }
+        st.push(raw);
         Ok(())
     }
 }
@@ -774,6 +1275,14 @@ impl<'de> Visitor<'de> for EventsVisitor<'_> {
 // ---------------------------------------------------------------------------------------------
 // Lenient scalar helpers
 // ---------------------------------------------------------------------------------------------
+
+/// Any JSON value, kept as compact JSON text (`null` → None). Through a transient `Value`: serde_json's
+/// `raw_value` feature would keep the text as written, but it costs every byte of every trace
+/// ~30 % more parsing time.
+fn raw_json<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let v = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(v.map(|v| v.to_string()))
+}
 
 /// Integer from an int, an (integral-ish, rounded) float or a numeric string; anything else → None.
 struct Lenient64(Option<i64>);
@@ -893,13 +1402,18 @@ impl<'de> Visitor<'de> for StrVisitor {
     }
 }
 
-fn lenient_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Id>, D::Error> {
-    d.deserialize_any(IdVisitor)
+/// A process or thread id, string ids interned.
+struct IdSeed<'a>(&'a mut Interner);
+
+impl<'de> DeserializeSeed<'de> for IdSeed<'_> {
+    type Value = Option<Id>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
 }
 
-struct IdVisitor;
-
-impl<'de> Visitor<'de> for IdVisitor {
+impl<'de> Visitor<'de> for IdSeed<'_> {
     type Value = Option<Id>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -911,24 +1425,21 @@ impl<'de> Visitor<'de> for IdVisitor {
     fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
         Ok(Some(match i64::try_from(v) {
             Ok(n) => Id::Num(n),
-            Err(_) => Id::Str(v.to_string()),
+            Err(_) => Id::Str(self.0.get(&v.to_string())),
         }))
     }
     fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
         Ok(Some(if v.fract() == 0.0 && v.abs() < 9.2e18 {
             Id::Num(v as i64)
         } else {
-            Id::Str(v.to_string())
+            Id::Str(self.0.get(&v.to_string()))
         }))
     }
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Some(Id::Str(v.to_string())))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Some(Id::Str(v)))
+        Ok(Some(Id::Str(self.0.get(v))))
     }
     fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(Some(Id::Str(v.to_string())))
+        Ok(Some(Id::Str(self.0.get(if v { "true" } else { "false" }))))
     }
     fn visit_unit<E>(self) -> Result<Self::Value, E> {
         Ok(None)
@@ -938,8 +1449,65 @@ impl<'de> Visitor<'de> for IdVisitor {
     }
 }
 
-fn lenient_flow_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    d.deserialize_any(FlowIdVisitor)
+/// Text, interned: a string, or a number / bool written as text; null → None; an array or an
+/// object is an error.
+struct TextSeed<'a>(&'a mut Interner);
+
+impl<'de> DeserializeSeed<'de> for TextSeed<'_> {
+    type Value = Option<Name>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TextSeed<'_> {
+    type Value = Option<Name>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Some(self.0.get(v)))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Some(self.0.get(&v.to_string())))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Some(self.0.get(&v.to_string())))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Some(self.0.get(&v.to_string())))
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Some(self.0.get(if v { "true" } else { "false" })))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+struct FlowIdSeed;
+
+impl<'de> DeserializeSeed<'de> for FlowIdSeed {
+    type Value = Option<u64>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(FlowIdVisitor)
+    }
+}
+
+struct TimeSeed;
+
+impl<'de> DeserializeSeed<'de> for TimeSeed {
+    type Value = Option<i64>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(TimeVisitor)
+    }
 }
 
 /// FNV-1a, so that non-numeric string flow ids still pair up.
@@ -991,10 +1559,6 @@ impl<'de> Visitor<'de> for FlowIdVisitor {
     fn visit_none<E>(self) -> Result<Self::Value, E> {
         Ok(None)
     }
-}
-
-fn time_us_to_ns<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
-    d.deserialize_any(TimeVisitor)
 }
 
 /// µs as an f64 → ns, exact on the f64's value: integral part and fraction are converted apart,
@@ -1283,6 +1847,55 @@ mod tests {
             e.to_string()
                 .starts_with("failed to read /nonexistent/x.json"),
             "{e}"
+        );
+    }
+
+    /// The memory bound rests on this: the args of cpu ops, runtime calls and kernels stay inline
+    /// (add an id that most events carry to `Args`, not only to `EventArgs`).
+    #[test]
+    fn common_events_keep_their_args_inline() {
+        let t = parse(
+            r#"{"traceEvents":[
+              {"ph":"X","cat":"cpu_op","name":"aten::mm","pid":1,"tid":1,"ts":1,"dur":1,
+               "args":{"External id":2,"Record function id":3,"Sequence number":4,"Fwd thread id":0,"Ev Idx":5}},
+              {"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":1,"dur":1,
+               "args":{"External id":2,"cbid":211,"correlation":7}},
+              {"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":2,"dur":1,
+               "args":{"External id":2,"queued":0,"device":0,"context":1,"stream":7,"correlation":7,
+                       "registers per thread":40,"shared memory":0,"grid":[1,1,1],"block":[64,1,1]}},
+              {"ph":"X","cat":"kernel","name":"ncclKernel","pid":0,"tid":7,"ts":2,"dur":1,
+               "args":{"correlation":8,"stream":7,"Collective name":"allreduce"}}
+            ]}"#,
+        );
+        for e in &t.events[..3] {
+            assert!(e.args.full.is_none(), "{}", e.name);
+        }
+        let nccl = &t.events[3].args;
+        assert!(nccl.full.is_some());
+        assert_eq!(nccl.collective_name.as_deref(), Some("allreduce"));
+        assert_eq!((nccl.correlation, nccl.stream), (Some(8), Some(7)));
+        let cpu = &t.events[0].args;
+        assert_eq!(
+            (cpu.rf_id, cpu.seq, cpu.fwd_thread_id),
+            (Some(3), Some(4), Some(0))
+        );
+        assert_eq!(cpu.to_event_args().external_id, Some(2));
+        // Free-form args are kept as compact JSON text.
+        let t = parse(
+            r#"[{"name":"c10d::allreduce_","args":{"Input Dims": [[6144], [ ]], "Input type": ["float", ""]}}]"#,
+        );
+        assert_eq!(t.events[0].args.input_dims.as_deref(), Some("[[6144],[]]"));
+        assert_eq!(
+            t.events[0].args.input_type.as_deref(),
+            Some(r#"["float",""]"#)
+        );
+        // Two events with one name share it.
+        let t = parse(r#"[{"name":"aten::mm"},{"name":"aten::mm"}]"#);
+        assert!(Arc::ptr_eq(&t.events[0].name, &t.events[1].name));
+        assert!(
+            std::mem::size_of::<Event>() <= 288,
+            "{}",
+            std::mem::size_of::<Event>()
         );
     }
 

@@ -104,7 +104,7 @@ fn parse_ranks(s: &str) -> Option<Vec<u32>> {
 fn from_call(e_idx: usize, e: &Event, c: &CommCall, how: MatchedBy) -> CollectiveInfo {
     CollectiveInfo {
         event_index: e_idx,
-        kernel: e.name.clone(),
+        kernel: e.name.to_string(),
         kind: c.kind.clone(),
         bytes: Some(c.bytes),
         out_bytes: c.out_bytes,
@@ -119,20 +119,16 @@ fn from_call(e_idx: usize, e: &Event, c: &CommCall, how: MatchedBy) -> Collectiv
 
 /// Bytes from the first input's dims and type (`[[6144], ...]`, `["float", ...]`).
 fn operator_input_bytes(op: &Event) -> Option<(u64, String)> {
-    let dims = op
-        .args
-        .input_dims
-        .as_ref()?
-        .as_array()?
-        .first()?
-        .as_array()?;
+    let dims: serde_json::Value = serde_json::from_str(op.args.input_dims.as_deref()?).ok()?;
+    let dims = dims.as_array()?.first()?.as_array()?;
     if dims.is_empty() {
         return None;
     }
     let elems = dims
         .iter()
         .try_fold(1u64, |acc, d| acc.checked_mul(d.as_u64()?))?;
-    let ty = op.args.input_type.as_ref()?.as_array()?.first()?.as_str()?;
+    let ty: serde_json::Value = serde_json::from_str(op.args.input_type.as_deref()?).ok()?;
+    let ty = ty.as_array()?.first()?.as_str()?;
     Some((elems.checked_mul(dtype_bytes(ty)?)?, ty.to_string()))
 }
 
@@ -186,7 +182,7 @@ pub fn link_ops(kineto: &KinetoTrace, et: &HostEt) -> Vec<OpLink> {
             let e = &ev[i];
             if let Some(rf) = e.args.rf_id.and_then(|r| u64::try_from(r).ok())
                 && let Some(&(node, name)) = by_rf.get(&rf)
-                && name == e.name
+                && name == &*e.name
             {
                 out.push(OpLink {
                     event_index: i,
@@ -212,7 +208,7 @@ pub fn link_ops(kineto: &KinetoTrace, et: &HostEt) -> Vec<OpLink> {
             let Some(ext) = ev[i].args.external_id else {
                 continue;
             };
-            let Some(rfs) = by_name.get(ev[i].name.as_str()) else {
+            let Some(rfs) = by_name.get(&*ev[i].name) else {
                 continue;
             };
             if rfs.len() > RARE_NAME {
@@ -236,7 +232,7 @@ pub fn link_ops(kineto: &KinetoTrace, et: &HostEt) -> Vec<OpLink> {
             .filter_map(|&i| {
                 let rf = u64::try_from(ev[i].args.external_id?.checked_sub(offset)?).ok()?;
                 let &(node, name) = by_rf.get(&rf)?;
-                (name == ev[i].name).then_some(OpLink {
+                (name == &*ev[i].name).then_some(OpLink {
                     event_index: i,
                     node_id: node,
                     method: OpLinkMethod::ExternalIdOffset { offset },
@@ -330,7 +326,7 @@ pub fn collective_sizes(
                 let ranks = a.process_group_ranks.as_deref().and_then(parse_ranks);
                 out.push(CollectiveInfo {
                     event_index: i,
-                    kernel: k.name.clone(),
+                    kernel: k.name.to_string(),
                     kind: CollectiveKind::parse(name),
                     bytes: Some(n.saturating_mul(s)),
                     out_bytes: a
@@ -362,7 +358,7 @@ pub fn collective_sizes(
                 if !kind.kernel_runs(&call.kind) {
                     return Err(LinkError::KindMismatch {
                         event_index: i,
-                        kernel: k.name.clone(),
+                        kernel: k.name.to_string(),
                         kind,
                         node: call.host_et_node_id,
                         call: call.kind.clone(),
@@ -396,7 +392,7 @@ pub fn collective_sizes(
         };
         out.push(CollectiveInfo {
             event_index: i,
-            kernel: k.name.clone(),
+            kernel: k.name.to_string(),
             kind,
             bytes,
             out_bytes: bytes,

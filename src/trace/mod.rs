@@ -46,15 +46,34 @@ pub enum TraceError {
         #[source]
         source: std::io::Error,
     },
+    /// The gzip stream breaks part way; `location`: how far decompression got (bytes of JSON,
+    /// line and column, event).
+    #[error("failed to decompress {name} (gzip, {location}): {source}")]
+    GzipAt {
+        name: String,
+        location: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The data ends before the JSON document does.
     #[error(
         "{name} is truncated: the data ends early ({location}); the file is incomplete \
          (an interrupted download or copy, or a profiler killed while writing it)"
     )]
     Truncated { name: String, location: String },
-    /// Syntax error or a value of the wrong type.
+    /// Syntax error or a value of the wrong type. `location`: line and column (of the
+    /// decompressed JSON for gzip files), and the event (index in `traceEvents`, name, `ts`, field)
+    /// when the error is inside one.
     #[error("malformed JSON in {name} at {location}: {message}")]
     Json {
+        name: String,
+        location: String,
+        message: String,
+    },
+    /// Valid JSON holding a value the importer refuses (a wrong type, a time out of range, a
+    /// negative duration, a field given twice); `location` as for [`TraceError::Json`].
+    #[error("bad value in {name} at {location}: {message}")]
+    BadValue {
         name: String,
         location: String,
         message: String,

@@ -12,6 +12,9 @@
 //! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 //! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
+//! * [`trace_bad_input`]: every kind of bad trace input, end to end: exit 3 and where, or a warning.
+//! * [`trace_fuzz`]: mutated real and fixture traces through import, graph and replay: no panic,
+//!   and every error names the file; the inputs that once crashed, kept as regressions.
 
 mod cli;
 mod exec_traces;
@@ -20,6 +23,8 @@ mod fuzz_traces;
 mod lower_bound;
 mod plan;
 mod properties;
+mod trace_bad_input;
+mod trace_fuzz;
 mod trace_multi;
 mod trace_replay;
 mod whatif;

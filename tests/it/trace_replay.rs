@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::{check_bad_input, run, run_json};
 
-fn traces() -> Option<PathBuf> {
+pub(crate) fn traces() -> Option<PathBuf> {
     let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/pytorch-kineto");
     if d.is_dir() {
         Some(d)
