@@ -33,11 +33,7 @@ use prost::Message;
 
 use super::TraceError;
 use super::graph::TraceGraphError;
-use crate::cost::comm::AlphaBeta;
-use crate::cost::compute::Efficiency;
-use crate::cost::config::{Dtype, SyncScheme};
-use crate::graph::comm::{CommCost, CommSpec};
-use crate::graph::job::{Job, JobMeta, LocalGraph, LocalOp};
+use crate::graph::job::{Job, LocalGraph, LocalOp};
 use crate::graph::{DeviceKind, NONE, OpId, OpKind, OpSpec, Phase, Tensor};
 
 const FORMAT: &str = "Chakra execution trace";
@@ -878,36 +874,7 @@ pub fn build_job(trace: &ChakraTrace, name: &str) -> Result<ChakraJob, TraceGrap
         );
     }
     let gpu = crate::cost::config::load_gpu("a100-80gb").map_err(|e| invalid(e.to_string()))?;
-    let link = AlphaBeta {
-        alpha_ns: 5_000.0,
-        bytes_per_ns: 100.0,
-    };
-    let job = Job {
-        local,
-        syncs: Vec::new(),
-        comm: CommSpec {
-            scheme: SyncScheme::Ring,
-            gpus_per_node: 1,
-            nodes: 1,
-            ps_servers: 1,
-            cost: CommCost {
-                intra: link,
-                inter: link,
-                aggregate_bytes_per_ns: 100.0,
-            },
-        },
-        workers: 1,
-        symmetric: false,
-        gpu,
-        dtype: Dtype::Fp32,
-        efficiency: Efficiency::default(),
-        meta: JobMeta {
-            model: name.to_string(),
-            batch: 0,
-            cluster: "trace".into(),
-            source: "trace".into(),
-        },
-    };
+    let job = super::graph::one_worker_job(local, gpu, name);
     job.local_dfg()
         .map_err(|e| invalid(format!("the dependency graph is invalid: {e}")))?;
     Ok(ChakraJob {

@@ -1051,14 +1051,38 @@ pub fn build_job(
             name: name.into(),
             message: e.to_string(),
         })?;
+    let Builder {
+        local, recorded, ..
+    } = b;
+    let job = one_worker_job(local, gpu, name);
+    job.local_dfg().map_err(|e| TraceGraphError::Invalid {
+        name: name.into(),
+        message: format!("the dependency graph of {} is invalid: {e}", win.label),
+    })?;
+    let recorded_start_ns = recorded.into_iter().map(|t| t - lo).collect();
+    Ok(TraceJob {
+        job,
+        window: win,
+        recorded_start_ns,
+        step_end,
+        collectives,
+        warnings,
+    })
+}
+
+/// The one-worker job of a recorded step: no gradient syncs to plan (the trace's collectives are
+/// ops of the graph), a placeholder network (nothing is re-costed through it), `meta.source` =
+/// `trace`. Shared by the Kineto and Chakra importers.
+pub(crate) fn one_worker_job(
+    local: LocalGraph,
+    gpu: crate::cost::config::GpuSpec,
+    name: &str,
+) -> Job {
     let link = AlphaBeta {
         alpha_ns: 5_000.0,
         bytes_per_ns: 100.0,
     };
-    let Builder {
-        local, recorded, ..
-    } = b;
-    let job = Job {
+    Job {
         local,
         syncs: Vec::new(),
         comm: CommSpec {
@@ -1083,20 +1107,7 @@ pub fn build_job(
             cluster: "trace".into(),
             source: "trace".into(),
         },
-    };
-    job.local_dfg().map_err(|e| TraceGraphError::Invalid {
-        name: name.into(),
-        message: format!("the dependency graph of {} is invalid: {e}", win.label),
-    })?;
-    let recorded_start_ns = recorded.into_iter().map(|t| t - lo).collect();
-    Ok(TraceJob {
-        job,
-        window: win,
-        recorded_start_ns,
-        step_end,
-        collectives,
-        warnings,
-    })
+    }
 }
 
 /// One step replayed: what `trainplan replay --trace FILE --step N` reports.

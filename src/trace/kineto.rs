@@ -1652,7 +1652,6 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::path::PathBuf;
-    use std::time::Instant;
 
     fn parse(s: &str) -> KinetoTrace {
         parse_kineto(s.as_bytes(), "inline").unwrap()
@@ -2169,19 +2168,5 @@ mod tests {
         let t = read_kineto(&dir.join("execution-traces/simple_add.kineto.json.gz")).unwrap();
         assert_eq!((t.events.len(), kernels(&t)), (111, 4));
         t.replayable().unwrap();
-    }
-
-    #[test]
-    fn real_read_time_largest() {
-        let Some(dir) = traces_dir() else { return };
-        let f = dir.join("pytorch-kineto/resnet18like_rtx2080ti_no_profilerstep.json.gz");
-        let start = Instant::now();
-        let t = read_kineto(&f).unwrap();
-        eprintln!(
-            "read {} ({} events, 25.8 MB of JSON) in {:?}",
-            f.display(),
-            t.events.len(),
-            start.elapsed()
-        );
     }
 }
