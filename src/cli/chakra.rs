@@ -126,15 +126,6 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
             "dependency bound {:>9.3} ms   longest dependency chain (unlimited devices)",
             ms(dep)
         ),
-        String::new(),
-        "critical path, largest items:".to_string(),
     ];
-    for l in lines {
-        writeln!(o, "{l}").map_err(CliError::stdout)?;
-    }
-    for i in items.iter().take(8) {
-        writeln!(o, "    {:>8.3} ms  {}", i.dur_ns as f64 / 1e6, i.name)
-            .map_err(CliError::stdout)?;
-    }
-    Ok(())
+    super::replay::write_report(&mut o, &lines, &items)
 }

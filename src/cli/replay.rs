@@ -427,6 +427,34 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A trace report's summary lines, then the critical path's largest items.
+pub(super) fn write_report(
+    o: &mut impl Write,
+    lines: &[String],
+    items: &[breakdown::PathItem],
+) -> Result<(), CliError> {
+    for l in lines {
+        writeln!(o, "{l}").map_err(CliError::stdout)?;
+    }
+    writeln!(o, "\ncritical path, largest items:").map_err(CliError::stdout)?;
+    for i in items.iter().take(8) {
+        // Kernel names run to hundreds of characters (templates): the start says which.
+        let name: String = if i.name.chars().count() > 100 {
+            i.name.chars().take(99).chain(['…']).collect()
+        } else {
+            i.name.clone()
+        };
+        writeln!(
+            o,
+            "    {:>8.3} ms  {}",
+            i.dur_ns as f64 / 1e6,
+            name.trim_end()
+        )
+        .map_err(CliError::stdout)?;
+    }
+    Ok(())
+}
+
 /// `trainplan replay --trace`: measured against predicted.
 fn trace_report(
     a: &ReplayArgs,
@@ -522,16 +550,8 @@ fn trace_report(
             "GPU drains at    {:>9.3} ms   the step's last GPU work ends (replayed)",
             ms(r.iteration_ns)
         ),
-        String::new(),
-        "critical path, largest items:".to_string(),
     ];
-    for l in lines {
-        writeln!(o, "{l}").map_err(CliError::stdout)?;
-    }
-    for i in items.iter().take(8) {
-        writeln!(o, "    {:>8.3} ms  {}", i.dur_ns as f64 / 1e6, i.name)
-            .map_err(CliError::stdout)?;
-    }
+    write_report(o, &lines, &items)?;
     if let Some(x) = x {
         writeln!(
             o,
