@@ -131,6 +131,19 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     let t = Instant::now();
     let trace = crate::trace::read_kineto(path).map_err(CliError::bad_input)?;
     let file = path.display().to_string();
+    // A Horovod timeline reads as events but holds negotiation and communication only.
+    let negotiations = trace
+        .events
+        .iter()
+        .filter(|e| e.name.starts_with("NEGOTIATE_"))
+        .count();
+    if negotiations > 0 && crate::trace::graph::steps(&trace).is_empty() {
+        return Err(CliError::bad_input(format!(
+            "{file} is a Horovod timeline ({negotiations} negotiation events): it records \
+             communication only, no compute, so there is no step to replay; replay the PyTorch \
+             profiler trace of the same run"
+        )));
+    }
     for w in &trace.warnings {
         tracing::warn!(file = %file, "{w}");
     }

@@ -760,9 +760,17 @@ fn parse_json<R: Read>(reader: R, name: &str, src: Source) -> Result<KinetoTrace
         if keys.is_empty() {
             keys = "none".into();
         }
+        let has = |k: &str| st.top_keys.iter().any(|t| t == k);
+        let hint = if has("nodes") && has("schema") {
+            "; it looks like a PyTorch host execution trace: give the Kineto trace of the same run \
+             (an execution trace named like rankN.execution_trace.json.gz beside \
+             rankN.kineto.json.gz is read for collective sizes)"
+        } else {
+            ""
+        };
         return Err(TraceError::NotATrace {
             name: name.to_string(),
-            reason: format!("the top-level object has no `traceEvents` (keys: {keys})"),
+            reason: format!("the top-level object has no `traceEvents` (keys: {keys}){hint}"),
         });
     }
     if !st.unknown_cats.is_empty() {

@@ -361,3 +361,22 @@ fn ignorable_oddities_warn_once_and_go_on() {
     let f = f.to_str().unwrap();
     check_bad_input(&["replay", "--trace", f, "--trace", f], "is given twice");
 }
+
+#[test]
+fn other_trace_formats_are_named() {
+    // A host execution trace given where a Kineto trace is expected.
+    let msg = check(
+        "host_et.json",
+        br#"{"schema": "1.0.1", "pid": 7, "time": "x", "start_ts": 1, "nodes": [], "finish_ts": 2}"#,
+        &["host_et.json", "host execution trace"],
+    );
+    assert!(msg.contains("keys: schema"), "{msg}");
+    // A Horovod timeline: communication only, nothing to replay.
+    let hvd = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/horovod_timeline.json");
+    let msg = check_bad_input(
+        &["replay", "--trace", hvd.to_str().unwrap()],
+        "Horovod timeline",
+    );
+    assert!(msg.contains("no compute"), "{msg}");
+}
