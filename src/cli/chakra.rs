@@ -57,11 +57,7 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
     let err = measured.map(|m| 100.0 * (r.iteration_ns as f64 / m.max(1) as f64 - 1.0));
     let mut o = std::io::stdout().lock();
     if a.json {
-        let top: Vec<_> = items
-            .iter()
-            .take(10)
-            .map(|i| json!({"name": i.name, "ms": i.dur_ns as f64 / 1e6}))
-            .collect();
+        let top = super::replay::top_items_json(&items);
         let v = json!({
             "iteration_ms": r.iteration_ns as f64 / 1e6,
             "measured_iteration_ms": measured.map(|m| m as f64 / 1e6),

@@ -322,11 +322,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
         return Err(CliError::internal("a zoo input without its model"));
     };
     if a.json {
-        let top: Vec<_> = items
-            .iter()
-            .take(10)
-            .map(|i| json!({"name": i.name, "ms": i.dur_ns as f64 / 1e6}))
-            .collect();
+        let top = top_items_json(&items);
         let v = json!({
             "iteration_ms": r.iteration_ns as f64 / 1e6,
             "measured_iteration_ms": null,
@@ -440,6 +436,15 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The critical path's ten largest items for `--json` (`critical_path_top`).
+pub(super) fn top_items_json(items: &[breakdown::PathItem]) -> Vec<serde_json::Value> {
+    items
+        .iter()
+        .take(10)
+        .map(|i| json!({"name": i.name, "ms": i.dur_ns as f64 / 1e6}))
+        .collect()
+}
+
 /// A trace report's summary lines, then the critical path's largest items.
 pub(super) fn write_report(
     o: &mut impl Write,
@@ -502,11 +507,7 @@ fn trace_report(
         })
     });
     if a.json {
-        let top: Vec<_> = items
-            .iter()
-            .take(10)
-            .map(|i| json!({"name": i.name, "ms": i.dur_ns as f64 / 1e6}))
-            .collect();
+        let top = top_items_json(&items);
         let v = json!({
             "iteration_ms": predicted as f64 / 1e6,
             "measured_iteration_ms": measured as f64 / 1e6,
