@@ -39,9 +39,10 @@
 
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::config::Dtype;
+use crate::cost::framework::{Math, Precision};
+use crate::cost::kernel::{MathClass, OpClass};
 use crate::graph::job::{Job, OpWork};
 use crate::graph::{DeviceKind, MemEffect, OpId, OpKind, OpSpec, Phase};
-use crate::zoo::MathClass;
 
 /// The `amp` pass.
 pub struct Amp;
@@ -105,6 +106,73 @@ impl Pass for Amp {
         let fp16_allreduce = knobs.int("fp16_allreduce") == 1;
         Ok(vec![amp_patch(job, half, fp16_allreduce)])
     }
+}
+
+/// `job` (built in FP32) at the precision a run uses: `None` is the framework's default (its
+/// TF32 use on GPUs that have it); `fp32` switches TF32 off, `tf32` uses it for every matrix
+/// class; `fp16`/`bf16` apply this pass (mixed precision, FP32 master weights); `fp8` is bf16
+/// mixed precision with GEMMs on the FP8 tensor cores, on GPUs with an FP8 peak.
+pub fn with_precision(job: &Job, precision: Option<Precision>) -> Result<Job, PassError> {
+    let bad = |why: String| PassError::NotApplicable {
+        pass: "--precision".into(),
+        why,
+    };
+    if job.dtype != Dtype::Fp32 {
+        return Err(bad(format!(
+            "the job is already in {:?}; --precision starts from an FP32 job",
+            job.dtype
+        )));
+    }
+    let mut out = job.clone();
+    let recost = |mut j: Job, math: Math| {
+        j.math = math;
+        for i in 0..j.local.ops.len() {
+            if let Some(w) = j.local.ops[i].work {
+                j.local.ops[i].spec.dur_ns = j.cost_ns(&w, j.dtype, 1.0);
+            }
+        }
+        j
+    };
+    out = recost(out, job.framework.default_math(&job.gpu));
+    let half = match precision {
+        None => return Ok(out),
+        Some(Precision::Fp32) => return Ok(recost(out, Math::FP32)),
+        Some(Precision::Tf32) => {
+            if !job.gpu.matrix_tflops.contains_key(&Dtype::Tf32) {
+                return Err(bad(format!(
+                    "GPU {} has no TF32 tensor cores (no tf32 matrix peak in its config)",
+                    job.gpu.name
+                )));
+            }
+            return Ok(recost(out, Math::TF32));
+        }
+        Some(Precision::Fp16) => Dtype::Fp16,
+        Some(Precision::Bf16) | Some(Precision::Fp8) => Dtype::Bf16,
+    };
+    for need in [
+        Some(half),
+        (precision == Some(Precision::Fp8)).then_some(Dtype::Fp8),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if need != Dtype::Fp16 && !job.gpu.matrix_tflops.contains_key(&need) {
+            return Err(bad(format!(
+                "GPU {} has no {} matrix peak in its config",
+                job.gpu.name,
+                format!("{need:?}").to_lowercase()
+            )));
+        }
+    }
+    let mut out = super::apply(&out, &amp_patch(&out, half, false))?;
+    if precision == Some(Precision::Fp8) {
+        let math = Math {
+            conv: Dtype::Bf16,
+            matmul: Dtype::Fp8,
+        };
+        out = recost(out, math);
+    }
+    Ok(out)
 }
 
 /// Ratio half/full time the roofline gives a typical memory-bound op (2^24 elements, 1 FLOP
@@ -201,13 +269,13 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
         let Some((f, fop)) = first_fw else { continue };
         let elems = (t.bytes / job.dtype.bytes()) as f64;
         // Read 4 B, write 2 B per parameter = 3 half-precision elements.
-        let work = OpWork {
-            math: MathClass::Vector,
-            flops: 0.0,
-            act_elems: 0.0,
-            weight_elems: elems * (job.dtype.bytes() + half.bytes()) as f64 / half.bytes() as f64,
-            kernels: 1,
-        };
+        let work = OpWork::new(
+            OpClass::Elementwise,
+            0.0,
+            0.0,
+            elems * (job.dtype.bytes() + half.bytes()) as f64 / half.bytes() as f64,
+            1,
+        );
         let dur = job.cost_ns(&work, half, 1.0);
         cast_ns += dur;
         let mut after: Vec<OpId> = preds[f]

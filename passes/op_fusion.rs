@@ -245,18 +245,17 @@ pub fn fused_cost(job: &Job, ops: &[OpId]) -> (u64, Option<OpWork>) {
     } else {
         1.0
     };
-    let work = OpWork {
-        math: if works.iter().any(|w| w.math == MathClass::Matrix) {
-            MathClass::Matrix
-        } else {
-            MathClass::Vector
-        },
-        flops: works.iter().map(|w| w.flops).sum(),
-        act_elems: act - saved,
-        weight_elems: weight,
-        kernels: 1,
-    };
-    (ns(fused * ratio), Some(work))
+    let work = works
+        .iter()
+        .copied()
+        .reduce(|a, b| a.merged(&b))
+        .map(|w| OpWork {
+            act_elems: act - saved,
+            weight_elems: weight,
+            kernels: 1,
+            ..w
+        });
+    (ns(fused * ratio), work)
 }
 
 /// Legality bookkeeping and cluster formation for one proposal.
@@ -835,7 +834,9 @@ pub(crate) mod tests {
             symmetric: false,
             gpu: crate::cost::config::load_gpu("v100-32gb").unwrap(),
             dtype: crate::cost::config::Dtype::Fp32,
-            efficiency: Default::default(),
+            math: Default::default(),
+            framework: Default::default(),
+            exec: Default::default(),
             meta: JobMeta::default(),
         }
     }
@@ -885,13 +886,13 @@ pub(crate) mod tests {
         // (900 GB/s × 0.8 = 720 B/ns): 7.2e6 B / 720 = 10,000 ns + one 4000 ns launch = 14,000
         // ns each (1e6 FLOPs at 7850 FLOP/ns is 127 ns: memory-bound).
         let mut job = chain_job(&[(0, false), (0, false)], 0, ring(), 2);
-        let w = OpWork {
-            math: MathClass::Vector,
-            flops: 1e6,
-            act_elems: 1.8e6,
-            weight_elems: 0.0,
-            kernels: 1,
-        };
+        let w = OpWork::new(
+            crate::cost::kernel::OpClass::Elementwise,
+            1e6,
+            1.8e6,
+            0.0,
+            1,
+        );
         for o in &mut job.local.ops {
             o.work = Some(w);
             o.spec.dur_ns = 14_000;

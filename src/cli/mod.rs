@@ -217,6 +217,17 @@ pub struct InputArgs {
     /// the slowest link). Much faster for large clusters.
     #[arg(long)]
     pub symmetric: bool,
+    /// The framework the job runs on: how its kernels are issued (PyTorch eager: one CPU
+    /// dispatch per operator; tf, jax: compiled graphs), its default precision and its default
+    /// gradient synchronisation, which is the baseline (pytorch: DDP buckets; horovod: tensor
+    /// fusion; byteps: partitions; tf: one pack; jax: XLA's combiner).
+    #[arg(long, value_enum, default_value = "pytorch", value_name = "FRAMEWORK")]
+    pub framework: crate::cost::framework::Framework,
+    /// Compute precision of the baseline (default: the framework's — FP32 with TF32
+    /// convolutions for PyTorch on Ampere and newer, TF32 for every matrix class in tf and jax).
+    /// fp16 / bf16 are mixed precision (FP32 master weights); fp8 needs a GPU with an FP8 peak.
+    #[arg(long, value_enum, value_name = "PRECISION")]
+    pub precision: Option<crate::cost::framework::Precision>,
 }
 
 #[derive(Debug, Args)]

@@ -118,8 +118,21 @@ pub struct Extrapolation {
     pub collectives: Vec<crate::trace::extrapolate::Extrapolated>,
 }
 
+/// `--precision` describes a zoo job; a trace ran in the precision it was recorded in.
+pub(super) fn refuse_trace_precision(i: &InputArgs) -> Result<(), CliError> {
+    match i.precision {
+        Some(p) => Err(CliError::usage(format!(
+            "--precision {} applies to --model jobs: a trace ran in the precision it was \
+             recorded in (try `whatif --pass amp` on it)",
+            p.name()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Read `--trace FILE [--step N]` into a job (one rank for now).
 fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
+    refuse_trace_precision(i)?;
     let files = crate::trace::expand_inputs(&i.trace).map_err(CliError::bad_input)?;
     let [path] = files.as_slice() else {
         return Err(CliError::usage(format!(
@@ -180,6 +193,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     }
     let mut job = built.job;
     job.meta.model = trace_stem(path);
+    job.framework = i.framework;
     let name = job.meta.model.clone();
     tracing::info!(
         ops = job.local.ops.len(),
@@ -236,10 +250,12 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         &cluster,
         &BuildOptions {
             symmetric: i.symmetric,
+            framework: i.framework,
             ..Default::default()
         },
     )
     .map_err(CliError::bad_input)?;
+    let job = crate::passes::amp::with_precision(&job, i.precision).map_err(CliError::bad_input)?;
     Ok(Input {
         job,
         model: Some(model),
@@ -273,6 +289,9 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
 
 /// `trainplan replay`.
 pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
+    if !a.input.trace.is_empty() {
+        refuse_trace_precision(&a.input)?;
+    }
     if let [path] = a.input.trace.as_slice()
         && crate::trace::chakra::is_chakra(path)
     {

@@ -564,7 +564,9 @@ mod tests {
             symmetric: false,
             gpu: crate::cost::config::load_gpu("v100-32gb").unwrap(),
             dtype: crate::cost::config::Dtype::Fp32,
-            efficiency: Default::default(),
+            math: Default::default(),
+            framework: Default::default(),
+            exec: Default::default(),
             meta: JobMeta::default(),
         }
     }
