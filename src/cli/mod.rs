@@ -228,6 +228,19 @@ pub struct InputArgs {
     /// fp16 / bf16 are mixed precision (FP32 master weights); fp8 needs a GPU with an FP8 peak.
     #[arg(long, value_enum, value_name = "PRECISION")]
     pub precision: Option<crate::cost::framework::Precision>,
+    /// Gradient synchronisation of a --model job: the framework's default (DDP buckets for
+    /// pytorch, …), or one collective per gradient tensor (what no framework does by default).
+    #[arg(long, value_enum, default_value = "framework", value_name = "SYNC")]
+    pub sync: SyncArg,
+}
+
+/// `--sync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SyncArg {
+    /// The framework's default (see --framework).
+    Framework,
+    /// One collective per gradient tensor.
+    PerTensor,
 }
 
 #[derive(Debug, Args)]

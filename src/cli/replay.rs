@@ -90,7 +90,12 @@ pub struct Built {
 
 /// A resolved input as an editable job.
 pub struct Input {
+    /// The job as the framework runs it by default (`--sync per-tensor`: one collective per
+    /// gradient tensor).
     pub job: Job,
+    /// For a zoo job: the same job with one collective per gradient tensor (what the planner's
+    /// baselines rewrite) and one line on the synchronisation `job` uses.
+    pub sync: Option<(Job, String)>,
     /// The zoo model and cluster (`None` for a trace).
     pub model: Option<zoo::Model>,
     pub cluster: Option<Cluster>,
@@ -203,6 +208,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     );
     Ok(Input {
         job,
+        sync: None,
         model: None,
         cluster: None,
         trace: Some(TraceInput {
@@ -223,6 +229,16 @@ fn trace_stem(path: &std::path::Path) -> String {
         .unwrap_or_default();
     let name = name.strip_suffix(".gz").unwrap_or(&name);
     name.strip_suffix(".json").unwrap_or(name).to_string()
+}
+
+/// Evaluates a job for its gradients' ready times: on the symmetric form when the job allows
+/// (ready times do not depend on the worker count), else on the full graph.
+fn ready_evaluator(job: Job) -> Result<crate::passes::Evaluated, crate::graph::job::JobError> {
+    let mut j = job;
+    if j.comm.scheme == config::SyncScheme::Ring {
+        j.symmetric = true;
+    }
+    crate::passes::evaluate(j)
 }
 
 /// Resolve `--model/--cluster` or `--trace` into a job.
@@ -255,9 +271,25 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         },
     )
     .map_err(CliError::bad_input)?;
-    let job = crate::passes::amp::with_precision(&job, i.precision).map_err(CliError::bad_input)?;
+    let per_tensor =
+        crate::passes::amp::with_precision(&job, i.precision).map_err(CliError::bad_input)?;
+    let (job, sync_cfg) = match i.sync {
+        super::SyncArg::PerTensor => (
+            per_tensor.clone(),
+            format!(
+                "one collective per tensor: {} syncs",
+                per_tensor.syncs.len()
+            ),
+        ),
+        super::SyncArg::Framework => {
+            crate::search::baselines::framework_default(&per_tensor, i.framework, &ready_evaluator)
+                .map_err(CliError::bad_input)?
+        }
+    };
+    tracing::info!(framework = %i.framework, sync = %sync_cfg, "the framework's default sync");
     Ok(Input {
         job,
+        sync: Some((per_tensor, sync_cfg)),
         model: Some(model),
         cluster: Some(cluster),
         trace: None,
@@ -271,6 +303,7 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
         model,
         cluster,
         trace,
+        ..
     } = input_job(i)?;
     let t = Instant::now();
     let graph = job

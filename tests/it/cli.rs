@@ -164,7 +164,8 @@ fn replay_json_has_the_design_fields() {
     let cp = v["critical_path_ms"].as_f64().unwrap();
     assert!(cp > 0.0, "{v}");
     assert!(iteration >= cp, "{v}");
-    assert!(v["ops"].as_u64().unwrap() > 100_000, "{v}");
+    // DDP's buckets (the default sync): 16 workers, 30 ring steps per bucket.
+    assert!(v["ops"].as_u64().unwrap() > 20_000, "{v}");
     assert!(v["devices"].as_u64().unwrap() >= 16 * 2 + 16, "{v}");
     assert!(
         v["peak_memory_bytes"].as_u64().unwrap() > 1_000_000_000,
