@@ -112,6 +112,8 @@ pub struct TraceInput {
     pub step_end: crate::graph::OpId,
     /// Set when the rank was extrapolated to a cluster (`--trace FILE --cluster C`).
     pub extrapolated: Option<Extrapolation>,
+    /// World size of the recorded run (`distributedInfo`; 1 when the trace has none).
+    pub world_size: u32,
 }
 
 /// One rank's trace standing for every worker of a cluster.
@@ -165,6 +167,12 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     for w in &trace.warnings {
         tracing::warn!(file = %file, "{w}");
     }
+    let world_size = trace
+        .distributed
+        .as_ref()
+        .and_then(|d| d.world_size)
+        .unwrap_or(1)
+        .clamp(1, 1 << 20) as u32;
     let mut built =
         crate::trace::graph::build_job(&trace, &file, i.step).map_err(CliError::bad_input)?;
     for w in &built.warnings {
@@ -217,6 +225,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
             window: built.window,
             step_end: built.step_end,
             extrapolated,
+            world_size,
         }),
     })
 }

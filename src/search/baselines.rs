@@ -69,6 +69,8 @@
 //! with the caller's evaluator (the full graph, or the symmetric form). Deterministic: syncs are
 //! ordered by (ready time, index), grid points by index, and nothing depends on thread count.
 
+use std::collections::BTreeMap;
+
 use rayon::prelude::*;
 
 use crate::cost::framework::{Framework, SyncDefault};
@@ -111,6 +113,9 @@ pub struct Baseline {
     pub eval: Evaluated,
     /// One line: what was set and what it gave.
     pub config: String,
+    /// The framework setting that gives it, for the export (`bucket_cap_bytes`,
+    /// `threshold_bytes`, `cycle_ms`, `partition_bytes`, `combine_threshold_bytes`, `auto_jit`).
+    pub knobs: BTreeMap<String, String>,
 }
 
 /// A job evaluator (the full graph, or the symmetric form).
@@ -161,6 +166,7 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
                         job: j,
                         eval,
                         config,
+                        knobs: BTreeMap::new(),
                     })
                 })
                 .collect::<Result<Vec<Baseline>, PassError>>()
@@ -178,6 +184,7 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
             job.syncs.len()
         ),
         eval: none,
+        knobs: BTreeMap::new(),
     });
     out.extend(fixed.by_ref().take(2)); // xla_default, horovod_default
     out.push(tuned);
@@ -561,7 +568,248 @@ fn horovod_autotune(
         job: best.1,
         eval: best.2,
         config: best.3,
+        knobs: BTreeMap::new(),
     })
+}
+
+/// `bucket_cap_mb` values `ddp_tuned` tries (MiB). With an explicit cap, DDP closes every bucket
+/// at the cap, the first included (`first_bucket_bytes_cap` = `bucket_bytes_cap` unless the cap
+/// is left at its default).
+pub const DDP_CAPS_MIB: [u64; 10] = [1, 2, 4, 8, 16, 25, 50, 100, 200, 400];
+/// `BYTEPS_PARTITION_BYTES` values `byteps_tuned` tries (MiB; 1,024 MiB cuts nothing).
+pub const BYTEPS_PARTITION_MIB: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 256, 1024];
+/// `--xla_gpu_all_reduce_combine_threshold_bytes` values `jax_tuned` tries (MiB; 0: no combining).
+pub const JAX_THRESHOLDS_MIB: [u64; 10] = [0, 1, 2, 4, 8, 16, 30, 64, 128, 256];
+
+/// One grid point of a tuned baseline: its job, what it set, and the knobs the export needs.
+type Point = (Job, String, BTreeMap<String, String>);
+
+fn knobs(kv: &[(&str, String)]) -> BTreeMap<String, String> {
+    kv.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+/// The fastest of `points` (ties: the first), evaluated in parallel; points not started when
+/// `stop()` turns true are skipped. `None` when none was evaluated.
+fn best_point(
+    name: &'static str,
+    points: Vec<Point>,
+    evaluate: &Evaluator,
+    stop: &(dyn Fn() -> bool + std::marker::Sync),
+) -> Result<Option<Baseline>, PassError> {
+    let n = points.len();
+    let evaluated: Vec<Option<(usize, Baseline)>> = points
+        .into_par_iter()
+        .enumerate()
+        .map(|(i, (job, config, knobs))| {
+            if stop() {
+                return Ok(None);
+            }
+            let eval = evaluate(job.clone()).map_err(edit_err(name))?;
+            let config = if n > 1 {
+                format!("{config} (best of {n} settings)")
+            } else {
+                config
+            };
+            Ok(Some((
+                i,
+                Baseline {
+                    name,
+                    job,
+                    eval,
+                    config,
+                    knobs,
+                },
+            )))
+        })
+        .collect::<Result<_, PassError>>()?;
+    Ok(evaluated
+        .into_iter()
+        .flatten()
+        .min_by_key(|(i, b)| (b.eval.iteration_ns(), *i))
+        .map(|(_, b)| b))
+}
+
+/// The baselines a user of `fw` would otherwise get, evaluated on `job` (one collective per
+/// gradient tensor), `none` first: its default and the best setting of its own
+/// synchronisation knob — every one a setting `fw`'s export can write, so the search may start
+/// from it. Stops early (returning what it has) when `stop()` turns true.
+///
+/// | framework | baselines after `none` |
+/// |---|---|
+/// | pytorch | `ddp_default` (25 MiB, first 1 MiB), `ddp_tuned` (best `bucket_cap_mb` of [`DDP_CAPS_MIB`]) |
+/// | horovod | `horovod_default` (128 MiB, 1 ms), `horovod_autotune` (threshold × cycle grid) |
+/// | byteps | `byteps_default` (4,096,000 B), `byteps_tuned` (best of [`BYTEPS_PARTITION_MIB`]) |
+/// | tf | `tf_default` (one pack), `xla_default` (the same with XLA auto-clustering) |
+/// | jax | `jax_default` (30 MiB combiner), `jax_tuned` (best of [`JAX_THRESHOLDS_MIB`]) |
+pub fn for_framework(
+    job: &Job,
+    fw: Framework,
+    evaluate: &Evaluator,
+    stop: &(dyn Fn() -> bool + std::marker::Sync),
+) -> Result<Vec<Baseline>, PassError> {
+    let none = evaluate(job.clone()).map_err(edit_err("none"))?;
+    let ready = ready_times(&none);
+    let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+    let order = ready_order(&ready);
+    let n = job.syncs.len();
+    let mut out = vec![Baseline {
+        name: "none",
+        job: job.clone(),
+        config: format!("one collective per gradient tensor in ready order: {n} syncs"),
+        eval: none,
+        knobs: BTreeMap::new(),
+    }];
+    let bucketed = |first: u64, cap: u64| -> Result<(Job, usize), PassError> {
+        let groups = buckets_by_size(&bytes, &order, first, cap);
+        let len = groups.len();
+        Ok((
+            fused_job(job, &groups, &[]).map_err(edit_err(fw.name()))?,
+            len,
+        ))
+    };
+    let mib = |b: u64| format!("{}", b >> 20);
+    let mut push = |b: Option<Baseline>| out.extend(b);
+    match fw {
+        Framework::Pytorch => {
+            let (j, len) = bucketed(DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)?;
+            let cfg = format!(
+                "bucket_cap_mb 25, first bucket 1 MiB, in gradient-ready order: {len} buckets for {n} tensors"
+            );
+            push(best_point(
+                "ddp_default",
+                vec![(j, cfg, BTreeMap::new())],
+                evaluate,
+                stop,
+            )?);
+            let mut points = Vec::new();
+            for c in DDP_CAPS_MIB {
+                let (j, len) = bucketed(c << 20, c << 20)?;
+                let cfg = format!("bucket_cap_mb {c}: {len} buckets for {n} tensors");
+                points.push((
+                    j,
+                    cfg,
+                    knobs(&[("bucket_cap_bytes", (c << 20).to_string())]),
+                ));
+            }
+            push(best_point("ddp_tuned", points, evaluate, stop)?);
+        }
+        Framework::Horovod => {
+            let (threshold, cycle) = (128u64 << 20, 1_000_000u64);
+            let ticks = horovod_groups(&bytes, &ready, threshold, cycle);
+            let j = horovod_job(job, &ticks).map_err(edit_err("horovod_default"))?;
+            let cfg = horovod_config(threshold, cycle, &ticks);
+            let k = knobs(&[
+                ("threshold_bytes", threshold.to_string()),
+                ("cycle_ms", "1".into()),
+            ]);
+            push(best_point(
+                "horovod_default",
+                vec![(j, cfg, k)],
+                evaluate,
+                stop,
+            )?);
+            let mut points = Vec::new();
+            for t in AUTOTUNE_THRESHOLDS_MIB {
+                for c in AUTOTUNE_CYCLES_US {
+                    let ticks = horovod_groups(&bytes, &ready, t << 20, c * 1000);
+                    let j = horovod_job(job, &ticks).map_err(edit_err("horovod_autotune"))?;
+                    let cfg = horovod_config(t << 20, c * 1000, &ticks);
+                    let k = knobs(&[
+                        ("threshold_bytes", (t << 20).to_string()),
+                        ("cycle_ms", format!("{}", c as f64 / 1000.0)),
+                    ]);
+                    points.push((j, cfg, k));
+                }
+            }
+            push(best_point("horovod_autotune", points, evaluate, stop)?);
+        }
+        Framework::Byteps => {
+            let cut = |piece: u64| -> Result<Point, PassError> {
+                let edits: Vec<Edit> = job
+                    .syncs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let k = u32::try_from(s.bytes.div_ceil(piece).max(1)).unwrap_or(u32::MAX);
+                        (k > 1).then_some(Edit::PartitionSync { sync: i, k })
+                    })
+                    .collect();
+                let cut = edits.len();
+                let j = passes::apply(
+                    job,
+                    &Patch {
+                        pass: "byteps".into(),
+                        why: format!("BYTEPS_PARTITION_BYTES={piece}"),
+                        edits,
+                    },
+                )?;
+                let cfg = format!("partition bytes {piece}: {cut} of {n} tensors cut");
+                Ok((j, cfg, knobs(&[("partition_bytes", piece.to_string())])))
+            };
+            push(best_point(
+                "byteps_default",
+                vec![cut(BYTEPS_PARTITION_BYTES)?],
+                evaluate,
+                stop,
+            )?);
+            let points = BYTEPS_PARTITION_MIB
+                .iter()
+                .map(|&m| cut(m << 20))
+                .collect::<Result<Vec<_>, _>>()?;
+            push(best_point("byteps_tuned", points, evaluate, stop)?);
+        }
+        Framework::Tf => {
+            let (j, len) = (
+                fused_job(job, &[order.clone()], &[]).map_err(edit_err("tf"))?,
+                1,
+            );
+            let cfg = format!("all {n} gradients in {len} pack after the backward");
+            push(best_point(
+                "tf_default",
+                vec![(j.clone(), cfg, BTreeMap::new())],
+                evaluate,
+                stop,
+            )?);
+            if !stop() {
+                let packed = evaluate(j).map_err(edit_err("xla_default"))?;
+                let (xj, xcfg) = xla_default(&packed)?;
+                let k = knobs(&[("auto_jit", "2".into())]);
+                push(best_point(
+                    "xla_default",
+                    vec![(xj, xcfg, k)],
+                    evaluate,
+                    stop,
+                )?);
+            }
+        }
+        Framework::Jax => {
+            let t = 30u64 << 20;
+            let (j, len) = bucketed(t, t)?;
+            let cfg = format!("XLA all-reduce combiner, 30 MiB: {len} collectives for {n} tensors");
+            push(best_point(
+                "jax_default",
+                vec![(j, cfg, BTreeMap::new())],
+                evaluate,
+                stop,
+            )?);
+            let mut points = Vec::new();
+            for m in JAX_THRESHOLDS_MIB {
+                // Threshold 0: every gradient its own all-reduce.
+                let (j, len) = bucketed((m << 20).max(1), (m << 20).max(1))?;
+                let cfg = format!(
+                    "combine threshold {} MiB: {len} collectives for {n} tensors",
+                    mib(m << 20)
+                );
+                points.push((
+                    j,
+                    cfg,
+                    knobs(&[("combine_threshold_bytes", (m << 20).to_string())]),
+                ));
+            }
+            push(best_point("jax_tuned", points, evaluate, stop)?);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

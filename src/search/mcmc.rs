@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Ctx, Decision, Move, Progress, SearchError, StopReason, Walk, decision};
+use super::{Ctx, Decision, Move, SearchError, StopReason, Walk, decision};
 use crate::passes::Evaluated;
 
 /// Initial relative temperature.
@@ -157,12 +157,7 @@ pub(crate) fn run(ctx: &Ctx, start: Evaluated, mut replays: u64) -> Result<Walk,
             }
             moves = ctx.moves(&cur.eval, &cur.used)?;
         }
-        (ctx.progress)(&Progress {
-            best_ns: best.eval.iteration_ns(),
-            replays,
-            elapsed: ctx.start.elapsed(),
-            round: batches,
-        });
+        ctx.report(&best.eval, &best.path, replays, batches);
     };
     Ok(Walk {
         best: best.eval,

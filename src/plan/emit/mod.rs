@@ -36,7 +36,9 @@ use super::Plan;
 pub enum Framework {
     /// Horovod (PyTorch or TensorFlow): env file + `groups=` module.
     Horovod,
-    /// TensorFlow with XLA: env file, dPRO cluster file, stock-TF scope module.
+    /// TensorFlow with XLA: env file, dPRO cluster file, stock-TF scope module (`tf` is the
+    /// same).
+    #[value(alias = "tf")]
     Xla,
     /// BytePS: env file + per-tensor partition file.
     Byteps,
@@ -47,6 +49,30 @@ pub enum Framework {
 }
 
 impl Framework {
+    /// The export of a plan made with `--framework fw` (`tf` → `xla`).
+    pub fn of(fw: crate::cost::framework::Framework) -> Framework {
+        use crate::cost::framework::Framework as F;
+        match fw {
+            F::Pytorch => Framework::Pytorch,
+            F::Horovod => Framework::Horovod,
+            F::Byteps => Framework::Byteps,
+            F::Tf => Framework::Xla,
+            F::Jax => Framework::Jax,
+        }
+    }
+
+    /// The `--framework` this export serves (`xla` → `tf`).
+    pub fn planned_as(self) -> crate::cost::framework::Framework {
+        use crate::cost::framework::Framework as F;
+        match self {
+            Framework::Pytorch => F::Pytorch,
+            Framework::Horovod => F::Horovod,
+            Framework::Byteps => F::Byteps,
+            Framework::Xla => F::Tf,
+            Framework::Jax => F::Jax,
+        }
+    }
+
     /// Every framework, in the order they are listed.
     pub const ALL: [Framework; 5] = [
         Framework::Horovod,
@@ -80,7 +106,7 @@ impl std::str::FromStr for Framework {
         let t = s.trim().to_ascii_lowercase();
         Framework::ALL
             .into_iter()
-            .find(|f| f.name() == t || (t == "tensorflow" && *f == Framework::Xla))
+            .find(|f| f.name() == t || ((t == "tensorflow" || t == "tf") && *f == Framework::Xla))
             .ok_or_else(|| EmitError::UnknownFramework {
                 name: s.to_string(),
                 known: Framework::ALL.map(|f| f.name()).join(", "),
@@ -467,6 +493,7 @@ pub(crate) mod tests {
                 .collect(),
             why: why.into(),
             effect_ms: -1.0,
+            mechanism: String::new(),
         }
     }
 
@@ -498,18 +525,20 @@ pub(crate) mod tests {
                 batch: 4,
                 cluster: "8xh200".into(),
                 names: "zoo".into(),
+                framework: Default::default(),
             },
             predicted: Predicted {
+                baseline_name: "ddp_default".into(),
                 baseline: Point {
                     iteration_ms: 10.0,
-                    peak_memory_bytes: 1 << 30,
+                    peak_memory_bytes: Some(1 << 30),
                 },
                 planned: Point {
                     iteration_ms: 8.0,
-                    peak_memory_bytes: 1 << 29,
+                    peak_memory_bytes: Some(1 << 29),
                 },
                 speedup: 1.25,
-                lower_bound_ms: 7.0,
+                lower_bound_ms: Some(7.0),
             },
             baselines: BTreeMap::from([("none".to_string(), 10.0)]),
             decisions: vec![
@@ -521,6 +550,7 @@ pub(crate) mod tests {
                 decision("grad-accumulation", &[("k", "2")], "memory step"),
                 decision("amp", &[("fp16_allreduce", "1")], "fp16"),
             ],
+            advice: Vec::new(),
             config: FinalConfig {
                 dtype: "fp16".into(),
                 tensor_groups: groups,
