@@ -649,10 +649,10 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         format!("{:<18} {:>10}", "", "iteration"),
     ];
     for (name, v) in &plan.baselines {
-        let tag = if *name == p.baseline_name {
-            "   (the framework's default)"
-        } else {
-            ""
+        let tag = match name.as_str() {
+            "as_recorded" => "   (the traced run)",
+            n if n == p.baseline_name => "   (the framework's default)",
+            _ => "",
         };
         lines.push(format!("{name:<18} {v:>7.1} ms{tag}"));
     }

@@ -293,6 +293,67 @@ pub fn ready_times(e: &Evaluated) -> Vec<u64> {
         .collect()
 }
 
+/// The order PyTorch's autograd makes the gradients of a zoo job ready, as sync indices (one
+/// tensor per sync), or `None` when the job is not shaped so (a trace, fused syncs).
+///
+/// Autograd runs the backward nodes that are ready by their sequence number, highest first: the
+/// node created last in the forward pass runs first. So where the backward branches (a
+/// residual block's downsample and main path, attention's query, key and value), the branch
+/// computed last in the forward finishes its gradients first — not the one the replay's GPU
+/// stream happens to start first. The bucket boundaries of DDP follow this order (checked
+/// against real PyTorch in `tests/frameworks/torch_ddp.py`): a topological order of the BW ops,
+/// the ready op with the highest layer index first (zoo layers are in forward order); within a
+/// layer the weight's gradient before the others.
+pub fn autograd_order(job: &Job) -> Option<Vec<usize>> {
+    let l = &job.local;
+    let mut bw_of_layer = std::collections::BTreeMap::new();
+    for (i, op) in l.ops.iter().enumerate() {
+        if op.spec.phase == Phase::Bw && op.spec.kind == OpKind::Compute {
+            if bw_of_layer.insert(op.spec.layer, i).is_some() {
+                return None;
+            }
+        }
+    }
+    let mut indeg: BTreeMap<usize, usize> = bw_of_layer.values().map(|&i| (i, 0)).collect();
+    let mut succ: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for &(a, b) in &l.edges {
+        let (a, b) = (a as usize, b as usize);
+        if indeg.contains_key(&a) && indeg.contains_key(&b) {
+            *indeg.get_mut(&b)? += 1;
+            succ.entry(a).or_default().push(b);
+        }
+    }
+    let mut heap: std::collections::BinaryHeap<(u32, usize)> = indeg
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(&i, _)| (l.ops[i].spec.layer, i))
+        .collect();
+    let mut pos_of_layer = BTreeMap::new();
+    while let Some((layer, i)) = heap.pop() {
+        let n = pos_of_layer.len();
+        pos_of_layer.insert(layer, n);
+        for &s in succ.get(&i).map(Vec::as_slice).unwrap_or(&[]) {
+            let d = indeg.get_mut(&s)?;
+            *d -= 1;
+            if *d == 0 {
+                heap.push((l.ops[s].spec.layer, s));
+            }
+        }
+    }
+    let mut keyed = Vec::with_capacity(job.syncs.len());
+    for (i, s) in job.syncs.iter().enumerate() {
+        let [t] = s.tensors.as_slice() else {
+            return None;
+        };
+        let tensor = l.tensors.get(*t as usize)?;
+        let pos = *pos_of_layer.get(&tensor.layer)?;
+        let weight_last = !tensor.name.ends_with(".weight");
+        keyed.push(((pos, weight_last, *t), i));
+    }
+    keyed.sort();
+    Some(keyed.into_iter().map(|(_, i)| i).collect())
+}
+
 /// Sync indices sorted by (ready time, index).
 pub fn ready_order(ready: &[u64]) -> Vec<usize> {
     let mut v: Vec<usize> = (0..ready.len()).collect();
@@ -650,7 +711,10 @@ pub fn for_framework(
     let none = evaluate(job.clone()).map_err(edit_err("none"))?;
     let ready = ready_times(&none);
     let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
-    let order = ready_order(&ready);
+    let order = match fw {
+        Framework::Pytorch => autograd_order(job).unwrap_or_else(|| ready_order(&ready)),
+        _ => ready_order(&ready),
+    };
     let n = job.syncs.len();
     let mut out = vec![Baseline {
         name: "none",

@@ -21,6 +21,10 @@ inductor, which would compile C++ for minutes on a CI machine.
 
 import json
 import os
+
+# transformers would import TensorFlow too (same venv): not needed here.
+os.environ.setdefault("USE_TF", "0")
+os.environ.setdefault("TRANSFORMERS_NO_TF", "1")
 import sys
 import warnings
 
@@ -101,15 +105,17 @@ def run(rank, patch_dir, name, steps, port, out_q):
 
     ddp.register_comm_hook(None, hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, **tp.optimizer_kwargs())
+    scaler = tp.make_grad_scaler("cpu")
+    # Optimizer steps as the loop asks for them (GradScaler may skip an fp16 step with inf
+    # gradients, which is its job, not the plan's).
     step_calls = [0]
-    real_step = opt.step
+    real_step = scaler.step
 
     def counting_step(*a, **k):
         step_calls[0] += 1
         return real_step(*a, **k)
 
-    opt.step = counting_step
-    scaler = tp.make_grad_scaler("cpu")
+    scaler.step = counting_step
     k = tp.GRAD_ACCUMULATION
     micro = int(tp.MICRO_BATCH) if tp.MICRO_BATCH else 2
     micro = max(1, min(micro, 2))

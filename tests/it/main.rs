@@ -19,6 +19,7 @@
 mod cli;
 mod exec_traces;
 mod export;
+mod frameworks;
 mod fuzz_traces;
 mod lower_bound;
 mod plan;
