@@ -112,7 +112,7 @@ Examples:
   trainplan replay --trace traces/dlrm/ --timeline dlrm.json     (a folder: every Kineto file in it)")]
     Replay(ReplayArgs),
     /// List the optimization passes (built-in and declarative) with their knobs.
-    Passes(ListArgs),
+    Passes(PassesArgs),
     /// Apply passes and compare: iteration time, peak memory, ops that left or joined the
     /// critical path.
     #[command(after_help = "\
@@ -169,6 +169,17 @@ pub struct ListArgs {
     /// Print one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PassesArgs {
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Register a declarative pass from a YAML file and list it with the others (checks the
+    /// file: a mistake is reported as file:line:column, exit 3). Repeatable.
+    #[arg(long = "pass-file", value_name = "F.yaml")]
+    pub pass_file: Vec<std::path::PathBuf>,
 }
 
 /// Where the iteration comes from: a zoo model on a cluster, or a recorded trace.
