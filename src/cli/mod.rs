@@ -13,6 +13,7 @@ mod output;
 mod plan;
 mod ranks;
 mod replay;
+mod show;
 mod whatif;
 
 use std::io::Write;
@@ -146,6 +147,13 @@ Examples:
 Frameworks: horovod, xla, byteps, pytorch, jax. An unknown one is a usage error (exit 2); a
 malformed plan or one of another schema version is bad input (exit 3).")]
     Export(ExportArgs),
+    /// Show a plan: what it changes, the predicted effect, what each framework's export does
+    /// with each decision, and what is left to you.
+    #[command(after_help = "\
+Examples:
+  trainplan show plan.yaml
+  trainplan show plan.yaml --json")]
+    Show(ShowArgs),
     /// Lower-bound latency of an ONNX model on a GPU (Benanza): sequential and parallel, fused and
     /// on tensor cores, the slowest layers, and how far a measured run or trace is from it.
     #[command(after_help = "\
@@ -167,6 +175,16 @@ unknown GPU, corrupt database) exits 3 with the file and the place named.")]
 #[derive(Debug, Args)]
 pub struct ListArgs {
     /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The plan (YAML) `trainplan plan` wrote.
+    #[arg(value_name = "PLAN.yaml")]
+    pub plan: std::path::PathBuf,
+    /// Print one JSON object on stdout instead of the summary.
     #[arg(long)]
     pub json: bool,
 }
@@ -392,6 +410,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Whatif(a) => whatif::whatif_cmd(&a),
         Command::Plan(a) => plan::plan_cmd(&a),
         Command::Export(a) => export::export_cmd(&a),
+        Command::Show(a) => show::show_cmd(&a),
         Command::LowerBound(a) => lower_bound::lower_bound_cmd(&a),
         Command::Calibrate(a) => calibrate::calibrate_cmd(&a),
     }
