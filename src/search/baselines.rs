@@ -303,14 +303,22 @@ pub fn ready_times(e: &Evaluated) -> Vec<u64> {
 /// stream happens to start first. The bucket boundaries of DDP follow this order (checked
 /// against real PyTorch in `tests/frameworks/torch_ddp.py`): a topological order of the BW ops,
 /// the ready op with the highest layer index first (zoo layers are in forward order); within a
-/// layer the weight's gradient before the others.
+/// layer in the order its backward returns them: a linear layer (`addmm`) the bias first, a
+/// convolution or normalisation the weight first.
 pub fn autograd_order(job: &Job) -> Option<Vec<usize>> {
     let l = &job.local;
     let mut bw_of_layer = std::collections::BTreeMap::new();
+    let mut linear = std::collections::BTreeSet::new();
     for (i, op) in l.ops.iter().enumerate() {
         if op.spec.phase == Phase::Bw && op.spec.kind == OpKind::Compute {
             if bw_of_layer.insert(op.spec.layer, i).is_some() {
                 return None;
+            }
+            if op
+                .work
+                .is_some_and(|w| w.class == crate::cost::kernel::OpClass::Gemm)
+            {
+                linear.insert(op.spec.layer);
             }
         }
     }
@@ -347,8 +355,12 @@ pub fn autograd_order(job: &Job) -> Option<Vec<usize>> {
         };
         let tensor = l.tensors.get(*t as usize)?;
         let pos = *pos_of_layer.get(&tensor.layer)?;
-        let weight_last = !tensor.name.ends_with(".weight");
-        keyed.push(((pos, weight_last, *t), i));
+        let first = if linear.contains(&tensor.layer) {
+            tensor.name.ends_with(".bias")
+        } else {
+            tensor.name.ends_with(".weight")
+        };
+        keyed.push(((pos, !first, *t), i));
     }
     keyed.sort();
     Some(keyed.into_iter().map(|(_, i)| i).collect())
