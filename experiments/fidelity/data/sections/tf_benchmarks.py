@@ -20,7 +20,7 @@ def rows(add, **_):
                 sect = "Results" if mb == 64 else "Other Results (batch size 32)"
                 add(id=f"tfbench-p100-{m}-{data}-b{mb}-{g}g", source=S,
                     locator=f"{L} / {sect} / Training {data} data", model=m,
-                    gpu="P100-SXM2-16GB (DGX-1)", gpus=g, nodes=1, network="NVLink (DGX-1)",
+                    gpu="P100 (DGX-1)", gpus=g, nodes=1, network="NVLink (DGX-1)",
                     framework="TensorFlow (git b1e174e) tf_cnn_benchmarks 9165a70, CUDA 8.0, cuDNN 5.1",
                     precision="FP32", micro_batch=mb, accum_steps=1, global_batch=mb * g,
                     checkpointing="no", optimizer="SGD", extra=f"{data} data; {SYNC[m]}",
