@@ -506,6 +506,14 @@ fn work(
         .or_else(|| rows.first())
         .ok_or_else(|| CliError::internal("no baseline was evaluated"))?;
     let prefix: Vec<Decision> = start_decision(&start.0, &table, fw).into_iter().collect();
+    // PyTorch: DDP rebuilds its buckets in autograd's order, which AMP changes; every job the
+    // search evaluates is regrouped the way DDP will group it.
+    let mut opts = opts.clone();
+    if fw == Framework::Pytorch && !trace {
+        opts.ddp = search::baselines::DdpLayout::caps(start.0.name, &start.0.knobs)
+            .and_then(|(first, cap)| search::baselines::DdpLayout::of(&job, first, cap));
+    }
+    let opts = &opts;
     let start_eval = start.1.eval.clone();
     drop(rows);
     let progress = |p: &search::Progress| {

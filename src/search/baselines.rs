@@ -303,9 +303,11 @@ pub fn ready_times(e: &Evaluated) -> Vec<u64> {
 /// stream happens to start first. The bucket boundaries of DDP follow this order (checked
 /// against real PyTorch in `tests/frameworks/torch_ddp.py`): a topological order of the BW ops,
 /// the ready op with the highest layer index first (zoo layers are in forward order); within a
-/// layer in the order its backward returns them: a linear layer (`addmm`) the bias first, a
-/// convolution or normalisation the weight first.
-pub fn autograd_order(job: &Job) -> Option<Vec<usize>> {
+/// layer in the order its backward returns them: a convolution or normalisation the weight
+/// first; a linear layer (`addmm`) in fp32 the bias first (its gradient goes straight to its
+/// accumulator while the weight's passes `t()` first), under `autocast` the weight first (both
+/// pass a cast node, the bias's created first, so run last). Measured on real PyTorch 2.9.
+pub fn autograd_order(job: &Job, autocast: bool) -> Option<Vec<usize>> {
     let l = &job.local;
     let mut bw_of_layer = std::collections::BTreeMap::new();
     let mut linear = std::collections::BTreeSet::new();
@@ -356,7 +358,9 @@ pub fn autograd_order(job: &Job) -> Option<Vec<usize>> {
         let tensor = l.tensors.get(*t as usize)?;
         let pos = *pos_of_layer.get(&tensor.layer)?;
         let first = if linear.contains(&tensor.layer) {
-            tensor.name.ends_with(".bias")
+            tensor
+                .name
+                .ends_with(if autocast { ".weight" } else { ".bias" })
         } else {
             tensor.name.ends_with(".weight")
         };
@@ -364,6 +368,140 @@ pub fn autograd_order(job: &Job) -> Option<Vec<usize>> {
     }
     keyed.sort();
     Some(keyed.into_iter().map(|(_, i)| i).collect())
+}
+
+/// fp16 or bf16: the dtypes `torch.autocast` runs in.
+pub fn is_half(d: crate::cost::config::Dtype) -> bool {
+    matches!(
+        d,
+        crate::cost::config::Dtype::Fp16 | crate::cost::config::Dtype::Bf16
+    )
+}
+
+/// How DDP lays out a PyTorch plan's buckets: it fills them in the order autograd makes the
+/// gradients ready, closing one at `first_bytes` (the first) or `cap_bytes`, and that order
+/// depends on the dtype ([`autograd_order`]: autocast puts a linear layer's weight before its
+/// bias). The search evaluates every job through [`DdpLayout::apply`], so a move that turns
+/// AMP on is priced with the buckets DDP will really build, and the plan's groups are those
+/// buckets (issue 13, finding 2). Orders are tensor ids, fixed on the unoptimised job (compiled
+/// regions run eagerly until DDP has rebuilt its buckets, so fusion does not change them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DdpLayout {
+    pub first_bytes: u64,
+    pub cap_bytes: u64,
+    /// Gradient-ready order in fp32, as tensor ids.
+    pub fp32: Vec<u32>,
+    /// The same under autocast.
+    pub autocast: Vec<u32>,
+}
+
+impl DdpLayout {
+    /// The layout of `job` (one collective per tensor, as the baselines see it) with these
+    /// caps; `None` when its autograd order is unknown (a trace, fused syncs).
+    pub fn of(job: &Job, first_bytes: u64, cap_bytes: u64) -> Option<DdpLayout> {
+        let ids = |order: Vec<usize>| -> Option<Vec<u32>> {
+            order
+                .into_iter()
+                .map(|i| match job.syncs[i].tensors.as_slice() {
+                    [t] => Some(*t),
+                    _ => None,
+                })
+                .collect()
+        };
+        Some(DdpLayout {
+            first_bytes,
+            cap_bytes,
+            fp32: ids(autograd_order(job, false)?)?,
+            autocast: ids(autograd_order(job, true)?)?,
+        })
+    }
+
+    /// The caps of a PyTorch baseline (`ddp_default`: first bucket 1 MiB, then 25 MiB;
+    /// `ddp_tuned`: its `bucket_cap_bytes` for all), or `None` for another baseline.
+    pub fn caps(name: &str, knobs: &BTreeMap<String, String>) -> Option<(u64, u64)> {
+        match name {
+            "ddp_default" => Some((DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)),
+            "ddp_tuned" => {
+                let c: u64 = knobs.get("bucket_cap_bytes")?.parse().ok()?;
+                Some((c, c))
+            }
+            _ => None,
+        }
+    }
+
+    /// `job` with its collectives regrouped into the buckets DDP builds for its dtype: every
+    /// collective is split into its tensors (each keeps the op that makes it ready and the op
+    /// that waits for it) and the tensors are bucketed in this layout's order. The job is
+    /// returned unchanged when that grouping is already its own, or when a collective cannot be
+    /// split so (partitioned, or not one ready op per tensor).
+    pub fn apply(&self, job: Job) -> Job {
+        let order = if is_half(job.dtype) {
+            &self.autocast
+        } else {
+            &self.fp32
+        };
+        let mut split: Vec<Sync> = Vec::new();
+        let mut pos_of_tensor: BTreeMap<u32, usize> = BTreeMap::new();
+        for s in &job.syncs {
+            let n = s.tensors.len();
+            let whole: u64 = s
+                .tensors
+                .iter()
+                .map(|&t| job.local.tensors[t as usize].bytes)
+                .sum();
+            if s.partitions != 1 || s.ready.len() != n || (s.done.len() != n && !s.done.is_empty())
+            {
+                return job;
+            }
+            let mut left = s.bytes;
+            for (k, &t) in s.tensors.iter().enumerate() {
+                let b = if k + 1 == n || whole == 0 {
+                    left
+                } else {
+                    let tb = job.local.tensors[t as usize].bytes as u128;
+                    ((s.bytes as u128 * tb) / whole as u128) as u64
+                };
+                left -= b.min(left);
+                pos_of_tensor.insert(t, split.len());
+                split.push(Sync {
+                    tensors: vec![t],
+                    bytes: b,
+                    partitions: 1,
+                    ready: vec![s.ready[k]],
+                    done: if s.done.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![s.done[k]]
+                    },
+                });
+            }
+        }
+        let Some(idx): Option<Vec<usize>> = order
+            .iter()
+            .map(|t| pos_of_tensor.get(t).copied())
+            .collect()
+        else {
+            return job;
+        };
+        if idx.len() != split.len() {
+            return job;
+        }
+        let bytes: Vec<u64> = split.iter().map(|s| s.bytes).collect();
+        let groups = buckets_by_size(&bytes, &idx, self.first_bytes, self.cap_bytes);
+        let same = groups.len() == job.syncs.len()
+            && groups.iter().zip(&job.syncs).all(|(g, s)| {
+                g.len() == s.tensors.len()
+                    && g.iter()
+                        .zip(&s.tensors)
+                        .all(|(&i, t)| split[i].tensors[0] == *t)
+            });
+        if same {
+            return job;
+        }
+        let mut per_tensor = job.clone();
+        per_tensor.syncs = split;
+        fused_job(&per_tensor, &groups, &[]).unwrap_or(job)
+    }
 }
 
 /// Sync indices sorted by (ready time, index).
@@ -724,7 +862,9 @@ pub fn for_framework(
     let ready = ready_times(&none);
     let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
     let order = match fw {
-        Framework::Pytorch => autograd_order(job).unwrap_or_else(|| ready_order(&ready)),
+        Framework::Pytorch => {
+            autograd_order(job, is_half(job.dtype)).unwrap_or_else(|| ready_order(&ready))
+        }
         _ => ready_order(&ready),
     };
     let n = job.syncs.len();
@@ -1227,5 +1367,60 @@ mod tests {
             assert_eq!(a.eval.iteration_ns(), b.eval.iteration_ns());
             assert_eq!(a.config, b.config);
         }
+    }
+
+    /// Finding 2 after AMP: autocast makes a linear layer's weight gradient ready before its
+    /// bias (fp32: the bias first), and DDP's buckets follow; `DdpLayout::apply` regroups a job
+    /// into exactly those buckets for its dtype and leaves a job already so grouped alone.
+    #[test]
+    fn ddp_layout_follows_the_dtype() {
+        let job = zoo_job("resnet50", "dpro-16xv100-tcp", 8);
+        let name = |j: &Job, i: usize| j.local.tensors[j.syncs[i].tensors[0] as usize].name.clone();
+        let pos =
+            |order: &[usize], n: &str| order.iter().position(|&i| name(&job, i) == n).unwrap();
+        let fp32 = autograd_order(&job, false).unwrap();
+        let amp = autograd_order(&job, true).unwrap();
+        assert!(pos(&fp32, "fc.bias") < pos(&fp32, "fc.weight"));
+        assert!(pos(&amp, "fc.weight") < pos(&amp, "fc.bias"));
+        // Convolutions and batch norms keep their order: only fc's two tensors swap.
+        let strip = |o: &[usize]| -> Vec<String> {
+            o.iter()
+                .map(|&i| name(&job, i))
+                .filter(|n| !n.starts_with("fc."))
+                .collect()
+        };
+        assert_eq!(strip(&fp32), strip(&amp));
+
+        let cap = 8 << 20;
+        let layout = DdpLayout::of(&job, cap, cap).unwrap();
+        let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+        let planned = fused_job(&job, &buckets_by_size(&bytes, &fp32, cap, cap), &[]).unwrap();
+        // Already DDP's fp32 buckets: unchanged.
+        assert_eq!(layout.apply(planned.clone()).syncs, planned.syncs);
+        // The same job under AMP: regrouped in the autocast order, every bucket closed where
+        // DDP closes it (at the first tensor that takes it to the cap).
+        let mut half = planned.clone();
+        half.dtype = crate::cost::config::Dtype::Fp16;
+        let re = layout.apply(half);
+        assert_ne!(re.syncs, planned.syncs);
+        let flat: Vec<String> = re
+            .syncs
+            .iter()
+            .flat_map(|s| {
+                s.tensors
+                    .iter()
+                    .map(|&t| job.local.tensors[t as usize].name.clone())
+            })
+            .collect();
+        let want: Vec<String> = amp.iter().map(|&i| name(&job, i)).collect();
+        assert_eq!(flat, want);
+        assert_eq!(flat[0], "fc.weight");
+        for s in &re.syncs[..re.syncs.len() - 1] {
+            let last = job.local.tensors[*s.tensors.last().unwrap() as usize].bytes;
+            assert!(s.bytes >= cap && s.bytes - last < cap, "{} B", s.bytes);
+            assert_eq!(s.ready.len(), s.tensors.len());
+        }
+        let total = |j: &Job| j.syncs.iter().map(|s| s.bytes).sum::<u64>();
+        assert_eq!(total(&re), total(&job));
     }
 }

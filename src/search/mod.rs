@@ -110,6 +110,9 @@ pub struct SearchOptions {
     /// When the budget ends (default: `budget` after the search starts). The CLI sets it from
     /// the start of the whole run, so that baselines count against the budget too.
     pub deadline: Option<Instant>,
+    /// PyTorch: the DDP bucket layout every evaluated job is regrouped into (set by the CLI
+    /// from the `ddp_*` start point; `None`: collectives as the moves leave them).
+    pub ddp: Option<baselines::DdpLayout>,
 }
 
 impl Default for SearchOptions {
@@ -126,6 +129,7 @@ impl Default for SearchOptions {
             framework: None,
             min_onoff_gain: 0.001,
             deadline: None,
+            ddp: None,
         }
     }
 }
@@ -271,6 +275,20 @@ fn describe(job: &Job, patch: &Patch) -> (Vec<String>, Vec<String>, Option<u32>)
                 parts = Some(*k);
             }
             Edit::Merge { ops: m, .. } => ops.extend(m.iter().flat_map(|&o| job.local.members(o))),
+            // Recomputation inserts a copy of each dropped forward op right after the
+            // original (`after[0]`, see passes/recompute.rs): the plan names the originals, so
+            // that `config.recompute` lists the layers the export checkpoints.
+            Edit::Insert { spec, after, .. }
+                if patch.pass == "recompute" && spec.phase == crate::graph::Phase::Fw =>
+            {
+                if let Some(&f) = after.first() {
+                    for m in job.local.members(f) {
+                        if m.ends_with(" FW") && !ops.contains(&m) {
+                            ops.push(m);
+                        }
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -492,7 +510,11 @@ pub fn search_from(
                 .is_none_or(|(fw, n)| framework::mechanism(fw, p, n).is_ok())
         })
         .collect();
-    let eval = evaluator(opts.speedups.symmetry);
+    let plain = evaluator(opts.speedups.symmetry);
+    let eval = |job: Job| match &opts.ddp {
+        Some(layout) => plain(layout.apply(job)),
+        None => plain(job),
+    };
     let deadline = opts.deadline.unwrap_or(started + opts.budget);
     let mut ctx = Ctx {
         allowed,
