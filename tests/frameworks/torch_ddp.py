@@ -175,7 +175,19 @@ def main():
     procs = [ctx.Process(target=run, args=(r, patch_dir, name, steps, port, q)) for r in range(2)]
     for p in procs:
         p.start()
-    seen = q.get(timeout=1800)
+    # Wait for rank 0's report, but not for a rank that died (its traceback is on stderr).
+    import queue
+
+    while True:
+        try:
+            seen = q.get(timeout=5)
+            break
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise SystemExit("a rank exited with %s" % dead[0])
     for p in procs:
         p.join()
         if p.exitcode != 0:

@@ -300,8 +300,18 @@ fn pytorch_memory_plans_accumulate_and_checkpoint_for_real() {
                 "MICRO_BATCH != {micro}"
             );
         }
-        // Not yet: the memory step's recompute decision does not list its layers, so
-        // config.recompute stays empty and nothing is checkpointed (reported on issue 13).
+        if pass == "recompute" {
+            // The memory step's decision names the layers it recomputes, and the export
+            // checkpoints them (check_torch: a checkpoint call per planned module and step).
+            assert!(!plan.config.recompute.is_empty(), "{:?}", plan.config);
+            let modules = seen["checkpointed"].as_array().unwrap();
+            assert!(!modules.is_empty(), "{seen}");
+            assert_eq!(
+                modules.len(),
+                seen["recompute_modules"].as_array().unwrap().len(),
+                "{seen}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -347,6 +347,30 @@ fn the_memory_step_keeps_the_fastest_fitting_plan_and_respects_passes() {
     assert!(passes.contains(&"recompute"), "{passes:?}");
     assert!(!passes.contains(&"grad-accumulation"), "{passes:?}");
     assert!(v["planned_peak_memory_bytes"].as_u64().unwrap() <= start * 7 / 10);
+    // The recompute decision names the forward ops it re-runs, and the plan's config lists
+    // their layers for the export (what `torch.utils.checkpoint` wraps).
+    let rec = v["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["pass"] == "recompute")
+        .unwrap();
+    let ops = rec["ops"].as_array().unwrap();
+    assert!(!ops.is_empty(), "{rec}");
+    assert!(
+        ops.iter().all(|o| o.as_str().unwrap().ends_with(" FW")),
+        "{rec}"
+    );
+    let plan = trainplan::plan::Plan::from_yaml(&read(&out), o).unwrap();
+    assert_eq!(plan.config.recompute.len(), ops.len());
+    assert!(
+        plan.config
+            .recompute
+            .iter()
+            .all(|l| ["bert.", "cls.", "loss."].iter().any(|p| l.starts_with(p))),
+        "{:?}",
+        plan.config.recompute
+    );
 }
 
 /// Finding 7: a plan from a one-rank trace of a 2-rank DDP run: one `as_recorded` baseline (no

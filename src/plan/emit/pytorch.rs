@@ -16,7 +16,9 @@
 //! * AMP → `autocast_context()` (`torch.autocast("cuda", dtype)`) and `make_grad_scaler()`
 //!   (`torch.amp.GradScaler`, enabled for fp16 only);
 //! * recomputation → the planned modules' `forward` wrapped in
-//!   `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (training only);
+//!   `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (training only); a planned
+//!   in-place module (torchvision's `ReLU(inplace=True)`) runs out of place, else it would
+//!   overwrite the input the checkpoint keeps for the re-run (found on real ResNet-50);
 //! * op fusion → `module.compile()` (or `torch.compile(module.forward)`) on the modules of each
 //!   fused cluster: the longest common module prefix of its layers, resolved at run time to the
 //!   nearest module the user's model has (`layer3.5.add`, a functional op, → `layer3.5`);
@@ -341,6 +343,10 @@ def apply_checkpointing(model):
 
         module.forward = forward
         module._trainplan_checkpointed = True
+        # An in-place module (torchvision's ReLU(inplace=True)) would overwrite the input the
+        # checkpoint keeps for its re-run: computed out of place, the values are the same.
+        if getattr(module, "inplace", False) is True:
+            module.inplace = False
     return model
 
 
