@@ -88,14 +88,17 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             ),
         },
         "amp" => match fw {
-            Pytorch | Horovod => Ok(
-                "torch.autocast in the planned dtype, torch.amp.GradScaler for fp16 (autocast_context, make_grad_scaler)",
+            Pytorch => Ok(
+                "torch.autocast in the planned dtype, torch.amp.GradScaler for fp16 (trainplan_patch.autocast_context, make_grad_scaler)",
+            ),
+            Horovod => Ok(
+                "torch.autocast in the planned dtype, GradScaler stepped the Horovod way (trainplan_horovod.autocast_context, make_grad_scaler, step)",
             ),
             Tf => Ok(
-                "Keras mixed-precision policy; LossScaleOptimizer for fp16 (trainplan_xla.set_precision_policy, wrap_optimizer)",
+                "Keras mixed-precision policy; loss scaling for fp16 (trainplan_xla.set_precision_policy, compile_kwargs auto_scale_loss, wrap_optimizer)",
             ),
             Jax => Ok(
-                "half-precision compute dtype; dynamic loss scaling for fp16 (trainplan_jax.cast_params, scaled_value_and_grad)",
+                "compute dtype inside the loss; fp16: dynamic loss scaling and overflowed steps skipped (trainplan_jax.cast_params, scaled_value_and_grad, make_optimizer)",
             ),
             Byteps => Err("the BytePS export sets communication only (no precision module)"),
         },
@@ -111,7 +114,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "torch.utils.checkpoint on the planned modules (trainplan_patch.apply_plan, checkpointing=True)",
             ),
             Jax => Ok(
-                "jax.checkpoint with a policy recomputing the planned names (tag them with checkpoint_name; trainplan_jax.checkpoint)",
+                "jax.checkpoint (nothing saved inside) around each planned layer's function (trainplan_jax.remat(name, fn))",
             ),
             _ => Err("the export has no recomputation switch for this framework"),
         },
@@ -120,13 +123,17 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "DDP no_sync() for k-1 micro-steps of batch/k, loss divided by k (trainplan_patch.accumulate, scale_loss, MICRO_BATCH)"
             }
             Horovod => {
-                "hvd.DistributedOptimizer(backward_passes_per_step=k), micro-batches of batch/k, loss divided by k"
+                "hvd.DistributedOptimizer(backward_passes_per_step=k), micro-batches of batch/k, loss divided by k (trainplan_horovod.distributed_optimizer, scale_loss, MICRO_BATCH)"
             }
             Byteps => {
                 "bps.DistributedOptimizer(backward_passes_per_step=k), micro-batches of batch/k, loss divided by k"
             }
-            Tf => "Keras optimizer gradient_accumulation_steps=k, micro-batches of batch/k",
-            Jax => "optax.MultiSteps(every_k_schedule=k), micro-batches of batch/k",
+            Tf => {
+                "Keras optimizer gradient_accumulation_steps=k (trainplan_xla.make_optimizer), micro-batches of batch/k"
+            }
+            Jax => {
+                "optax.MultiSteps(every_k_schedule=k) (trainplan_jax.make_optimizer), micro-batches of batch/k"
+            }
         }),
         "blueconnect" => match fw {
             Horovod => Ok("HOROVOD_HIERARCHICAL_ALLREDUCE=1 (horovod.env)"),
@@ -156,8 +163,12 @@ pub fn baseline_mechanism(name: &str) -> Result<&'static str, &'static str> {
         }
         "byteps_default" => "BYTEPS_PARTITION_BYTES=4096000 (the default)",
         "byteps_tuned" => "BYTEPS_PARTITION_BYTES set to the tuned size (byteps.env)",
-        "tf_default" => "MirroredStrategy's default all-reduce (one pack)",
-        "xla_default" => "TF_XLA_FLAGS=--tf_xla_auto_jit=2 (xla.env)",
+        "tf_default" => {
+            "MirroredStrategy's default all-reduce (one pack), no XLA (trainplan_xla.compile_kwargs: jit_compile=False)"
+        }
+        "xla_default" => {
+            "XLA clustering: model.compile(jit_compile=True) (trainplan_xla.compile_kwargs), TF_XLA_FLAGS=--tf_xla_auto_jit=2 (xla.env)"
+        }
         "jax_default" => "XLA's all-reduce combiner at its default threshold",
         "jax_tuned" => "XLA_FLAGS=--xla_gpu_all_reduce_combine_threshold_bytes=... (jax.env)",
         "as_recorded" => "the traced run as it was recorded",

@@ -151,6 +151,9 @@ def run(rank, patch_dir, name, steps, port, out_q):
     if rank == 0:
         seen["planned"] = tp.planned_buckets()
         seen["recompute_modules"] = tp.RECOMPUTE_MODULES
+        # The modules they resolve to in the real model (a planned layer that is no module of
+        # it, such as the zoo's relu1, is covered by its enclosing module).
+        seen["resolved_recompute"] = sorted(tp._resolved(model, tp.RECOMPUTE_MODULES))
         seen["compile_modules"] = tp.COMPILE_MODULES
         seen["compiled"] = sorted(
             n for n, m in model.named_modules() if getattr(m, "_trainplan_compiled", False)

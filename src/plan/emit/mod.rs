@@ -236,7 +236,13 @@ impl Facts {
             .decisions
             .iter()
             .find(|d| d.pass.starts_with("baseline:horovod"))
-            .and_then(|d| cycle_ms(&d.why));
+            .and_then(|d| {
+                d.knobs
+                    .get("cycle_ms")
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .or_else(|| cycle_ms(&d.why))
+            });
         Ok(Facts {
             groups: c.tensor_groups.clone(),
             group_bytes,

@@ -181,6 +181,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
             "False"
         }
     ));
+    py.push_str(TORCH_HELPERS_PY);
     py.push_str(PYTORCH_PY);
     if trace && (!f.clusters.is_empty() || !f.recompute.is_empty()) {
         notes.push(
@@ -234,6 +235,48 @@ fn py_doc(s: &str) -> String {
         })
         .collect()
 }
+
+/// Helpers the PyTorch and Horovod modules share (they read `DTYPE`, `GRAD_ACCUMULATION` and
+/// `FUSED_ADAM`): autocast, the GradScaler, fused-Adam keyword arguments, accumulation windows.
+pub(super) const TORCH_HELPERS_PY: &str = r#"
+
+def autocast_context(device_type="cuda"):
+    """`torch.autocast` in the planned dtype, or a no-op context without AMP."""
+    if DTYPE == "fp32":
+        return contextlib.nullcontext()
+    import torch
+
+    dtype = torch.float16 if DTYPE == "fp16" else torch.bfloat16
+    return torch.autocast(device_type, dtype=dtype)
+
+
+def make_grad_scaler(device_type="cuda"):
+    """A GradScaler, enabled for fp16 (bf16 and fp32 need none: it is then a pass-through)."""
+    import torch
+
+    enabled = DTYPE == "fp16"
+    try:
+        return torch.amp.GradScaler(device_type, enabled=enabled)
+    except (AttributeError, TypeError):
+        return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
+def optimizer_kwargs():
+    """Extra keyword arguments for torch.optim.Adam / AdamW that the plan asks for:
+    {"fused": True} when it planned fused Adam, else {}."""
+    return {"fused": True} if FUSED_ADAM else {}
+
+
+def is_update_step(step):
+    """True on the micro-step that ends an accumulation window (always without accumulation)."""
+    return (step + 1) % GRAD_ACCUMULATION == 0
+
+
+def scale_loss(loss):
+    """The micro-step's loss divided by GRAD_ACCUMULATION, so the accumulated gradient is the
+    mean over the whole batch (the loss as is without accumulation)."""
+    return loss / GRAD_ACCUMULATION if GRAD_ACCUMULATION > 1 else loss
+"#;
 
 const PYTORCH_PY: &str = r#"
 
@@ -299,33 +342,6 @@ def planned_buckets():
     return [list(g) for g in TENSOR_GROUPS]
 
 
-def autocast_context(device_type="cuda"):
-    """`torch.autocast` in the planned dtype, or a no-op context without AMP."""
-    if DTYPE == "fp32":
-        return contextlib.nullcontext()
-    import torch
-
-    dtype = torch.float16 if DTYPE == "fp16" else torch.bfloat16
-    return torch.autocast(device_type, dtype=dtype)
-
-
-def make_grad_scaler(device_type="cuda"):
-    """A GradScaler, enabled for fp16 (bf16 and fp32 need none: it is then a pass-through)."""
-    import torch
-
-    enabled = DTYPE == "fp16"
-    try:
-        return torch.amp.GradScaler(device_type, enabled=enabled)
-    except (AttributeError, TypeError):
-        return torch.cuda.amp.GradScaler(enabled=enabled)
-
-
-def optimizer_kwargs():
-    """Extra keyword arguments for torch.optim.Adam / AdamW that the plan asks for:
-    {"fused": True} when it planned fused Adam, else {}."""
-    return {"fused": True} if FUSED_ADAM else {}
-
-
 def apply_checkpointing(model):
     """Recompute the planned modules' activations in the backward."""
     from torch.utils.checkpoint import checkpoint
@@ -380,17 +396,6 @@ def apply_compile(model, ready=None, **compile_kwargs):
         module.forward = forward
         module._trainplan_compiled = True
     return model
-
-
-def is_update_step(step):
-    """True on the micro-step that ends an accumulation window (always without accumulation)."""
-    return (step + 1) % GRAD_ACCUMULATION == 0
-
-
-def scale_loss(loss):
-    """The micro-step's loss divided by GRAD_ACCUMULATION, so the accumulated gradient is the
-    mean over the whole batch (the loss as is without accumulation)."""
-    return loss / GRAD_ACCUMULATION if GRAD_ACCUMULATION > 1 else loss
 
 
 def accumulate(model, step):
