@@ -757,6 +757,20 @@ mod tests {
         assert!(parse_bytes("0").is_err());
     }
 
+    /// Finding 8: a plan as fast as its baseline is never "0.99x faster".
+    #[test]
+    fn speed_words() {
+        assert_eq!(
+            versus(1.234, "ddp_default"),
+            "1.23x faster than ddp_default"
+        );
+        assert_eq!(
+            versus(0.996, "ddp_default"),
+            "as fast as ddp_default: it is already the best setting found"
+        );
+        assert_eq!(versus(0.5, "none"), "2.00x slower than none");
+    }
+
     #[test]
     fn budgets_parse() {
         assert_eq!(parse_budget("1h").unwrap(), Duration::from_secs(3600));

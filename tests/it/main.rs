@@ -7,6 +7,9 @@
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
+//! * [`show`]: `trainplan show`: a plan's decisions per framework export, what is left to do.
+//! * [`frameworks`]: exported modules run on real PyTorch, JAX/optax, TensorFlow/Keras and a
+//!   stub of Horovod's documented API.
 //! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
 //! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
 //! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
@@ -24,6 +27,7 @@ mod fuzz_traces;
 mod lower_bound;
 mod plan;
 mod properties;
+mod show;
 mod trace_bad_input;
 mod trace_fuzz;
 mod trace_multi;
