@@ -203,11 +203,24 @@ pub fn framework_default(
     fw: Framework,
     evaluate: &Evaluator,
 ) -> Result<(Job, String), PassError> {
+    let ready = match fw.default_sync() {
+        SyncDefault::PerTensor | SyncDefault::Partitions { .. } => Vec::new(),
+        _ => ready_times(&evaluate(job.clone()).map_err(edit_err(fw.name()))?),
+    };
+    default_from_ready(job, fw, &ready)
+}
+
+/// [`framework_default`] with the per-tensor job's ready times already known (`plan`'s
+/// baselines have them from the `none` row). PyTorch's buckets follow autograd's order
+/// ([`autograd_order`], as `plan` and the export do), else the ready order.
+pub fn default_from_ready(
+    job: &Job,
+    fw: Framework,
+    ready_ns: &[u64],
+) -> Result<(Job, String), PassError> {
     let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
     let name = fw.name();
-    let ready = || -> Result<Vec<u64>, PassError> {
-        Ok(ready_times(&evaluate(job.clone()).map_err(edit_err(name))?))
-    };
+    let ready = || -> Result<Vec<u64>, PassError> { Ok(ready_ns.to_vec()) };
     let n = job.syncs.len();
     match fw.default_sync() {
         SyncDefault::PerTensor => {
@@ -217,7 +230,9 @@ pub fn framework_default(
             first_bytes,
             bytes: cap,
         } => {
-            let order = ready_order(&ready()?);
+            let order = autograd_order(job, is_half(job.dtype))
+                .filter(|_| fw == Framework::Pytorch)
+                .map_or_else(|| ready().map(|r| ready_order(&r)), Ok)?;
             let buckets = buckets_by_size(&bytes, &order, first_bytes, cap);
             let cfg = format!(
                 "DDP buckets of {} MiB (first {} MiB) in gradient-ready order: {} buckets for {n} tensors",
@@ -927,19 +942,43 @@ pub fn for_framework(
         ))
     };
     let mib = |b: u64| format!("{}", b >> 20);
+    // The framework's default: the same rewrite `replay` and `whatif` start from.
+    let (default_name, default_knobs) = match fw {
+        Framework::Pytorch => ("ddp_default", BTreeMap::new()),
+        Framework::Horovod => {
+            let SyncDefault::Fusion {
+                threshold_bytes,
+                cycle_ns,
+            } = fw.default_sync()
+            else {
+                unreachable!("Horovod's default is tensor fusion")
+            };
+            (
+                "horovod_default",
+                knobs(&[
+                    ("threshold_bytes", threshold_bytes.to_string()),
+                    ("cycle_ms", format!("{}", cycle_ns as f64 / 1e6)),
+                ]),
+            )
+        }
+        Framework::Byteps => (
+            "byteps_default",
+            knobs(&[("partition_bytes", BYTEPS_PARTITION_BYTES.to_string())]),
+        ),
+        Framework::Tf => ("tf_default", BTreeMap::new()),
+        Framework::Jax => ("jax_default", BTreeMap::new()),
+    };
+    let (dj, dcfg) = default_from_ready(job, fw, &ready)?;
+    let default_job = dj.clone();
+    out.extend(best_point(
+        default_name,
+        vec![(dj, dcfg, default_knobs)],
+        evaluate,
+        stop,
+    )?);
     let mut push = |b: Option<Baseline>| out.extend(b);
     match fw {
         Framework::Pytorch => {
-            let (j, len) = bucketed(DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)?;
-            let cfg = format!(
-                "bucket_cap_mb 25, first bucket 1 MiB, in gradient-ready order: {len} buckets for {n} tensors"
-            );
-            push(best_point(
-                "ddp_default",
-                vec![(j, cfg, BTreeMap::new())],
-                evaluate,
-                stop,
-            )?);
             let mut points = Vec::new();
             for c in DDP_CAPS_MIB {
                 let (j, len) = bucketed(c << 20, c << 20)?;
@@ -953,20 +992,6 @@ pub fn for_framework(
             push(best_point("ddp_tuned", points, evaluate, stop)?);
         }
         Framework::Horovod => {
-            let (threshold, cycle) = (128u64 << 20, 1_000_000u64);
-            let ticks = horovod_groups(&bytes, &ready, threshold, cycle);
-            let j = horovod_job(job, &ticks).map_err(edit_err("horovod_default"))?;
-            let cfg = horovod_config(threshold, cycle, &ticks);
-            let k = knobs(&[
-                ("threshold_bytes", threshold.to_string()),
-                ("cycle_ms", "1".into()),
-            ]);
-            push(best_point(
-                "horovod_default",
-                vec![(j, cfg, k)],
-                evaluate,
-                stop,
-            )?);
             let mut points = Vec::new();
             for t in AUTOTUNE_THRESHOLDS_MIB {
                 for c in AUTOTUNE_CYCLES_US {
@@ -1005,12 +1030,6 @@ pub fn for_framework(
                 let cfg = format!("partition bytes {piece}: {cut} of {n} tensors cut");
                 Ok((j, cfg, knobs(&[("partition_bytes", piece.to_string())])))
             };
-            push(best_point(
-                "byteps_default",
-                vec![cut(BYTEPS_PARTITION_BYTES)?],
-                evaluate,
-                stop,
-            )?);
             let points = BYTEPS_PARTITION_MIB
                 .iter()
                 .map(|&m| cut(m << 20))
@@ -1018,19 +1037,8 @@ pub fn for_framework(
             push(best_point("byteps_tuned", points, evaluate, stop)?);
         }
         Framework::Tf => {
-            let (j, len) = (
-                fused_job(job, &[order.clone()], &[]).map_err(edit_err("tf"))?,
-                1,
-            );
-            let cfg = format!("all {n} gradients in {len} pack after the backward");
-            push(best_point(
-                "tf_default",
-                vec![(j.clone(), cfg, BTreeMap::new())],
-                evaluate,
-                stop,
-            )?);
             if !stop() {
-                let packed = evaluate(j).map_err(edit_err("xla_default"))?;
+                let packed = evaluate(default_job).map_err(edit_err("xla_default"))?;
                 let (xj, xcfg) = xla_default(&packed)?;
                 let k = knobs(&[("auto_jit", "2".into())]);
                 push(best_point(
@@ -1042,15 +1050,6 @@ pub fn for_framework(
             }
         }
         Framework::Jax => {
-            let t = 30u64 << 20;
-            let (j, len) = bucketed(t, t)?;
-            let cfg = format!("XLA all-reduce combiner, 30 MiB: {len} collectives for {n} tensors");
-            push(best_point(
-                "jax_default",
-                vec![(j, cfg, BTreeMap::new())],
-                evaluate,
-                stop,
-            )?);
             let mut points = Vec::new();
             for m in JAX_THRESHOLDS_MIB {
                 // Threshold 0: every gradient its own all-reduce.
