@@ -9,7 +9,8 @@ Prints one JSON line with what it saw (tests/it/frameworks.rs asserts on it):
 * compile: model.compile(**compile_kwargs()) runs XLA exactly when the plan does
   (`model.jit_compile`), and under fp16 Keras wraps the optimizer in a LossScaleOptimizer;
 * accumulation: the optimizer from make_optimizer updates the weights on every
-  GRAD_ACCUMULATION-th micro-step only (ResNet-50, two updates), and on a small Dense model k
+  GRAD_ACCUMULATION-th micro-step only (a small model compiled the same way, two updates;
+  ResNet-50: at least one, on k-th micro-steps only — fp16 may skip an overflowed step), and k
   micro-batches give the same weights as one step on the whole batch;
 * what a zoo plan cannot target: none of UNTARGETED_LAYERS (the plan's fused / recomputed layer
   names) is a layer of the Keras ResNet-50, so NOT_APPLIED tells the truth.
@@ -74,21 +75,47 @@ def main():
     seen["gradient_accumulation_steps"] = inner.gradient_accumulation_steps
     if seen["loss_scale_optimizer"]:
         # A fresh fp16 loss scale (2**15) overflows on a randomly initialised ResNet-50 and
-        # skips the first steps, as it should; the cadence check below needs finite steps, so
-        # the scale starts at 1 here (set before the optimizer is built on the first step).
+        # skips the first steps, as it should; start at 1 so that some steps are finite (set
+        # before the optimizer is built on the first step).
         model.optimizer.initial_scale = 1.0
     micro = max(1, min(2, int(tp.MICRO_BATCH or 2)))
     rng = np.random.default_rng(0)
-    changed = []
-    before = weights_of(model)
-    for step in range(2 * tp.GRAD_ACCUMULATION):
-        x = rng.random((micro, 64, 64, 3), dtype=np.float32)
-        y = rng.integers(0, 10, size=(micro,))
-        model.train_on_batch(x, y)
-        after = weights_of(model)
-        changed.append(not same(before, after))
-        before = after
-    seen["changed_at_micro_step"] = changed
+
+    def cadence(model, make_batch, steps):
+        changed = []
+        before = weights_of(model)
+        for _ in range(steps):
+            x, y = make_batch()
+            model.train_on_batch(x, y)
+            after = weights_of(model)
+            changed.append(not same(before, after))
+            before = after
+        return changed
+
+    # ResNet-50 trains under the plan; in fp16 a step whose gradients overflow is skipped by
+    # the loss scaler, so only "updates on k-th micro-steps, at least one" is checked here.
+    seen["resnet_changed"] = cadence(
+        model,
+        lambda: (rng.random((micro, 64, 64, 3), dtype=np.float32), rng.integers(0, 10, size=(micro,))),
+        2 * tp.GRAD_ACCUMULATION,
+    )
+
+    # The exact cadence on a small model built and compiled the same way (finite in fp16): the
+    # weights change on every k-th micro-step, never in between.
+    keras.utils.set_random_seed(2)
+    small_model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(3, dtype="float32")])
+    small_model.compile(
+        optimizer=tp.make_optimizer(keras.optimizers.SGD, learning_rate=0.1), loss="mse", **tp.compile_kwargs()
+    )
+    if seen["loss_scale_optimizer"]:
+        small_model.optimizer.initial_scale = 1.0
+    seen["small_compute_dtype"] = small_model.layers[0].compute_dtype
+    seen["changed_at_micro_step"] = cadence(
+        small_model,
+        lambda: (rng.random((micro, 4), dtype=np.float32), rng.random((micro, 3), dtype=np.float32)),
+        2 * tp.GRAD_ACCUMULATION,
+    )
+    inner = getattr(small_model.optimizer, "inner_optimizer", small_model.optimizer)
     seen["optimizer_updates"] = int(inner.iterations.numpy())
 
     # Accumulation arithmetic on a small Dense model, in fp32: k micro-batches through

@@ -505,6 +505,17 @@ fn check_tf(seen: &Value, plan: &trainplan::plan::Plan) {
     let want: Vec<bool> = (0..2 * k).map(|i| (i + 1) % k == 0).collect();
     assert_eq!(changed, want, "{seen}");
     assert_eq!(seen["optimizer_updates"].as_u64(), Some(2));
+    assert_eq!(seen["small_compute_dtype"], dtype, "{seen}");
+    let resnet: Vec<bool> = seen["resnet_changed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_bool().unwrap())
+        .collect();
+    assert!(resnet.iter().any(|&c| c), "ResNet-50 never updated: {seen}");
+    for (i, c) in resnet.iter().enumerate() {
+        assert!(!c || (i + 1) % k == 0, "update at micro-step {i}: {seen}");
+    }
     assert!(
         seen["accumulated_weight_error"].as_f64().unwrap() < 1e-5,
         "{seen}"

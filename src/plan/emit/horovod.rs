@@ -25,7 +25,9 @@
 //! `tests/frameworks/horovod_stub.py`.
 
 use super::pytorch::TORCH_HELPERS_PY;
-use super::{Emitted, Facts, env_line, header, py_groups, py_ints, py_str, unmapped_passes};
+use super::{
+    Emitted, Facts, env_line, header, py_doc, py_groups, py_ints, py_str, unmapped_passes,
+};
 use crate::plan::Plan;
 
 /// Cycle time when the plan did not start from a Horovod baseline, ms.
@@ -75,10 +77,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     let bytes = f.group_bytes.clone().unwrap_or_default();
     let mut py = format!(
         "\"\"\"Apply a trainplan plan to Horovod (PyTorch): exact gradient groups, accumulation, AMP, fp16\ngradient compression, fused Adam.\n\n    import trainplan_horovod as tp\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **tp.optimizer_kwargs())\n    optimizer = tp.distributed_optimizer(optimizer, model)\n    scaler = tp.make_grad_scaler()\n    for step, batch in enumerate(loader):        # MICRO_BATCH samples per micro-step\n        with tp.autocast_context():\n            loss = tp.scale_loss(loss_fn(model(batch)))\n        scaler.scale(loss).backward()\n        if tp.is_update_step(step):\n            tp.step(optimizer, scaler); optimizer.zero_grad()\n\nwith horovod.env loaded. Plan: {} on {} ({} ranks). Names: {}.\n\"\"\"\n\n",
-        plan.workload.model,
-        plan.workload.cluster,
+        py_doc(&plan.workload.model),
+        py_doc(&plan.workload.cluster),
         plan.workload.ranks,
-        names_doc(plan)
+        py_doc(&names_doc(plan))
     );
     py.push_str(&format!(
         "# Collectives in issue order (gradient-ready order), as parameter names.\nGROUPS = {}\n",

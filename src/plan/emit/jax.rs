@@ -23,7 +23,7 @@
 //! Checked against real JAX and optax on CPU in `tests/frameworks/jax_optax.py`.
 
 use super::horovod::names_doc;
-use super::{Emitted, Facts, env_line, header, py_list, py_str, unmapped_passes};
+use super::{Emitted, Facts, env_line, header, py_doc, py_list, py_str, unmapped_passes};
 use crate::plan::Plan;
 
 /// XLA's default all-reduce combine threshold on GPU, bytes (what `jax_default` models).
@@ -85,7 +85,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     };
     let mut py = format!(
         "\"\"\"Apply a trainplan plan to a JAX / optax training step: recomputed layers, compute dtype\nand loss scaling, gradient accumulation.\n\n    import optax, trainplan_jax as tp\n    optimizer = tp.make_optimizer(optax.adamw(1e-4))      # MultiSteps(k), skips overflowed fp16 steps\n    opt_state, scale = optimizer.init(params), tp.loss_scale_init()\n\n    def loss_fn(params, batch):\n        p = tp.cast_params(params)                          # compute dtype; masters stay fp32\n        x = tp.remat(\"layer1.0\", block)(p[\"layer1.0\"], x)  # jax.checkpoint where planned\n        ...\n\n    grad_fn = jax.jit(tp.scaled_value_and_grad(loss_fn))\n    for micro_batch in loader:                              # MICRO_BATCH samples each\n        loss, grads, scale, finite = grad_fn(params, scale, micro_batch)\n        updates, opt_state = optimizer.update(grads, opt_state, params)\n        params = optax.apply_updates(params, updates)\n\nNames: {}.\n\"\"\"\n\n{}\n",
-        names_doc(plan),
+        py_doc(&names_doc(plan)),
         header(plan, "JAX policies")
     );
     py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));

@@ -1,15 +1,15 @@
 //! Emitters: a [`Plan`] turned into the files a user applies to one framework (`trainplan
 //! export PLAN --to FRAMEWORK`), one module per column of the DESIGN.md knob table.
 //!
-//! | plan (config / decisions) | horovod | byteps | xla | pytorch | jax |
+//! | plan (config / decisions) | horovod | byteps | xla (tf) | pytorch | jax |
 //! |---|---|---|---|---|---|
-//! | `tensor_groups` | `groups=`, `HOROVOD_DISABLE_GROUP_FUSION=1`, `HOROVOD_FUSION_THRESHOLD` ≥ largest group | group id column of `byteps_partitions.txt` | combine threshold | `bucket_cap_mb_list` / `bucket_cap_mb` | `--xla_gpu_all_reduce_combine_threshold_bytes` |
+//! | `tensor_groups` | `groups=`, `HOROVOD_DISABLE_GROUP_FUSION=1`, `HOROVOD_FUSION_THRESHOLD` ≥ largest group | group id column of `byteps_partitions.txt` | — (not applied, said) | `bucket_cap_mb` of the start point | combine threshold of the start point |
 //! | cycle of a Horovod baseline | `HOROVOD_CYCLE_TIME` | — | — | — | — |
 //! | `partitions` | — | `BYTEPS_PARTITION_BYTES`, `BYTEPS_SCHEDULING_CREDIT`, per-tensor file | — | — | — |
-//! | `fused_ops` | — | — | `TF_XLA_FLAGS`, `XLA_CLUSTER_SPEC` file, `_XlaCompile`/`_XlaScope` | `torch.compile` per module | `jax.jit` regions (listed) |
-//! | `dtype`, `amp` | `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy | autocast + GradScaler | dtype policy |
-//! | `recompute` | — | — | `tf.recompute_grad` (listed) | `torch.utils.checkpoint` per module | `jax.checkpoint` policy |
-//! | `grad_accumulation` k | `backward_passes_per_step` | same | — | `no_sync()` for k−1 micro-steps | `optax.MultiSteps(k)` |
+//! | `fused_ops` | — | — | `jit_compile` / `TF_XLA_FLAGS` (XLA's own clusters; zoo names not targeted, said) | `torch.compile` per module | — (`jax.jit` fuses; said) |
+//! | `dtype`, `amp` | autocast + GradScaler, `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy + loss scaling | autocast + GradScaler | compute dtype + dynamic loss scaling (fp16) |
+//! | `recompute` | — | — | — (not applied, said) | `torch.utils.checkpoint` per module | `jax.checkpoint` per layer (`remat`) |
+//! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
 //!
 //! **Invariant:** emitters are pure: no IO, the same plan gives byte-identical files (every map
 //! is ordered). Every Python file they produce compiles (`python3 -m py_compile`, tested) and
@@ -394,6 +394,26 @@ pub(crate) fn collapse(all: &[String], chosen: &BTreeSet<&str>) -> Vec<String> {
     out
 }
 
+/// Text for a Python docstring: no quotes or backslashes that could end or escape it, no
+/// control characters.
+pub(crate) fn py_doc(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '"' | '\\' => '\'',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+/// Text for a `#` comment line: control characters (a newline would end the comment) become
+/// spaces.
+pub(crate) fn one_line(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 /// A Python string literal (JSON's escapes are Python's).
 pub(crate) fn py_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
@@ -453,11 +473,11 @@ pub(crate) fn header(plan: &Plan, what: &str) -> String {
     let w = &plan.workload;
     format!(
         "# trainplan export: {what}\n# plan: {} (batch {}/GPU) on {} ({} ranks), names: {}; predicted {:.1} ms → {:.1} ms ({:.2}x)\n",
-        w.model,
+        one_line(&w.model),
         w.batch,
-        w.cluster,
+        one_line(&w.cluster),
         w.ranks,
-        w.names,
+        one_line(&w.names),
         plan.predicted.baseline.iteration_ms,
         plan.predicted.planned.iteration_ms,
         plan.predicted.speedup
@@ -660,6 +680,25 @@ pub(crate) mod tests {
                 )
             })
             .1
+    }
+
+    /// Plan text (model, cluster, names) reaches comments and docstrings only through
+    /// `one_line` / `py_doc`: a hostile model name cannot end a docstring or a comment line.
+    #[test]
+    fn plan_text_cannot_break_out_of_comments_or_docstrings() {
+        let mut p = tiny_plan();
+        p.workload.model = "m\"\"\"\nimport os; os.system('boom')\n\"\"\"\\".into();
+        p.workload.cluster = "c\nEVIL=1".into();
+        for fw in Framework::ALL {
+            let e = emit(&p, fw).unwrap();
+            check_files(&e);
+            for (name, text) in &e.files {
+                for line in text.lines() {
+                    assert!(!line.starts_with("import os"), "{fw} {name}: {line}");
+                    assert!(!line.starts_with("EVIL="), "{fw} {name}: {line}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@
 //!   and a note says what could not be mapped.
 
 use super::horovod::names_doc;
-use super::{Emitted, Facts, header, py_groups, py_ints, py_list, py_str, unmapped_passes};
+use super::{Emitted, Facts, header, py_doc, py_groups, py_ints, py_list, py_str, unmapped_passes};
 use crate::plan::Plan;
 
 /// The module each fused cluster compiles: the longest common dotted prefix of its layer
@@ -223,17 +223,6 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
         files: vec![("trainplan_patch.py".into(), py)],
         notes,
     }
-}
-
-/// Text for a Python docstring: no quotes or backslashes that could end or escape it.
-fn py_doc(s: &str) -> String {
-    s.chars()
-        .map(|c| match c {
-            '"' | '\\' => '\'',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect()
 }
 
 /// Helpers the PyTorch and Horovod modules share (they read `DTYPE`, `GRAD_ACCUMULATION` and

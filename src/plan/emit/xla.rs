@@ -26,7 +26,9 @@
 //! Checked against real TensorFlow / Keras on CPU in `tests/frameworks/tf_keras.py`.
 
 use super::horovod::names_doc;
-use super::{Emitted, Facts, env_line, header, py_list, py_str, split_member, unmapped_passes};
+use super::{
+    Emitted, Facts, env_line, header, py_doc, py_list, py_str, split_member, unmapped_passes,
+};
 use crate::plan::Plan;
 
 /// Whether the plan runs with XLA auto-clustering: it started from `xla_default`, or (a plan
@@ -100,7 +102,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     }
     let mut py = format!(
         "\"\"\"Apply a trainplan plan to TensorFlow / Keras: precision policy and loss scaling, gradient\naccumulation, XLA.\n\n    import keras, trainplan_xla as tp\n    tp.set_precision_policy()                                  # before building the model\n    model = build_model()\n    optimizer = tp.make_optimizer(keras.optimizers.AdamW, learning_rate=1e-4)\n    model.compile(optimizer=optimizer, loss=loss, **tp.compile_kwargs())\n    model.fit(dataset.batch(int(tp.MICRO_BATCH)), ...)       # MICRO_BATCH samples per micro-step\n\nCustom loops: optimizer = tp.wrap_optimizer(optimizer) (LossScaleOptimizer for fp16).\nNOT_APPLIED lists what the plan names that no Keras model can be matched against.\n\nNames: {}.\n\"\"\"\n\n{}\n",
-        names_doc(plan),
+        py_doc(&names_doc(plan)),
         header(plan, "TensorFlow / Keras")
     );
     py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));
