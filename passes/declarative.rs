@@ -1737,6 +1737,7 @@ mod tests {
             math: Default::default(),
             framework: Default::default(),
             exec: Default::default(),
+            host: Default::default(),
             meta: JobMeta::default(),
         }
     }
@@ -2088,12 +2089,12 @@ mod tests {
         let saved = a.iteration_ns() - b.iteration_ns();
         let launches = (160.0 * a.job.gpu.launch_overhead_us * 1e3) as u64;
         assert!(saved > 0 && saved <= launches, "{saved} vs {launches}");
-        // BERT on one H200 node: the fused kernel waits for the last all-reduce, so the updates
-        // no longer overlap the communication tail; it is slower by a little.
+        // BERT on one H200 node: every update already waits for the last all-reduce
+        // (`optimizer.step()` after the backward), so fusing them only saves launches.
         let (a, b) = shipped("fused-adam", zoo("bert-base", 2, "8xh200", true), &[]);
         assert_eq!(ups(&b), 1);
         let r = b.iteration_ns() as f64 / a.iteration_ns() as f64;
-        assert!((1.0..1.1).contains(&r), "{r}");
+        assert!((0.8..=1.0).contains(&r), "{r}");
     }
 
     #[test]
@@ -2174,7 +2175,15 @@ mod tests {
         assert!(b.iteration_ns() < a.iteration_ns() * 8 / 10);
         // One compression and one decompression kernel per tensor.
         let n = a.job.syncs.len();
-        assert_eq!(b.job.local.ops.len(), a.job.local.ops.len() + 2 * n);
+        let gpu_ops = |e: &Evaluated| {
+            e.job
+                .local
+                .ops
+                .iter()
+                .filter(|o| o.spec.kind == OpKind::Compute)
+                .count()
+        };
+        assert_eq!(gpu_ops(&b), gpu_ops(&a) + 2 * n);
     }
 
     #[test]

@@ -837,6 +837,7 @@ pub(crate) mod tests {
             math: Default::default(),
             framework: Default::default(),
             exec: Default::default(),
+            host: Default::default(),
             meta: JobMeta::default(),
         }
     }

@@ -291,6 +291,14 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../configs/gpus/v100-32gb.yaml"),
     ),
     (
+        "gpus/v100-16gb.yaml",
+        include_str!("../../configs/gpus/v100-16gb.yaml"),
+    ),
+    (
+        "gpus/a100-40gb.yaml",
+        include_str!("../../configs/gpus/a100-40gb.yaml"),
+    ),
+    (
         "gpus/a100-80gb.yaml",
         include_str!("../../configs/gpus/a100-80gb.yaml"),
     ),

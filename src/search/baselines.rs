@@ -1160,6 +1160,7 @@ mod tests {
             math: Default::default(),
             framework: Default::default(),
             exec: Default::default(),
+            host: Default::default(),
             meta: JobMeta::default(),
         }
     }
