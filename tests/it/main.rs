@@ -7,6 +7,8 @@
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
+//! * [`hostile_export`]: plans whose every name is hostile, exported for every framework, then
+//!   compiled, imported and sourced: nothing runs, every value comes back.
 //! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
 //! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
 //! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
@@ -20,6 +22,7 @@ mod cli;
 mod exec_traces;
 mod export;
 mod fuzz_traces;
+mod hostile_export;
 mod lower_bound;
 mod plan;
 mod properties;
