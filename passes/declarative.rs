@@ -118,7 +118,7 @@ const BUILTIN: &[(&str, &str)] = &[
 /// Load a declarative pass from a YAML file.
 pub fn load_file(path: &Path) -> Result<Box<dyn Pass>, PassError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path)
+    let text = crate::input::read_to_string(path, crate::input::InputKind::PassFile)
         .map_err(|e| PassError::File(format!("{file}: failed to read the pass file: {e}")))?;
     Ok(Box::new(parse(&text, &file)?))
 }

@@ -17,7 +17,7 @@ use crate::plan::emit;
 /// `trainplan export`.
 pub fn export_cmd(a: &ExportArgs) -> Result<(), CliError> {
     let shown = a.plan.display().to_string();
-    let text = std::fs::read_to_string(&a.plan)
+    let text = crate::input::read_to_string(&a.plan, crate::input::InputKind::Plan)
         .map_err(|e| CliError::bad_input(format!("failed to read the plan {shown}: {e}")))?;
     let plan = Plan::from_yaml(&text, &shown).map_err(CliError::bad_input)?;
     let out = emit::emit(&plan, a.to).map_err(|e| CliError::bad_input(format!("{shown}: {e}")))?;

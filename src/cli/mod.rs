@@ -9,7 +9,7 @@ mod calibrate;
 mod chakra;
 mod export;
 mod lower_bound;
-mod output;
+pub(crate) mod output;
 mod plan;
 mod ranks;
 mod replay;
@@ -81,6 +81,11 @@ impl CliError {
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Memory ceiling for trainplan itself (16GiB, 8GB, 512MiB, bytes): an input or a job that
+    /// would need more stops with exit 3 and the amount it would need. Default: 75 % of the
+    /// machine's RAM (or of its cgroup limit when lower).
+    #[arg(long, global = true, value_name = "SIZE")]
+    pub max_memory: Option<String>,
 }
 
 const EXAMPLES: &str = "\
@@ -349,6 +354,13 @@ fn init_logging() {
 
 /// Run a parsed command.
 pub fn run(cli: Cli) -> Result<(), CliError> {
+    let ceiling = match &cli.max_memory {
+        Some(s) => {
+            Some(plan::parse_bytes(s).map_err(|e| CliError::usage(format!("--max-memory: {e}")))?)
+        }
+        None => crate::limits::default_ceiling(),
+    };
+    crate::limits::set_ceiling(ceiling);
     match cli.command {
         Command::Models(a) => replay::models(&a),
         Command::Clusters(a) => replay::clusters(&a),

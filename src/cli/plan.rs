@@ -48,7 +48,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     let bytes = v * mult;
     if !(bytes.is_finite() && (1.0..1e18).contains(&bytes)) {
-        return Err(format!("`{s}` is not a sensible memory budget"));
+        return Err(format!(
+            "`{s}` is not a sensible size (1 byte to 10^18 bytes)"
+        ));
     }
     Ok(bytes as u64)
 }

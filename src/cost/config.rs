@@ -341,11 +341,52 @@ fn one_line_message(rendered: &str) -> String {
         _ => first,
     };
     // The parser's advice to programmers is not for users.
-    message
-        .split(", set DuplicateKeyPolicy")
-        .next()
-        .unwrap_or(message)
-        .to_string()
+    redact_quoted(
+        message
+            .split(", set DuplicateKeyPolicy")
+            .next()
+            .unwrap_or(message),
+    )
+}
+
+/// The parser quotes what it found (`unknown field `x``, `invalid type: string "x"`). When the file
+/// is not the expected format at all (`gpu: /etc/shadow`), that is the file's content: a quoted
+/// piece is kept only when it looks like a field name or a value of a config (≤ 40 characters of
+/// `[A-Za-z0-9_.+-]`), else it becomes `…`. So a typo in a real config is still named
+/// (`unknown field `memory_gbs``) and a secret never is.
+pub fn redact_quoted(message: &str) -> String {
+    let plain = |t: &str| {
+        t.chars().count() <= 40
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c))
+    };
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find(['`', '"']) {
+        let open = rest.as_bytes()[i] as char;
+        out.push_str(&rest[..=i]);
+        let after = &rest[i + 1..];
+        // A backquote is closed by a backquote or a straight quote (`x'), a double quote by one.
+        let close = if open == '`' {
+            &['`', '\''][..]
+        } else {
+            &['"'][..]
+        };
+        match after.find(close) {
+            Some(j) => {
+                let inner = &after[..j];
+                out.push_str(if plain(inner) { inner } else { "…" });
+                out.push(after[j..].chars().next().unwrap_or(open));
+                rest = &after[j + 1..];
+            }
+            None => {
+                out.push('…');
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// 1-based line and column of the first `key:` in `text`, for validation errors.
@@ -471,11 +512,15 @@ fn load_ref<T>(
         Some(b) => b.join(name),
         None => PathBuf::from(name),
     };
-    if name.ends_with(".yaml") || name.ends_with(".yml") || candidate.is_file() {
-        let text = std::fs::read_to_string(&candidate).map_err(|e| ConfigError::File {
-            file: candidate.display().to_string(),
-            message: format!("failed to read: {e}"),
-        })?;
+    // A path (not a built-in name): opened through the guard, which refuses what is not a
+    // regular file.
+    if name.ends_with(".yaml") || name.ends_with(".yml") || name.contains('/') || candidate.exists()
+    {
+        let text = crate::input::read_to_string(&candidate, crate::input::InputKind::Config)
+            .map_err(|e| ConfigError::File {
+                file: candidate.display().to_string(),
+                message: format!("failed to read: {e}"),
+            })?;
         return parse(&text, &candidate.display().to_string());
     }
     Err(ConfigError::Unknown {
@@ -582,11 +627,18 @@ pub fn load_cluster(name_or_path: &str) -> Result<Cluster, ConfigError> {
         return parse_cluster(text, &format!("configs/{path}"), None);
     }
     let p = Path::new(name_or_path);
-    if p.is_file() || name_or_path.ends_with(".yaml") || name_or_path.ends_with(".yml") {
-        let text = std::fs::read_to_string(p).map_err(|e| ConfigError::File {
-            file: name_or_path.to_string(),
-            message: format!("failed to read: {e}"),
-        })?;
+    if p.exists()
+        || name_or_path.contains('/')
+        || name_or_path.ends_with(".yaml")
+        || name_or_path.ends_with(".yml")
+    {
+        let text =
+            crate::input::read_to_string(p, crate::input::InputKind::Config).map_err(|e| {
+                ConfigError::File {
+                    file: name_or_path.to_string(),
+                    message: format!("failed to read: {e}"),
+                }
+            })?;
         return parse_cluster(&text, name_or_path, p.parent());
     }
     Err(ConfigError::Unknown {
@@ -604,6 +656,30 @@ pub fn load_gpu(name_or_path: &str) -> Result<GpuSpec, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parser_messages_never_echo_what_is_not_a_config_value() {
+        assert_eq!(
+            redact_quoted("unknown field `memory_gbs`, expected one of `memory_gbps`"),
+            "unknown field `memory_gbs`, expected one of `memory_gbps`"
+        );
+        assert_eq!(
+            redact_quoted("unknown field `root:$6$secret:19000:0:99999:7::`, expected one of name"),
+            "unknown field `…`, expected one of name"
+        );
+        assert_eq!(
+            redact_quoted("invalid type: string \"hunter2 is my password\", expected u32"),
+            "invalid type: string \"…\", expected u32"
+        );
+        assert_eq!(
+            redact_quoted("unexpected character: `\u{1b}'"),
+            "unexpected character: `…'"
+        );
+        assert_eq!(redact_quoted("cut `open"), "cut `…");
+        // `gpu: /etc/shadow`-like files: the first line is never in the message.
+        let e = parse_gpu("root:$6$secret:19000:0:99999:7:::\n", "shadow").unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
 
     #[test]
     fn every_builtin_parses() {

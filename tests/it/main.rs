@@ -7,6 +7,8 @@
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
+//! * [`hostile_input`]: FIFOs, devices and folders at every file input, amplifying traces,
+//!   copies of one rank: exit 3 with one line, never a hang or an abort.
 //! * [`hostile_export`]: plans whose every name is hostile, exported for every framework, then
 //!   compiled, imported and sourced: nothing runs, every value comes back.
 //! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
@@ -23,6 +25,7 @@ mod exec_traces;
 mod export;
 mod fuzz_traces;
 mod hostile_export;
+mod hostile_input;
 mod lower_bound;
 mod plan;
 mod properties;
