@@ -245,8 +245,15 @@ impl Evaluated {
 
 /// Expand, replay and analyse a job.
 pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
+    crate::graph::bounds::check(&job).map_err(JobError::Invalid)?;
     let graph = job.expand()?;
     let replay = replay::replay(&graph);
+    if replay.iteration_ns > crate::graph::bounds::MAX_SUM_NS {
+        return Err(JobError::Invalid(format!(
+            "the replayed iteration would last more than {} ns (~146 years): a duration, size or rate of the job is out of range",
+            crate::graph::bounds::MAX_SUM_NS
+        )));
+    }
     let critical = replay::critical_path(&graph, &replay);
     let memory = replay::peak_memory(&graph, &replay);
     let per = job.local.ops.len() as u32;
@@ -419,7 +426,11 @@ pub fn apply(job: &Job, patch: &Patch) -> Result<Job, PassError> {
     for e in &patch.edits {
         apply_edit(&mut ed, e).map_err(wrap)?;
     }
-    ed.finish().map_err(wrap)
+    let out = ed.finish().map_err(wrap)?;
+    // Refuse, don't saturate: a factor that pushes a duration, a size or memory out of its
+    // physical range is an error naming the pass.
+    crate::graph::bounds::check(&out).map_err(|m| wrap(JobError::Invalid(m)))?;
+    Ok(out)
 }
 
 /// Apply several patches as one edit (ids of every patch refer to `job` before any of them).

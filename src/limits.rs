@@ -172,6 +172,16 @@ pub struct MemoryError {
     pub ceiling: u64,
 }
 
+/// A number as a message shows it: plainly in the usual range, in scientific notation when it
+/// is huge or tiny (`1e308`, not 309 digits; `1e-320`, not 320 zeros).
+pub fn show(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e9).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 /// Bytes in GB (10⁹) with one decimal.
 pub fn gb(bytes: u64) -> String {
     format!("{:.1} GB", bytes as f64 / 1e9)
@@ -220,6 +230,16 @@ mod tests {
         assert!(r > 1 << 20, "{r}");
         let c = default_ceiling().unwrap();
         assert!(c > 64 << 20, "{c}");
+    }
+
+    #[test]
+    fn numbers_in_messages_stay_short() {
+        assert_eq!(show(1e308), "1e308");
+        assert_eq!(show(1e-320), "1e-320");
+        assert_eq!(show(0.001), "0.001");
+        assert_eq!(show(100000.0), "100000");
+        assert_eq!(show(-3.0), "-3");
+        assert_eq!(show(0.0), "0");
     }
 
     #[test]

@@ -411,36 +411,57 @@ fn invalid(text: &str, file: &str, field: &str, message: String) -> ConfigError 
     }
 }
 
-fn check_pos(text: &str, file: &str, field: &str, v: f64, max: f64) -> Result<(), ConfigError> {
-    if !(v.is_finite() && v > 0.0 && v <= max) {
+/// `value` of `field` must be a finite number in `[min, max]`: the one range check of config
+/// fields (file, line and field named on error). Ranges are physical: a rate of 1e-320 or a
+/// line rate of 1e-20 Gb/s would make every modelled time infinite, which the integer clock
+/// cannot hold.
+pub fn check_range(
+    text: &str,
+    file: &str,
+    field: &str,
+    value: f64,
+    min: f64,
+    max: f64,
+) -> Result<(), ConfigError> {
+    if !(value.is_finite() && value >= min && value <= max) {
         return Err(invalid(
             text,
             file,
             field,
-            format!("must be > 0 and ≤ {max}, got {v}"),
+            format!(
+                "must be between {} and {}, got {}",
+                crate::limits::show(min),
+                crate::limits::show(max),
+                crate::limits::show(value)
+            ),
         ));
     }
     Ok(())
 }
 
+/// Smallest rate a config may give (TFLOP/s, GB/s, Gb/s) and smallest memory (GiB): 10⁻³.
+pub const MIN_RATE: f64 = 1e-3;
+
 /// Parse and validate a GPU file.
 pub fn parse_gpu(text: &str, file: &str) -> Result<GpuSpec, ConfigError> {
     let g: GpuSpec = parse_yaml(text, file)?;
     for (d, v) in g.matrix_tflops.iter() {
-        check_pos(
+        check_range(
             text,
             file,
             &format!("matrix_tflops.{}", dtype_key(*d)),
             *v,
+            MIN_RATE,
             1e5,
         )?;
     }
     for (d, v) in g.vector_tflops.iter() {
-        check_pos(
+        check_range(
             text,
             file,
             &format!("vector_tflops.{}", dtype_key(*d)),
             *v,
+            MIN_RATE,
             1e5,
         )?;
     }
@@ -452,16 +473,16 @@ pub fn parse_gpu(text: &str, file: &str) -> Result<GpuSpec, ConfigError> {
             "must give an fp32 peak".into(),
         ));
     }
-    check_pos(text, file, "memory_gbps", g.memory_gbps, 1e6)?;
-    check_pos(text, file, "memory_gib", g.memory_gib, 1e5)?;
-    if !(g.launch_overhead_us.is_finite() && (0.0..=1e4).contains(&g.launch_overhead_us)) {
-        return Err(invalid(
-            text,
-            file,
-            "launch_overhead_us",
-            format!("must be between 0 and 10000, got {}", g.launch_overhead_us),
-        ));
-    }
+    check_range(text, file, "memory_gbps", g.memory_gbps, MIN_RATE, 1e6)?;
+    check_range(text, file, "memory_gib", g.memory_gib, MIN_RATE, 1e5)?;
+    check_range(
+        text,
+        file,
+        "launch_overhead_us",
+        g.launch_overhead_us,
+        0.0,
+        1e4,
+    )?;
     Ok(g)
 }
 
@@ -479,16 +500,16 @@ fn dtype_key(d: Dtype) -> &'static str {
 /// Parse and validate a network file.
 pub fn parse_network(text: &str, file: &str) -> Result<NetworkSpec, ConfigError> {
     let n: NetworkSpec = parse_yaml(text, file)?;
-    check_pos(text, file, "line_rate_gbit_s", n.line_rate_gbit_s, 1e6)?;
-    check_pos(text, file, "efficiency", n.efficiency, 1.0)?;
-    if !(n.alpha_us.is_finite() && (0.0..=1e6).contains(&n.alpha_us)) {
-        return Err(invalid(
-            text,
-            file,
-            "alpha_us",
-            format!("must be between 0 and 1e6, got {}", n.alpha_us),
-        ));
-    }
+    check_range(
+        text,
+        file,
+        "line_rate_gbit_s",
+        n.line_rate_gbit_s,
+        MIN_RATE,
+        1e6,
+    )?;
+    check_range(text, file, "efficiency", n.efficiency, MIN_RATE, 1.0)?;
+    check_range(text, file, "alpha_us", n.alpha_us, 0.0, 1e6)?;
     Ok(n)
 }
 
@@ -769,7 +790,51 @@ mod tests {
     fn gpu_validation_names_the_dtype() {
         let t = "name: g\nmodel: G\nvendor: x\nmatrix_tflops: {fp16: -3}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\n";
         let e = parse_gpu(t, "g.yaml").unwrap_err().to_string();
-        assert!(e.contains("field matrix_tflops.fp16: must be > 0"), "{e}");
+        assert!(
+            e.contains("field matrix_tflops.fp16: must be between 0.001 and 100000, got -3"),
+            "{e}"
+        );
+    }
+
+    /// Issue 14: rates so small that every modelled time is infinite passed `> 0`.
+    #[test]
+    fn rates_outside_physical_ranges_are_refused() {
+        let gpu = "name: g\nmodel: G\nvendor: x\nmatrix_tflops: {fp16: 100}\nvector_tflops: {fp32: 10}\nmemory_gbps: 1000\nmemory_gib: 16\nlaunch_overhead_us: 4\n";
+        parse_gpu(gpu, "g.yaml").unwrap();
+        for (from, to, field) in [
+            ("fp16: 100", "fp16: 1e-320", "matrix_tflops.fp16"),
+            ("fp32: 10", "fp32: 1e-320", "vector_tflops.fp32"),
+            ("memory_gbps: 1000", "memory_gbps: 1e-320", "memory_gbps"),
+            ("memory_gib: 16", "memory_gib: 1e-30", "memory_gib"),
+            ("memory_gbps: 1000", "memory_gbps: .inf", "memory_gbps"),
+        ] {
+            let e = parse_gpu(&gpu.replace(from, to), "g.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("field {field}: must be between")),
+                "{e}"
+            );
+        }
+        let net = "name: n\nscope: inter\nline_rate_gbit_s: 100\nefficiency: 0.9\nalpha_us: 5\n";
+        parse_network(net, "n.yaml").unwrap();
+        for (from, to, field) in [
+            (
+                "line_rate_gbit_s: 100",
+                "line_rate_gbit_s: 1e-20",
+                "line_rate_gbit_s",
+            ),
+            ("efficiency: 0.9", "efficiency: 1e-9", "efficiency"),
+            ("alpha_us: 5", "alpha_us: -1", "alpha_us"),
+        ] {
+            let e = parse_network(&net.replace(from, to), "n.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("field {field}: must be between")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -264,3 +264,132 @@ fn copies_of_one_rank_are_refused_at_the_second_file() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Refuse, don't saturate (class 6)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn out_of_range_factors_rates_and_sums_are_refused_not_saturated() {
+    let dir = scratch("saturate");
+    let w = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+    let whatif = |file: &str, pass: &str| -> Vec<String> {
+        [
+            "whatif",
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            "8xh200",
+            "--pass-file",
+            file,
+            "--pass",
+            pass,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let check = |args: Vec<String>, expect: &[&str]| {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        bad_input(&dir, &a, expect)
+    };
+    // A scale of 1e308 once read as −86 % iteration time.
+    w(
+        "huge.yaml",
+        "name: huge\ndoc: x\nrules:\n  - select: {phase: bw}\n    scale: 1e308\n",
+    );
+    check(
+        whatif("huge.yaml", "huge"),
+        &["huge.yaml:5:12: field scale: must be a number ≥ 0 and ≤ 10000, got 1e308"],
+    );
+    // A memory factor of 1e15 once lowered peak memory 3.0 → 0.3 GB.
+    w(
+        "mem.yaml",
+        "name: mem\ndoc: x\nrules:\n  - select: {phase: fw}\n    memory: 1e15\n",
+    );
+    check(
+        whatif("mem.yaml", "mem"),
+        &["mem.yaml:5:13: field memory: must be", "got 1e15"],
+    );
+    // A knob whose declared range leaves the field's.
+    w(
+        "knob.yaml",
+        "name: knob\ndoc: x\nknobs:\n  - {name: f, default: 1, min: 0, max: 1e300, doc: x}\nrules:\n  - select: {phase: bw}\n    scale: $f\n",
+    );
+    check(
+        whatif("knob.yaml", "knob"),
+        &["knob `$f` ranges over [0, 1e300]"],
+    );
+    // Each factor in range, their product (10^20) not: refused naming the pass file and rule.
+    let mut chain = String::from("name: chain\ndoc: x\nrules:\n");
+    for _ in 0..5 {
+        chain.push_str("  - select: {phase: bw}\n    scale: 10000\n");
+    }
+    w("chain.yaml", &chain);
+    check(
+        whatif("chain.yaml", "chain"),
+        &["chain.yaml:", "would last", "~13 days"],
+    );
+    check(
+        [
+            "plan",
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            "8xh200",
+            "--pass-file",
+            "chain.yaml",
+            "--passes",
+            "chain,amp",
+            "--budget",
+            "10s",
+            "-o",
+            "p.yaml",
+        ]
+        .map(String::from)
+        .to_vec(),
+        &["chain.yaml:", "would last"],
+    );
+    assert!(!dir.join("p.yaml").exists(), "no plan adopting the pass");
+    // Rates that made communication free or every time infinite.
+    w(
+        "slow.yaml",
+        "name: slow\nscope: intra\nline_rate_gbit_s: 1e-20\nefficiency: 0.9\nalpha_us: 1\n",
+    );
+    w(
+        "c1.yaml",
+        "name: c1\ngpu: h200\nnodes: 1\ngpus_per_node: 2\nintra: slow.yaml\n",
+    );
+    let replay = |c: &str| {
+        ["replay", "--model", "resnet50", "--cluster", c]
+            .map(String::from)
+            .to_vec()
+    };
+    check(
+        replay("c1.yaml"),
+        &[
+            "slow.yaml",
+            "field line_rate_gbit_s: must be between 0.001 and 1000000, got 1e-20",
+        ],
+    );
+    w(
+        "tiny.yaml",
+        "name: t\nmodel: T\nvendor: x\nmatrix_tflops: {fp16: 1e-320}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\n",
+    );
+    w(
+        "c2.yaml",
+        "name: c2\ngpu: tiny.yaml\nnodes: 1\ngpus_per_node: 2\nintra: nvlink-h100\n",
+    );
+    check(
+        replay("c2.yaml"),
+        &[
+            "tiny.yaml",
+            "matrix_tflops.fp16: must be between",
+            "got 1e-320",
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
