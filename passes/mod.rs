@@ -248,12 +248,7 @@ pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
     crate::graph::bounds::check(&job).map_err(JobError::Invalid)?;
     let graph = job.expand()?;
     let replay = replay::replay(&graph);
-    if replay.iteration_ns > crate::graph::bounds::MAX_SUM_NS {
-        return Err(JobError::Invalid(format!(
-            "the replayed iteration would last more than {} ns (~146 years): a duration, size or rate of the job is out of range",
-            crate::graph::bounds::MAX_SUM_NS
-        )));
-    }
+    crate::graph::bounds::check_replayed(replay.iteration_ns).map_err(JobError::Invalid)?;
     let critical = replay::critical_path(&graph, &replay);
     let memory = replay::peak_memory(&graph, &replay);
     let per = job.local.ops.len() as u32;

@@ -33,6 +33,8 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
         .trim_end_matches(".chakra")
         .to_string();
     let built = chakra::build_job(&trace, &file).map_err(CliError::bad_input)?;
+    crate::graph::bounds::check(&built.job)
+        .map_err(|m| CliError::bad_input(format!("{file}: {m}")))?;
     for w in &built.warnings {
         tracing::warn!(file = %file, "{w}");
     }
@@ -44,6 +46,8 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
     let t = Instant::now();
     let r = replay::replay(&g);
     let replay_wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    crate::graph::bounds::check_replayed(r.iteration_ns)
+        .map_err(|m| CliError::bad_input(format!("{file}: {m}")))?;
     let cp = critical_path(&g, &r);
     let bd = breakdown::breakdown(&g, &r, 0);
     let items = breakdown::critical_path_items(&g, &cp);

@@ -179,6 +179,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
         });
     }
     let mut job = built.job;
+    crate::graph::bounds::check(&job).map_err(|m| CliError::bad_input(format!("{file}: {m}")))?;
     job.meta.model = trace_stem(path);
     let name = job.meta.model.clone();
     tracing::info!(
@@ -289,6 +290,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let t = Instant::now();
     let r = replay::replay(g);
     let replay_wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    crate::graph::bounds::check_replayed(r.iteration_ns).map_err(CliError::bad_input)?;
     let cp = critical_path(g, &r);
     let dep = dependency_bound_ns(g);
     let mem = peak_memory(g, &r);

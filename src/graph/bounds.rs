@@ -72,6 +72,16 @@ pub fn check(job: &Job) -> Result<(), String> {
     Ok(())
 }
 
+/// A replayed iteration of `ns` is a time, not a saturated overflow (see `replay`).
+pub fn check_replayed(ns: u64) -> Result<(), String> {
+    if ns > MAX_SUM_NS {
+        return Err(format!(
+            "the replayed iteration would last more than {MAX_SUM_NS} ns (~146 years): a duration, size or rate of the job is out of range"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
