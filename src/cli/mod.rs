@@ -5,6 +5,7 @@
 //! malformed config, impossible size; the message names the file and where); 4 infeasible;
 //! 130 interrupted. A closed stdout (`trainplan … | head`) exits 0.
 
+pub mod atomic;
 mod calibrate;
 mod chakra;
 mod export;
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use output::write_atomic;
+pub use atomic::write_atomic;
 
 /// Exit codes of the binary.
 pub mod exit {
@@ -330,6 +331,7 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging();
+    atomic::install_interrupt_handler();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -128,7 +128,8 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         },
         ..SearchOptions::default()
     };
-    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+    // Ctrl-C stops the search, which then writes its best plan (a second Ctrl-C exits at once).
+    super::atomic::interrupt_flag(&INTERRUPTED);
     let show = !a.json && std::io::stderr().is_terminal();
     let bar = if show {
         let b = indicatif::ProgressBar::new(budget.as_millis() as u64);

@@ -9,6 +9,7 @@
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
 //! * [`hostile_input`]: FIFOs, devices and folders at every file input, amplifying traces,
 //!   copies of one rank: exit 3 with one line, never a hang or an abort.
+//! * [`safe_output`]: Ctrl-C during a write, a failed export, kept modes, symlinked devices.
 //! * [`hostile_export`]: plans whose every name is hostile, exported for every framework, then
 //!   compiled, imported and sourced: nothing runs, every value comes back.
 //! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
@@ -29,6 +30,7 @@ mod hostile_input;
 mod lower_bound;
 mod plan;
 mod properties;
+mod safe_output;
 mod trace_bad_input;
 mod trace_fuzz;
 mod trace_multi;
