@@ -54,12 +54,12 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
     let dep = dependency_bound_ns(&g);
     if let Some(p) = &a.timeline {
         write_atomic(p, |w| replay::timeline::write_chrome_trace(&g, &r, w)).map_err(|e| {
-            CliError::bad_input(format!("failed to write timeline {}: {e}", p.display()))
+            CliError::output(format!("failed to write timeline {}: {e}", p.display()))
         })?;
     }
     let measured = built.measured_ns;
     let err = measured.map(|m| 100.0 * (r.iteration_ns as f64 / m.max(1) as f64 - 1.0));
-    let mut o = std::io::stdout().lock();
+    let mut o = super::output::stdout();
     if a.json {
         let top = super::replay::top_items_json(&items);
         let v = json!({

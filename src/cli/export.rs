@@ -33,9 +33,8 @@ pub fn export_cmd(a: &ExportArgs) -> Result<(), CliError> {
             .join(format!("trainplan-{}", a.to.name())),
     };
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| {
-            CliError::bad_input(format!("failed to create {}: {e}", parent.display()))
-        })?;
+        std::fs::create_dir_all(parent)
+            .map_err(|e| CliError::output(format!("failed to create {}: {e}", parent.display())))?;
     }
     let files: Vec<(String, Vec<u8>)> = out
         .files
@@ -43,11 +42,11 @@ pub fn export_cmd(a: &ExportArgs) -> Result<(), CliError> {
         .map(|(n, c)| (n.clone(), c.clone().into_bytes()))
         .collect();
     let written: Vec<String> = write_dir_atomic(&dir, &files)
-        .map_err(|e| CliError::bad_input(format!("failed to write {}: {e}", dir.display())))?
+        .map_err(|e| CliError::output(format!("failed to write {}: {e}", dir.display())))?
         .iter()
         .map(|p| p.display().to_string())
         .collect();
-    let mut o = std::io::stdout().lock();
+    let mut o = super::output::stdout();
     if a.json {
         let v = json!({
             "framework": a.to.name(),

@@ -87,8 +87,18 @@ pub fn parse_budget(s: &str) -> Result<Duration, String> {
     if d.is_zero() {
         return Err("the budget must be more than 0 s".into());
     }
+    if d > MAX_BUDGET {
+        return Err(format!(
+            "`{s}` is more than the longest budget, {} days",
+            MAX_BUDGET.as_secs() / 86_400
+        ));
+    }
     Ok(d)
 }
+
+/// Longest `--budget`: 30 days (the search converges in seconds to minutes; a longer budget is
+/// a typo, and `500000000000years` once passed).
+pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 86_400);
 
 /// `trainplan plan`.
 pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
@@ -263,7 +273,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         },
     };
     write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
-        CliError::bad_input(format!(
+        CliError::output(format!(
             "failed to write the plan to {}: {e}",
             a.output.display()
         ))
@@ -282,7 +292,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
 }
 
 fn report(a: &PlanArgs, plan: &Plan, outcome: &search::Outcome) -> Result<(), CliError> {
-    let mut o = std::io::stdout().lock();
+    let mut o = super::output::stdout();
     if a.json {
         let v = json!({
             "baseline_iteration_ms": plan.predicted.baseline.iteration_ms,
@@ -413,5 +423,8 @@ mod tests {
         assert!(parse_budget("soon").is_err());
         assert!(parse_budget("0s").is_err());
         assert!(parse_budget("-5s").is_err());
+        assert_eq!(parse_budget("30days").unwrap(), MAX_BUDGET);
+        assert!(parse_budget("500000000000years").is_err());
+        assert!(parse_budget("1e300").is_err());
     }
 }

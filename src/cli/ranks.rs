@@ -129,7 +129,7 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
             timeline::write_chrome_trace(&g.graph, &rr.replay, w)
         })
         .map_err(|e| {
-            CliError::bad_input(format!("failed to write timeline {}: {e}", path.display()))
+            CliError::output(format!("failed to write timeline {}: {e}", path.display()))
         })?;
     }
     let measured: Vec<u64> = ranks.iter().map(|r| r.measured_ns()).collect();

@@ -13,8 +13,8 @@ use crate::graph::job::Job;
 use crate::replay::{self, breakdown, critical_path, dependency_bound_ns, peak_memory};
 use crate::zoo::{self, BuildOptions, ModelOptions};
 
-pub(super) fn out() -> std::io::StdoutLock<'static> {
-    std::io::stdout().lock()
+pub(super) fn out() -> super::output::Clean<std::io::StdoutLock<'static>> {
+    super::output::stdout()
 }
 
 /// `trainplan models`.
@@ -298,7 +298,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let items = breakdown::critical_path_items(g, &cp);
     if let Some(path) = &a.timeline {
         write_atomic(path, |w| replay::timeline::write_chrome_trace(g, &r, w)).map_err(|e| {
-            CliError::bad_input(format!("failed to write timeline {}: {e}", path.display()))
+            CliError::output(format!("failed to write timeline {}: {e}", path.display()))
         })?;
     }
     let workers = g.represented_workers();

@@ -1666,9 +1666,12 @@ impl<'de> Visitor<'de> for TimeVisitor {
             .ok_or_else(|| E::custom(format!("time {v} µs is out of range")))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-        f64_us_to_ns(v)
-            .map(Some)
-            .ok_or_else(|| E::custom(format!("time {v} µs is out of range")))
+        f64_us_to_ns(v).map(Some).ok_or_else(|| {
+            E::custom(format!(
+                "time {} µs is out of range",
+                crate::limits::show(v)
+            ))
+        })
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
         str_us_to_ns(v)

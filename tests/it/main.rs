@@ -9,6 +9,8 @@
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
 //! * [`hostile_input`]: FIFOs, devices and folders at every file input, amplifying traces,
 //!   copies of one rank: exit 3 with one line, never a hang or an abort.
+//! * [`messages`]: nothing echoed from a file of another format, control characters escaped,
+//!   messages capped, output errors exit 5, one exit code per kind of mistake.
 //! * [`safe_output`]: Ctrl-C during a write, a failed export, kept modes, symlinked devices.
 //! * [`hostile_export`]: plans whose every name is hostile, exported for every framework, then
 //!   compiled, imported and sourced: nothing runs, every value comes back.
@@ -28,6 +30,7 @@ mod fuzz_traces;
 mod hostile_export;
 mod hostile_input;
 mod lower_bound;
+mod messages;
 mod plan;
 mod properties;
 mod safe_output;
