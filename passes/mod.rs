@@ -246,6 +246,14 @@ impl Evaluated {
 /// Expand, replay and analyse a job.
 pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
     crate::graph::bounds::check(&job).map_err(JobError::Invalid)?;
+    // A large evaluation is checked against the memory ceiling first: the search skips a
+    // candidate that would not fit, a command says what it would need (exit 3).
+    let ops = crate::graph::bounds::expanded_ops(&job);
+    let need = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
+    if need >= 64 << 20 {
+        crate::limits::check(|| format!("evaluating a graph of {ops} ops"), need)
+            .map_err(|e| JobError::Invalid(e.to_string()))?;
+    }
     let graph = job.expand()?;
     let replay = replay::replay(&graph);
     crate::graph::bounds::check_replayed(replay.iteration_ns).map_err(JobError::Invalid)?;

@@ -144,6 +144,27 @@ pub fn default_ceiling() -> Option<u64> {
     Some(ram / 100 * DEFAULT_CEILING_PERCENT)
 }
 
+/// Memory one evaluation (expanded graph, replay, critical path, memory report) needs per op
+/// of the graph, bytes: `replay --symmetric` of BERT-base on 8,192 GPUs (6.75 M ops) peaks at
+/// 680 MB, ~100 bytes an op with the process; 120 leaves room.
+pub const EVAL_BYTES_PER_OP: u64 = 120;
+
+/// Whether `bytes` more fit under the ceiling now (always, without one).
+pub fn fits(bytes: u64) -> bool {
+    match ceiling() {
+        None => true,
+        Some(c) => resident_bytes().unwrap_or(0).saturating_add(bytes) <= c,
+    }
+}
+
+/// Bytes the ceiling leaves now (`u64::MAX` without one).
+pub fn available() -> u64 {
+    match ceiling() {
+        None => u64::MAX,
+        Some(c) => c.saturating_sub(resident_bytes().unwrap_or(0)),
+    }
+}
+
 /// Resident memory of this process, bytes (`/proc/self/statm`); None where unavailable.
 pub fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -230,6 +251,55 @@ mod tests {
         assert!(r > 1 << 20, "{r}");
         let c = default_ceiling().unwrap();
         assert!(c > 64 << 20, "{c}");
+    }
+
+    /// The README's "Limits" table says what the code enforces.
+    #[test]
+    fn the_readme_states_the_limits_the_code_enforces() {
+        let readme = include_str!("../README.md");
+        let start = readme.find("## Limits").expect("a Limits section");
+        let section = &readme[start..];
+        let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+        let row = |label: &str| -> &str {
+            section
+                .lines()
+                .find(|l| l.starts_with(&format!("| {label}")))
+                .unwrap_or_else(|| panic!("no row `{label}` in the README's Limits"))
+        };
+        let human = crate::input::human;
+        for k in InputKind::ALL {
+            let r = row(k.what());
+            assert!(r.contains(&human(k.max_file_bytes())), "{k:?}: {r}");
+            if let Some(d) = k.max_decompressed_bytes() {
+                assert!(
+                    r.contains(&format!("{} decompressed", human(d))),
+                    "{k:?}: {r}"
+                );
+            } else {
+                assert!(!r.contains("decompressed"), "{k:?}: {r}");
+            }
+        }
+        assert!(row("a JSON string").contains(&human(MAX_JSON_STRING_BYTES)));
+        let workers = crate::cli::output::thousands(MAX_WORKERS as u64);
+        assert!(row("workers in a cluster").contains(&workers));
+        let ops = crate::cli::output::thousands(crate::graph::job::MAX_OPS);
+        assert!(row("ops in an expanded graph").contains(&ops));
+        assert!(row("memory ceiling").contains(&format!("{DEFAULT_CEILING_PERCENT} % of RAM")));
+        use crate::graph::bounds;
+        assert_eq!(bounds::MAX_OP_NS, 1 << 50);
+        assert!(row("one op's duration").contains("2^50 ns"));
+        assert_eq!(bounds::MAX_TENSOR_BYTES, 16 << 40);
+        assert!(row("one tensor").contains("16 TiB"));
+        assert_eq!(bounds::MAX_MEMORY_BYTES, 1 << 50);
+        assert!(row("one worker's memory").contains("1 PiB"));
+        let min_rate = crate::cost::config::MIN_RATE;
+        assert!(row("GPU rates").contains(&show(min_rate)));
+        let f = crate::passes::declarative::MAX_FACTOR;
+        assert!(row("pass factors").contains(&show(f)));
+        let days = crate::cli::plan::MAX_BUDGET.as_secs() / 86_400;
+        assert!(row("`--budget`").contains(&format!("{days} days")));
+        let chars = crate::cli::output::MAX_MESSAGE;
+        assert!(row("an error message").contains(&format!("{chars} characters")));
     }
 
     #[test]

@@ -16,7 +16,7 @@ mod chakra;
 mod export;
 mod lower_bound;
 pub(crate) mod output;
-mod plan;
+pub(crate) mod plan;
 mod ranks;
 mod replay;
 mod whatif;

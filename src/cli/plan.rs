@@ -100,6 +100,37 @@ pub fn parse_budget(s: &str) -> Result<Duration, String> {
 /// a typo, and `500000000000years` once passed).
 pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 86_400);
 
+/// The threads candidates are evaluated on, within the memory ceiling: one evaluation of `job`
+/// in the form the search uses (symmetric when allowed) needs
+/// [`crate::graph::bounds::expanded_ops`] × [`crate::limits::EVAL_BYTES_PER_OP`] bytes. A
+/// large job ([`search::LEAN_OPS`] ops and more), or one whose parallel evaluations would not
+/// fit, is evaluated one candidate at a time — so `plan` needs about what `replay` needs; one
+/// that does not fit even alone is refused with what it would need (exit 3).
+fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::ThreadPool, CliError> {
+    let mut form = job.clone();
+    if symmetry && form.comm.scheme == crate::cost::config::SyncScheme::Ring && form.workers > 1 {
+        form.symmetric = true;
+    }
+    let ops = crate::graph::bounds::expanded_ops(&form);
+    let one = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
+    let threads = rayon::current_num_threads().max(1) as u64;
+    crate::limits::check(|| format!("evaluating the job's {ops} ops"), one)
+        .map_err(CliError::bad_input)?;
+    let lean = ops >= search::LEAN_OPS as u64
+        || one.saturating_mul(threads + 1) > crate::limits::available();
+    if lean {
+        tracing::info!(
+            ops,
+            gb = one as f64 / 1e9,
+            "large job: candidates evaluated one at a time"
+        );
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(if lean { 1 } else { 0 })
+        .build()
+        .map_err(CliError::internal)
+}
+
 /// `trainplan plan`.
 pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     let budget = parse_budget(&a.budget).map_err(|e| CliError::usage(format!("--budget: {e}")))?;
@@ -163,6 +194,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     say("baselines");
     let eval = search::evaluator(opts.speedups.symmetry);
     let job = input.job.clone();
+    let pool = eval_pool(&job, opts.speedups.symmetry)?;
     // Baselines stop early on Ctrl-C: the plan so far is then the unoptimised job.
     let eval_or_stop = |j: crate::graph::job::Job| -> Result<_, crate::graph::job::JobError> {
         if INTERRUPTED.load(Ordering::Relaxed) {
@@ -170,7 +202,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         }
         eval(j)
     };
-    let baselines = match search::baselines::baselines(&job, &eval_or_stop) {
+    let baselines = match pool.install(|| search::baselines::baselines(&job, &eval_or_stop)) {
         Ok(b) => b,
         Err(_) if INTERRUPTED.load(Ordering::Relaxed) => Vec::new(),
         Err(e) => return Err(CliError::bad_input(e)),
@@ -208,7 +240,9 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             ));
         }
     };
-    let outcome = match search::search(job.clone(), start, &opts, &all, &INTERRUPTED, &progress) {
+    let outcome = match pool
+        .install(|| search::search(job.clone(), start, &opts, &all, &INTERRUPTED, &progress))
+    {
         Ok(o) => o,
         Err(e @ SearchError::Infeasible { .. }) => {
             if let Some(b) = &bar {

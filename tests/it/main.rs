@@ -15,6 +15,9 @@
 //! * [`hostile_export`]: plans whose every name is hostile, exported for every framework, then
 //!   compiled, imported and sourced: nothing runs, every value comes back.
 //! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
+//! * [`fuzz_inputs`]: proptest mutations of configs, pass files, plans (then every emitter), the
+//!   performance database and nccl-tests tables: no panics, errors name the file, what is
+//!   accepted is in range.
 //! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
 //! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
@@ -26,6 +29,7 @@
 mod cli;
 mod exec_traces;
 mod export;
+mod fuzz_inputs;
 mod fuzz_traces;
 mod hostile_export;
 mod hostile_input;
