@@ -1215,17 +1215,7 @@ impl<'a> Ctx<'a> {
                     let w = works
                         .iter()
                         .copied()
-                        .reduce(|a, b| OpWork {
-                            math: if a.math == MathClass::Matrix || b.math == MathClass::Matrix {
-                                MathClass::Matrix
-                            } else {
-                                MathClass::Vector
-                            },
-                            flops: a.flops + b.flops,
-                            act_elems: a.act_elems + b.act_elems,
-                            weight_elems: a.weight_elems + b.weight_elems,
-                            kernels: 1,
-                        })
+                        .reduce(|a, b| a.merged(&b))
                         .map(|w| OpWork { kernels: 1, ..w });
                     edits.push(Edit::SetWork { op: first, work: w });
                 }
@@ -1637,7 +1627,6 @@ impl Pass for DeclarativePass {
 mod tests {
     use super::*;
     use crate::cost::comm::AlphaBeta;
-    use crate::cost::compute::Efficiency;
     use crate::cost::config::{Dtype, SyncScheme, load_cluster, load_gpu};
     use crate::graph::comm::{CommCost, CommSpec};
     use crate::graph::job::{JobMeta, LocalGraph, LocalOp, Sync};
@@ -1685,13 +1674,7 @@ mod tests {
             layer,
             ..OpSpec::new(kind, Phase::Comm, v, 0)
         };
-        let work = OpWork {
-            math: MathClass::Vector,
-            flops: 1e3,
-            act_elems: 0.0,
-            weight_elems: 1e3,
-            kernels: 1,
-        };
+        let work = OpWork::new(crate::cost::kernel::OpClass::Elementwise, 1e3, 0.0, 1e3, 1);
         let ops = vec![
             (c(Phase::Fw, 0, 10), None),
             (c(Phase::Fw, 1, 20), None),
@@ -1778,7 +1761,9 @@ mod tests {
             symmetric: false,
             gpu: load_gpu("v100-32gb").unwrap(),
             dtype: Dtype::Fp32,
-            efficiency: Efficiency::default(),
+            math: Default::default(),
+            framework: Default::default(),
+            exec: Default::default(),
             meta: JobMeta::default(),
         }
     }

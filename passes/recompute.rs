@@ -359,13 +359,11 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
 pub(crate) mod tests {
     use super::*;
     use crate::cost::comm::AlphaBeta;
-    use crate::cost::compute::Efficiency;
     use crate::cost::config::{Dtype, SyncScheme, load_gpu};
     use crate::graph::comm::{CommCost, CommSpec};
     use crate::graph::job::{JobMeta, LocalGraph, LocalOp, OpWork, Sync};
     use crate::graph::{DeviceKind, OpSpec, Tensor};
     use crate::passes::{apply_all, evaluate, registry, resolve_knobs};
-    use crate::zoo::MathClass;
 
     /// A ring of `workers` with α = 1 µs and 1 byte/ns links.
     pub(crate) fn ring_spec() -> CommSpec {
@@ -410,12 +408,14 @@ pub(crate) mod tests {
             fused: Default::default(),
             ..LocalGraph::default()
         };
-        let work = |t: u64| OpWork {
-            math: MathClass::Matrix,
-            flops: t as f64 * 1e4,
-            act_elems: t as f64,
-            weight_elems: 0.0,
-            kernels: 1,
+        let work = |t: u64| {
+            OpWork::new(
+                crate::cost::kernel::OpClass::Gemm,
+                t as f64 * 1e4,
+                t as f64,
+                0.0,
+                1,
+            )
         };
         for (i, &t) in fw_ns.iter().enumerate() {
             g.ops.push(LocalOp {
@@ -481,13 +481,13 @@ pub(crate) mod tests {
                 tensor: 0,
                 ..OpSpec::compute(1, Phase::Update, 0, 1000)
             },
-            work: Some(OpWork {
-                math: MathClass::Vector,
-                flops: 250.0,
-                act_elems: 0.0,
-                weight_elems: 1250.0,
-                kernels: 1,
-            }),
+            work: Some(OpWork::new(
+                crate::cost::kernel::OpClass::Elementwise,
+                250.0,
+                0.0,
+                1250.0,
+                1,
+            )),
         });
         g.edges.push((2 * n + 2, 2 * n + 3));
         g.edges.push((2 * n, 2 * n + 3));
@@ -505,7 +505,9 @@ pub(crate) mod tests {
             symmetric: false,
             gpu: load_gpu("v100-32gb").unwrap(),
             dtype: Dtype::Fp32,
-            efficiency: Efficiency::default(),
+            math: Default::default(),
+            framework: Default::default(),
+            exec: Default::default(),
             meta: JobMeta::default(),
         }
     }

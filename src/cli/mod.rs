@@ -233,11 +233,39 @@ pub struct InputArgs {
     /// Transformer vocabulary size.
     #[arg(long, value_name = "N")]
     pub vocab: Option<u32>,
+    /// BERT's task head: pretraining (Hugging Face, MLM logits at every position; default),
+    /// masked-lm (MLM on the 15 % masked positions only, as NVIDIA's BERT), squad, classify.
+    #[arg(long, value_enum, value_name = "HEAD")]
+    pub head: Option<crate::zoo::Head>,
     /// Replay the symmetric form: one worker plus the quotient ring chain, standing for all
     /// workers (ring all-reduce only; exact when the ring's links are alike, otherwise paced by
     /// the slowest link). Much faster for large clusters.
     #[arg(long)]
     pub symmetric: bool,
+    /// The framework the job runs on: how its kernels are issued (PyTorch eager: one CPU
+    /// dispatch per operator; tf, jax: compiled graphs), its default precision and its default
+    /// gradient synchronisation, which is the baseline (pytorch: DDP buckets; horovod: tensor
+    /// fusion; byteps: partitions; tf: one pack; jax: XLA's combiner).
+    #[arg(long, value_enum, default_value = "pytorch", value_name = "FRAMEWORK")]
+    pub framework: crate::cost::framework::Framework,
+    /// Compute precision of the baseline (default: the framework's — FP32 with TF32
+    /// convolutions for PyTorch on Ampere and newer, TF32 for every matrix class in tf and jax).
+    /// fp16 / bf16 are mixed precision (FP32 master weights); fp8 needs a GPU with an FP8 peak.
+    #[arg(long, value_enum, value_name = "PRECISION")]
+    pub precision: Option<crate::cost::framework::Precision>,
+    /// Gradient synchronisation of a --model job: the framework's default (DDP buckets for
+    /// pytorch, …), or one collective per gradient tensor (what no framework does by default).
+    #[arg(long, value_enum, default_value = "framework", value_name = "SYNC")]
+    pub sync: SyncArg,
+}
+
+/// `--sync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SyncArg {
+    /// The framework's default (see --framework).
+    Framework,
+    /// One collective per gradient tensor.
+    PerTensor,
 }
 
 #[derive(Debug, Args)]

@@ -193,7 +193,11 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
 
     say("baselines");
     let eval = search::evaluator(opts.speedups.symmetry);
-    let job = input.job.clone();
+    // The baselines rewrite the job with one collective per gradient tensor.
+    let job = match &input.sync {
+        Some((per_tensor, _)) => per_tensor.clone(),
+        None => input.job.clone(),
+    };
     let pool = eval_pool(&job, opts.speedups.symmetry)?;
     // Baselines stop early on Ctrl-C: the plan so far is then the unoptimised job.
     let eval_or_stop = |j: crate::graph::job::Job| -> Result<_, crate::graph::job::JobError> {

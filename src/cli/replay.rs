@@ -11,7 +11,7 @@ use crate::cost::config::{self, Cluster};
 use crate::graph::Dfg;
 use crate::graph::job::Job;
 use crate::replay::{self, breakdown, critical_path, dependency_bound_ns, peak_memory};
-use crate::zoo::{self, BuildOptions, ModelOptions};
+use crate::zoo::{self, ModelOptions};
 
 pub(super) fn out() -> super::output::Clean<std::io::StdoutLock<'static>> {
     super::output::stdout()
@@ -90,7 +90,12 @@ pub struct Built {
 
 /// A resolved input as an editable job.
 pub struct Input {
+    /// The job as the framework runs it by default (`--sync per-tensor`: one collective per
+    /// gradient tensor).
     pub job: Job,
+    /// For a zoo job: the same job with one collective per gradient tensor (what the planner's
+    /// baselines rewrite) and one line on the synchronisation `job` uses.
+    pub sync: Option<(Job, String)>,
     /// The zoo model and cluster (`None` for a trace).
     pub model: Option<zoo::Model>,
     pub cluster: Option<Cluster>,
@@ -118,8 +123,21 @@ pub struct Extrapolation {
     pub collectives: Vec<crate::trace::extrapolate::Extrapolated>,
 }
 
+/// `--precision` describes a zoo job; a trace ran in the precision it was recorded in.
+pub(super) fn refuse_trace_precision(i: &InputArgs) -> Result<(), CliError> {
+    match i.precision {
+        Some(p) => Err(CliError::usage(format!(
+            "--precision {} applies to --model jobs: a trace ran in the precision it was \
+             recorded in (try `whatif --pass amp` on it)",
+            p.name()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Read `--trace FILE [--step N]` into a job (one rank for now).
 fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
+    refuse_trace_precision(i)?;
     let files = crate::trace::expand_inputs(&i.trace).map_err(CliError::bad_input)?;
     let [path] = files.as_slice() else {
         return Err(CliError::usage(format!(
@@ -181,6 +199,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     let mut job = built.job;
     crate::graph::bounds::check(&job).map_err(|m| CliError::bad_input(format!("{file}: {m}")))?;
     job.meta.model = trace_stem(path);
+    job.framework = i.framework;
     let name = job.meta.model.clone();
     tracing::info!(
         ops = job.local.ops.len(),
@@ -190,6 +209,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     );
     Ok(Input {
         job,
+        sync: None,
         model: None,
         cluster: None,
         trace: Some(TraceInput {
@@ -229,20 +249,23 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         layers: i.layers,
         seq: i.seq,
         vocab: i.vocab,
+        head: i.head,
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;
-    let job = zoo::build::job(
+    let (job, per_tensor, sync_cfg) = crate::search::baselines::zoo_baseline(
         &model,
         &cluster,
-        &BuildOptions {
-            symmetric: i.symmetric,
-            ..Default::default()
-        },
+        i.framework,
+        i.precision,
+        i.sync == super::SyncArg::PerTensor,
+        i.symmetric,
     )
-    .map_err(CliError::bad_input)?;
+    .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
+    tracing::info!(framework = %i.framework, sync = %sync_cfg, "the framework's default sync");
     Ok(Input {
         job,
+        sync: Some((per_tensor, sync_cfg)),
         model: Some(model),
         cluster: Some(cluster),
         trace: None,
@@ -256,6 +279,7 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
         model,
         cluster,
         trace,
+        ..
     } = input_job(i)?;
     let t = Instant::now();
     let graph = job
@@ -274,6 +298,9 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
 
 /// `trainplan replay`.
 pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
+    if !a.input.trace.is_empty() {
+        refuse_trace_precision(&a.input)?;
+    }
     if let [path] = a.input.trace.as_slice()
         && crate::trace::chakra::is_chakra(path)
     {

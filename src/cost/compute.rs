@@ -19,7 +19,7 @@
 //! simple and calibratable: `trainplan calibrate` measures the peaks on a real GPU.
 
 use crate::cost::config::{Dtype, GpuSpec};
-use crate::zoo::MathClass;
+use crate::cost::kernel::MathClass;
 
 /// Achieved fraction of each roofline ceiling. See the module docs for the defaults.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]

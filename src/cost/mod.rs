@@ -4,3 +4,5 @@
 pub mod comm;
 pub mod compute;
 pub mod config;
+pub mod framework;
+pub mod kernel;

@@ -19,26 +19,15 @@
 
 use crate::cost::compute::{Efficiency, Roofline, ns};
 use crate::cost::config::{Dtype, GpuSpec};
-use crate::zoo::MathClass;
+use crate::cost::framework::{Exec, Framework, Math};
+use crate::cost::kernel::KernelModel;
+pub use crate::cost::kernel::OpWork;
 
 use super::comm::{CommSpec, CommTopology};
 use super::{
     DeviceKind, Dfg, DfgBuilder, GraphError, MemEffect, NONE, OpId, OpKind, OpSpec, Phase, Tensor,
     TensorId,
 };
-
-/// What an op computes, so that a pass can re-cost it (AMP's dtype, accumulation's batch/k,
-/// fusion's saved memory traffic). Elements are per worker at the job's batch size.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct OpWork {
-    pub math: MathClass,
-    pub flops: f64,
-    /// Elements moved that scale with the batch (activations, their gradients).
-    pub act_elems: f64,
-    /// Elements moved that do not (weights, weight gradients, optimizer state).
-    pub weight_elems: f64,
-    pub kernels: u32,
-}
 
 /// One op of the local graph.
 #[derive(Clone, Debug, PartialEq)]
@@ -126,8 +115,15 @@ pub struct Job {
     /// Expand to the symmetric form (one worker standing for all; ring only).
     pub symmetric: bool,
     pub gpu: GpuSpec,
+    /// Storage dtype of activations, weights and gradients (FP32, or fp16/bf16 under AMP).
     pub dtype: Dtype,
-    pub efficiency: Efficiency,
+    /// Dtypes of the matrix math while `dtype` is FP32 (TF32 per class, by framework default or
+    /// `--precision`).
+    pub math: Math,
+    /// The framework the job runs on (`--framework`).
+    pub framework: Framework,
+    /// How its kernels are issued (eager, or a compiled graph).
+    pub exec: Exec,
     pub meta: JobMeta,
 }
 
@@ -156,19 +152,25 @@ pub enum JobError {
 pub const MAX_OPS: u64 = 200_000_000;
 
 impl Job {
-    /// The roofline of this job's GPU in `dtype`.
+    /// The roofline of this job's GPU in `dtype` (plain ceilings, for memory-traffic estimates).
     pub fn roofline(&self, dtype: Dtype) -> Roofline {
-        Roofline::new(&self.gpu, dtype, self.efficiency)
+        Roofline::new(&self.gpu, dtype, Efficiency::default())
     }
 
-    /// Modelled duration of `work` at `dtype` with the batch scaled by `batch_scale`.
+    /// The kernel cost model of this job's GPU.
+    pub fn kernels(&self) -> KernelModel<'_> {
+        KernelModel::new(&self.gpu)
+    }
+
+    /// Modelled GPU duration of `work` stored in `dtype` with the batch scaled by
+    /// `batch_scale` (matrix math per [`Job::math`] while `dtype` is FP32).
     pub fn cost_ns(&self, work: &OpWork, dtype: Dtype, batch_scale: f64) -> u64 {
-        ns(self.roofline(dtype).time_ns(
-            work.math,
-            work.flops * batch_scale,
-            work.act_elems * batch_scale + work.weight_elems,
-            work.kernels,
-        ))
+        let w = if batch_scale == 1.0 {
+            *work
+        } else {
+            work.scaled(batch_scale)
+        };
+        ns(self.kernels().time_ns(&w, dtype, self.math))
     }
 
     /// Workers whose ops the expanded graph holds.
@@ -516,17 +518,7 @@ impl Editor {
         let merged_work = ops
             .iter()
             .filter_map(|&o| self.job.local.ops[o as usize].work)
-            .reduce(|a, b| OpWork {
-                math: if a.math == MathClass::Matrix || b.math == MathClass::Matrix {
-                    MathClass::Matrix
-                } else {
-                    MathClass::Vector
-                },
-                flops: a.flops + b.flops,
-                act_elems: a.act_elems + b.act_elems,
-                weight_elems: a.weight_elems + b.weight_elems,
-                kernels: a.kernels + b.kernels,
-            });
+            .reduce(|a, b| a.merged(&b));
         let members: Vec<String> = ops
             .iter()
             .flat_map(|&o| self.job.local.members(o))

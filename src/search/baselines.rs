@@ -71,6 +71,7 @@
 
 use rayon::prelude::*;
 
+use crate::cost::framework::{Framework, SyncDefault};
 use crate::graph::job::{Job, JobError, LocalOp, Sync};
 use crate::graph::{DeviceKind, OpId, OpKind, OpSpec, Phase};
 use crate::passes::{self, Edit, Evaluated, Pass, PassError, Patch};
@@ -199,6 +200,133 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
     Ok(out)
 }
 
+/// The job `fw`'s default gradient synchronisation gives (see
+/// [`Framework::default_sync`]), built from the per-tensor `job` (one sync per gradient tensor),
+/// and one line saying what was set. `evaluate` prices the per-tensor job for the gradients'
+/// ready times (Horovod's cycle ticks, ready order); `None` is returned unchanged for
+/// [`SyncDefault::PerTensor`].
+pub fn framework_default(
+    job: &Job,
+    fw: Framework,
+    evaluate: &Evaluator,
+) -> Result<(Job, String), PassError> {
+    let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+    let name = fw.name();
+    let ready = || -> Result<Vec<u64>, PassError> {
+        Ok(ready_times(&evaluate(job.clone()).map_err(edit_err(name))?))
+    };
+    let n = job.syncs.len();
+    match fw.default_sync() {
+        SyncDefault::PerTensor => {
+            Ok((job.clone(), format!("one collective per tensor: {n} syncs")))
+        }
+        SyncDefault::Buckets {
+            first_bytes,
+            bytes: cap,
+        } => {
+            let order = ready_order(&ready()?);
+            let buckets = buckets_by_size(&bytes, &order, first_bytes, cap);
+            let cfg = format!(
+                "DDP buckets of {} MiB (first {} MiB) in gradient-ready order: {} buckets for {n} tensors",
+                cap >> 20,
+                first_bytes >> 20,
+                buckets.len()
+            );
+            Ok((fused_job(job, &buckets, &[]).map_err(edit_err(name))?, cfg))
+        }
+        SyncDefault::Combine { threshold_bytes } => {
+            let order = ready_order(&ready()?);
+            let groups = buckets_by_size(&bytes, &order, threshold_bytes, threshold_bytes);
+            let cfg = format!(
+                "XLA all-reduce combiner, {} MiB: {} collectives for {n} tensors",
+                threshold_bytes >> 20,
+                groups.len()
+            );
+            Ok((fused_job(job, &groups, &[]).map_err(edit_err(name))?, cfg))
+        }
+        SyncDefault::OnePack => {
+            let all = vec![ready_order(&ready()?)];
+            let cfg = format!("all {n} gradients in one pack after the backward");
+            Ok((fused_job(job, &all, &[]).map_err(edit_err(name))?, cfg))
+        }
+        SyncDefault::Fusion {
+            threshold_bytes,
+            cycle_ns,
+        } => {
+            let ticks = horovod_groups(&bytes, &ready()?, threshold_bytes, cycle_ns);
+            let cfg = horovod_config(threshold_bytes, cycle_ns, &ticks);
+            Ok((horovod_job(job, &ticks).map_err(edit_err(name))?, cfg))
+        }
+        SyncDefault::Partitions { bytes: piece } => {
+            let edits: Vec<Edit> = job
+                .syncs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    let k = u32::try_from(s.bytes.div_ceil(piece).max(1)).unwrap_or(u32::MAX);
+                    (k > 1).then_some(Edit::PartitionSync { sync: i, k })
+                })
+                .collect();
+            let cut = edits.len();
+            let out = passes::apply(
+                job,
+                &Patch {
+                    pass: name.into(),
+                    why: format!("partitions of {piece} B"),
+                    edits,
+                },
+            )?;
+            Ok((
+                out,
+                format!("partitions of {piece} B: {cut} of {n} tensors cut"),
+            ))
+        }
+    }
+}
+
+/// A zoo job as its framework runs it by default: built, at `precision` (`None`: the
+/// framework's default), with the framework's default synchronisation unless `per_tensor`.
+/// Returns (that job, the same job with one collective per gradient tensor, one line on the
+/// synchronisation). What `replay`/`whatif`/`plan --model` start from, and what the fidelity
+/// experiment predicts with.
+pub fn zoo_baseline(
+    model: &crate::zoo::Model,
+    cluster: &crate::cost::config::Cluster,
+    framework: Framework,
+    precision: Option<crate::cost::framework::Precision>,
+    per_tensor: bool,
+    symmetric: bool,
+) -> Result<(Job, Job, String), String> {
+    let job = crate::zoo::build::job(
+        model,
+        cluster,
+        &crate::zoo::BuildOptions {
+            symmetric,
+            framework,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let flat = passes::amp::with_precision(&job, precision).map_err(|e| e.to_string())?;
+    if per_tensor {
+        let cfg = format!("one collective per tensor: {} syncs", flat.syncs.len());
+        return Ok((flat.clone(), flat, cfg));
+    }
+    let (job, cfg) =
+        framework_default(&flat, framework, &ready_evaluator).map_err(|e| e.to_string())?;
+    Ok((job, flat, cfg))
+}
+
+/// Evaluates a job for its gradients' ready times: on the symmetric form when the job allows
+/// (ready times do not depend on the worker count), else on the full graph.
+fn ready_evaluator(job: Job) -> Result<Evaluated, JobError> {
+    let mut j = job;
+    if j.comm.scheme == crate::cost::config::SyncScheme::Ring {
+        j.symmetric = true;
+    }
+    passes::evaluate(j)
+}
+
 /// Ready time of every sync: the latest end of its ready ops on worker 0 (the template's op `i`
 /// is global op `i`).
 pub fn ready_times(e: &Evaluated) -> Vec<u64> {
@@ -291,17 +419,19 @@ pub fn byteps_pieces(bytes: u64) -> u32 {
 /// DDP's buckets: syncs taken in `order` (gradient-ready order), a bucket closed once its size
 /// reaches its limit (1 MiB for the first, 25 MiB after).
 pub fn ddp_buckets(bytes: &[u64], order: &[usize]) -> Vec<Vec<usize>> {
+    buckets_by_size(bytes, order, DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)
+}
+
+/// Syncs taken in `order`, a bucket closed once its size reaches its limit (`first` for the
+/// first bucket, `cap` after): DDP's `compute_bucket_assignment_by_size`.
+pub fn buckets_by_size(bytes: &[u64], order: &[usize], first: u64, cap: u64) -> Vec<Vec<usize>> {
     let mut out = Vec::new();
     let mut cur = Vec::new();
     let mut size = 0u64;
     for &i in order {
         cur.push(i);
         size += bytes[i];
-        let limit = if out.is_empty() {
-            DDP_FIRST_BUCKET_BYTES
-        } else {
-            DDP_BUCKET_BYTES
-        };
+        let limit = if out.is_empty() { first } else { cap };
         if size >= limit {
             out.push(std::mem::take(&mut cur));
             size = 0;
@@ -579,7 +709,9 @@ mod tests {
             symmetric: false,
             gpu: crate::cost::config::load_gpu("v100-32gb").unwrap(),
             dtype: crate::cost::config::Dtype::Fp32,
-            efficiency: Default::default(),
+            math: Default::default(),
+            framework: Default::default(),
+            exec: Default::default(),
             meta: JobMeta::default(),
         }
     }
@@ -708,6 +840,41 @@ mod tests {
         let b = ddp_buckets(&bytes, &ready_order(&ready));
         assert_eq!(b, vec![vec![0, 1, 2]]);
         assert_eq!(iteration(fused_job(&job, &b, &[]).unwrap()), 24_000);
+    }
+
+    #[test]
+    fn every_framework_default_on_the_tiny_job() {
+        // Gradients of 4000 B ready at 1, 2, 10 µs (see `tiny_job_replays_by_hand`).
+        let job = tiny();
+        let it = |fw: Framework| {
+            let (j, cfg) = framework_default(&job, fw, &evaluate).unwrap();
+            (j.syncs.len(), iteration(j), cfg)
+        };
+        // PyTorch DDP: 12000 B < the 1 MiB first bucket: one bucket, 24000 (by hand above).
+        let (n, t, cfg) = it(Framework::Pytorch);
+        assert_eq!((n, t), (1, 24_000));
+        assert!(cfg.contains("1 buckets for 3 tensors"), "{cfg}");
+        // JAX's 30 MiB combiner: the same single group.
+        assert_eq!((it(Framework::Jax).0, it(Framework::Jax).1), (1, 24_000));
+        // TF: one pack after the backward, the same here.
+        assert_eq!((it(Framework::Tf).0, it(Framework::Tf).1), (1, 24_000));
+        // Horovod 1 ms cycle: one tick at 1 ms fuses all three: 1,000,000 + 2·(1000 + 6000).
+        assert_eq!(
+            (it(Framework::Horovod).0, it(Framework::Horovod).1),
+            (1, 1_014_000)
+        );
+        // BytePS: nothing above 4,096,000 B: as is.
+        assert_eq!(
+            (it(Framework::Byteps).0, it(Framework::Byteps).1),
+            (3, 19_000)
+        );
+        // Above the first bucket, DDP closes a bucket after the 1 MiB one.
+        let big = chain(&[1000, 1000, 8000], &[MIB, 4000, 4000]);
+        let (j, _) = framework_default(&big, Framework::Pytorch, &evaluate).unwrap();
+        assert_eq!(
+            j.syncs.iter().map(|s| s.tensors.len()).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
     }
 
     #[test]

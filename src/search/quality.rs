@@ -124,7 +124,9 @@ fn case(seed: u64) -> (Job, Vec<OpId>) {
         symmetric: false,
         gpu: crate::cost::config::load_gpu("v100-32gb").expect("a built-in GPU"),
         dtype: crate::cost::config::Dtype::Fp32,
-        efficiency: Default::default(),
+        math: Default::default(),
+        framework: Default::default(),
+        exec: Default::default(),
         meta: JobMeta::default(),
     };
     (job, chain)

@@ -59,8 +59,8 @@
 use std::collections::BTreeMap;
 
 use crate::cost::comm::AlphaBeta;
-use crate::cost::compute::Efficiency;
 use crate::cost::config::{Dtype, SyncScheme};
+use crate::cost::framework::{Exec, Framework, Math};
 use crate::graph::comm::{CommCost, CommSpec};
 use crate::graph::job::{Job, JobMeta, LocalGraph, LocalOp};
 use crate::graph::{DeviceKind, NONE, OpId, OpKind, OpSpec, Phase};
@@ -1100,7 +1100,9 @@ pub(crate) fn one_worker_job(
         symmetric: false,
         gpu,
         dtype: Dtype::Fp32,
-        efficiency: Efficiency::default(),
+        math: Math::FP32,
+        framework: Framework::default(),
+        exec: Exec::Eager,
         meta: JobMeta {
             model: name.to_string(),
             batch: 0,

@@ -21,15 +21,16 @@
 //! With [`BuildOptions::symmetric`] the graph holds one worker and the quotient ring chain
 //! ([`CommTopology::symmetric_ring`](crate::graph::comm::CommTopology::symmetric_ring)) and stands for all of the cluster's workers.
 
-use crate::cost::compute::Efficiency;
 use crate::cost::config::{Cluster, Dtype, SyncScheme};
+use crate::cost::framework::{Framework, Math};
+use crate::cost::kernel::{Gemm, OpClass};
 use crate::graph::comm::CommSpec;
 use crate::graph::job::{Job, JobError, JobMeta, LocalGraph, LocalOp, OpWork, Sync};
 use crate::graph::{
     DeviceKind, Dfg, GraphError, MemEffect, MemWhen, OpId, OpKind, OpSpec, Phase, Tensor,
 };
 
-use super::{MathClass, Model};
+use super::Model;
 
 /// How to build the graph.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,7 +39,10 @@ pub struct BuildOptions {
     pub dtype: Dtype,
     /// Build the symmetric (quotient) form: one worker standing for all (ring only).
     pub symmetric: bool,
-    pub efficiency: Efficiency,
+    /// Matrix math dtypes while `dtype` is FP32 (default plain FP32).
+    pub math: Math,
+    /// The framework the job runs on (default PyTorch).
+    pub framework: Framework,
 }
 
 impl Default for BuildOptions {
@@ -46,7 +50,8 @@ impl Default for BuildOptions {
         BuildOptions {
             dtype: Dtype::Fp32,
             symmetric: false,
-            efficiency: Efficiency::default(),
+            math: Math::FP32,
+            framework: Framework::Pytorch,
         }
     }
 }
@@ -129,7 +134,9 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
         symmetric: opts.symmetric,
         gpu: cluster.gpu.clone(),
         dtype: opts.dtype,
-        efficiency: opts.efficiency,
+        math: opts.math,
+        framework: opts.framework,
+        exec: opts.framework.exec(),
         meta: JobMeta {
             model: model.name.clone(),
             batch: model.batch,
@@ -143,10 +150,12 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
         let p = l.param_elems() as f64;
         let work = OpWork {
             math: l.math,
+            class: l.kind.class(),
             flops: l.fw_flops,
             act_elems: (l.fw_elems - p).max(0.0),
             weight_elems: p.min(l.fw_elems),
             kernels: l.fw_kernels,
+            gemms: [l.gemm.unwrap_or(Gemm::NONE), Gemm::NONE],
         };
         let o = push(
             &mut g,
@@ -172,10 +181,17 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
         let p = 2.0 * l.param_elems() as f64;
         let work = OpWork {
             math: l.math,
+            class: l.kind.class(),
             flops: l.bw_flops,
             act_elems: (l.bw_elems - p).max(0.0),
             weight_elems: p.min(l.bw_elems),
             kernels: l.bw_kernels,
+            gemms: match l.gemm {
+                // The first layer (no input to differentiate) computes its weight gradient only.
+                Some(g) if l.inputs.is_empty() => [g.backward()[1], Gemm::NONE],
+                Some(g) => g.backward(),
+                None => [Gemm::NONE; 2],
+            },
         };
         let o = push(
             &mut g,
@@ -223,13 +239,13 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             },
             None,
         );
-        let work = OpWork {
-            math: MathClass::Vector,
-            flops: elems as f64 * opt.update_flops_per_param(),
-            act_elems: 0.0,
-            weight_elems: (elems * opt.update_elems_per_param()) as f64,
-            kernels: 1,
-        };
+        let work = OpWork::new(
+            OpClass::Optimizer,
+            elems as f64 * opt.update_flops_per_param(),
+            0.0,
+            (elems * opt.update_elems_per_param()) as f64,
+            1,
+        );
         let u = push(
             &mut g,
             OpSpec {

@@ -4,15 +4,8 @@
 //! Counts are in elements and FLOPs, not bytes or seconds: the cost model (`crate::cost`) turns
 //! them into durations for a GPU and a dtype. One multiply-add is 2 FLOPs.
 
-/// Which roofline ceiling an operator's math runs against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MathClass {
-    /// Dense matrix math that tensor cores / matrix cores accelerate (conv, GEMM, batched matmul).
-    Matrix,
-    /// Vector / element-wise math (norms, activations, pooling, softmax, adds, embeddings).
-    Vector,
-}
+pub use crate::cost::kernel::MathClass;
+use crate::cost::kernel::{Gemm, OpClass};
 
 /// The operator family, for op fusion legality, AMP and display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -71,6 +64,26 @@ pub struct Layer {
     /// Elements of its output.
     pub out_elems: u64,
     pub params: Vec<Param>,
+    /// The forward matrix product of a conv (implicit GEMM), linear layer or batched matmul;
+    /// the backward's data- and weight-gradient products follow from it ([`Gemm::backward`]).
+    pub gemm: Option<Gemm>,
+}
+
+impl LayerKind {
+    /// The cost model's class for this operator family.
+    pub fn class(self) -> OpClass {
+        match self {
+            LayerKind::Conv => OpClass::Conv,
+            LayerKind::Gemm | LayerKind::BatchedMatmul => OpClass::Gemm,
+            LayerKind::BatchNorm | LayerKind::LayerNorm => OpClass::Norm,
+            LayerKind::Elementwise => OpClass::Elementwise,
+            LayerKind::Pool => OpClass::Pool,
+            LayerKind::Softmax => OpClass::Softmax,
+            LayerKind::Embedding => OpClass::Embedding,
+            LayerKind::Concat => OpClass::Copy,
+            LayerKind::Loss => OpClass::Reduction,
+        }
+    }
 }
 
 impl Layer {

@@ -377,7 +377,7 @@ fn out_of_range_factors_rates_and_sums_are_refused_not_saturated() {
     );
     w(
         "tiny.yaml",
-        "name: t\nmodel: T\nvendor: x\nmatrix_tflops: {fp16: 1e-320}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\n",
+        "name: t\nmodel: T\nvendor: x\nmatrix_tflops: {fp16: 1e-320}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\narch: hopper\nsms: 132\nboost_clock_mhz: 1980\n",
     );
     w(
         "c2.yaml",

@@ -153,6 +153,8 @@ fn tensor_fusion_shortens_a_communication_bound_job_and_names_what_left_the_path
         "resnet50",
         "--cluster",
         "dpro-16xv100-tcp",
+        "--sync",
+        "per-tensor",
         "--pass",
         "tensor-fusion:scope=all",
     ]);

@@ -1,0 +1,255 @@
+//! The framework a job runs on, and what follows from it for the cost model: how its kernels are
+//! issued (eager, one CPU dispatch per operator, or a compiled graph), in which precision its FP32
+//! math runs by default, and how it synchronises gradients by default.
+//!
+//! `--framework pytorch|horovod|tf|jax|byteps` (default `pytorch`) is shared by `replay`,
+//! `whatif` and `plan`: the framework's default is the baseline every prediction starts from.
+//!
+//! | framework | issue | FP32 convolutions | FP32 matmuls | default gradient sync |
+//! |---|---|---|---|---|
+//! | `pytorch` | eager | TF32 on Ampere+ (`cudnn.allow_tf32 = True`) | FP32 (`cuda.matmul.allow_tf32 = False` since 1.12) | DDP: 25 MiB buckets, first 1 MiB |
+//! | `horovod` | eager (PyTorch) | as `pytorch` | as `pytorch` | tensor fusion: 128 MiB, 1 ms cycle (0.21+) |
+//! | `byteps` | eager (PyTorch) | as `pytorch` | as `pytorch` | 4,096,000 B partitions |
+//! | `tf` | graph (`tf.function`) | TF32 on Ampere+ (TF ≥ 2.4) | TF32 on Ampere+ | one all-reduce pack after backward (`MirroredStrategy`, `num_packs=1`) |
+//! | `jax` | graph (`jax.jit`, XLA) | TF32 on Ampere+ (default precision) | TF32 on Ampere+ | XLA all-reduce combiner, 30 MiB |
+//!
+//! Sources: PyTorch "CUDA semantics — TensorFloat-32 (TF32) on Ampere (and later) devices"
+//! (`torch.backends.cuda.matmul.allow_tf32` default `False` since 1.12, cuDNN's `True`);
+//! TensorFlow 2.4 release notes (TF32 enabled by default); JAX `jax_default_matmul_precision`
+//! (`DEFAULT` lets XLA use TF32 on Ampere); PyTorch `DistributedDataParallel(bucket_cap_mb=25)`
+//! and `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`; Horovod 0.21 changelog (fusion threshold
+//! 128 MiB, cycle time 1 ms); BytePS `BYTEPS_PARTITION_BYTES` default 4096000; XLA
+//! `xla_gpu_all_reduce_combine_threshold_bytes` (30 MiB).
+
+use serde::{Deserialize, Serialize};
+
+use super::config::{Dtype, GpuSpec};
+
+/// A training framework (`--framework`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Framework {
+    /// PyTorch eager with DistributedDataParallel.
+    #[default]
+    Pytorch,
+    /// Horovod over PyTorch eager.
+    Horovod,
+    /// TensorFlow 2 (`tf.function` graphs, `MirroredStrategy`).
+    Tf,
+    /// JAX (`jax.jit`, XLA collectives).
+    Jax,
+    /// BytePS over PyTorch eager.
+    Byteps,
+}
+
+/// How a framework issues its kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exec {
+    /// One CPU dispatch per operator, every kernel launched from Python (PyTorch eager).
+    #[default]
+    Eager,
+    /// A compiled graph: the runtime launches the kernels with little per-operator CPU work.
+    Graph,
+}
+
+/// A framework's default gradient synchronisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncDefault {
+    /// PyTorch DDP: gradients in ready order into buckets closed at `bytes` (`first_bytes` for
+    /// the first), each bucket one all-reduce as soon as it is full.
+    Buckets { first_bytes: u64, bytes: u64 },
+    /// Horovod tensor fusion: every `cycle_ns`, the ready tensors in fusion buffers of at most
+    /// `threshold_bytes`.
+    Fusion { threshold_bytes: u64, cycle_ns: u64 },
+    /// BytePS: every tensor cut into pieces of at most `bytes`.
+    Partitions { bytes: u64 },
+    /// XLA's all-reduce combiner: consecutive ready gradients combined up to `threshold_bytes`.
+    Combine { threshold_bytes: u64 },
+    /// All gradients in one pack after the whole backward (TF `MirroredStrategy`).
+    OnePack,
+    /// One collective per gradient tensor (no framework does this; `--sync per-tensor`).
+    PerTensor,
+}
+
+/// Dtypes of the matrix math (tensor-core classes) of a job whose storage dtype is FP32.
+/// Half-precision jobs run all matrix math in their storage dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Math {
+    /// Convolutions (cuDNN).
+    pub conv: Dtype,
+    /// GEMMs, batched matmuls and attention (cuBLAS).
+    pub matmul: Dtype,
+}
+
+impl Math {
+    /// Plain FP32 everywhere.
+    pub const FP32: Math = Math {
+        conv: Dtype::Fp32,
+        matmul: Dtype::Fp32,
+    };
+    /// TF32 tensor cores for every matrix class.
+    pub const TF32: Math = Math {
+        conv: Dtype::Tf32,
+        matmul: Dtype::Tf32,
+    };
+}
+
+impl Default for Math {
+    fn default() -> Self {
+        Math::FP32
+    }
+}
+
+impl Framework {
+    /// Every framework, in `--help` order.
+    pub const ALL: [Framework; 5] = [
+        Framework::Pytorch,
+        Framework::Horovod,
+        Framework::Tf,
+        Framework::Jax,
+        Framework::Byteps,
+    ];
+
+    /// The name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::Pytorch => "pytorch",
+            Framework::Horovod => "horovod",
+            Framework::Tf => "tf",
+            Framework::Jax => "jax",
+            Framework::Byteps => "byteps",
+        }
+    }
+
+    /// How its kernels are issued.
+    pub fn exec(self) -> Exec {
+        match self {
+            Framework::Pytorch | Framework::Horovod | Framework::Byteps => Exec::Eager,
+            Framework::Tf | Framework::Jax => Exec::Graph,
+        }
+    }
+
+    /// The matrix math an FP32 model gets by default on `gpu` (TF32 only where the GPU has a
+    /// TF32 matrix peak).
+    pub fn default_math(self, gpu: &GpuSpec) -> Math {
+        let tf32 = gpu.matrix_tflops.contains_key(&Dtype::Tf32);
+        let pick = |on: bool| if on && tf32 { Dtype::Tf32 } else { Dtype::Fp32 };
+        match self {
+            Framework::Pytorch | Framework::Horovod | Framework::Byteps => Math {
+                conv: pick(true),
+                matmul: pick(false),
+            },
+            Framework::Tf | Framework::Jax => Math {
+                conv: pick(true),
+                matmul: pick(true),
+            },
+        }
+    }
+
+    /// Its default gradient synchronisation.
+    pub fn default_sync(self) -> SyncDefault {
+        match self {
+            Framework::Pytorch => SyncDefault::Buckets {
+                first_bytes: 1 << 20,
+                bytes: 25 << 20,
+            },
+            Framework::Horovod => SyncDefault::Fusion {
+                threshold_bytes: 128 << 20,
+                cycle_ns: 1_000_000,
+            },
+            Framework::Byteps => SyncDefault::Partitions { bytes: 4_096_000 },
+            Framework::Tf => SyncDefault::OnePack,
+            Framework::Jax => SyncDefault::Combine {
+                threshold_bytes: 30 << 20,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Framework {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `--precision`: the compute precision of the baseline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Strict FP32 on CUDA cores (TF32 switched off).
+    Fp32,
+    /// FP32 storage, every matrix class on TF32 tensor cores (`torch.set_float32_matmul_precision("high")`).
+    Tf32,
+    /// Mixed precision with fp16 (autocast + loss scaling, FP32 master weights).
+    Fp16,
+    /// Mixed precision with bf16 (autocast, FP32 master weights).
+    Bf16,
+    /// bf16 mixed precision with FP8 GEMMs (Transformer Engine) where the GPU has an FP8 peak.
+    Fp8,
+}
+
+impl Precision {
+    /// The name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::config::load_gpu;
+
+    #[test]
+    fn tf32_defaults_follow_the_framework_and_the_gpu() {
+        let a100 = load_gpu("a100-80gb").unwrap();
+        let v100 = load_gpu("v100-32gb").unwrap();
+        assert_eq!(
+            Framework::Pytorch.default_math(&a100),
+            Math {
+                conv: Dtype::Tf32,
+                matmul: Dtype::Fp32
+            }
+        );
+        assert_eq!(Framework::Tf.default_math(&a100), Math::TF32);
+        assert_eq!(Framework::Jax.default_math(&a100), Math::TF32);
+        // Volta has no TF32: everything stays FP32.
+        for f in Framework::ALL {
+            assert_eq!(f.default_math(&v100), Math::FP32, "{f}");
+        }
+    }
+
+    #[test]
+    fn ddp_is_the_default_sync() {
+        assert_eq!(
+            Framework::default().default_sync(),
+            SyncDefault::Buckets {
+                first_bytes: 1 << 20,
+                bytes: 25 << 20
+            }
+        );
+        assert_eq!(Framework::Tf.exec(), Exec::Graph);
+        assert_eq!(Framework::Horovod.exec(), Exec::Eager);
+    }
+}
