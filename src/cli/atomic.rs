@@ -13,7 +13,9 @@
 //!   symlink is resolved and the file it points to is replaced atomically (the link stays); a
 //!   target that is (or points to) a FIFO, a character device or a socket (`/dev/stdout`,
 //!   `/dev/null`, a pipe) is opened and written directly; a symlink to nothing is refused, so a
-//!   planted dangling link cannot make trainplan create a file elsewhere.
+//!   planted dangling link cannot make trainplan create a file elsewhere, and a link someone else
+//!   owns in a sticky world-writable folder (`/tmp`) is not followed at all (the kernel's
+//!   `protected_symlinks` rule, whatever the sysctl says).
 //! * **Several files as one** ([`write_dir_atomic`], `export`): into a fresh temporary folder
 //!   beside the target folder, renamed as a whole (or atomically exchanged with an existing
 //!   folder that holds nothing else); a disk-full export leaves the old files as they were.
@@ -141,6 +143,12 @@ fn resolve(path: &Path) -> io::Result<Target> {
         Err(e) => return Err(e),
     };
     let (final_path, meta) = if meta.file_type().is_symlink() {
+        if planted_in_shared_folder(path, &meta) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "a symlink someone else owns in a shared folder (sticky, world-writable): not followed",
+            ));
+        }
         let real = std::fs::canonicalize(path).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -167,6 +175,23 @@ fn resolve(path: &Path) -> io::Result<Target> {
     } else {
         Ok(Target::Special(final_path))
     }
+}
+
+/// The kernel's `protected_symlinks` rule, applied whatever the sysctl says: a symlink in a
+/// sticky world-writable folder (`/tmp`) owned by neither us nor the folder's owner may have been
+/// planted to redirect the write.
+fn planted_in_shared_folder(link: &Path, meta: &std::fs::Metadata) -> bool {
+    let dir = match link.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(d) = std::fs::metadata(dir) else {
+        return false;
+    };
+    let shared = d.mode() & 0o1002 == 0o1002;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    shared && meta.uid() != me && meta.uid() != d.uid()
 }
 
 /// Create a fresh temporary file beside `target` (exclusive, never following a link).
@@ -479,6 +504,30 @@ mod tests {
         // A directory is refused.
         assert!(write_atomic(&d, |w: &mut dyn Write| w.write_all(b"x")).is_err());
         assert_eq!(entries(&d), ["dangling.yaml", "link.yaml", "plan.yaml"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_symlink_planted_by_someone_else_in_a_shared_folder_is_not_followed() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("not root: cannot give a symlink to another user; skipping");
+            return;
+        }
+        let d = scratch("sticky");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let victim = d.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let link = d.join("plan.yaml");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+        let e = write_atomic(&link, |w: &mut dyn Write| w.write_all(b"x")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        // Our own link in the same folder is written through.
+        std::os::unix::fs::lchown(&link, Some(0), Some(0)).unwrap();
+        write_atomic(&link, |w: &mut dyn Write| w.write_all(b"mine")).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "mine");
         let _ = std::fs::remove_dir_all(&d);
     }
 
