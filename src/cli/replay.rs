@@ -260,6 +260,7 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         i.precision,
         i.sync == super::SyncArg::PerTensor,
         i.symmetric,
+        None,
     )
     .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
     tracing::info!(framework = %i.framework, sync = %sync_cfg, "the framework's default sync");

@@ -296,6 +296,7 @@ pub fn zoo_baseline(
     precision: Option<crate::cost::framework::Precision>,
     per_tensor: bool,
     symmetric: bool,
+    host: Option<crate::cost::host::HostSpec>,
 ) -> Result<(Job, Job, String), String> {
     let job = crate::zoo::build::job(
         model,
@@ -303,6 +304,7 @@ pub fn zoo_baseline(
         &crate::zoo::BuildOptions {
             symmetric,
             framework,
+            host,
             ..Default::default()
         },
     )
