@@ -14,6 +14,7 @@
 #[path = "../svg.rs"]
 mod svg;
 
+mod fit;
 mod predict;
 mod rows;
 
@@ -110,12 +111,29 @@ fn main() {
         skipped.len()
     );
     if fit {
-        eprintln!("--fit is not implemented yet");
+        let iters = std::env::args()
+            .skip_while(|a| a != "--iters")
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(300);
+        let fit_half: Vec<Case> = cases
+            .iter()
+            .filter(|c| c.family != "dpro" && split_of(&c.id) == Split::Fit)
+            .cloned()
+            .collect();
+        eprintln!(
+            "fitting on {} cases ({iters} iterations at most)…",
+            fit_half.len()
+        );
+        for (name, before, after) in fit::fit(&fit_half, iters) {
+            println!("{name:45} {before:10.4} → {after:10.4}");
+        }
+        return;
     }
     let predicted: Vec<(Case, Result<predict::Prediction, String>)> = cases
         .into_par_iter()
         .map(|c| {
-            let p = predict::predict(&c, None);
+            let p = predict::predict(&c, &predict::Overrides::default());
             (c, p)
         })
         .collect();

@@ -2,7 +2,10 @@
 //! runs it by default (`search::baselines::zoo_baseline`), then the passes the measured run
 //! used (`recompute`, `grad-accumulation:k=K`), replayed on the symmetric form.
 
+use std::collections::BTreeMap;
+
 use trainplan::cost::config::{self, ArchSpec, Cluster};
+use trainplan::cost::host::HostSpec;
 use trainplan::passes;
 use trainplan::search::baselines;
 
@@ -40,16 +43,26 @@ pub fn cluster(c: &Case) -> Result<Cluster, String> {
     config::parse_cluster(&yaml, "fidelity", None).map_err(|e| e.to_string())
 }
 
-/// The prediction of `c`, with the GPU's architecture constants replaced by `arch` when given
-/// (the fit).
-pub fn predict(c: &Case, arch: Option<&ArchSpec>) -> Result<Prediction, String> {
+/// Constants the fit varies: architecture constants by name, the hosts' speed factor.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub arch: BTreeMap<String, ArchSpec>,
+    pub host_speed: Option<f64>,
+}
+
+/// The prediction of `c`, with the configs' constants replaced by `o`'s (the fit).
+pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     let model = trainplan::zoo::model(&c.model, &c.opts).map_err(|e| e.to_string())?;
     let mut cl = cluster(c)?;
-    if let Some(a) = arch {
+    if let Some(a) = o.arch.get(&cl.gpu.arch) {
         cl.gpu.kernels = a.clone();
     }
+    let host = o.host_speed.map(|s| HostSpec {
+        speed: s,
+        ..HostSpec::builtin(c.framework.exec())
+    });
     let (mut job, flat, _) =
-        baselines::zoo_baseline(&model, &cl, c.framework, c.precision, false, true)?;
+        baselines::zoo_baseline(&model, &cl, c.framework, c.precision, false, true, host)?;
     if c.horovod_sync {
         let fw = trainplan::cost::framework::Framework::Horovod;
         job = baselines::framework_default(&flat, fw, &|j| passes::evaluate(j))

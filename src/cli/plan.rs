@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,10 +34,8 @@ use crate::plan::{
 use crate::search::framework::Names;
 use crate::search::{self, Advice, Decision, SearchError, SearchOptions, Speedups, StopReason};
 
-/// Set by the first Ctrl-C.
+/// Set by the first Ctrl-C (`cli::atomic`'s handler; a second one exits at once).
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-/// Ctrl-Cs so far (the second exits at once).
-static SIGNALS: AtomicUsize = AtomicUsize::new(0);
 
 /// How long the main thread waits for the worker to stop by itself after Ctrl-C or the
 /// deadline before it writes the snapshot.
@@ -71,7 +69,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     let bytes = v * mult;
     if !(bytes.is_finite() && (1.0..1e18).contains(&bytes)) {
-        return Err(format!("`{s}` is not a sensible memory budget"));
+        return Err(format!(
+            "`{s}` is not a sensible size (1 byte to 10^18 bytes)"
+        ));
     }
     Ok(bytes as u64)
 }
@@ -107,6 +107,12 @@ pub fn parse_budget(s: &str) -> Result<Duration, String> {
     };
     if d.is_zero() {
         return Err("the budget must be more than 0 s".into());
+    }
+    if d > MAX_BUDGET {
+        return Err(format!(
+            "`{s}` is more than the longest budget, {} days",
+            MAX_BUDGET.as_secs() / 86_400
+        ));
     }
     Ok(d)
 }
@@ -151,17 +157,39 @@ fn default_name(fw: Framework, trace: bool) -> &'static str {
     }
 }
 
-fn install_ctrl_c() {
-    let _ = ctrlc::set_handler(|| {
-        if SIGNALS.fetch_add(1, Ordering::SeqCst) >= 1 {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\ninterrupted twice: exiting without writing a plan"
-            );
-            std::process::exit(exit::INTERRUPTED as i32);
-        }
-        INTERRUPTED.store(true, Ordering::SeqCst);
-    });
+/// Longest `--budget`: 30 days (the search converges in seconds to minutes; a longer budget is
+/// a typo, and `500000000000years` once passed).
+pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 86_400);
+
+/// The threads candidates are evaluated on, within the memory ceiling: one evaluation of `job`
+/// in the form the search uses (symmetric when allowed) needs
+/// [`crate::graph::bounds::expanded_ops`] × [`crate::limits::EVAL_BYTES_PER_OP`] bytes. A
+/// large job ([`search::LEAN_OPS`] ops and more), or one whose parallel evaluations would not
+/// fit, is evaluated one candidate at a time — so `plan` needs about what `replay` needs; one
+/// that does not fit even alone is refused with what it would need (exit 3).
+fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::ThreadPool, CliError> {
+    let mut form = job.clone();
+    if symmetry && form.comm.scheme == crate::cost::config::SyncScheme::Ring && form.workers > 1 {
+        form.symmetric = true;
+    }
+    let ops = crate::graph::bounds::expanded_ops(&form);
+    let one = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
+    let threads = rayon::current_num_threads().max(1) as u64;
+    crate::limits::check(|| format!("evaluating the job's {ops} ops"), one)
+        .map_err(CliError::bad_input)?;
+    let lean = ops >= search::LEAN_OPS as u64
+        || one.saturating_mul(threads + 1) > crate::limits::available();
+    if lean {
+        tracing::info!(
+            ops,
+            gb = one as f64 / 1e9,
+            "large job: candidates evaluated one at a time"
+        );
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(if lean { 1 } else { 0 })
+        .build()
+        .map_err(CliError::internal)
 }
 
 /// `trainplan plan`.
@@ -190,7 +218,6 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             Some(names)
         }
     };
-    install_ctrl_c();
     let input = input_job(&a.input)?;
     let fw = a.input.framework;
     let is_trace = input.trace.is_some();
@@ -210,6 +237,8 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         deadline: Some(deadline),
         ..SearchOptions::default()
     };
+    // Ctrl-C stops the search, which then writes its best plan (a second Ctrl-C exits at once).
+    super::atomic::interrupt_flag(&INTERRUPTED);
     let show = !a.json && std::io::stderr().is_terminal();
     let bar = show.then(|| {
         let b = indicatif::ProgressBar::new(budget.as_millis() as u64);
@@ -392,7 +421,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         },
     };
     write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
-        CliError::bad_input(format!(
+        CliError::output(format!(
             "failed to write the plan to {}: {e}",
             a.output.display()
         ))
@@ -464,6 +493,8 @@ fn work(
         Some((per_tensor, _)) => per_tensor.clone(),
         None => input.job.clone(),
     };
+    // Within the memory ceiling: a large job's baselines and candidates one at a time.
+    let pool = eval_pool(&job, opts.speedups.symmetry)?;
     let rows: Vec<search::baselines::Baseline> = if trace {
         // A trace is one recorded run: its own synchronisation is the only baseline.
         let e = eval(job.clone()).map_err(CliError::bad_input)?;
@@ -475,7 +506,8 @@ fn work(
             knobs: BTreeMap::new(),
         }]
     } else {
-        search::baselines::for_framework(&job, fw, &eval, &stop).map_err(CliError::bad_input)?
+        pool.install(|| search::baselines::for_framework(&job, fw, &eval, &stop))
+            .map_err(CliError::bad_input)?
     };
     let rows: Vec<(BaseRow, search::baselines::Baseline)> = rows
         .into_iter()
@@ -537,7 +569,8 @@ fn work(
             ));
         }
     };
-    let outcome = match search::search_from(start_eval, prefix, opts, &all, &INTERRUPTED, &progress)
+    let outcome = match pool
+        .install(|| search::search_from(start_eval, prefix, opts, &all, &INTERRUPTED, &progress))
     {
         Ok(o) => o,
         Err(e @ SearchError::Infeasible { .. }) => {
@@ -570,7 +603,7 @@ fn report(
     svg: &std::path::Path,
     rows: &[BaseRow],
 ) -> Result<(), CliError> {
-    let mut o = std::io::stdout().lock();
+    let mut o = super::output::stdout();
     let p = &plan.predicted;
     if a.json {
         let v = json!({
@@ -781,5 +814,8 @@ mod tests {
         assert!(parse_budget("soon").is_err());
         assert!(parse_budget("0s").is_err());
         assert!(parse_budget("-5s").is_err());
+        assert_eq!(parse_budget("30days").unwrap(), MAX_BUDGET);
+        assert!(parse_budget("500000000000years").is_err());
+        assert!(parse_budget("1e300").is_err());
     }
 }

@@ -23,7 +23,9 @@
 //! Checked against real JAX and optax on CPU in `tests/frameworks/jax_optax.py`.
 
 use super::horovod::names_doc;
-use super::{Emitted, Facts, env_line, header, py_doc, py_list, py_str, unmapped_passes};
+use super::{
+    EmitError, Emitted, Facts, comment_text, env_line, header, py_list, py_str, unmapped_passes,
+};
 use crate::plan::Plan;
 
 /// XLA's default all-reduce combine threshold on GPU, bytes (what `jax_default` models).
@@ -51,7 +53,7 @@ pub fn combine_threshold(plan: &Plan, f: &Facts) -> Option<u64> {
     }
 }
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let mut env = header(plan, "JAX environment — `set -a; . ./jax.env; set +a`");
     match combine_threshold(plan, f) {
@@ -62,7 +64,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
             env.push_str(&env_line(
                 "XLA_FLAGS",
                 &format!("--xla_gpu_all_reduce_combine_threshold_bytes={b}"),
-            ));
+            )?);
         }
         None if f.fuses_tensors() && f.group_bytes.is_none() => notes.push("the plan has no tensor_bytes: set --xla_gpu_all_reduce_combine_threshold_bytes to the largest group's bytes".into()),
         None => env.push_str(&format!(
@@ -84,9 +86,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
         f.recompute.clone()
     };
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan to a JAX / optax training step: recomputed layers, compute dtype\nand loss scaling, gradient accumulation.\n\n    import optax, trainplan_jax as tp\n    optimizer = tp.make_optimizer(optax.adamw(1e-4))      # MultiSteps(k), skips overflowed fp16 steps\n    opt_state, scale = optimizer.init(params), tp.loss_scale_init()\n\n    def loss_fn(params, batch):\n        p = tp.cast_params(params)                          # compute dtype; masters stay fp32\n        x = tp.remat(\"layer1.0\", block)(p[\"layer1.0\"], x)  # jax.checkpoint where planned\n        ...\n\n    grad_fn = jax.jit(tp.scaled_value_and_grad(loss_fn))\n    for micro_batch in loader:                              # MICRO_BATCH samples each\n        loss, grads, scale, finite = grad_fn(params, scale, micro_batch)\n        updates, opt_state = optimizer.update(grads, opt_state, params)\n        params = optax.apply_updates(params, updates)\n\nNames: {}.\n\"\"\"\n\n{}\n",
-        py_doc(&names_doc(plan)),
-        header(plan, "JAX policies")
+        "\"\"\"Apply a trainplan plan to a JAX / optax training step: recomputed layers, compute dtype\nand loss scaling, gradient accumulation.\n\n    import optax, trainplan_jax as tp\n    optimizer = tp.make_optimizer(optax.adamw(1e-4))      # MultiSteps(k), skips overflowed fp16 steps\n    opt_state, scale = optimizer.init(params), tp.loss_scale_init()\n\n    def loss_fn(params, batch):\n        p = tp.cast_params(params)                          # compute dtype; masters stay fp32\n        x = tp.remat(\"layer1.0\", block)(p[\"layer1.0\"], x)  # jax.checkpoint where planned\n        ...\n\n    grad_fn = jax.jit(tp.scaled_value_and_grad(loss_fn))\n    for micro_batch in loader:                              # MICRO_BATCH samples each\n        loss, grads, scale, finite = grad_fn(params, scale, micro_batch)\n        updates, opt_state = optimizer.update(grads, opt_state, params)\n        params = optax.apply_updates(params, updates)\n\nThe plan and whose names it uses are in the comments below.\n\"\"\"\n\n{}# names: {}\n",
+        header(plan, "JAX policies"),
+        comment_text(&names_doc(plan))
     );
     py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));
     py.push_str(&format!(
@@ -134,10 +136,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
         notes.push("op fusion is left to XLA (jax.jit compiles the whole step): the plan's fused op groups are not exported".into());
     }
     notes.extend(unmapped_passes(f, &["amp"], "JAX"));
-    Emitted {
+    Ok(Emitted {
         files: vec![("jax.env".into(), env), ("trainplan_jax.py".into(), py)],
         notes,
-    }
+    })
 }
 
 const JAX_PY: &str = r#"

@@ -36,7 +36,10 @@
 //!   and a note says what could not be mapped.
 
 use super::horovod::names_doc;
-use super::{Emitted, Facts, header, py_doc, py_groups, py_ints, py_list, py_str, unmapped_passes};
+use super::{
+    EmitError, Emitted, Facts, comment_text, header, py_groups, py_ints, py_list, py_str,
+    unmapped_passes,
+};
 use crate::plan::Plan;
 
 /// The module each fused cluster compiles: the longest common dotted prefix of its layer
@@ -90,7 +93,7 @@ pub fn bucket_cap(plan: &Plan) -> (Option<u64>, bool) {
     (cap, ddp)
 }
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let trace = plan.workload.names == "trace";
     let compile: Vec<String> = if trace {
@@ -133,16 +136,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
         "None".into()
     };
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import (apply_plan, autocast_context, make_grad_scaler, accumulate,\n                                 is_update_step, scale_loss, optimizer_kwargs, MICRO_BATCH)\n    model = apply_plan(model)          # after init_process_group, instead of DistributedDataParallel(model)\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **optimizer_kwargs())\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):   # a loader of MICRO_BATCH samples per step\n        with accumulate(model, step), autocast_context():\n            loss = scale_loss(loss_fn(model(batch)))\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nPlan: {} (batch {}/GPU) on {} ({} ranks), --framework {}, predicted {:.1} ms -> {:.1} ms.\nNames: {}.\n\"\"\"\n\n{}\nimport contextlib\nimport warnings\n\n",
-        py_doc(&plan.workload.model),
-        plan.workload.batch,
-        py_doc(&plan.workload.cluster),
-        plan.workload.ranks,
-        plan.workload.framework,
-        plan.predicted.baseline.iteration_ms,
-        plan.predicted.planned.iteration_ms,
-        py_doc(&names_doc(plan)),
-        header(plan, "PyTorch patch")
+        "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import (apply_plan, autocast_context, make_grad_scaler, accumulate,\n                                 is_update_step, scale_loss, optimizer_kwargs, MICRO_BATCH)\n    model = apply_plan(model)          # after init_process_group, instead of DistributedDataParallel(model)\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **optimizer_kwargs())\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):   # a loader of MICRO_BATCH samples per step\n        with accumulate(model, step), autocast_context():\n            loss = scale_loss(loss_fn(model(batch)))\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nThe plan (model, cluster, --framework, predicted times) and whose names it uses are in the\ncomments below.\n\"\"\"\n\n{}# names: {}\n# planned with --framework {}\nimport contextlib\nimport warnings\n\n",
+        header(plan, "PyTorch patch"),
+        comment_text(&names_doc(plan)),
+        plan.workload.framework
     );
     py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));
     py.push_str(&format!(
@@ -219,10 +216,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     }
     notes.extend(unmapped_passes(f, &["amp", "fused-adam"], "PyTorch"));
     notes.push("call apply_plan(model) after torch.distributed.init_process_group and before wrapping in DistributedDataParallel: it wraps the model itself".into());
-    Emitted {
+    Ok(Emitted {
         files: vec![("trainplan_patch.py".into(), py)],
         notes,
-    }
+    })
 }
 
 /// Helpers the PyTorch and Horovod modules share (they read `DTYPE`, `GRAD_ACCUMULATION` and

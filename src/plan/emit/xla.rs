@@ -27,7 +27,8 @@
 
 use super::horovod::names_doc;
 use super::{
-    Emitted, Facts, env_line, header, py_doc, py_list, py_str, split_member, unmapped_passes,
+    EmitError, Emitted, Facts, comment_text, env_line, header, py_list, py_str, split_member,
+    unmapped_passes,
 };
 use crate::plan::Plan;
 
@@ -57,7 +58,7 @@ fn untargeted_layers(f: &Facts, plan: &Plan) -> Vec<String> {
     out
 }
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let jit = auto_jit(plan, f);
     let mut env = header(
@@ -66,7 +67,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     );
     if jit {
         env.push_str("# XLA auto-clustering (the plan's fusion is XLA's own), for tf.function code; Keras: compile_kwargs()\n");
-        env.push_str(&env_line("TF_XLA_FLAGS", "--tf_xla_auto_jit=2"));
+        env.push_str(&env_line("TF_XLA_FLAGS", "--tf_xla_auto_jit=2")?);
     } else {
         env.push_str("# the plan runs without XLA: nothing to set\n");
     }
@@ -101,9 +102,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
             .push("exact tensor groups: MirroredStrategy packs gradients by its own rule".into());
     }
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan to TensorFlow / Keras: precision policy and loss scaling, gradient\naccumulation, XLA.\n\n    import keras, trainplan_xla as tp\n    tp.set_precision_policy()                                  # before building the model\n    model = build_model()\n    optimizer = tp.make_optimizer(keras.optimizers.AdamW, learning_rate=1e-4)\n    model.compile(optimizer=optimizer, loss=loss, **tp.compile_kwargs())\n    model.fit(dataset.batch(int(tp.MICRO_BATCH)), ...)       # MICRO_BATCH samples per micro-step\n\nCustom loops: optimizer = tp.wrap_optimizer(optimizer) (LossScaleOptimizer for fp16).\nNOT_APPLIED lists what the plan names that no Keras model can be matched against.\n\nNames: {}.\n\"\"\"\n\n{}\n",
-        py_doc(&names_doc(plan)),
-        header(plan, "TensorFlow / Keras")
+        "\"\"\"Apply a trainplan plan to TensorFlow / Keras: precision policy and loss scaling, gradient\naccumulation, XLA.\n\n    import keras, trainplan_xla as tp\n    tp.set_precision_policy()                                  # before building the model\n    model = build_model()\n    optimizer = tp.make_optimizer(keras.optimizers.AdamW, learning_rate=1e-4)\n    model.compile(optimizer=optimizer, loss=loss, **tp.compile_kwargs())\n    model.fit(dataset.batch(int(tp.MICRO_BATCH)), ...)       # MICRO_BATCH samples per micro-step\n\nCustom loops: optimizer = tp.wrap_optimizer(optimizer) (LossScaleOptimizer for fp16).\nNOT_APPLIED lists what the plan names that no Keras model can be matched against.\n\nThe plan and whose names it uses are in the comments below.\n\"\"\"\n\n{}# names: {}\n",
+        header(plan, "TensorFlow / Keras"),
+        comment_text(&names_doc(plan))
     );
     py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));
     py.push_str(&format!(
@@ -138,10 +139,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     files_notes(f, &mut notes, &micro, jit);
     notes.extend(not_applied.iter().map(|n| format!("not applied: {n}")));
     notes.extend(unmapped_passes(f, &["amp"], "TensorFlow/XLA"));
-    Emitted {
+    Ok(Emitted {
         files: vec![("xla.env".into(), env), ("trainplan_xla.py".into(), py)],
         notes,
-    }
+    })
 }
 
 /// What the user does to apply the counted decisions.
