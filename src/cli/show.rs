@@ -35,7 +35,7 @@ fn treats(fw: Framework, pass: &str, names: Names) -> Result<&'static str, &'sta
 /// `trainplan show`.
 pub fn show_cmd(a: &ShowArgs) -> Result<(), CliError> {
     let shown = a.plan.display().to_string();
-    let text = std::fs::read_to_string(&a.plan)
+    let text = crate::input::read_to_string(&a.plan, crate::input::InputKind::Plan)
         .map_err(|e| CliError::bad_input(format!("failed to read the plan {shown}: {e}")))?;
     let plan = Plan::from_yaml(&text, &shown).map_err(CliError::bad_input)?;
     let names = Names::of(&plan.workload.names);
@@ -47,7 +47,8 @@ pub fn show_cmd(a: &ShowArgs) -> Result<(), CliError> {
     }
     let own = emit::emit(&plan, emit::Framework::of(plan.workload.framework))
         .map_err(|e| CliError::bad_input(format!("{shown}: {e}")))?;
-    let mut o = std::io::stdout().lock();
+    // Plan text reaches the terminal with its control characters escaped.
+    let mut o = super::output::stdout();
     if a.json {
         let exports: serde_json::Map<String, serde_json::Value> = Framework::ALL
             .iter()

@@ -169,4 +169,7 @@ fn show_refuses_what_is_not_a_plan() {
     std::fs::write(&other, "a: 1\n").unwrap();
     let msg = check_bad_input(&["show", other.to_str().unwrap()], "other.yaml");
     assert!(msg.contains("not a trainplan plan"), "{msg}");
+    // Through the guarded reader: a folder is refused before anything is read.
+    let msg = check_bad_input(&["show", d.to_str().unwrap()], "failed to read the plan");
+    assert!(msg.contains(d.to_str().unwrap()), "{msg}");
 }
