@@ -10,7 +10,7 @@
 # 2. SIGINT 2 s in (the first baseline is still being replayed), 8 s in (the framework's
 #    baselines are being evaluated) and 20 s in (the search is
 #    running): time from the signal to the plan file's appearance and to the process's exit
-#    (which includes the kernel freeing the full 128-worker graph's memory, ~10 GB), exit code,
+#    (which includes the kernel freeing the process's memory), exit code,
 #    the plan's stop reason, and its headline against its baseline (never worse).
 # 3. Two SIGINTs 5 ms apart: time to exit.
 # Writes experiments/results/plan_budget.md (and prints it). Wall-clock figures belong in
