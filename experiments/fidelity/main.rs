@@ -121,7 +121,10 @@ fn main() {
             .filter(|c| c.family != "dpro" && split_of(&c.id) == Split::Fit)
             .cloned()
             .collect();
-        eprintln!("fitting on {} cases ({iters} iterations at most)…", fit_half.len());
+        eprintln!(
+            "fitting on {} cases ({iters} iterations at most)…",
+            fit_half.len()
+        );
         for (name, before, after) in fit::fit(&fit_half, iters) {
             println!("{name:45} {before:10.4} → {after:10.4}");
         }
