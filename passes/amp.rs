@@ -113,7 +113,14 @@ impl Pass for Amp {
 /// TF32 use on GPUs that have it); `fp32` switches TF32 off, `tf32` uses it for every matrix
 /// class; `fp16`/`bf16` apply this pass (mixed precision, FP32 master weights); `fp8` is bf16
 /// mixed precision with GEMMs on the FP8 tensor cores, on GPUs with an FP8 peak.
-pub fn with_precision(job: &Job, precision: Option<Precision>) -> Result<Job, PassError> {
+///
+/// `channels_last` sets the activations' layout (default: the framework's: NCHW for PyTorch,
+/// NHWC for TensorFlow and JAX).
+pub fn with_precision(
+    job: &Job,
+    precision: Option<Precision>,
+    channels_last: Option<bool>,
+) -> Result<Job, PassError> {
     let bad = |why: String| PassError::NotApplicable {
         pass: "--precision".into(),
         why,
@@ -125,8 +132,12 @@ pub fn with_precision(job: &Job, precision: Option<Precision>) -> Result<Job, Pa
         )));
     }
     let mut out = job.clone();
+    let layout = channels_last.unwrap_or(job.framework.default_math(&job.gpu).channels_last);
     let recost = |mut j: Job, math: Math| {
-        j.math = math;
+        j.math = Math {
+            channels_last: layout,
+            ..math
+        };
         for i in 0..j.local.ops.len() {
             if let Some(w) = j.local.ops[i].work {
                 j.local.ops[i].spec.dur_ns = j.cost_ns(&w, j.dtype, 1.0);
@@ -170,6 +181,7 @@ pub fn with_precision(job: &Job, precision: Option<Precision>) -> Result<Job, Pa
         let math = Math {
             conv: Dtype::Bf16,
             matmul: Dtype::Fp8,
+            channels_last: layout,
         };
         out = recost(out, math);
     }
@@ -226,8 +238,14 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
     }
     // Saved activations in half precision.
     let mut by_op: std::collections::BTreeMap<OpId, Vec<MemEffect>> = Default::default();
+    let fp32_op = |op: OpId| {
+        l.ops[op as usize]
+            .work
+            .is_some_and(|w| w.class.runs_in_fp32())
+    };
     for m in &l.mem {
-        if matches!(l.ops[m.op as usize].spec.phase, Phase::Fw | Phase::Bw) {
+        // Autocast's FP32 ops keep FP32 outputs (and what they save).
+        if matches!(l.ops[m.op as usize].spec.phase, Phase::Fw | Phase::Bw) && !fp32_op(m.op) {
             by_op.entry(m.op).or_default().push(MemEffect {
                 bytes: (m.bytes * half.bytes()).div_ceil(job.dtype.bytes()),
                 ..*m
@@ -438,8 +456,27 @@ mod tests {
             after.job.local.static_mem_bytes,
         );
         assert_eq!(s1, s0 + 2 * params);
-        let (a0, a1) = (base.memory.peak_bytes - s0, after.memory.peak_bytes - s1);
+        // Saved activations halve (rounded up per effect), but for autocast's FP32 ops (here
+        // the loss); the peak falls.
+        let saved = |e: &Evaluated, fp32: bool| -> u64 {
+            e.job
+                .local
+                .mem
+                .iter()
+                .filter(|m| m.when == crate::graph::MemWhen::AllocAtStart)
+                .filter(|m| {
+                    let o = &e.job.local.ops[m.op as usize];
+                    o.spec.phase == Phase::Fw
+                        && o.work.is_some_and(|w| w.class.runs_in_fp32()) == fp32
+                })
+                .map(|m| m.bytes)
+                .sum()
+        };
+        let (a0, a1) = (saved(&base, false), saved(&after, false));
         assert!(a1 * 2 >= a0 && a1 * 2 <= a0 + 200, "{a1} vs {a0}");
+        assert_eq!(saved(&base, true), saved(&after, true));
+        assert!(saved(&base, true) > 0);
+        assert!(after.memory.peak_bytes < base.memory.peak_bytes);
         let speedup = base.iteration_ns() as f64 / after.iteration_ns() as f64;
         // Between the memory-bound 2× and the tensor-core 8× bounds, and more than 1.5×.
         assert!(speedup > 1.5 && speedup < 8.0, "{speedup}");

@@ -237,6 +237,15 @@ pub struct InputArgs {
     /// masked-lm (MLM on the 15 % masked positions only, as NVIDIA's BERT), squad, classify.
     #[arg(long, value_enum, value_name = "HEAD")]
     pub head: Option<crate::zoo::Head>,
+    /// Attention implementation: eager (separate kernels, the softmax in FP32 under autocast;
+    /// BERT's default), fused-softmax (Megatron-LM; GPT's default) or flash
+    /// (FlashAttention / `scaled_dot_product_attention`: no scores in memory).
+    #[arg(long, value_enum, value_name = "IMPL")]
+    pub attention: Option<crate::zoo::Attention>,
+    /// Activations in channels-last (NHWC) layout (`model.to(memory_format=torch.channels_last)`):
+    /// no transposes around tensor-core convolutions (the default for tf and jax).
+    #[arg(long)]
+    pub channels_last: bool,
     /// Replay the symmetric form: one worker plus the quotient ring chain, standing for all
     /// workers (ring all-reduce only; exact when the ring's links are alike, otherwise paced by
     /// the slowest link). Much faster for large clusters.

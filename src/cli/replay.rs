@@ -250,6 +250,7 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         seq: i.seq,
         vocab: i.vocab,
         head: i.head,
+        attention: i.attention,
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;
@@ -261,6 +262,7 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         i.sync == super::SyncArg::PerTensor,
         i.symmetric,
         None,
+        i.channels_last.then_some(true),
     )
     .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
     tracing::info!(framework = %i.framework, sync = %sync_cfg, "the framework's default sync");

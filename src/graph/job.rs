@@ -26,8 +26,8 @@ pub use crate::cost::kernel::OpWork;
 
 use super::comm::{CommSpec, CommTopology};
 use super::{
-    DeviceKind, Dfg, DfgBuilder, GraphError, MemEffect, NONE, OpId, OpKind, OpSpec, Phase, Tensor,
-    TensorId,
+    DeviceKind, Dfg, DfgBuilder, GraphError, MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase,
+    Tensor, TensorId,
 };
 
 /// One op of the local graph.
@@ -578,6 +578,29 @@ impl Editor {
             if gone.contains(&m.op) {
                 m.op = keep;
             }
+        }
+        // A fused kernel never materialises its members' intermediate buffers: of their
+        // transient (`During`) buffers only the largest remains.
+        let largest = self
+            .job
+            .local
+            .mem
+            .iter()
+            .filter(|m| m.op == keep && m.when == MemWhen::During)
+            .map(|m| m.bytes)
+            .max();
+        if let Some(b) = largest {
+            let mut kept = false;
+            self.job.local.mem.retain(|m| {
+                if m.op != keep || m.when != MemWhen::During {
+                    return true;
+                }
+                if !kept && m.bytes == b {
+                    kept = true;
+                    return true;
+                }
+                false
+            });
         }
         for s in self.job.syncs.iter_mut() {
             for r in s.ready.iter_mut().chain(s.done.iter_mut()) {

@@ -188,6 +188,9 @@ pub enum MemWhen {
     AllocAtStart,
     /// Freed at the op's end.
     FreeAtEnd,
+    /// Live only while the op runs: allocated at its start, freed at its end (an op's output
+    /// before its consumer takes it, gradient buffers, workspaces).
+    During,
 }
 
 /// What an op is, for display and for the passes: its kind, phase, device, duration and labels.

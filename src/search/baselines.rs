@@ -235,7 +235,12 @@ pub fn framework_default(
             // DDP copies each gradient into its bucket, divides by the world size, and copies the
             // result back: 2 + 2 passes before the all-reduce, 2 after.
             let j = fused_job(job, &buckets, &[]).map_err(edit_err(name))?;
-            let j = with_buffer_copies(j, 4.0, 2.0, true).map_err(edit_err(name))?;
+            let mut j = with_buffer_copies(j, 4.0, 2.0, true).map_err(edit_err(name))?;
+            if j.workers > 1 {
+                // The buckets are buffers of their own beside the gradients.
+                let total: u64 = j.syncs.iter().map(|s| s.bytes).sum();
+                j.local.static_mem_bytes = j.local.static_mem_bytes.saturating_add(total);
+            }
             Ok((j, cfg))
         }
         SyncDefault::Combine { threshold_bytes } => {
@@ -261,7 +266,11 @@ pub fn framework_default(
             let cfg = horovod_config(threshold_bytes, cycle_ns, &ticks);
             // The fusion buffer: a memcpy in and one out for every fused group.
             let j = horovod_job(job, &ticks).map_err(edit_err(name))?;
-            let j = with_buffer_copies(j, 2.0, 2.0, false).map_err(edit_err(name))?;
+            let mut j = with_buffer_copies(j, 2.0, 2.0, false).map_err(edit_err(name))?;
+            if j.workers > 1 {
+                // The fusion buffer, allocated at the threshold's size on first use.
+                j.local.static_mem_bytes = j.local.static_mem_bytes.saturating_add(threshold_bytes);
+            }
             Ok((j, cfg))
         }
         SyncDefault::Partitions { bytes: piece } => {
@@ -304,6 +313,7 @@ pub fn zoo_baseline(
     per_tensor: bool,
     symmetric: bool,
     host: Option<crate::cost::host::HostSpec>,
+    channels_last: Option<bool>,
 ) -> Result<(Job, Job, String), String> {
     let job = crate::zoo::build::job(
         model,
@@ -316,7 +326,8 @@ pub fn zoo_baseline(
         },
     )
     .map_err(|e| e.to_string())?;
-    let flat = passes::amp::with_precision(&job, precision).map_err(|e| e.to_string())?;
+    let flat =
+        passes::amp::with_precision(&job, precision, channels_last).map_err(|e| e.to_string())?;
     if per_tensor {
         let cfg = format!("one collective per tensor: {} syncs", flat.syncs.len());
         return Ok((flat.clone(), flat, cfg));
