@@ -37,9 +37,11 @@ pub struct HostSpec {
     /// One multi-tensor optimizer call (`torch._foreach_*`), µs, plus per tensor in the list.
     pub foreach_call_us: f64,
     pub foreach_tensor_us: f64,
-    /// Fixed CPU work per optimizer step (`zero_grad`, `optimizer.step`'s Python, the batch's
-    /// host-to-device copy), µs.
+    /// Fixed CPU work per optimizer step (`zero_grad`, `optimizer.step`'s Python), µs.
     pub step_us: f64,
+    /// Fixed CPU work per micro-step (fetching the batch, its host-to-device copy, the
+    /// training loop's Python, `backward()`'s setup), µs.
+    pub micro_step_us: f64,
     /// The machine's factor on all of the above (1 = the measured host).
     pub speed: f64,
     /// GPU memory the process holds beyond its tensors: the CUDA context and the framework's
@@ -96,6 +98,11 @@ impl HostSpec {
         self.speed * (self.foreach_call_us + self.foreach_tensor_us * tensors as f64) * 1e3
     }
 
+    /// Fixed CPU time per micro-step, ns.
+    pub fn micro_step_ns(&self) -> f64 {
+        self.speed * self.micro_step_us * 1e3
+    }
+
     /// Fixed CPU time per optimizer step, ns.
     pub fn step_ns(&self) -> f64 {
         self.speed * self.step_us * 1e3
@@ -130,6 +137,7 @@ pub fn parse_host(text: &str, file: &str) -> Result<HostSpec, ConfigError> {
         ("foreach_call_us", h.foreach_call_us),
         ("foreach_tensor_us", h.foreach_tensor_us),
         ("step_us", h.step_us),
+        ("micro_step_us", h.micro_step_us),
     ] {
         if !(v.is_finite() && (0.0..=1e5).contains(&v)) {
             return Err(bad(field.to_string(), v));

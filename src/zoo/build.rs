@@ -148,7 +148,7 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
     };
     // The host thread issues every GPU op in program order: its launch op precedes the op and
     // follows the previous launch.
-    let mut last_launch: Option<OpId> = None;
+    let mut last_launch: Option<OpId>;
     let launch = |g: &mut LocalGraph, last: &mut Option<OpId>, op: OpId, dur_ns: f64| {
         let s = &g.ops[op as usize].spec;
         let spec = OpSpec {
@@ -183,6 +183,13 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
         },
     };
     let cost = |w: &OpWork| job_stub.cost_ns(w, opts.dtype, 1.0);
+    // The micro-step's fixed host work comes first (its forward phase: accumulation repeats it).
+    let start = push(
+        &mut g,
+        OpSpec::new(OpKind::CpuOther, Phase::Fw, cpu, ns(host.micro_step_ns())),
+        None,
+    );
+    last_launch = Some(start);
     let mut fw_op = vec![0 as OpId; model.layers.len()];
     for (i, l) in model.layers.iter().enumerate() {
         let p = l.param_elems() as f64;
@@ -429,10 +436,11 @@ mod tests {
         let layers = m.layers.len();
         let tensors: usize = m.layers.iter().map(|l| l.params.len()).sum();
         let n = 8;
-        // Per worker: FW and BW per layer, each with its host launch; backward done, all
-        // synchronised, the optimizer step's host work; per tensor Out, In, UPDATE and the
-        // UPDATE's launch. Ring: 2(n−1) steps of SEND and RECV per tensor and worker.
-        let expect = n * (4 * layers + 3 + 4 * tensors) + tensors * 4 * n * (n - 1);
+        // Per worker: FW and BW per layer, each with its host launch; the micro-step's host
+        // work, backward done, all synchronised, the optimizer step's host work; per tensor Out,
+        // In, UPDATE and the UPDATE's launch. Ring: 2(n−1) steps of SEND and RECV per tensor
+        // and worker.
+        let expect = n * (4 * layers + 4 + 4 * tensors) + tensors * 4 * n * (n - 1);
         assert_eq!(g.op_count(), expect);
         assert_eq!(g.tensors().len(), tensors);
         // The first tensor to synchronise is the classifier's (last layer, ready first).
