@@ -203,7 +203,7 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
         before_ns += s.dur_ns;
         match &op.work {
             Some(w) => {
-                let d = job.cost_ns(w, half, 1.0);
+                let d = job.recost_ns(s.dur_ns, w, half, 1.0);
                 after_ns += d;
                 edits.push(Edit::SetDuration {
                     op: i as OpId,

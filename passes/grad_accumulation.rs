@@ -113,7 +113,7 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         }
         match o.work {
             Some(w) => {
-                o.spec.dur_ns = job.cost_ns(&w, job.dtype, scale);
+                o.spec.dur_ns = job.recost_ns(o.spec.dur_ns, &w, job.dtype, scale);
                 o.work = Some(OpWork {
                     flops: w.flops * scale,
                     act_elems: w.act_elems * scale,
@@ -154,6 +154,7 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         .filter(|&i| micro[i] && !has_succ[i])
         .map(|i| i as OpId)
         .collect();
+    let bridges = bridges(l, &micro);
     let micro_mem: Vec<MemEffect> = g
         .mem
         .iter()
@@ -175,7 +176,17 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
             match (micro[a as usize], micro[b as usize]) {
                 (true, true) => g.edges.push((map[a as usize], map[b as usize])),
                 // Inputs of the step (data loading, …) feed every micro-step.
-                (false, true) => g.edges.push((a, map[b as usize])),
+                (false, true) if bridges[a as usize].is_none() => {
+                    g.edges.push((a, map[b as usize]))
+                }
+                // An op that runs once per iteration between micro-step ops (a collective
+                // launched in the backward, a marker on a recorded thread): the copies keep the
+                // order it imposed, from the micro-step ops before it to the one after.
+                (false, true) => {
+                    for &m in bridges[a as usize].iter().flatten() {
+                        g.edges.push((map[m as usize], map[b as usize]));
+                    }
+                }
                 // Only the last micro-step feeds the syncs and the update.
                 _ => {}
             }
@@ -201,6 +212,72 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
                 g.edges.push((a, b));
             }
         }
+    }
+    out
+}
+
+/// Most micro-step ops a bridge remembers (the latest ones in topological order): a bound on
+/// the work for ops that join many branches; dropping older ones only loosens the copies' order.
+const MAX_BRIDGE: usize = 64;
+
+/// For each op that is not part of a micro-step but runs after some micro-step op (it is
+/// reachable from one), the micro-step ops it follows through non-micro-step ops only; `None`
+/// for ops that precede every micro-step op (the step's inputs).
+///
+/// Why: a recorded step interleaves once-per-iteration ops with the forward and backward on the
+/// same thread or stream (a collective launched during the backward, a gap or marker op). Wiring
+/// such an op into every micro-step's copy — as for a real input — would make the copies wait
+/// for an op that itself waits for the last micro-step: a cycle (issue 15: "the graph has a cycle
+/// through op 22294 (FW cpu @w0.cpu.t1)" on the ResNet-50 DDP trace).
+fn bridges(l: &crate::graph::job::LocalGraph, micro: &[bool]) -> Vec<Option<Vec<OpId>>> {
+    let n = l.ops.len();
+    let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); n];
+    let mut indeg = vec![0usize; n];
+    let mut succs: Vec<Vec<OpId>> = vec![Vec::new(); n];
+    for &(a, b) in &l.edges {
+        preds[b as usize].push(a);
+        succs[a as usize].push(b);
+        indeg[b as usize] += 1;
+    }
+    let mut order = Vec::with_capacity(n);
+    let mut ready: std::collections::VecDeque<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
+    while let Some(i) = ready.pop_front() {
+        order.push(i);
+        for &s in &succs[i] {
+            indeg[s as usize] -= 1;
+            if indeg[s as usize] == 0 {
+                ready.push_back(s as usize);
+            }
+        }
+    }
+    let mut pos = vec![0usize; n];
+    for (k, &i) in order.iter().enumerate() {
+        pos[i] = k;
+    }
+    let mut out: Vec<Option<Vec<OpId>>> = vec![None; n];
+    for &i in &order {
+        if micro[i] {
+            continue;
+        }
+        let mut acc: Option<Vec<OpId>> = None;
+        for &p in &preds[i] {
+            let from: Option<Vec<OpId>> = if micro[p as usize] {
+                Some(vec![p])
+            } else {
+                out[p as usize].clone()
+            };
+            if let Some(v) = from {
+                acc.get_or_insert_with(Vec::new).extend(v);
+            }
+        }
+        if let Some(v) = acc.as_mut() {
+            v.sort_unstable_by_key(|&o| (pos[o as usize], o));
+            v.dedup();
+            if v.len() > MAX_BRIDGE {
+                v.drain(..v.len() - MAX_BRIDGE);
+            }
+        }
+        out[i] = acc;
     }
     out
 }

@@ -13,6 +13,7 @@ mod output;
 mod plan;
 mod ranks;
 mod replay;
+mod traceinfo;
 mod whatif;
 
 use std::io::Write;

@@ -419,6 +419,52 @@ pub struct EventArgs {
     /// `shape` of a Horovod timeline's end-of-operation event (e.g. `"[256, 128]"`).
     #[serde(deserialize_with = "lenient_string")]
     pub shape: Option<String>,
+    /// `Concrete Inputs` of a CPU op (PyTorch ≥ 2.1): the values of its scalar and int-list
+    /// inputs as written (a convolution's stride and padding), JSON text like `Input Dims`.
+    #[serde(rename = "Concrete Inputs", deserialize_with = "raw_json")]
+    pub concrete_inputs: Option<String>,
+    /// Args of a `[memory]` event (`profile_memory=True`). Read here, moved into
+    /// [`KinetoTrace::memory`] and cleared, so that memory events stay unboxed.
+    #[serde(rename = "Bytes", deserialize_with = "lenient_i64")]
+    pub mem_bytes: Option<i64>,
+    #[serde(rename = "Total Allocated", deserialize_with = "lenient_i64")]
+    pub mem_total_allocated: Option<i64>,
+    #[serde(rename = "Total Reserved", deserialize_with = "lenient_i64")]
+    pub mem_total_reserved: Option<i64>,
+    #[serde(rename = "Addr", deserialize_with = "lenient_i64")]
+    pub mem_addr: Option<i64>,
+    #[serde(rename = "Device Type", deserialize_with = "lenient_i64")]
+    pub mem_device_type: Option<i64>,
+    #[serde(rename = "Device Id", deserialize_with = "lenient_i64")]
+    pub mem_device_id: Option<i64>,
+}
+
+/// One allocator event of a `profile_memory=True` trace (`[memory]`, an instant event): `bytes`
+/// allocated (> 0) or freed (< 0) at `ts_ns` on the thread that asked. 48 bytes each, beside
+/// the event itself (which stays in [`KinetoTrace::events`] so that event indices are the
+/// file's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryEvent {
+    pub ts_ns: i64,
+    pub bytes: i64,
+    /// `Total Allocated` / `Total Reserved` after the event (newer traces; 2021 traces carry only
+    /// `Bytes`).
+    pub total_allocated: Option<i64>,
+    pub total_reserved: Option<i64>,
+    /// The block's address (newer traces): pairs an allocation with its free.
+    pub addr: Option<i64>,
+    /// PyTorch's `c10::DeviceType` (0 CPU, 1 CUDA — ROCm reports CUDA too) and device index.
+    pub device_type: i16,
+    pub device_id: i16,
+    /// Index of the event in `traceEvents` (its pid/tid are there).
+    pub event: u32,
+}
+
+impl MemoryEvent {
+    /// Device (GPU) memory rather than host memory.
+    pub fn on_device(&self) -> bool {
+        self.device_type != 0
+    }
 }
 
 /// The arguments of one event as stored. The ids nearly every event carries (`External id`,
@@ -587,6 +633,8 @@ pub struct KinetoTrace {
     pub bare_array: bool,
     /// Things tolerated while reading (e.g. a missing closing `]`).
     pub warnings: Vec<String>,
+    /// The `[memory]` events (allocator), in file order.
+    pub memory: Vec<MemoryEvent>,
 }
 
 impl KinetoTrace {
@@ -1022,6 +1070,22 @@ impl State {
         if cat == Category::Flow(FlowKind::LaunchToGpu) {
             self.launch_flows += 1;
         }
+        let mut args = raw.args;
+        if let Some(a) = args.as_mut()
+            && let Some(bytes) = a.mem_bytes.take()
+        {
+            let m = MemoryEvent {
+                ts_ns: raw.ts.unwrap_or(0),
+                bytes,
+                total_allocated: a.mem_total_allocated.take(),
+                total_reserved: a.mem_total_reserved.take(),
+                addr: a.mem_addr.take(),
+                device_type: a.mem_device_type.take().unwrap_or(0).clamp(0, 255) as i16,
+                device_id: a.mem_device_id.take().unwrap_or(-1).clamp(-1, 1 << 14) as i16,
+                event: index.min(u32::MAX as usize) as u32,
+            };
+            self.trace.memory.push(m);
+        }
         let names = &mut self.names;
         self.trace.events.push(Event {
             ph,
@@ -1032,7 +1096,7 @@ impl State {
             ts_ns: raw.ts.unwrap_or(0),
             dur_ns: raw.dur.unwrap_or(0),
             flow_id: raw.id,
-            args: raw.args.map(Args::from).unwrap_or_default(),
+            args: args.map(Args::from).unwrap_or_default(),
         });
     }
 }
