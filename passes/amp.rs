@@ -40,7 +40,7 @@
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::config::Dtype;
 use crate::cost::framework::{Math, Precision};
-use crate::cost::kernel::{MathClass, OpClass};
+use crate::cost::kernel::OpClass;
 use crate::graph::job::{Job, OpWork};
 use crate::graph::{DeviceKind, MemEffect, OpId, OpKind, OpSpec, Phase};
 
@@ -179,7 +179,8 @@ pub fn with_precision(job: &Job, precision: Option<Precision>) -> Result<Job, Pa
 /// each, one kernel): what a trace kernel of unknown class is scaled by.
 pub fn memory_bound_ratio(job: &Job, half: Dtype) -> f64 {
     let e = (1u64 << 24) as f64;
-    let t = |d: Dtype| job.roofline(d).time_ns(MathClass::Vector, e, 2.0 * e, 1);
+    let w = OpWork::new(OpClass::Elementwise, e, 2.0 * e, 0.0, 1);
+    let t = |d: Dtype| job.kernels().time_ns(&w, d, job.math);
     t(half) / t(job.dtype)
 }
 
@@ -343,19 +344,24 @@ mod tests {
 
     #[test]
     fn chain_in_fp16_on_a_v100() {
-        // Two layers, FW 1000 / 3000 ns (hand-set), work flops 1e4·t (matrix), act elems t.
-        // fp16 on V100: matrix 125 TFLOP/s · 0.7 = 87,500 FLOP/ns; 2 B at 720 B/ns; 4 µs launch.
-        // FW0: 1e7/87,500 = 114 ns vs 2000/720 = 2.8 ns → 114 + 4000 = 4114 (the hand-set
-        // 1000 ns was below the roofline; the re-costing uses the work, not the old duration).
+        // Two layers, FW 1000 / 3000 ns (hand-set), work flops 1e4·t (matrix, no shapes), act
+        // elems t. fp16 on V100: 125 TFLOP/s × Volta's tensor-core GEMM efficiency; 2 B at
+        // 900 GB/s × its memory efficiency; one launch floor (4 µs). The re-costing uses the
+        // work, not the old duration.
         let job = chain(&[1000, 3000], &[1000, 3000]);
-        let c = |t: f64| (1e4 * t / 87_500.0).max(2.0 * t / 720.0) + 4000.0;
+        let a = job.gpu.kernels.clone();
+        let (rate, bw) = (
+            125e3 * a.gemm_efficiency.tensor_core,
+            900.0 * a.memory_efficiency,
+        );
+        let c = |t: f64| (1e4 * t / rate).max(2.0 * t / bw) + 4000.0;
         let (base, after) = run(job.clone(), &[]).unwrap();
         let fwbw: u64 = [1000.0, 3000.0, 2000.0, 6000.0]
             .iter()
             .map(|&t| c(t).round() as u64)
             .sum();
-        // Cast of l0.weight: 1000 B = 250 params → 750 half elements · 2 B / 720 + 4000.
-        let cast = (1500.0_f64 / 720.0 + 4000.0).round() as u64;
+        // Cast of l0.weight: 1000 B = 250 params → 750 half elements · 2 B, one launch.
+        let cast = (1500.0_f64 / bw + 4000.0).round() as u64;
         assert_eq!(cast, 4002);
         assert_eq!(base.iteration_ns(), 13_000);
         assert_eq!(after.iteration_ns(), fwbw + cast + 1000);
@@ -372,10 +378,11 @@ mod tests {
     #[test]
     fn factors_come_from_the_gpu_config() {
         let job = chain(&[1000], &[0]);
-        // Memory-bound: the same bytes in half the size → ratio (2^24·2·2/720 + 4000) /
-        // (2^24·2·4/720 + 4000) on a V100 (vector compute is far below the memory time).
+        // Memory-bound: the same bytes in half the size → ratio (2^24·2·2/bw + 4000) /
+        // (2^24·2·4/bw + 4000) on a V100 (vector compute is far below the memory time).
         let e = (1u64 << 24) as f64;
-        let expect = (4.0 * e / 720.0 + 4000.0) / (8.0 * e / 720.0 + 4000.0);
+        let bw = 900.0 * job.gpu.kernels.memory_efficiency;
+        let expect = (4.0 * e / bw + 4000.0) / (8.0 * e / bw + 4000.0);
         assert!((memory_bound_ratio(&job, Dtype::Fp16) - expect).abs() < 1e-12);
         assert!(memory_bound_ratio(&job, Dtype::Fp16) > 0.5);
     }

@@ -314,11 +314,16 @@ mod tests {
 
     #[test]
     fn two_micro_batches_on_a_chain() {
-        // Two layers: FW 1000 / 3000 ns, BW 2000 / 6000 ns; layer work: flops = 1e4·t at fp32
-        // vector peak (a V100 has no fp32 matrix peak) 15.7 TFLOP/s · 0.7 = 10,990 FLOP/ns, act elems t · 4 B at 720 B/ns, one
-        // 4 µs launch. cost(t) = max(1e4·t/10,990, 4t/720) + 4000.
+        // Two layers: FW 1000 / 3000 ns, BW 2000 / 6000 ns; layer work: flops = 1e4·t (matrix,
+        // no shapes) on the V100's CUDA cores (15.7 TFLOP/s × Volta's CUDA-core GEMM
+        // efficiency), act elems t · 4 B at 900 GB/s × its memory efficiency, one 4 µs launch.
         let job = chain(&[1000, 3000], &[1000, 3000]);
-        let cost = |t: f64, s: f64| (1e4 * t * s / 10_990.0).max(4.0 * t * s / 720.0) + 4000.0;
+        let a = job.gpu.kernels.clone();
+        let (rate, bw) = (
+            15.7e3 * a.gemm_efficiency.cuda_core,
+            900.0 * a.memory_efficiency,
+        );
+        let cost = |t: f64, s: f64| (1e4 * t * s / rate).max(4.0 * t * s / bw) + 4000.0;
         let (base, after, patches) = run(job, "2");
         assert_eq!(patches.len(), 1);
         // Baseline replay: the ops carry the hand-set durations: 4 µs + 8 µs, then UPDATE 1 µs.

@@ -405,9 +405,21 @@ pub fn calibrate(ordinal: usize) -> Result<Measured, String> {
     let fused_ms = g.time(5, || axpb(ops, &mut y))?;
     eprintln!("  element-wise chain of {ops}: {unfused_ms:.3} ms unfused, {fused_ms:.3} ms fused");
 
+    let cc = |a| {
+        g.ctx
+            .attribute(a)
+            .map(|v| v as u32)
+            .map_err(err("compute capability"))
+    };
+    let compute_capability = (
+        cc(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        cc(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    );
     Ok(Measured {
         device,
         memory_gib,
+        sms: g.sms,
+        compute_capability,
         gemm_tflops,
         gemm_sizes: sizes.to_vec(),
         vector_fp32_tflops,

@@ -21,7 +21,6 @@ pub mod cuda;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::cost::compute::Efficiency;
 use crate::cost::config::{self, ConfigError, Dtype, GpuSpec};
 use crate::lowerbound::report::dtype_name;
 
@@ -47,6 +46,10 @@ pub struct Measured {
     /// The device's name as the driver reports it (`NVIDIA H200`).
     pub device: String,
     pub memory_gib: f64,
+    /// Streaming multiprocessors.
+    pub sms: u32,
+    /// CUDA compute capability (major, minor): 7.0 Volta, 8.0 Ampere, 9.0 Hopper.
+    pub compute_capability: (u32, u32),
     /// Best achieved GEMM throughput per dtype over the sizes tried, TFLOP/s.
     pub gemm_tflops: BTreeMap<Dtype, f64>,
     /// GEMM sizes tried (square n×n×n).
@@ -94,28 +97,58 @@ pub fn builtin_for(device: &str) -> Option<GpuSpec> {
     config::load_gpu(name).ok()
 }
 
+/// The architecture of a compute capability (`None` for one trainplan has no constants for).
+pub fn arch_of(cc: (u32, u32)) -> Option<&'static str> {
+    match cc.0 {
+        7 => Some("volta"),
+        8 => Some("ampere"),
+        9 | 10 => Some("hopper"),
+        _ => None,
+    }
+}
+
 /// The GPU description a calibration gives (see the module docs for the translation).
-pub fn to_spec(m: &Measured, name: &str, base: Option<&GpuSpec>) -> GpuSpec {
-    let eff = Efficiency::default();
+pub fn to_spec(m: &Measured, name: &str, base: Option<&GpuSpec>) -> Result<GpuSpec, ConfigError> {
+    let arch_name = match base {
+        Some(b) => b.arch.clone(),
+        None => arch_of(m.compute_capability)
+            .ok_or_else(|| ConfigError::File {
+                file: format!("{name}.yaml"),
+                message: format!(
+                    "compute capability {}.{} has no kernel-efficiency constants in configs/arch/",
+                    m.compute_capability.0, m.compute_capability.1
+                ),
+            })?
+            .to_string(),
+    };
+    let arch = config::load_gpu_arch(&arch_name)?;
     let mut matrix: BTreeMap<Dtype, f64> =
         base.map(|b| b.matrix_tflops.clone()).unwrap_or_default();
     for (&d, &t) in &m.gemm_tflops {
-        matrix.insert(d, round2(t / eff.matrix));
+        let e = match d {
+            Dtype::Fp32 | Dtype::Fp64 => arch.gemm_efficiency.cuda_core,
+            _ => arch.gemm_efficiency.tensor_core,
+        };
+        matrix.insert(d, round2(t / e));
     }
     let mut vector: BTreeMap<Dtype, f64> =
         base.map(|b| b.vector_tflops.clone()).unwrap_or_default();
     vector.insert(Dtype::Fp32, round2(m.vector_fp32_tflops));
-    GpuSpec {
+    Ok(GpuSpec {
         name: name.to_string(),
         model: m.device.clone(),
         vendor: base.map_or_else(|| "nvidia".to_string(), |b| b.vendor.clone()),
         matrix_tflops: matrix,
         vector_tflops: vector,
-        memory_gbps: round2(m.copy_gbps / eff.memory),
+        memory_gbps: round2(m.copy_gbps / arch.memory_efficiency),
         memory_gib: round2(m.memory_gib),
         launch_overhead_us: round2(m.launch_us),
+        arch: arch_name,
+        sms: m.sms,
+        boost_clock_mhz: base.map_or(1000.0, |b| b.boost_clock_mhz),
         source: "trainplan calibrate (measured)".into(),
-    }
+        kernels: arch,
+    })
 }
 
 fn round2(x: f64) -> f64 {
@@ -129,7 +162,7 @@ pub fn profile_yaml(
     spec: &GpuSpec,
     base: Option<&GpuSpec>,
 ) -> Result<String, ConfigError> {
-    let eff = Efficiency::default();
+    let a = &spec.kernels;
     let measured = [
         ("copy bandwidth", m.copy_gbps),
         ("FMA throughput", m.vector_fp32_tflops),
@@ -160,15 +193,17 @@ pub fn profile_yaml(
     let sizes: Vec<String> = m.gemm_sizes.iter().map(|s| s.to_string()).collect();
     let _ = writeln!(
         y,
-        "# cuBLAS GEMM, best of n = {} (n×n×n): {} TFLOP/s achieved; matrix_tflops = achieved / {:.2}.",
+        "# cuBLAS GEMM, best of n = {} (n×n×n): {} TFLOP/s achieved; matrix_tflops = achieved / the {} GEMM efficiency ({:.2} CUDA cores, {:.2} tensor cores).",
         sizes.join(", "),
         gemm.join(", "),
-        eff.matrix
+        a.name,
+        a.gemm_efficiency.cuda_core,
+        a.gemm_efficiency.tensor_core
     );
     let _ = writeln!(
         y,
         "# Device-to-device copy: {:.0} GB/s achieved (bytes read + written); memory_gbps = achieved / {:.2}.",
-        m.copy_gbps, eff.memory
+        m.copy_gbps, a.memory_efficiency
     );
     let _ = writeln!(
         y,
@@ -226,6 +261,9 @@ pub fn profile_yaml(
     let _ = writeln!(y, "memory_gbps: {:?}", spec.memory_gbps);
     let _ = writeln!(y, "memory_gib: {:?}", spec.memory_gib);
     let _ = writeln!(y, "launch_overhead_us: {:?}", spec.launch_overhead_us);
+    let _ = writeln!(y, "arch: {}", yaml_str(&spec.arch));
+    let _ = writeln!(y, "sms: {}", spec.sms);
+    let _ = writeln!(y, "boost_clock_mhz: {:?}", spec.boost_clock_mhz);
     let _ = writeln!(y, "source: {}", yaml_str(&spec.source));
     let back = config::parse_gpu(&y, &format!("{}.yaml", spec.name))?;
     if &back != spec {
@@ -271,6 +309,8 @@ mod tests {
             vector_fp32_tflops: 60.5,
             copy_gbps: 4000.0,
             launch_us: 2.2,
+            sms: 132,
+            compute_capability: (9, 0),
             chain: Some(Chain {
                 ops: 8,
                 elems: 1 << 26,
@@ -285,14 +325,17 @@ mod tests {
         let m = h200_run();
         let base = builtin_for(&m.device);
         assert_eq!(base.as_ref().map(|b| b.name.as_str()), Some("h200"));
-        let spec = to_spec(&m, &slug(&m.device), base.as_ref());
+        let spec = to_spec(&m, &slug(&m.device), base.as_ref()).unwrap();
         let y = profile_yaml(&m, &spec, base.as_ref()).unwrap();
         let back = config::parse_gpu(&y, "p.yaml").unwrap();
         assert_eq!(back.name, "nvidia-h200");
-        // The roofline with its efficiency factors gives back the achieved GEMM and copy rates.
-        let eff = Efficiency::default();
-        assert!((back.matrix_tflops[&Dtype::Fp16] * eff.matrix - 720.0).abs() < 0.01);
-        assert!((back.memory_gbps * eff.memory - 4000.0).abs() < 0.01);
+        assert_eq!((back.arch.as_str(), back.sms), ("hopper", 132));
+        // The architecture's efficiencies give back the achieved GEMM and copy rates.
+        let a = &back.kernels;
+        let fp16 = back.matrix_tflops[&Dtype::Fp16] * a.gemm_efficiency.tensor_core;
+        assert!((fp16 - 720.0).abs() < 0.01, "{fp16}");
+        let copy = back.memory_gbps * a.memory_efficiency;
+        assert!((copy - 4000.0).abs() < 0.01, "{copy}");
         assert_eq!(back.vector_tflops[&Dtype::Fp32], 60.5);
         // Not measured: carried over from the built-in H200.
         assert_eq!(back.matrix_tflops[&Dtype::Fp8], 1979.0);
@@ -305,8 +348,9 @@ mod tests {
         let mut m = h200_run();
         m.device = "Some GPU: \"X\"".into();
         assert!(builtin_for(&m.device).is_none());
-        let spec = to_spec(&m, &slug(&m.device), None);
+        let spec = to_spec(&m, &slug(&m.device), None).unwrap();
         assert_eq!(spec.name, "some-gpu-x");
+        assert_eq!(spec.arch, "hopper");
         let y = profile_yaml(&m, &spec, None).unwrap();
         let back = config::parse_gpu(&y, "p.yaml").unwrap();
         assert_eq!(back.model, "Some GPU: \"X\"");
@@ -318,7 +362,7 @@ mod tests {
     fn a_bad_measurement_is_refused_by_the_loader() {
         let mut m = h200_run();
         m.copy_gbps = f64::NAN;
-        let spec = to_spec(&m, "x", None);
+        let spec = to_spec(&m, "x", None).unwrap();
         let e = profile_yaml(&m, &spec, None).unwrap_err().to_string();
         assert_eq!(
             e,

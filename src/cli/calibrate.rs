@@ -30,7 +30,7 @@ pub fn calibrate_cmd(a: &CalibrateArgs) -> Result<(), CliError> {
     let m = calibrate::cuda::calibrate(a.device).map_err(CliError::bad_input)?;
     let base = calibrate::builtin_for(&m.device);
     let name = a.name.clone().unwrap_or_else(|| calibrate::slug(&m.device));
-    let spec = calibrate::to_spec(&m, &name, base.as_ref());
+    let spec = calibrate::to_spec(&m, &name, base.as_ref()).map_err(CliError::bad_input)?;
     let yaml = calibrate::profile_yaml(&m, &spec, base.as_ref()).map_err(CliError::internal)?;
     match &a.output {
         Some(p) => {

@@ -213,6 +213,10 @@ pub struct InputArgs {
     /// Transformer vocabulary size.
     #[arg(long, value_name = "N")]
     pub vocab: Option<u32>,
+    /// BERT's task head: pretraining (Hugging Face, MLM logits at every position; default),
+    /// masked-lm (MLM on the 15 % masked positions only, as NVIDIA's BERT), squad, classify.
+    #[arg(long, value_enum, value_name = "HEAD")]
+    pub head: Option<crate::zoo::Head>,
     /// Replay the symmetric form: one worker plus the quotient ring chain, standing for all
     /// workers (ring all-reduce only; exact when the ring's links are alike, otherwise paced by
     /// the slowest link). Much faster for large clusters.

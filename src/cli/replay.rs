@@ -11,7 +11,7 @@ use crate::cost::config::{self, Cluster};
 use crate::graph::Dfg;
 use crate::graph::job::Job;
 use crate::replay::{self, breakdown, critical_path, dependency_bound_ns, peak_memory};
-use crate::zoo::{self, BuildOptions, ModelOptions};
+use crate::zoo::{self, ModelOptions};
 
 pub(super) fn out() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
@@ -275,16 +275,6 @@ fn trace_stem(path: &std::path::Path) -> String {
     name.strip_suffix(".json").unwrap_or(name).to_string()
 }
 
-/// Evaluates a job for its gradients' ready times: on the symmetric form when the job allows
-/// (ready times do not depend on the worker count), else on the full graph.
-fn ready_evaluator(job: Job) -> Result<crate::passes::Evaluated, crate::graph::job::JobError> {
-    let mut j = job;
-    if j.comm.scheme == config::SyncScheme::Ring {
-        j.symmetric = true;
-    }
-    crate::passes::evaluate(j)
-}
-
 /// Resolve `--model/--cluster` or `--trace` into a job.
 pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
     if !i.trace.is_empty() {
@@ -302,34 +292,19 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         layers: i.layers,
         seq: i.seq,
         vocab: i.vocab,
+        head: i.head,
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;
-    let job = zoo::build::job(
+    let (job, per_tensor, sync_cfg) = crate::search::baselines::zoo_baseline(
         &model,
         &cluster,
-        &BuildOptions {
-            symmetric: i.symmetric,
-            framework: i.framework,
-            ..Default::default()
-        },
+        i.framework,
+        i.precision,
+        i.sync == super::SyncArg::PerTensor,
+        i.symmetric,
     )
-    .map_err(CliError::bad_input)?;
-    let per_tensor =
-        crate::passes::amp::with_precision(&job, i.precision).map_err(CliError::bad_input)?;
-    let (job, sync_cfg) = match i.sync {
-        super::SyncArg::PerTensor => (
-            per_tensor.clone(),
-            format!(
-                "one collective per tensor: {} syncs",
-                per_tensor.syncs.len()
-            ),
-        ),
-        super::SyncArg::Framework => {
-            crate::search::baselines::framework_default(&per_tensor, i.framework, &ready_evaluator)
-                .map_err(CliError::bad_input)?
-        }
-    };
+    .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
     tracing::info!(framework = %i.framework, sync = %sync_cfg, "the framework's default sync");
     Ok(Input {
         job,

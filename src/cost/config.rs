@@ -55,7 +55,56 @@ pub struct GpuSpec {
     pub memory_gib: f64,
     /// GPU-side cost of one kernel launch (launch latency plus tail), µs.
     pub launch_overhead_us: f64,
+    /// Architecture whose kernel-efficiency constants apply (`configs/arch/<arch>.yaml`).
+    pub arch: String,
+    /// Streaming multiprocessors (compute units on AMD): the wave size of a GEMM.
+    pub sms: u32,
+    /// Boost clock, MHz (the clock the datasheet peaks are quoted at).
+    pub boost_clock_mhz: f64,
     /// Where the figures come from.
+    #[serde(default)]
+    pub source: String,
+    /// The architecture's constants, resolved from `arch` when the file is loaded.
+    #[serde(skip)]
+    pub kernels: ArchSpec,
+}
+
+/// Fractions of a peak per math unit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerUnit {
+    /// Plain FP32 (or FP64) math on the CUDA cores / SIMD units.
+    pub cuda_core: f64,
+    /// Tensor-core (matrix-core) math: TF32, fp16, bf16, fp8.
+    pub tensor_core: f64,
+}
+
+/// The kernel-efficiency constants of one GPU architecture (`configs/arch/*.yaml`): how real
+/// GEMM, convolution, attention and streaming kernels reach the datasheet peaks. Each file
+/// cites where every value comes from; see `cost::kernel` for the model that reads them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchSpec {
+    pub name: String,
+    /// CTA tiles `[rows, cols]` the GEMM libraries choose from on the CUDA cores.
+    pub cuda_core_tiles: Vec<[u32; 2]>,
+    /// CTA tiles on the tensor cores.
+    pub tensor_core_tiles: Vec<[u32; 2]>,
+    /// Fraction of the datasheet peak a large, well-shaped GEMM reaches.
+    pub gemm_efficiency: PerUnit,
+    /// A convolution's rate relative to a GEMM of its implicit-GEMM shape.
+    pub conv_efficiency: PerUnit,
+    /// A fused attention kernel's rate relative to a GEMM of the same shapes.
+    pub attention_efficiency: f64,
+    /// Reduction length (K per CTA) at which a tile's main loop runs at half its steady rate.
+    pub reduction_half: f64,
+    /// Tile intensity `rows·cols/(rows+cols)` at which a tile runs at half the rate of an
+    /// unboundedly large one (smaller tiles re-read more operands per FLOP).
+    pub tile_half_intensity: f64,
+    /// Fraction of the DRAM bandwidth streaming (memory-bound) kernels reach.
+    pub memory_efficiency: f64,
+    /// Fraction of the vector peak compute-bound element-wise kernels reach.
+    pub vector_efficiency: f64,
     #[serde(default)]
     pub source: String,
 }
@@ -221,6 +270,22 @@ pub enum ConfigError {
 
 /// The configuration files compiled into the binary: (path under `configs/`, text).
 pub const BUILTIN: &[(&str, &str)] = &[
+    (
+        "arch/volta.yaml",
+        include_str!("../../configs/arch/volta.yaml"),
+    ),
+    (
+        "arch/ampere.yaml",
+        include_str!("../../configs/arch/ampere.yaml"),
+    ),
+    (
+        "arch/hopper.yaml",
+        include_str!("../../configs/arch/hopper.yaml"),
+    ),
+    (
+        "arch/cdna3.yaml",
+        include_str!("../../configs/arch/cdna3.yaml"),
+    ),
     (
         "gpus/v100-32gb.yaml",
         include_str!("../../configs/gpus/v100-32gb.yaml"),
@@ -421,7 +486,86 @@ pub fn parse_gpu(text: &str, file: &str) -> Result<GpuSpec, ConfigError> {
             format!("must be between 0 and 10000, got {}", g.launch_overhead_us),
         ));
     }
+    if g.sms == 0 || g.sms > 4096 {
+        return Err(invalid(
+            text,
+            file,
+            "sms",
+            format!("must be between 1 and 4096, got {}", g.sms),
+        ));
+    }
+    check_pos(text, file, "boost_clock_mhz", g.boost_clock_mhz, 1e5)?;
+    let mut g = g;
+    g.kernels = load_arch(&g.arch, file).map_err(|e| {
+        let (line, column) = locate_key(text, "arch");
+        ConfigError::At {
+            file: file.to_string(),
+            line,
+            column,
+            message: format!("field arch: {e}"),
+        }
+    })?;
     Ok(g)
+}
+
+/// The architecture `name` (built-in, or a `.yaml` path relative to the GPU file `gpu_file`).
+fn load_arch(name: &str, gpu_file: &str) -> Result<ArchSpec, ConfigError> {
+    let base = Path::new(gpu_file).parent();
+    load_ref(name, "arch", "architecture", base, parse_arch)
+}
+
+/// Parse and validate an architecture file (`configs/arch/*.yaml`).
+pub fn parse_arch(text: &str, file: &str) -> Result<ArchSpec, ConfigError> {
+    let a: ArchSpec = parse_yaml(text, file)?;
+    for (field, tiles) in [
+        ("cuda_core_tiles", &a.cuda_core_tiles),
+        ("tensor_core_tiles", &a.tensor_core_tiles),
+    ] {
+        if tiles.is_empty() {
+            return Err(invalid(
+                text,
+                file,
+                field,
+                "must list at least one tile".into(),
+            ));
+        }
+        if let Some(t) = tiles
+            .iter()
+            .find(|t| t.iter().any(|&d| !(8..=1024).contains(&d)))
+        {
+            return Err(invalid(
+                text,
+                file,
+                field,
+                format!("tile dimensions must be between 8 and 1024, got {t:?}"),
+            ));
+        }
+    }
+    for (field, v) in [
+        ("gemm_efficiency.cuda_core", a.gemm_efficiency.cuda_core),
+        ("gemm_efficiency.tensor_core", a.gemm_efficiency.tensor_core),
+        ("conv_efficiency.cuda_core", a.conv_efficiency.cuda_core),
+        ("conv_efficiency.tensor_core", a.conv_efficiency.tensor_core),
+        ("attention_efficiency", a.attention_efficiency),
+        ("memory_efficiency", a.memory_efficiency),
+        ("vector_efficiency", a.vector_efficiency),
+    ] {
+        check_pos(text, file, field, v, 1.0)?;
+    }
+    for (field, v) in [
+        ("reduction_half", a.reduction_half),
+        ("tile_half_intensity", a.tile_half_intensity),
+    ] {
+        if !(v.is_finite() && (0.0..=1e5).contains(&v)) {
+            return Err(invalid(
+                text,
+                file,
+                field,
+                format!("must be between 0 and 100000, got {v}"),
+            ));
+        }
+    }
+    Ok(a)
 }
 
 fn dtype_key(d: Dtype) -> &'static str {
@@ -596,6 +740,11 @@ pub fn load_cluster(name_or_path: &str) -> Result<Cluster, ConfigError> {
     })
 }
 
+/// A built-in architecture's kernel constants (`volta`, `ampere`, `hopper`, `cdna3`).
+pub fn load_gpu_arch(name: &str) -> Result<ArchSpec, ConfigError> {
+    load_ref(name, "arch", "architecture", None, parse_arch)
+}
+
 /// A GPU by built-in name or file path.
 pub fn load_gpu(name_or_path: &str) -> Result<GpuSpec, ConfigError> {
     load_ref(name_or_path, "gpus", "GPU", None, parse_gpu)
@@ -609,7 +758,9 @@ mod tests {
     fn every_builtin_parses() {
         for (path, text) in BUILTIN {
             let file = format!("configs/{path}");
-            let res: Result<(), ConfigError> = if path.starts_with("gpus/") {
+            let res: Result<(), ConfigError> = if path.starts_with("arch/") {
+                parse_arch(text, &file).map(drop)
+            } else if path.starts_with("gpus/") {
                 parse_gpu(text, &file).map(drop)
             } else if path.starts_with("networks/") {
                 parse_network(text, &file).map(drop)
@@ -634,7 +785,7 @@ mod tests {
     #[test]
     fn every_file_in_configs_is_builtin() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
-        for dir in ["gpus", "networks", "clusters"] {
+        for dir in ["arch", "gpus", "networks", "clusters"] {
             for entry in std::fs::read_dir(root.join(dir)).unwrap() {
                 let name = entry.unwrap().file_name().into_string().unwrap();
                 let key = format!("{dir}/{name}");
@@ -691,9 +842,59 @@ mod tests {
 
     #[test]
     fn gpu_validation_names_the_dtype() {
-        let t = "name: g\nmodel: G\nvendor: x\nmatrix_tflops: {fp16: -3}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\n";
+        let t = "name: g\nmodel: G\nvendor: x\nmatrix_tflops: {fp16: -3}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\narch: volta\nsms: 80\nboost_clock_mhz: 1530\n";
         let e = parse_gpu(t, "g.yaml").unwrap_err().to_string();
         assert!(e.contains("field matrix_tflops.fp16: must be > 0"), "{e}");
+    }
+
+    #[test]
+    fn a_gpu_without_the_kernel_constants_names_the_field() {
+        let t = "name: g\nmodel: G\nvendor: x\nmatrix_tflops: {}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\narch: volta\nsms: 80\nboost_clock_mhz: 1530\n";
+        assert_eq!(parse_gpu(t, "g.yaml").unwrap().kernels.name, "volta");
+        let e = parse_gpu(&t.replace("sms: 80\n", ""), "g.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("g.yaml:") && e.contains("missing field `sms`"),
+            "{e}"
+        );
+        let e = parse_gpu(&t.replace("sms: 80", "sms: 0"), "g.yaml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "g.yaml:10:1: field sms: must be between 1 and 4096, got 0"
+        );
+        let e = parse_gpu(&t.replace("arch: volta", "arch: kepler"), "g.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("g.yaml:9:1: field arch: unknown architecture `kepler`; built-in ones: ")
+                && e.contains("volta"),
+            "{e}"
+        );
+        let volta = BUILTIN
+            .iter()
+            .find(|(p, _)| *p == "arch/volta.yaml")
+            .unwrap()
+            .1;
+        let e = parse_arch(
+            &volta.replace("memory_efficiency: 0.85", "memory_efficiency: 1.5"),
+            "v.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("field memory_efficiency: must be > 0 and ≤ 1, got 1.5"),
+            "{e}"
+        );
+        let e = parse_arch(
+            &volta.replace("reduction_half: ", "reduction_halve: "),
+            "v.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("reduction_halve"), "{e}");
     }
 
     #[test]

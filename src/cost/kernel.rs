@@ -13,7 +13,6 @@
 
 use serde::Serialize;
 
-use super::compute::{Efficiency, Roofline};
 use super::config::{Dtype, GpuSpec};
 use super::framework::Math;
 
@@ -237,10 +236,33 @@ impl OpWork {
 
 /// The kernel cost model of one GPU: how long an op's kernels take on the GPU (launch
 /// overhead included, host dispatch not: that is [`crate::cost::host`]).
+///
+/// ```text
+/// matrix op:  max(Σ_gemm T_gemm, bytes / (bw · e_mem)) + extra FLOPs / (vector peak · e_vec) + kernels · launch
+/// T_gemm    = min over tiles (tm×tn) and split-K s of
+///             waves · 2·tm·tn·(K/s) / (peak/SMs · e_unit · e_class · r(tile) · ramp(K/s))  + split-K reduction
+///   waves   = ⌈⌈M/tm⌉·⌈N/tn⌉·count·s / SMs⌉               (wave quantisation over the SMs)
+///   r(tile) = I/(I + I½) normalised to the best tile,  I = tm·tn/(tm+tn)   (operand re-reads per FLOP)
+///   ramp(k) = k/(k + K½) normalised to k = 4096              (prologue/epilogue of short reductions)
+/// vector op:  max(FLOPs / (vector peak · e_vec), bytes / (bw · e_mem)) + kernels · launch
+/// ```
+///
+/// `e_unit` is the architecture's large-GEMM efficiency on the CUDA cores or the tensor cores,
+/// `e_class` the convolution or attention factor; `launch` is the GPU's per-kernel floor (the
+/// back-to-back gap plus the shortest kernel). Every constant lives in the GPU and architecture
+/// configs (`configs/gpus`, `configs/arch`), each cited there. An op without GEMM shapes (a trace
+/// kernel, a declarative pass's insert) is priced as one large GEMM of its FLOPs.
 #[derive(Clone, Debug)]
 pub struct KernelModel<'a> {
     gpu: &'a GpuSpec,
 }
+
+/// Split-K factors the GEMM model tries.
+const SPLITS: [f64; 6] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0];
+/// Smallest reduction per CTA a split-K GEMM is given.
+const MIN_SPLIT_K: f64 = 64.0;
+/// Reduction length the ramp is normalised to (where published GEMM peaks are measured).
+const REF_K: f64 = 4096.0;
 
 impl<'a> KernelModel<'a> {
     pub fn new(gpu: &'a GpuSpec) -> Self {
@@ -267,24 +289,142 @@ impl<'a> KernelModel<'a> {
         }
     }
 
+    /// Whether `d`'s matrix math runs on tensor cores on this GPU.
+    fn tensor_core(&self, d: Dtype) -> bool {
+        !matches!(d, Dtype::Fp32 | Dtype::Fp64) && self.gpu.matrix_tflops.contains_key(&d)
+    }
+
+    /// Per-kernel floor, ns.
+    fn launch_ns(&self) -> f64 {
+        self.gpu.launch_overhead_us * 1e3
+    }
+
+    /// Achieved DRAM bytes/ns of streaming kernels.
+    fn mem_rate(&self) -> f64 {
+        self.gpu.memory_bytes_per_ns() * self.gpu.kernels.memory_efficiency
+    }
+
+    /// Achieved vector FLOP/ns in `d`.
+    fn vector_rate(&self, d: Dtype) -> f64 {
+        self.gpu.vector_flops_per_ns(d) * self.gpu.kernels.vector_efficiency
+    }
+
     /// GPU time of `work`'s kernels in ns, values stored in `storage`, FP32 matrix math as
     /// `math` says.
     pub fn time_ns(&self, work: &OpWork, storage: Dtype, math: Math) -> f64 {
+        let bytes = (work.act_elems + work.weight_elems).max(0.0) * storage.bytes() as f64;
+        let memory = bytes / self.mem_rate();
+        let launches = f64::from(work.kernels) * self.launch_ns();
+        if work.math == MathClass::Vector {
+            let compute = work.flops.max(0.0) / self.vector_rate(storage);
+            return compute.max(memory) + launches;
+        }
+        self.matrix_compute_ns(work, storage, math).max(memory) + launches
+    }
+
+    /// Compute time alone (no memory traffic, no launches) of `work`'s math.
+    pub fn compute_ns(&self, work: &OpWork, storage: Dtype, math: Math) -> f64 {
+        match work.math {
+            MathClass::Vector => work.flops.max(0.0) / self.vector_rate(storage),
+            MathClass::Matrix => self.matrix_compute_ns(work, storage, math),
+        }
+    }
+
+    /// Time to stream `bytes` through DRAM at the achieved bandwidth, ns.
+    pub fn memory_ns(&self, bytes: f64) -> f64 {
+        bytes.max(0.0) / self.mem_rate()
+    }
+
+    /// The per-kernel floor, ns.
+    pub fn launch_floor_ns(&self) -> f64 {
+        self.launch_ns()
+    }
+
+    /// Compute time of a matrix op: its products by the GEMM model; FLOPs beyond them (bias
+    /// adds, the members of a fused op whose shapes were not kept) at the products' average rate.
+    fn matrix_compute_ns(&self, work: &OpWork, storage: Dtype, math: Math) -> f64 {
         let d = Self::math_dtype(work, storage, math);
-        let r = Roofline::new(self.gpu, d, Efficiency::default());
-        let bytes_per = storage.bytes() as f64 / d.bytes() as f64;
-        r.time_ns(
-            work.math,
-            work.flops,
-            (work.act_elems + work.weight_elems) * bytes_per,
-            work.kernels,
-        )
+        let (t, covered) = self.products_ns(work, d);
+        if covered <= 0.0 {
+            return t;
+        }
+        t * work.flops.max(covered) / covered
+    }
+
+    /// Compute time of a matrix op's products and the FLOPs they cover.
+    fn products_ns(&self, work: &OpWork, d: Dtype) -> (f64, f64) {
+        let a = &self.gpu.kernels;
+        let tc = self.tensor_core(d);
+        let pick = |u: &crate::cost::config::PerUnit| if tc { u.tensor_core } else { u.cuda_core };
+        let e_class = match work.class {
+            OpClass::Conv => pick(&a.conv_efficiency),
+            OpClass::Attention => a.attention_efficiency,
+            _ => 1.0,
+        };
+        let rate = self.gpu.matrix_flops_per_ns(d) * pick(&a.gemm_efficiency) * e_class;
+        let gemms: Vec<&Gemm> = work.gemms.iter().filter(|g| !g.is_none()).collect();
+        if gemms.is_empty() {
+            return (work.flops.max(0.0) / rate, work.flops.max(0.0));
+        }
+        let mut t = 0.0;
+        let mut covered = 0.0;
+        for g in gemms {
+            t += self.gemm_ns(g, rate, tc);
+            covered += g.flops();
+        }
+        (t, covered)
+    }
+
+    /// Compute time of one product at `rate` FLOP/ns for the whole GPU (large-GEMM efficiency
+    /// included), choosing the fastest tile and split-K.
+    fn gemm_ns(&self, g: &Gemm, rate: f64, tensor_core: bool) -> f64 {
+        let a = &self.gpu.kernels;
+        let tiles = if tensor_core {
+            &a.tensor_core_tiles
+        } else {
+            &a.cuda_core_tiles
+        };
+        let sms = f64::from(self.gpu.sms.max(1));
+        let intensity = |t: &[u32; 2]| {
+            let (x, y) = (f64::from(t[0]), f64::from(t[1]));
+            x * y / (x + y)
+        };
+        let r = |t: &[u32; 2]| {
+            let i = intensity(t);
+            i / (i + a.tile_half_intensity)
+        };
+        let r_best = tiles.iter().map(r).fold(0.0, f64::max).max(1e-9);
+        let ramp = |k: f64| k / (k + a.reduction_half);
+        let per_sm = rate / sms;
+        let mut best = f64::INFINITY;
+        for t in tiles {
+            let (tm, tn) = (f64::from(t[0]), f64::from(t[1]));
+            let ctas = (g.m / tm).ceil() * (g.n / tn).ceil() * g.count.ceil();
+            let rel = r(t) / r_best;
+            for s in SPLITS {
+                let ks = g.k / s;
+                if s > 1.0 && ks < MIN_SPLIT_K {
+                    break;
+                }
+                let waves = (ctas * s / sms).ceil();
+                let cta = 2.0 * tm * tn * ks / (per_sm * rel * ramp(ks) / ramp(REF_K));
+                let reduce = if s > 1.0 {
+                    // Partial sums written and read back in FP32, one more kernel.
+                    g.m * g.n * g.count * s * 8.0 / self.mem_rate() + self.launch_ns()
+                } else {
+                    0.0
+                };
+                best = best.min(waves * cta + reduce);
+            }
+        }
+        best
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::config::load_gpu;
 
     #[test]
     fn backward_gemms_move_the_batch_into_the_reduction() {
@@ -308,6 +448,63 @@ mod tests {
         assert_eq!(s.weight_elems, 5e5);
         assert_eq!(s.kernels, 2);
         assert_eq!(s.gemms[0].m, 250.0);
+    }
+
+    fn gemm_work(m: f64, n: f64, k: f64) -> OpWork {
+        let mut w = OpWork::new(OpClass::Gemm, 2.0 * m * n * k, m * k + m * n, k * n, 1);
+        w.gemms[0] = Gemm::new(m, n, k, 1.0, BatchDim::M);
+        w
+    }
+
+    #[test]
+    fn a_large_gemm_runs_at_the_architecture_efficiency() {
+        let a100 = load_gpu("a100-80gb").unwrap();
+        let km = KernelModel::new(&a100);
+        // 8192³ in fp16: many waves, long K: the large-GEMM rate of Ampere's tensor cores.
+        let w = gemm_work(8192.0, 8192.0, 8192.0);
+        let t = km.time_ns(&w, Dtype::Fp16, Math::FP32);
+        let ideal = w.flops / (312e3 * a100.kernels.gemm_efficiency.tensor_core);
+        assert!((t / ideal - 1.0).abs() < 0.03, "{t} vs {ideal}");
+    }
+
+    #[test]
+    fn wave_quantisation_and_short_reductions_cost_time() {
+        let a100 = load_gpu("a100-80gb").unwrap();
+        let km = KernelModel::new(&a100);
+        let per_flop = |m: f64, n: f64, k: f64| {
+            let w = gemm_work(m, n, k);
+            km.compute_ns(&w, Dtype::Fp16, Math::FP32) / w.flops
+        };
+        // 108 SMs: one output tile more than a full wave costs part of a second wave on a
+        // small problem (a smaller tile or split-K recovers some of it).
+        let full = per_flop(12.0 * 256.0, 9.0 * 128.0, 1024.0);
+        let over = per_flop(12.0 * 256.0 + 8.0, 9.0 * 128.0, 1024.0);
+        assert!(over > 1.2 * full, "{over} vs {full}");
+        // A short reduction runs below the rate of a long one.
+        assert!(per_flop(4096.0, 4096.0, 64.0) > 1.2 * per_flop(4096.0, 4096.0, 4096.0));
+        // Half precision is faster than FP32 on CUDA cores for a large GEMM by about the ratio
+        // of the peaks times the efficiencies.
+        let w = gemm_work(4096.0, 4096.0, 4096.0);
+        let r = km.time_ns(&w, Dtype::Fp32, Math::FP32) / km.time_ns(&w, Dtype::Fp16, Math::FP32);
+        let a = &a100.kernels;
+        let peaks = (312.0 * a.gemm_efficiency.tensor_core) / (19.5 * a.gemm_efficiency.cuda_core);
+        assert!((r / peaks - 1.0).abs() < 0.1, "{r} vs {peaks}");
+    }
+
+    #[test]
+    fn memory_bound_kernels_have_a_floor_and_the_achieved_bandwidth() {
+        let v100 = load_gpu("v100-32gb").unwrap();
+        let km = KernelModel::new(&v100);
+        let bw = 900.0 * v100.kernels.memory_efficiency;
+        let floor = v100.launch_overhead_us * 1e3;
+        for elems in [1.0, 1e3, 1e6, 1e8] {
+            let w = OpWork::new(OpClass::Elementwise, elems, 3.0 * elems, 0.0, 1);
+            let t = km.time_ns(&w, Dtype::Fp32, Math::FP32);
+            assert!(
+                (t - (12.0 * elems / bw + floor)).abs() < 1e-6,
+                "{elems}: {t}"
+            );
+        }
     }
 
     #[test]

@@ -298,6 +298,49 @@ pub fn framework_default(
     }
 }
 
+/// A zoo job as its framework runs it by default: built, at `precision` (`None`: the
+/// framework's default), with the framework's default synchronisation unless `per_tensor`.
+/// Returns (that job, the same job with one collective per gradient tensor, one line on the
+/// synchronisation). What `replay`/`whatif`/`plan --model` start from, and what the fidelity
+/// experiment predicts with.
+pub fn zoo_baseline(
+    model: &crate::zoo::Model,
+    cluster: &crate::cost::config::Cluster,
+    framework: Framework,
+    precision: Option<crate::cost::framework::Precision>,
+    per_tensor: bool,
+    symmetric: bool,
+) -> Result<(Job, Job, String), String> {
+    let job = crate::zoo::build::job(
+        model,
+        cluster,
+        &crate::zoo::BuildOptions {
+            symmetric,
+            framework,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let flat = passes::amp::with_precision(&job, precision).map_err(|e| e.to_string())?;
+    if per_tensor {
+        let cfg = format!("one collective per tensor: {} syncs", flat.syncs.len());
+        return Ok((flat.clone(), flat, cfg));
+    }
+    let (job, cfg) =
+        framework_default(&flat, framework, &ready_evaluator).map_err(|e| e.to_string())?;
+    Ok((job, flat, cfg))
+}
+
+/// Evaluates a job for its gradients' ready times: on the symmetric form when the job allows
+/// (ready times do not depend on the worker count), else on the full graph.
+fn ready_evaluator(job: Job) -> Result<Evaluated, JobError> {
+    let mut j = job;
+    if j.comm.scheme == crate::cost::config::SyncScheme::Ring {
+        j.symmetric = true;
+    }
+    passes::evaluate(j)
+}
+
 /// Ready time of every sync: the latest end of its ready ops on worker 0 (the template's op `i`
 /// is global op `i`).
 pub fn ready_times(e: &Evaluated) -> Vec<u64> {

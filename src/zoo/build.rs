@@ -156,7 +156,7 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             act_elems: (l.fw_elems - p).max(0.0),
             weight_elems: p.min(l.fw_elems),
             kernels: l.fw_kernels,
-            gemms: [Gemm::NONE; 2],
+            gemms: [l.gemm.unwrap_or(Gemm::NONE), Gemm::NONE],
         };
         let o = push(
             &mut g,
@@ -187,7 +187,12 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             act_elems: (l.bw_elems - p).max(0.0),
             weight_elems: p.min(l.bw_elems),
             kernels: l.bw_kernels,
-            gemms: [Gemm::NONE; 2],
+            gemms: match l.gemm {
+                // The first layer (no input to differentiate) computes its weight gradient only.
+                Some(g) if l.inputs.is_empty() => [g.backward()[1], Gemm::NONE],
+                Some(g) => g.backward(),
+                None => [Gemm::NONE; 2],
+            },
         };
         let o = push(
             &mut g,

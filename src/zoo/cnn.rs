@@ -36,6 +36,7 @@
 //! Every model ends with its cross-entropy loss layer named `loss`.
 
 use super::layers::{Layer, LayerKind, MathClass, Param};
+use crate::cost::kernel::{BatchDim, Gemm};
 
 /// Work of one operator at a batch size, as the `Layer` fields of the same names.
 #[derive(Clone, Copy, Debug, Default)]
@@ -123,6 +124,7 @@ impl Builder {
             saved_elems: saved,
             out_elems: out,
             params,
+            gemm: None,
         });
         self.kept.push(false);
         idx
@@ -245,7 +247,15 @@ impl Builder {
             bw_kernels: 2 + u32::from(bias),
         };
         let saved = self.keep(x);
-        self.push(name, LayerKind::Gemm, vec![x], w, saved, out, params)
+        let i = self.push(name, LayerKind::Gemm, vec![x], w, saved, out, params);
+        self.layers[i].gemm = Some(Gemm::new(
+            rows as f64,
+            fout as f64,
+            fin as f64,
+            1.0,
+            BatchDim::M,
+        ));
+        i
     }
 
     /// `nn.Linear(fin, fout)` with `name.weight` and `name.bias`.
@@ -404,6 +414,15 @@ impl Net {
             out,
             params,
         );
+        // Implicit GEMM: one row per output pixel, one column per output channel, a reduction
+        // over the input channels times the window.
+        self.b.layer_mut(j).gemm = Some(Gemm::new(
+            (self.n * ho * wo) as f64,
+            c.cout as f64,
+            (cin * c.k.0 * c.k.1) as f64,
+            1.0,
+            BatchDim::M,
+        ));
         self.put(j, [c.cout, ho, wo])
     }
 

@@ -5,7 +5,7 @@
 //! them into durations for a GPU and a dtype. One multiply-add is 2 FLOPs.
 
 pub use crate::cost::kernel::MathClass;
-use crate::cost::kernel::OpClass;
+use crate::cost::kernel::{Gemm, OpClass};
 
 /// The operator family, for op fusion legality, AMP and display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -64,6 +64,9 @@ pub struct Layer {
     /// Elements of its output.
     pub out_elems: u64,
     pub params: Vec<Param>,
+    /// The forward matrix product of a conv (implicit GEMM), linear layer or batched matmul;
+    /// the backward's data- and weight-gradient products follow from it ([`Gemm::backward`]).
+    pub gemm: Option<Gemm>,
 }
 
 impl LayerKind {

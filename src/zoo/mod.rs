@@ -11,7 +11,7 @@ pub mod transformer;
 
 pub use build::{BuildError, BuildOptions, build};
 pub use layers::{Layer, LayerKind, MathClass, Model, Optimizer, Param};
-pub use transformer::TransformerConfig;
+pub use transformer::{Head, TransformerConfig};
 
 /// A zoo entry: name, one-line description, default per-worker batch and optimizer.
 #[derive(Clone, Copy, Debug)]
@@ -82,6 +82,8 @@ pub struct ModelOptions {
     pub layers: Option<u32>,
     pub seq: Option<u32>,
     pub vocab: Option<u32>,
+    /// BERT's task head (default: Hugging Face pre-training).
+    pub head: Option<transformer::Head>,
 }
 
 /// Why a model could not be made.
@@ -114,9 +116,9 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
         )));
     }
     let shaped = [opts.hidden, opts.heads, opts.layers, opts.seq, opts.vocab];
-    if !e.transformer && shaped.iter().any(Option::is_some) {
+    if !e.transformer && (shaped.iter().any(Option::is_some) || opts.head.is_some()) {
         return Err(ZooError::Invalid(format!(
-            "{name} is not a transformer: --hidden, --heads, --layers, --seq and --vocab apply to bert-base, bert-large and gpt"
+            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab and --head apply to bert-base, bert-large and gpt"
         )));
     }
     let layers = match name {
@@ -140,6 +142,14 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
                 cfg.max_positions = cfg.max_positions.max(s);
             }
             cfg.vocab = opts.vocab.unwrap_or(cfg.vocab);
+            if let Some(h) = opts.head {
+                if cfg.decoder {
+                    return Err(ZooError::Invalid(format!(
+                        "{name} is a decoder: --head applies to bert-base and bert-large"
+                    )));
+                }
+                cfg.head = h;
+            }
             cfg.validate().map_err(ZooError::Invalid)?;
             transformer::transformer(&cfg, batch)
         }

@@ -24,6 +24,7 @@
 
 use super::cnn::{Builder, Work};
 use super::layers::{Layer, LayerKind, Param};
+use crate::cost::kernel::{BatchDim, Gemm};
 
 /// BERT's token-type vocabulary (segment A/B).
 const TYPE_VOCAB: u32 = 2;
@@ -42,6 +43,35 @@ pub struct TransformerConfig {
     /// Rows of the position-embedding table.
     pub max_positions: u32,
     pub decoder: bool,
+    /// The task head on a BERT encoder (ignored for decoders, which predict every token).
+    #[serde(default)]
+    pub head: Head,
+}
+
+/// The task head on a BERT encoder (`--head`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Head {
+    /// Hugging Face `BertForPreTraining`: MLM logits at every position, plus NSP.
+    #[default]
+    Pretraining,
+    /// Pre-training that predicts the masked positions only (15 % of the sequence, gathered
+    /// before the MLM head, as NVIDIA's and Google's BERT do), plus NSP.
+    MaskedLm,
+    /// SQuAD question answering: one linear layer to start/end logits per token.
+    Squad,
+    /// Sequence classification on the pooled first token (GLUE-style, 2 labels).
+    Classify,
 }
 
 impl TransformerConfig {
@@ -56,6 +86,7 @@ impl TransformerConfig {
             intermediate: 3072,
             max_positions: 512,
             decoder: false,
+            head: Head::Pretraining,
         }
     }
 
@@ -81,6 +112,7 @@ impl TransformerConfig {
             intermediate: 3072,
             max_positions: 1024,
             decoder: true,
+            head: Head::Pretraining,
         }
     }
 
@@ -171,7 +203,12 @@ impl Net {
 
     /// `nn.LayerNorm(hidden)` over every token.
     fn layer_norm(&mut self, name: &str, x: usize) -> usize {
-        let (n, t, h) = (self.b.out(x), self.tokens as f64, self.hidden as f64);
+        self.layer_norm_rows(name, x, self.tokens)
+    }
+
+    /// `nn.LayerNorm(hidden)` over `rows` rows.
+    fn layer_norm_rows(&mut self, name: &str, x: usize, rows: u64) -> usize {
+        let (n, t, h) = (self.b.out(x), rows as f64, self.hidden as f64);
         let nf = n as f64;
         let w = Work {
             fw_flops: 7.0 * nf,
@@ -181,7 +218,7 @@ impl Net {
             fw_kernels: 1,
             bw_kernels: 2,
         };
-        let saved = self.b.keep(x).saturating_add(2 * self.tokens);
+        let saved = self.b.keep(x).saturating_add(2 * rows);
         let params = ["weight", "bias"].map(|s| Param {
             name: format!("{name}.{s}"),
             elems: self.hidden,
@@ -216,6 +253,7 @@ impl Net {
         a_elems: u64,
         b_elems: u64,
         out: u64,
+        gemm: Gemm,
     ) -> usize {
         let fl = 2.0 * self.scores_elems() as f64 * (self.hidden / self.heads) as f64;
         let (a, bb, o) = (a_elems as f64, b_elems as f64, out as f64);
@@ -230,7 +268,7 @@ impl Net {
         let saved = inputs
             .iter()
             .fold(0u64, |s, &i| s.saturating_add(self.b.keep(i)));
-        self.b.push(
+        let i = self.b.push(
             name,
             LayerKind::BatchedMatmul,
             inputs,
@@ -238,17 +276,32 @@ impl Net {
             saved,
             out,
             vec![],
+        );
+        self.b.layer_mut(i).gemm = Some(gemm);
+        i
+    }
+
+    /// One attention product per (sequence, head): `m`×`k` by `k`×`n`.
+    fn head_gemm(&self, m: u64, n: u64, k: u64) -> Gemm {
+        Gemm::new(
+            m as f64,
+            n as f64,
+            k as f64,
+            prod(&[self.batch, self.heads]) as f64,
+            BatchDim::Count,
         )
     }
 
     fn matmul_qk(&mut self, name: &str, inputs: Vec<usize>) -> usize {
         let th = prod(&[self.tokens, self.hidden]);
-        self.bmm(name, inputs, th, th, self.scores_elems())
+        let g = self.head_gemm(self.seq, self.seq, self.hidden / self.heads);
+        self.bmm(name, inputs, th, th, self.scores_elems(), g)
     }
 
     fn matmul_av(&mut self, name: &str, inputs: Vec<usize>) -> usize {
         let th = prod(&[self.tokens, self.hidden]);
-        self.bmm(name, inputs, self.scores_elems(), th, th)
+        let g = self.head_gemm(self.seq, self.hidden / self.heads, self.seq);
+        self.bmm(name, inputs, self.scores_elems(), th, th, g)
     }
 
     /// Softmax over the scores with the scale and the mask folded in (2 folded ops).
@@ -274,6 +327,18 @@ impl Net {
 
     /// A GEMM onto the vocabulary with the word-embedding weight (`hidden`·`vocab`, tied).
     fn tied_head(&mut self, name: &str, x: usize, vocab: u32, bias: Option<&str>) -> usize {
+        self.tied_head_rows(name, x, self.tokens, vocab, bias)
+    }
+
+    /// [`Net::tied_head`] on `rows` rows.
+    fn tied_head_rows(
+        &mut self,
+        name: &str,
+        x: usize,
+        rows: u64,
+        vocab: u32,
+        bias: Option<&str>,
+    ) -> usize {
         let v = u64::from(vocab);
         let params: Vec<Param> = bias
             .map(|b| Param {
@@ -284,7 +349,7 @@ impl Net {
             .collect();
         let i = self
             .b
-            .gemm(name, x, self.tokens, self.hidden, v, bias.is_some(), params);
+            .gemm(name, x, rows, self.hidden, v, bias.is_some(), params);
         self.b.tie(i, prod(&[self.hidden, v]));
         i
     }
@@ -363,23 +428,45 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
         for l in 0..cfg.layers {
             x = m.bert_layer(&format!("bert.encoder.layer.{l}"), x, cfg);
         }
-        // The pooler reads the first token of each sequence only.
         let (h, rows) = (u64::from(cfg.hidden), m.batch);
-        let pooled = m.b.linear("bert.pooler.dense", x, rows, h, h);
-        let pooled = m.b.tanh("bert.pooler.activation", pooled);
-        let y = m.linear("cls.predictions.transform.dense", x, cfg.hidden, cfg.hidden);
-        let y = m.b.gelu("cls.predictions.transform.transform_act_fn", y);
-        let y = m.layer_norm("cls.predictions.transform.LayerNorm", y);
-        let logits = m.tied_head(
-            "cls.predictions.decoder",
-            y,
-            cfg.vocab,
-            Some("cls.predictions.bias"),
-        );
-        let nsp = m.b.linear("cls.seq_relationship", pooled, rows, h, 2);
-        let mlm = m.b.loss("loss.masked_lm", logits, m.tokens);
-        let nsp = m.b.loss("loss.next_sentence", nsp, rows);
-        m.b.add("loss.total", mlm, nsp);
+        match cfg.head {
+            Head::Squad => {
+                let logits = m.b.linear("qa_outputs", x, m.tokens, h, 2);
+                m.b.loss("loss", logits, 2 * rows);
+            }
+            Head::Classify => {
+                let pooled = m.b.linear("bert.pooler.dense", x, rows, h, h);
+                let pooled = m.b.tanh("bert.pooler.activation", pooled);
+                let pooled = m.b.dropout("dropout", pooled);
+                let logits = m.b.linear("classifier", pooled, rows, h, 2);
+                m.b.loss("loss", logits, rows);
+            }
+            Head::Pretraining | Head::MaskedLm => {
+                // The pooler reads the first token of each sequence only.
+                let pooled = m.b.linear("bert.pooler.dense", x, rows, h, h);
+                let pooled = m.b.tanh("bert.pooler.activation", pooled);
+                // Masked LM: every position, or only the masked 15 % gathered first.
+                let predicted = match cfg.head {
+                    Head::MaskedLm => prod(&[rows, (u64::from(cfg.seq) * 15).div_ceil(100)]),
+                    _ => m.tokens,
+                };
+                let y =
+                    m.b.linear("cls.predictions.transform.dense", x, predicted, h, h);
+                let y = m.b.gelu("cls.predictions.transform.transform_act_fn", y);
+                let y = m.layer_norm_rows("cls.predictions.transform.LayerNorm", y, predicted);
+                let logits = m.tied_head_rows(
+                    "cls.predictions.decoder",
+                    y,
+                    predicted,
+                    cfg.vocab,
+                    Some("cls.predictions.bias"),
+                );
+                let nsp = m.b.linear("cls.seq_relationship", pooled, rows, h, 2);
+                let mlm = m.b.loss("loss.masked_lm", logits, predicted);
+                let nsp = m.b.loss("loss.next_sentence", nsp, rows);
+                m.b.add("loss.total", mlm, nsp);
+            }
+        }
     }
     m.b.finish()
 }
