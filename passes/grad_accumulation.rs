@@ -344,6 +344,36 @@ mod tests {
     }
 
     #[test]
+    fn once_per_iteration_ops_between_micro_step_ops_close_no_cycle() {
+        // Regression (issue 15: "the graph has a cycle through op 22294 (FW cpu @w0.cpu.t1)"): a
+        // recorded step interleaves ops that run once per iteration with the forward and
+        // backward on one device. Here a 500 ns op of phase Other between the last forward
+        // (op 1) and the first backward (op 2) on the GPU stream.
+        use crate::graph::{OpKind, OpSpec};
+        let mut job = chain(&[1000, 3000], &[1000, 3000]);
+        let x = job.local.ops.len() as OpId;
+        job.local.ops.push(LocalOp {
+            spec: OpSpec::new(OpKind::Compute, Phase::Other, 1, 500),
+            work: None,
+        });
+        job.local.edges.push((1, x));
+        job.local.edges.push((x, 2));
+        let (base, after, _) = run(job, "2");
+        // The op runs once (it is not copied), between the last micro-step's forward and
+        // backward; the first micro-step's backward follows its forward directly.
+        assert_eq!(after.job.local.ops.len(), base.job.local.ops.len() + 5);
+        assert!(after.iteration_ns() > base.iteration_ns());
+        let copies_of_x = after
+            .job
+            .local
+            .ops
+            .iter()
+            .filter(|o| o.spec.phase == Phase::Other && o.spec.dur_ns == 500)
+            .count();
+        assert_eq!(copies_of_x, 1);
+    }
+
+    #[test]
     fn k_one_changes_nothing() {
         let job = chain(&[1000, 3000], &[1000, 3000]);
         let (base, after, patches) = run(job, "1");

@@ -983,24 +983,19 @@ fn flops_per_elem(class: OpClass) -> f64 {
     }
 }
 
-/// Work of class `class` at size `s`: a square GEMM of side `s` for matrix classes, `s`
+/// Work of class `class` at size `s`: a square product of side `s` for matrix classes, `s`
 /// elements read and written for the others.
 fn class_work_at(class: OpClass, s: f64, update: bool) -> OpWork {
     match class {
         OpClass::Conv | OpClass::Gemm | OpClass::Attention => {
-            let g = Gemm::new(
-                s,
-                s,
-                s,
-                1.0,
-                if update { BatchDim::None } else { BatchDim::M },
-            );
-            let mut w = OpWork::new(class, g.flops(), 2.0 * s * s, s * s, 1);
+            // A square product's FLOPs and elements, without its shape: the kernel's tiles and
+            // waves are unknown, so it runs at the class's large-product rate (a continuous
+            // model, which the sizing below needs).
+            let mut w = OpWork::new(class, 2.0 * s * s * s, 2.0 * s * s, s * s, 1);
             if update {
                 w.weight_elems += w.act_elems;
                 w.act_elems = 0.0;
             }
-            w.gemms[0] = g;
             w
         }
         _ => {

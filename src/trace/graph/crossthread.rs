@@ -176,3 +176,57 @@ pub(super) fn cross_thread(
     cpu.timeline.insert(win.tid.clone(), main);
     linked
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{doc, kernel, parse, x};
+    use super::super::{Peers, build};
+    use crate::graph::OpKind;
+    use crate::replay::replay;
+
+    /// Step 0–10 ms on thread 1: a forward op [0.2, 1), then `## backward ##` [1, 9.2) while
+    /// thread 2 (autograd) runs the backward [1.2, 8.8) and launches a kernel; the optimizer
+    /// [9.2, 9.8).
+    fn trace() -> String {
+        doc(&[
+            x("user_annotation", "ProfilerStep#1", 1, 0, 10_000, None),
+            x("cpu_op", "aten::mm", 1, 200, 800, None),
+            x("user_annotation", "## backward ##", 1, 1_000, 8_200, None),
+            x("cpu_op", "MmBackward0", 2, 1_200, 7_600, None),
+            x("cuda_runtime", "cudaLaunchKernel", 2, 4_000, 4, Some(1)),
+            kernel("gemm", 7, 4_010, 1_000, 1, 4_000),
+            x("cpu_op", "Optimizer.step#SGD.step", 1, 9_200, 600, None),
+        ])
+    }
+
+    #[test]
+    fn the_step_thread_waits_for_the_backward_thread() {
+        let t = build(&parse(&trace()), "t", None, Peers::Absent).unwrap();
+        let g = t.job.expand().unwrap();
+        let r = replay(&g);
+        // As recorded.
+        assert_eq!(r.end_ns[t.step_end as usize], 10_000_000);
+        // Halve the backward's CPU op (the pieces of MmBackward0 on thread 2): the step thread
+        // returns from the backward earlier by as much.
+        let mut j = t.job.clone();
+        let mut cut = 0;
+        for (i, o) in j.local.ops.iter_mut().enumerate() {
+            if o.spec.kind == OpKind::CpuOther
+                && t.op_event[i].is_some_and(|e| {
+                    crate::trace::parse_kineto(trace().as_bytes(), "t")
+                        .unwrap()
+                        .events[e]
+                        .name
+                        .as_ref()
+                        == "MmBackward0"
+                })
+            {
+                cut += o.spec.dur_ns / 2;
+                o.spec.dur_ns /= 2;
+            }
+        }
+        assert!(cut > 3_000_000, "{cut}");
+        let r = replay(&j.expand().unwrap());
+        assert_eq!(r.end_ns[t.step_end as usize], 10_000_000 - cut);
+    }
+}
