@@ -19,8 +19,9 @@
 //! Launches of collectives stay (NCCL kernels of DDP's overlapped all-reduce are issued from its
 //! reducer outside the captured region), and so do blocking calls: a synchronisation ends a
 //! capture. With `host=1`, the framework's own CPU work in the captured phases (operator
-//! dispatch, the gaps between operators) goes too, as `torch.compile` replaces the Python that
-//! issued it; the default keeps it (CUDA Graphs alone). The GPU side keeps its kernels' times;
+//! dispatch, the gaps between operators; data loading excluded) goes too, as `torch.compile`
+//! replaces the Python that issued it — an upper bound on what compilation removes; the default
+//! keeps it (CUDA Graphs alone). The GPU side keeps its kernels' times;
 //! the per-kernel launch latency a graph also saves on the GPU is not modelled (a few µs per
 //! kernel: an underestimate of the gain).
 //!
@@ -136,9 +137,14 @@ fn patch(cx: &Evaluated, phases: &[Phase], host: bool) -> Result<Patch, PassErro
             .any(|&k| l.ops[k as usize].spec.kind == OpKind::Collective);
         // A wait on the GPU (a blocking call's tail) ends a capture: it stays.
         let waits = preds[i].iter().any(|&p| gpu(l.ops[p as usize].spec.device));
+        // Data loading is not in the captured region.
+        let loading = l
+            .layers
+            .get(s.layer as usize)
+            .is_some_and(|n| n.contains("DataLoader"));
         let captured = match s.kind {
             OpKind::Launch => !collective,
-            OpKind::CpuOther => host && !waits,
+            OpKind::CpuOther => host && !waits && !loading,
             _ => false,
         };
         if !captured {

@@ -14,7 +14,8 @@
 //!
 //! **Cost model.** The job is rebuilt ([`Edit::ReplaceJob`]): every op of phase FW or BW (compute
 //! ops, their CPU side, the virtual "backward done") is replicated `k` times. An op with
-//! [`OpWork`] is re-costed by the roofline at batch/k (`Job::cost_ns(work, dtype, 1/k)`: FLOPs and
+//! [`OpWork`] is re-costed at batch/k (`Job::recost_ns(dur, work, dtype, 1/k)`: the model's time
+//! on a zoo job, relative to the recorded time on a trace; FLOPs and
 //! activation elements scale by 1/k, weight elements and kernel launches do not — so small
 //! micro-batches lose efficiency, as on a real GPU) and its work is stored at batch/k so later
 //! passes re-cost it consistently. A GPU op without work (a trace kernel) is scaled by 1/k; a CPU
@@ -75,9 +76,12 @@ impl Pass for GradAccumulation {
                 .map(|o| o.spec.dur_ns)
                 .sum()
         };
+        let per = match cx.job.meta.batch {
+            0 => format!("batch/{k}"),
+            b => format!("{:.3} samples", b as f64 / k as f64),
+        };
         let why = format!(
-            "{k} micro-batches of {:.3} samples: FW+BW GPU/CPU time {:.2} ms → {:.2} ms, activations ÷ {k}, one sync after the last micro-batch",
-            cx.job.meta.batch as f64 / k as f64,
+            "{k} micro-batches of {per}: FW+BW GPU/CPU time {:.2} ms → {:.2} ms, activations ÷ {k}, one sync after the last micro-batch",
             fw_bw(&cx.job) as f64 / 1e6,
             fw_bw(&job) as f64 / 1e6,
         );

@@ -210,7 +210,11 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         };
         let mem = |e: &Evaluated| mem_known.then_some(e.memory.peak_bytes);
         let b = super::traceinfo::bound_json(&bound_b, Some(&bound_a));
+        let bd = crate::replay::breakdown::breakdown(&cur.graph, &cur.replay, 0);
         let v = json!({
+            "compute_ms": bd.compute_ns as f64 / 1e6,
+            "communication_ms": bd.comm_ns as f64 / 1e6,
+            "exposed_communication_ms": a_it.saturating_sub(bd.compute_ns) as f64 / 1e6,
             "baseline_iteration_ms": b_it as f64 / 1e6,
             "iteration_ms": a_it as f64 / 1e6,
             "speedup": speedup,

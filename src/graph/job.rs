@@ -450,6 +450,20 @@ impl Job {
             .map(|(i, _)| i as OpId)
     }
 
+    /// Which local ops depend on any of `from` (through local edges; `from` included).
+    pub fn reachable_from(&self, from: &[OpId]) -> Vec<bool> {
+        let succ = self.local_succs();
+        let mut seen = vec![false; self.local.ops.len()];
+        let mut stack: Vec<OpId> = from.to_vec();
+        while let Some(o) = stack.pop() {
+            if std::mem::replace(&mut seen[o as usize], true) {
+                continue;
+            }
+            stack.extend(succ[o as usize].iter().copied());
+        }
+        seen
+    }
+
     /// Successor lists of the local graph (built on demand; small).
     pub fn local_succs(&self) -> Vec<Vec<OpId>> {
         let mut s = vec![Vec::new(); self.local.ops.len()];

@@ -62,24 +62,31 @@ pub(super) fn cross_thread(
         .map(|(_, v)| v.clone())
         .collect();
     let mut main = main;
-    for tl in others {
-        // Bursts: runs of ops with at most BURST_GAP_NS of idle time between them.
-        let mut bursts: Vec<(usize, usize)> = Vec::new();
+    // Bursts of every other thread: runs of ops with at most BURST_GAP_NS of idle time between
+    // them, longest first — when two threads work while the step's thread waits, it waits for
+    // the longer one (autograd's, not a pin-memory thread's), and each stretch of the step's
+    // thread is linked to one burst at most.
+    let mut bursts: Vec<(i64, i64, OpId, OpId)> = Vec::new();
+    for tl in &others {
         let mut i = 0;
         while i < tl.len() {
             let mut j = i;
             while j + 1 < tl.len() && tl[j + 1].0 - tl[j].1 <= BURST_GAP_NS {
                 j += 1;
             }
-            bursts.push((i, j));
+            if tl[j].1 - tl[i].0 >= BURST_GAP_NS {
+                bursts.push((tl[i].0, tl[j].1, tl[i].2, tl[j].2));
+            }
             i = j + 1;
         }
-        for (i, j) in bursts {
-            let (b0, b1) = (tl[i].0, tl[j].1);
-            if b1 - b0 < BURST_GAP_NS {
+    }
+    bursts.sort_by_key(|&(b0, b1, first, _)| (std::cmp::Reverse(b1 - b0), b0, first));
+    let mut used: Vec<(i64, i64)> = Vec::new();
+    {
+        for (b0, b1, first, last) in bursts {
+            if used.iter().any(|&(s, e)| s < b1 && b0 < e) {
                 continue;
             }
-            let (first, last) = (tl[i].2, tl[j].2);
             // The step thread's own work during the burst.
             let busy: i64 = main
                 .iter()
@@ -123,6 +130,7 @@ pub(super) fn cross_thread(
                     b.local.edges.push((w, tail));
                     main[k] = (s, b0, w);
                     main.insert(k + 1, (b1, e, tail));
+                    used.push((s, e));
                     (w, tail)
                 }
                 None => {
@@ -156,6 +164,7 @@ pub(super) fn cross_thread(
                     b.local.edges.retain(|e| !(e.0 == pop && e.1 == n));
                     b.local.edges.extend([(pop, pre), (pre, rest), (rest, n)]);
                     main.insert(p + 1, (b1, n_start, rest));
+                    used.push((p_end, n_start));
                     (pre, rest)
                 }
             };

@@ -46,15 +46,26 @@
 //! inferred from the launching thread's order — the stream of its last launch before the
 //! preceding `cudaEventRecord` (or, when the trace has none, before the wait) that differs from
 //! the stream of its next launch — and kept only if the recorded times satisfy it; the rest are
-//! counted in a warning. Not modelled yet: cross-thread waits on the host (the
-//! main thread blocked in `backward()` while the autograd thread runs is replayed as recorded idle
-//! time) and memory effects (none).
+//! counted in a warning. Cross-thread waits on the host (the step's thread idle inside
+//! `backward()` while autograd's thread runs the backward): edges to and from the other thread's
+//! burst of work (stage *cross-thread waits*).
 //!
 //! **Phases** (best effort): an event inherits its enclosing event's phase unless its name says
-//! otherwise: `Optimizer.step` / `Optimizer.zero_grad` → UPDATE; autograd names
-//! (`autograd::engine::evaluate_function…`, `…Backward…`) → BW; everything else FW. A GPU op takes
-//! its launch's phase, NCCL kernels COMM. Layer of an op = its innermost enclosing `cpu_op` name
-//! (for GPU ops, the launch's).
+//! otherwise: `Optimizer.step` → UPDATE; `Optimizer.zero_grad` → OTHER (once per iteration,
+//! before the forward); autograd names (`autograd::engine::evaluate_function…`, `…Backward…`) →
+//! BW; everything else FW. A GPU op takes its launch's phase, NCCL kernels COMM.
+//!
+//! **Layers.** An operator autograd recorded carries a sequence number, which its backward node
+//! carries too: ops are grouped into one layer per sequence number, named after the forward
+//! operator spanning it (`aten::conv2d #17`), so that a layer has forward and backward ops;
+//! operators without one inherit their enclosing operator's layer, else take their own name. A GPU
+//! op takes its launch's layer.
+//!
+//! **Stages.** `build_job` runs, in order: *threads* (`threads.rs`), *streams*, *carry-in* and
+//! *collectives* (`streams.rs`), *launches* (`launches.rs`), *waits* (`waits.rs`), *cross-thread
+//! waits* (`crossthread.rs`); then each kernel's work ([`super::work`]), the facts
+//! ([`super::facts`]), the memory ([`super::memory`]) and, for a rank alone, the collectives'
+//! waits for its absent peers ([`super::peers`]). Each stage is a function with its own test.
 
 use std::collections::BTreeMap;
 
@@ -308,8 +319,12 @@ pub fn pick_step(
 }
 /// Phase implied by an event's name, if any.
 pub(crate) fn name_phase(name: &str) -> Option<Phase> {
-    if name.starts_with("Optimizer.step") || name.starts_with("Optimizer.zero_grad") {
+    if name.starts_with("Optimizer.step") {
         Some(Phase::Update)
+    } else if name.starts_with("Optimizer.zero_grad") {
+        // Before the forward, once per iteration: not the update (whose ops an optimizer pass
+        // fuses), nor part of a micro-step.
+        Some(Phase::Other)
     } else if name.starts_with("autograd::engine::evaluate_function") || name.contains("Backward") {
         Some(Phase::Bw)
     } else {
