@@ -39,7 +39,11 @@
 //! it, minus ops an earlier rule removed or merged away; ops an earlier rule inserted are not
 //! selectable. Ops are taken in id order.
 //!
-//! **Actions** (Daydream's primitives):
+//! **Actions** (Daydream's primitives). Every number has a physical range, checked at load for
+//! literals and for the declared range of a knob: factors (`scale`, `memory`, `sync_bytes`) at
+//! most 10⁴ (`sync_bytes` at least 10⁻⁶), durations at most one hour, bandwidths 10⁻³–10⁶ GB/s;
+//! and a job the pass would push past `graph::bounds` (an op over ~13 days, a tensor over
+//! 16 TiB, a worker's memory over 1 PiB) is refused naming the pass — never saturated.
 //! * `scale: f` — durations × f (Daydream's shrink/scale).
 //! * `set_duration_us: d`.
 //! * `remove: true` — remove the ops, keeping the order they imposed.
@@ -118,7 +122,7 @@ const BUILTIN: &[(&str, &str)] = &[
 /// Load a declarative pass from a YAML file.
 pub fn load_file(path: &Path) -> Result<Box<dyn Pass>, PassError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path)
+    let text = crate::input::read_to_string(path, crate::input::InputKind::PassFile)
         .map_err(|e| PassError::File(format!("{file}: failed to read the pass file: {e}")))?;
     Ok(Box::new(parse(&text, &file)?))
 }
@@ -660,9 +664,10 @@ fn check_arg(
     let ok = |v: f64| v.is_finite() && (v > r.min || (!r.open_min && v == r.min)) && v <= r.max;
     let want = || {
         let lo = if r.open_min { ">" } else { "≥" };
-        let mut s = format!("a number {lo} {}", r.min);
+        let show = crate::limits::show;
+        let mut s = format!("a number {lo} {}", show(r.min));
         if r.max < f64::MAX {
-            s += &format!(" and ≤ {}", r.max);
+            s += &format!(" and ≤ {}", show(r.max));
         }
         if r.int {
             s = format!("an integer{}", &s[8..]);
@@ -675,7 +680,11 @@ fn check_arg(
     match &a.value {
         Arg::Num { v, int } => {
             if !ok(*v) || (r.int && !int) {
-                return Err(bad(format!("must be {}, got {v}", want())));
+                return Err(bad(format!(
+                    "must be {}, got {}",
+                    want(),
+                    crate::limits::show(*v)
+                )));
             }
         }
         Arg::Knob(k) => {
@@ -686,7 +695,9 @@ fn check_arg(
             };
             if !ok(min) || !ok(max) {
                 return Err(bad(format!(
-                    "knob `${k}` ranges over [{min}, {max}], but this field must be {}",
+                    "knob `${k}` ranges over [{}, {}], but this field must be {}",
+                    crate::limits::show(min),
+                    crate::limits::show(max),
                     want()
                 )));
             }
@@ -713,6 +724,31 @@ fn check_select(
     Ok(())
 }
 
+/// Largest factor `scale`, `memory` and `sync_bytes` may apply (and smallest `sync_bytes`):
+/// physical ranges, so that a pass cannot saturate a duration or a size into a wrong answer.
+pub const MAX_FACTOR: f64 = 1e4;
+pub const MIN_SYNC_FACTOR: f64 = 1e-6;
+/// Longest duration a pass may set or insert, µs (one hour).
+pub const MAX_OP_US: f64 = 3.6e9;
+/// Bandwidths a pass may give (`gbps`, `offload.gbps`), GB/s.
+pub const MIN_GBPS: f64 = 1e-3;
+pub const MAX_GBPS: f64 = 1e6;
+
+fn bounded(field: &'static str, max: f64) -> Range {
+    Range {
+        max,
+        ..range(field)
+    }
+}
+
+fn bandwidth(field: &'static str) -> Range {
+    Range {
+        min: MIN_GBPS,
+        max: MAX_GBPS,
+        ..range(field)
+    }
+}
+
 fn check_rule(
     r: &CheckedRule,
     file: &str,
@@ -721,27 +757,21 @@ fn check_rule(
     check_select(&r.select, file, declared)?;
     let c = |a: &Spanned<Arg>, rg: Range| check_arg(a, &rg, file, declared);
     match &r.action {
-        Action::Scale(a) => c(a, range("scale")),
-        Action::SetDuration(a) => c(a, range("set_duration_us")),
+        Action::Scale(a) => c(a, bounded("scale", MAX_FACTOR)),
+        Action::SetDuration(a) => c(a, bounded("set_duration_us", MAX_OP_US)),
         Action::Remove => Ok(()),
         Action::Insert(s) => {
-            for (a, f) in [
-                (&s.duration_us, "duration_us"),
-                (&s.memory_passes, "memory_passes"),
-                (&s.launch_us, "launch_us"),
+            for (a, f, max) in [
+                (&s.duration_us, "duration_us", MAX_OP_US),
+                (&s.memory_passes, "memory_passes", 1e3),
+                (&s.launch_us, "launch_us", 1e6),
             ] {
                 if let Some(a) = a {
-                    c(a, range(f))?;
+                    c(a, bounded(f, max))?;
                 }
             }
             if let Some(a) = &s.gbps {
-                c(
-                    a,
-                    Range {
-                        open_min: true,
-                        ..range("gbps")
-                    },
-                )?;
+                c(a, bandwidth("gbps"))?;
             }
             if let Some(a) = &s.kernels {
                 c(
@@ -759,7 +789,7 @@ fn check_rule(
             a,
             Range {
                 words: &["sum", "sum_minus_launch", "max"],
-                ..range("merge.duration")
+                ..bounded("merge.duration", MAX_OP_US)
             },
         ),
         Action::AddEdge(s) => check_select(s, file, declared),
@@ -776,9 +806,9 @@ fn check_rule(
         Action::SyncBytes(a) => c(
             a,
             Range {
-                open_min: true,
+                min: MIN_SYNC_FACTOR,
                 words: &["hierarchical"],
-                ..range("sync_bytes")
+                ..bounded("sync_bytes", MAX_FACTOR)
             },
         ),
         Action::Partition(p) => {
@@ -798,13 +828,16 @@ fn check_rule(
                     a,
                     Range {
                         min: 1.0,
-                        ..range("partition.slice_bytes")
+                        ..bounded(
+                            "partition.slice_bytes",
+                            crate::graph::bounds::MAX_TENSOR_BYTES as f64,
+                        )
                     },
                 )?;
             }
             Ok(())
         }
-        Action::Memory(a) => c(a, range("memory")),
+        Action::Memory(a) => c(a, bounded("memory", MAX_FACTOR)),
         Action::Offload(o) => {
             if o.device == InsertDevice::Cpu {
                 return Err(at(
@@ -813,13 +846,7 @@ fn check_rule(
                     "field offload.device: must be copy or gpu",
                 ));
             }
-            c(
-                &o.gbps,
-                Range {
-                    open_min: true,
-                    ..range("offload.gbps")
-                },
-            )
+            c(&o.gbps, bandwidth("offload.gbps"))
         }
     }
 }
@@ -1737,6 +1764,7 @@ mod tests {
             math: Default::default(),
             framework: Default::default(),
             exec: Default::default(),
+            host: Default::default(),
             meta: JobMeta::default(),
         }
     }
@@ -2088,12 +2116,12 @@ mod tests {
         let saved = a.iteration_ns() - b.iteration_ns();
         let launches = (160.0 * a.job.gpu.launch_overhead_us * 1e3) as u64;
         assert!(saved > 0 && saved <= launches, "{saved} vs {launches}");
-        // BERT on one H200 node: the fused kernel waits for the last all-reduce, so the updates
-        // no longer overlap the communication tail; it is slower by a little.
+        // BERT on one H200 node: every update already waits for the last all-reduce
+        // (`optimizer.step()` after the backward), so fusing them only saves launches.
         let (a, b) = shipped("fused-adam", zoo("bert-base", 2, "8xh200", true), &[]);
         assert_eq!(ups(&b), 1);
         let r = b.iteration_ns() as f64 / a.iteration_ns() as f64;
-        assert!((1.0..1.1).contains(&r), "{r}");
+        assert!((0.8..=1.0).contains(&r), "{r}");
     }
 
     #[test]
@@ -2174,7 +2202,15 @@ mod tests {
         assert!(b.iteration_ns() < a.iteration_ns() * 8 / 10);
         // One compression and one decompression kernel per tensor.
         let n = a.job.syncs.len();
-        assert_eq!(b.job.local.ops.len(), a.job.local.ops.len() + 2 * n);
+        let gpu_ops = |e: &Evaluated| {
+            e.job
+                .local
+                .ops
+                .iter()
+                .filter(|o| o.spec.kind == OpKind::Compute)
+                .count()
+        };
+        assert_eq!(gpu_ops(&b), gpu_ops(&a) + 2 * n);
     }
 
     #[test]

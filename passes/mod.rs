@@ -263,8 +263,18 @@ impl Evaluated {
 
 /// Expand, replay and analyse a job.
 pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
+    crate::graph::bounds::check(&job).map_err(JobError::Invalid)?;
+    // A large evaluation is checked against the memory ceiling first: the search skips a
+    // candidate that would not fit, a command says what it would need (exit 3).
+    let ops = crate::graph::bounds::expanded_ops(&job);
+    let need = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
+    if need >= 64 << 20 {
+        crate::limits::check(|| format!("evaluating a graph of {ops} ops"), need)
+            .map_err(|e| JobError::Invalid(e.to_string()))?;
+    }
     let graph = job.expand()?;
     let replay = replay::replay(&graph);
+    crate::graph::bounds::check_replayed(replay.iteration_ns).map_err(JobError::Invalid)?;
     let critical = replay::critical_path(&graph, &replay);
     let memory = replay::peak_memory(&graph, &replay);
     let per = job.local.ops.len() as u32;
@@ -444,7 +454,11 @@ pub fn apply(job: &Job, patch: &Patch) -> Result<Job, PassError> {
     for e in &patch.edits {
         apply_edit(&mut ed, e).map_err(wrap)?;
     }
-    ed.finish().map_err(wrap)
+    let out = ed.finish().map_err(wrap)?;
+    // Refuse, don't saturate: a factor that pushes a duration, a size or memory out of its
+    // physical range is an error naming the pass.
+    crate::graph::bounds::check(&out).map_err(|m| wrap(JobError::Invalid(m)))?;
+    Ok(out)
 }
 
 /// Apply several patches as one edit (ids of every patch refer to `job` before any of them).

@@ -835,6 +835,7 @@ pub(crate) mod tests {
             math: Default::default(),
             framework: Default::default(),
             exec: Default::default(),
+            host: Default::default(),
             meta: JobMeta::default(),
         }
     }

@@ -276,7 +276,10 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
         let mut after: Vec<OpId> = seg_bw
             .iter()
             .flat_map(|&b| preds[b as usize].iter().copied())
-            .filter(|p| !seg_bw.contains(p) && job.local.ops[*p as usize].spec.phase != Phase::Fw)
+            .filter(|p| {
+                let s = &job.local.ops[*p as usize].spec;
+                !seg_bw.contains(p) && s.phase != Phase::Fw && s.kind != OpKind::Launch
+            })
             .collect();
         after.sort_unstable();
         after.dedup();
@@ -317,14 +320,18 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
                 None => after_r.extend(&seg_out.after),
             }
             let before = seg_out.bw_of.get(&f).cloned().unwrap_or_default();
+            // The re-run is dispatched again by the host (checkpointing re-runs the forward
+            // code), at the cost the original forward op's launch had. The editor appends the
+            // op, then its launch: both take an id.
+            let launch_ns = job.launch_ns_of(f);
             let id = next_id;
-            next_id += 1;
+            next_id += if launch_ns.is_some() { 2 } else { 1 };
             seg_out.edits.push(Edit::Insert {
                 spec,
                 work: op.work,
                 after: after_r,
                 before,
-                launch_ns: None,
+                launch_ns,
             });
             // The original FW: its saved activations live only while it runs.
             let (alloc, mut rest): (Vec<MemEffect>, Vec<MemEffect>) = job
@@ -515,6 +522,7 @@ pub(crate) mod tests {
             math: Default::default(),
             framework: Default::default(),
             exec: Default::default(),
+            host: Default::default(),
             meta: JobMeta::default(),
         }
     }

@@ -7,6 +7,8 @@ pub mod calibrate;
 pub mod cli;
 pub mod cost;
 pub mod graph;
+pub mod input;
+pub mod limits;
 pub mod lowerbound;
 pub mod onnx;
 #[path = "../passes/mod.rs"]

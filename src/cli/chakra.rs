@@ -33,6 +33,8 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
         .trim_end_matches(".chakra")
         .to_string();
     let built = chakra::build_job(&trace, &file).map_err(CliError::bad_input)?;
+    crate::graph::bounds::check(&built.job)
+        .map_err(|m| CliError::bad_input(format!("{file}: {m}")))?;
     for w in &built.warnings {
         tracing::warn!(file = %file, "{w}");
     }
@@ -44,18 +46,20 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
     let t = Instant::now();
     let r = replay::replay(&g);
     let replay_wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    crate::graph::bounds::check_replayed(r.iteration_ns)
+        .map_err(|m| CliError::bad_input(format!("{file}: {m}")))?;
     let cp = critical_path(&g, &r);
     let bd = breakdown::breakdown(&g, &r, 0);
     let items = breakdown::critical_path_items(&g, &cp);
     let dep = dependency_bound_ns(&g);
     if let Some(p) = &a.timeline {
         write_atomic(p, |w| replay::timeline::write_chrome_trace(&g, &r, w)).map_err(|e| {
-            CliError::bad_input(format!("failed to write timeline {}: {e}", p.display()))
+            CliError::output(format!("failed to write timeline {}: {e}", p.display()))
         })?;
     }
     let measured = built.measured_ns;
     let err = measured.map(|m| 100.0 * (r.iteration_ns as f64 / m.max(1) as f64 - 1.0));
-    let mut o = std::io::stdout().lock();
+    let mut o = super::output::stdout();
     if a.json {
         let top = super::replay::top_items_json(&items);
         let v = json!({

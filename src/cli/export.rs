@@ -1,6 +1,7 @@
 //! `trainplan export PLAN.yaml --to FRAMEWORK [-o DIR]`: read a plan, run the framework's
-//! emitter ([`crate::plan::emit`]), write its files atomically into DIR (default
-//! `trainplan-<framework>/` next to the plan, created if needed), print the files and the notes
+//! emitter ([`crate::plan::emit`]), write its files into DIR as one
+//! ([`super::atomic::write_dir_atomic`]: a fresh folder renamed as a whole; default
+//! `trainplan-<framework>/` next to the plan), print the files and the notes
 //! (or one JSON object). An unknown `--to` is a usage error (exit 2, clap lists the known
 //! names); an unreadable, malformed or other-version plan is bad input (exit 3, naming the file
 //! and line).
@@ -10,14 +11,15 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use super::{CliError, ExportArgs, write_atomic};
+use super::atomic::write_dir_atomic;
+use super::{CliError, ExportArgs};
 use crate::plan::Plan;
 use crate::plan::emit;
 
 /// `trainplan export`.
 pub fn export_cmd(a: &ExportArgs) -> Result<(), CliError> {
     let shown = a.plan.display().to_string();
-    let text = std::fs::read_to_string(&a.plan)
+    let text = crate::input::read_to_string(&a.plan, crate::input::InputKind::Plan)
         .map_err(|e| CliError::bad_input(format!("failed to read the plan {shown}: {e}")))?;
     let plan = Plan::from_yaml(&text, &shown).map_err(CliError::bad_input)?;
     let out = emit::emit(&plan, a.to).map_err(|e| CliError::bad_input(format!("{shown}: {e}")))?;
@@ -30,16 +32,21 @@ pub fn export_cmd(a: &ExportArgs) -> Result<(), CliError> {
             .unwrap_or_default()
             .join(format!("trainplan-{}", a.to.name())),
     };
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CliError::bad_input(format!("failed to create {}: {e}", dir.display())))?;
-    let mut written = Vec::new();
-    for (name, content) in &out.files {
-        let path = dir.join(name);
-        write_atomic(&path, |w| w.write_all(content.as_bytes()))
-            .map_err(|e| CliError::bad_input(format!("failed to write {}: {e}", path.display())))?;
-        written.push(path.display().to_string());
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| CliError::output(format!("failed to create {}: {e}", parent.display())))?;
     }
-    let mut o = std::io::stdout().lock();
+    let files: Vec<(String, Vec<u8>)> = out
+        .files
+        .iter()
+        .map(|(n, c)| (n.clone(), c.clone().into_bytes()))
+        .collect();
+    let written: Vec<String> = write_dir_atomic(&dir, &files)
+        .map_err(|e| CliError::output(format!("failed to write {}: {e}", dir.display())))?
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let mut o = super::output::stdout();
     if a.json {
         let v = json!({
             "framework": a.to.name(),

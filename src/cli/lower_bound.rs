@@ -45,7 +45,7 @@ pub struct LowerBoundArgs {
     pub gpu: String,
     /// Batch size: dim 0 of every graph input (needed when the model's batch dim is symbolic;
     /// overrides a fixed one).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, value_name = "N")]
     pub batch: Option<i64>,
     /// Size of another symbolic input dim, NAME=N (repeatable), e.g. --dim sequence=128.
     #[arg(long = "dim", value_name = "NAME=N")]
@@ -89,9 +89,14 @@ fn parse_dims(list: &[String]) -> Result<BTreeMap<String, i64>, CliError> {
         let v: i64 = v
             .trim()
             .parse()
-            .ok()
-            .filter(|&v| v >= 1)
-            .ok_or_else(|| CliError::usage(format!("--dim {d}: N must be an integer ≥ 1")))?;
+            .map_err(|_| CliError::usage(format!("--dim {d}: N must be an integer")))?;
+        // Like --batch: a value that parses but makes an impossible model is bad input.
+        if v < 1 {
+            return Err(CliError::bad_input(format!(
+                "--dim {d}: must be between 1 and {}, got {v}",
+                i64::MAX
+            )));
+        }
         m.insert(k.trim().to_string(), v);
     }
     Ok(m)
@@ -127,6 +132,12 @@ pub fn lower_bound_cmd(a: &LowerBoundArgs) -> Result<(), CliError> {
             "--measured-ms must be a positive number of milliseconds, got {m}"
         )));
     }
+    // The same code and message as the zoo's `--batch 0` (bad input: an impossible model).
+    if let Some(b) = a.batch.filter(|&b| b < 1) {
+        return Err(CliError::bad_input(format!(
+            "batch must be at least 1, got {b}"
+        )));
+    }
     let opts = InferOptions {
         batch: a.batch,
         dims: parse_dims(&a.dim)?,
@@ -151,7 +162,7 @@ pub fn lower_bound_cmd(a: &LowerBoundArgs) -> Result<(), CliError> {
     if let Some(p) = &a.db {
         let text = db.to_json();
         write_atomic(p, |w| w.write_all(text.as_bytes()))
-            .map_err(|e| CliError::bad_input(format!("{}: failed to write: {e}", p.display())))?;
+            .map_err(|e| CliError::output(format!("{}: failed to write: {e}", p.display())))?;
     }
     let measurement = match (&a.trace, a.measured_ms) {
         (Some(path), _) => {
@@ -174,7 +185,7 @@ pub fn lower_bound_cmd(a: &LowerBoundArgs) -> Result<(), CliError> {
         (None, None) => None,
     };
     let answers = report::answers(&analysis, measurement.as_ref());
-    let mut o = std::io::stdout().lock();
+    let mut o = super::output::stdout();
     if a.json {
         let v = to_json(a, &analysis, measurement.as_ref(), &answers, &db, &graph);
         writeln!(o, "{v}").map_err(CliError::stdout)?;

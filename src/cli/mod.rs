@@ -1,16 +1,22 @@
 //! The command-line interface: flag definitions (their doc comments are the `--help` text),
 //! dispatch, and the mapping from errors to the documented exit codes.
 //!
-//! Exit codes: 0 success; 1 internal error (a bug); 2 usage error; 3 bad input (unknown name,
-//! malformed config, impossible size; the message names the file and where); 4 infeasible;
-//! 130 interrupted. A closed stdout (`trainplan … | head`) exits 0.
+//! Exit codes: 0 success; 1 internal error (a bug); 2 usage error (the command line: an unknown
+//! flag, a missing or conflicting argument, a flag value that is not of its type or outside its
+//! range: `--budget`, `--memory-budget`, `--max-memory`, `--to`); 3 bad input (what is to be
+//! modelled: an unknown model, cluster, GPU or pass, an impossible model option such as
+//! `--batch 0`, any file that cannot be read or is malformed, the memory ceiling; the message
+//! names the file and where); 4 infeasible; 5 output error (a file or stdout could not be
+//! written); 130 interrupted. A closed stdout (`trainplan … | head`) exits 0. Each kind of
+//! mistake has one code in every command.
 
+pub mod atomic;
 mod calibrate;
 mod chakra;
 mod export;
 mod lower_bound;
-mod output;
-mod plan;
+pub(crate) mod output;
+pub(crate) mod plan;
 mod ranks;
 mod replay;
 mod traceinfo;
@@ -21,7 +27,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use output::write_atomic;
+pub use atomic::write_atomic;
 
 /// Exit codes of the binary.
 pub mod exit {
@@ -30,6 +36,9 @@ pub mod exit {
     pub const USAGE: u8 = 2;
     pub const BAD_INPUT: u8 = 3;
     pub const INFEASIBLE: u8 = 4;
+    /// Output could not be written: a file (plan, timeline, export, database, profile) or
+    /// stdout (other than a closed pipe, which is a normal end: exit 0).
+    pub const OUTPUT: u8 = 5;
     pub const INTERRUPTED: u8 = 130;
 }
 
@@ -53,6 +62,13 @@ impl CliError {
             message: e.to_string(),
         }
     }
+    /// A file trainplan writes could not be written.
+    pub fn output(e: impl std::fmt::Display) -> Self {
+        CliError {
+            code: exit::OUTPUT,
+            message: e.to_string(),
+        }
+    }
     pub fn internal(e: impl std::fmt::Display) -> Self {
         CliError {
             code: exit::INTERNAL,
@@ -68,7 +84,7 @@ impl CliError {
             }
         } else {
             CliError {
-                code: exit::INTERNAL,
+                code: exit::OUTPUT,
                 message: format!("failed to write to stdout: {e}"),
             }
         }
@@ -82,6 +98,11 @@ impl CliError {
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Memory ceiling for trainplan itself (16GiB, 8GB, 512MiB, bytes): an input or a job that
+    /// would need more stops with exit 3 and the amount it would need. Default: 75 % of the
+    /// machine's RAM (or of its cgroup limit when lower).
+    #[arg(long, global = true, value_name = "SIZE")]
+    pub max_memory: Option<String>,
 }
 
 const EXAMPLES: &str = "\
@@ -356,11 +377,12 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging();
+    atomic::install_interrupt_handler();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if !e.message.is_empty() {
-                let _ = writeln!(std::io::stderr(), "error: {}", e.message);
+                let _ = writeln!(std::io::stderr(), "error: {}", output::message(&e.message));
             }
             ExitCode::from(e.code)
         }
@@ -370,16 +392,24 @@ pub fn main() -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    use std::io::IsTerminal;
+    // No colours: log lines hold names from traces and configs, and every control character is
+    // escaped on the way to the terminal (`output::Clean`), ours included. Lines are capped.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_writer(|| output::Clean::with_line_cap(std::io::stderr(), 2000))
         .try_init();
 }
 
 /// Run a parsed command.
 pub fn run(cli: Cli) -> Result<(), CliError> {
+    let ceiling = match &cli.max_memory {
+        Some(s) => {
+            Some(plan::parse_bytes(s).map_err(|e| CliError::usage(format!("--max-memory: {e}")))?)
+        }
+        None => crate::limits::default_ceiling(),
+    };
+    crate::limits::set_ceiling(ceiling);
     match cli.command {
         Command::Models(a) => replay::models(&a),
         Command::Clusters(a) => replay::clusters(&a),

@@ -48,7 +48,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     let bytes = v * mult;
     if !(bytes.is_finite() && (1.0..1e18).contains(&bytes)) {
-        return Err(format!("`{s}` is not a sensible memory budget"));
+        return Err(format!(
+            "`{s}` is not a sensible size (1 byte to 10^18 bytes)"
+        ));
     }
     Ok(bytes as u64)
 }
@@ -85,7 +87,48 @@ pub fn parse_budget(s: &str) -> Result<Duration, String> {
     if d.is_zero() {
         return Err("the budget must be more than 0 s".into());
     }
+    if d > MAX_BUDGET {
+        return Err(format!(
+            "`{s}` is more than the longest budget, {} days",
+            MAX_BUDGET.as_secs() / 86_400
+        ));
+    }
     Ok(d)
+}
+
+/// Longest `--budget`: 30 days (the search converges in seconds to minutes; a longer budget is
+/// a typo, and `500000000000years` once passed).
+pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 86_400);
+
+/// The threads candidates are evaluated on, within the memory ceiling: one evaluation of `job`
+/// in the form the search uses (symmetric when allowed) needs
+/// [`crate::graph::bounds::expanded_ops`] × [`crate::limits::EVAL_BYTES_PER_OP`] bytes. A
+/// large job ([`search::LEAN_OPS`] ops and more), or one whose parallel evaluations would not
+/// fit, is evaluated one candidate at a time — so `plan` needs about what `replay` needs; one
+/// that does not fit even alone is refused with what it would need (exit 3).
+fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::ThreadPool, CliError> {
+    let mut form = job.clone();
+    if symmetry && form.comm.scheme == crate::cost::config::SyncScheme::Ring && form.workers > 1 {
+        form.symmetric = true;
+    }
+    let ops = crate::graph::bounds::expanded_ops(&form);
+    let one = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
+    let threads = rayon::current_num_threads().max(1) as u64;
+    crate::limits::check(|| format!("evaluating the job's {ops} ops"), one)
+        .map_err(CliError::bad_input)?;
+    let lean = ops >= search::LEAN_OPS as u64
+        || one.saturating_mul(threads + 1) > crate::limits::available();
+    if lean {
+        tracing::info!(
+            ops,
+            gb = one as f64 / 1e9,
+            "large job: candidates evaluated one at a time"
+        );
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(if lean { 1 } else { 0 })
+        .build()
+        .map_err(CliError::internal)
 }
 
 /// `trainplan plan`.
@@ -167,7 +210,8 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         },
         ..SearchOptions::default()
     };
-    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+    // Ctrl-C stops the search, which then writes its best plan (a second Ctrl-C exits at once).
+    super::atomic::interrupt_flag(&INTERRUPTED);
     let show = !a.json && std::io::stderr().is_terminal();
     let bar = if show {
         let b = indicatif::ProgressBar::new(budget.as_millis() as u64);
@@ -195,6 +239,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         Some((per_tensor, _)) => per_tensor.clone(),
         None => input.job.clone(),
     };
+    let pool = eval_pool(&job, opts.speedups.symmetry)?;
     // Baselines stop early on Ctrl-C: the plan so far is then the unoptimised job.
     let eval_or_stop = |j: crate::graph::job::Job| -> Result<_, crate::graph::job::JobError> {
         if INTERRUPTED.load(Ordering::Relaxed) {
@@ -203,11 +248,13 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         eval(j)
     };
     let recorded = job.is_recorded();
-    let made = if recorded {
-        search::baselines::recorded(&job, &eval_or_stop)
-    } else {
-        search::baselines::baselines(&job, &eval_or_stop)
-    };
+    let made = pool.install(|| {
+        if recorded {
+            search::baselines::recorded(&job, &eval_or_stop)
+        } else {
+            search::baselines::baselines(&job, &eval_or_stop)
+        }
+    });
     let baselines = match made {
         Ok(b) => b,
         Err(_) if INTERRUPTED.load(Ordering::Relaxed) => Vec::new(),
@@ -246,7 +293,9 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             ));
         }
     };
-    let outcome = match search::search(job.clone(), start, &opts, &all, &INTERRUPTED, &progress) {
+    let outcome = match pool
+        .install(|| search::search(job.clone(), start, &opts, &all, &INTERRUPTED, &progress))
+    {
         Ok(o) => o,
         Err(e @ SearchError::Infeasible { .. }) => {
             if let Some(b) = &bar {
@@ -372,7 +421,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         },
     };
     write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
-        CliError::bad_input(format!(
+        CliError::output(format!(
             "failed to write the plan to {}: {e}",
             a.output.display()
         ))
@@ -458,7 +507,7 @@ fn report(
     outcome: &search::Outcome,
     extra: &TraceExtra,
 ) -> Result<(), CliError> {
-    let mut o = std::io::stdout().lock();
+    let mut o = super::output::stdout();
     let mem = |v: u64| extra.memory.then_some(v);
     if a.json {
         let v = json!({
@@ -630,5 +679,8 @@ mod tests {
         assert!(parse_budget("soon").is_err());
         assert!(parse_budget("0s").is_err());
         assert!(parse_budget("-5s").is_err());
+        assert_eq!(parse_budget("30days").unwrap(), MAX_BUDGET);
+        assert!(parse_budget("500000000000years").is_err());
+        assert!(parse_budget("1e300").is_err());
     }
 }

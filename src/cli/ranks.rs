@@ -33,10 +33,49 @@ pub struct Loaded {
 /// (the same step on all), their collectives matched, their clocks aligned (unless
 /// `--no-align`).
 pub fn load_ranks(input: &InputArgs, files: &[PathBuf]) -> Result<Loaded, CliError> {
+    if files.len() > crate::limits::MAX_WORKERS as usize {
+        return Err(CliError::bad_input(format!(
+            "{} trace files given; at most {} ranks are supported (README, Limits)",
+            files.len(),
+            crate::limits::MAX_WORKERS
+        )));
+    }
     let mut traces: Vec<(String, KinetoTrace)> = Vec::with_capacity(files.len());
+    // Ranks and world size are checked as each file is read, so a folder of copies of one rank
+    // stops at the second file, not after loading them all.
+    let mut seen: std::collections::BTreeMap<i64, String> = Default::default();
+    let mut world: Option<(i64, String)> = None;
     for p in files {
         let tr = read_kineto(p).map_err(CliError::bad_input)?;
         let name = p.display().to_string();
+        if let Some(d) = &tr.distributed {
+            if let Some(r) = d.rank {
+                if let Some(first) = seen.insert(r, name.clone()) {
+                    return Err(CliError::bad_input(format!(
+                        "{first} and {name} are both rank {r} (distributedInfo.rank): give each rank's trace once"
+                    )));
+                }
+            }
+            if let Some(w) = d.world_size {
+                match &world {
+                    Some((w0, f0)) if *w0 != w => {
+                        return Err(CliError::bad_input(format!(
+                            "{f0} is from a job of world size {w0} but {name} is from one of world size {w}: \
+                             these traces are not from the same run"
+                        )));
+                    }
+                    None => world = Some((w, name.clone())),
+                    _ => {}
+                }
+            }
+        }
+        if let Some((w, _)) = &world
+            && traces.len() as i64 >= (*w).max(1)
+        {
+            return Err(CliError::bad_input(format!(
+                "more trace files than the job's world size of {w} ({name} is one too many)"
+            )));
+        }
         for w in &tr.warnings {
             tracing::warn!(file = %name, "{w}");
         }
@@ -124,7 +163,7 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
             timeline::write_chrome_trace(&g.graph, &rr.replay, w)
         })
         .map_err(|e| {
-            CliError::bad_input(format!("failed to write timeline {}: {e}", path.display()))
+            CliError::output(format!("failed to write timeline {}: {e}", path.display()))
         })?;
     }
     let measured: Vec<u64> = ranks.iter().map(|r| r.measured_ns()).collect();

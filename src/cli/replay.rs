@@ -13,8 +13,8 @@ use crate::graph::job::Job;
 use crate::replay::{self, breakdown, critical_path, dependency_bound_ns, peak_memory};
 use crate::zoo::{self, ModelOptions};
 
-pub(super) fn out() -> std::io::StdoutLock<'static> {
-    std::io::stdout().lock()
+pub(super) fn out() -> super::output::Clean<std::io::StdoutLock<'static>> {
+    super::output::stdout()
 }
 
 /// `trainplan models`.
@@ -206,6 +206,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
         });
     }
     let mut job = built.job;
+    crate::graph::bounds::check(&job).map_err(|m| CliError::bad_input(format!("{file}: {m}")))?;
     job.meta.model = trace_stem(path);
     job.framework = i.framework;
     job.math = i.framework.default_math(&job.gpu);
@@ -303,6 +304,7 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         i.precision,
         i.sync == super::SyncArg::PerTensor,
         i.symmetric,
+        None,
     )
     .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
     tracing::info!(framework = %i.framework, sync = %sync_cfg, "the framework's default sync");
@@ -361,6 +363,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let t = Instant::now();
     let r = replay::replay(g);
     let replay_wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    crate::graph::bounds::check_replayed(r.iteration_ns).map_err(CliError::bad_input)?;
     let cp = critical_path(g, &r);
     let dep = dependency_bound_ns(g);
     let mem = peak_memory(g, &r);
@@ -368,7 +371,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let items = breakdown::critical_path_items(g, &cp);
     if let Some(path) = &a.timeline {
         write_atomic(path, |w| replay::timeline::write_chrome_trace(g, &r, w)).map_err(|e| {
-            CliError::bad_input(format!("failed to write timeline {}: {e}", path.display()))
+            CliError::output(format!("failed to write timeline {}: {e}", path.display()))
         })?;
     }
     let workers = g.represented_workers();

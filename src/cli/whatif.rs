@@ -13,8 +13,8 @@ use super::{CliError, ListArgs, WhatifArgs};
 use crate::passes::{self, Evaluated, KnobKind, Pass, PassError};
 use crate::replay::breakdown::critical_path_items;
 
-fn out() -> std::io::StdoutLock<'static> {
-    std::io::stdout().lock()
+fn out() -> super::output::Clean<std::io::StdoutLock<'static>> {
+    super::output::stdout()
 }
 
 fn pass_error(e: PassError) -> CliError {

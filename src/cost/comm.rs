@@ -292,10 +292,13 @@ pub fn parse_nccl_tests_lut(text: &str) -> Result<Vec<AllReduceSample>, Calibrat
 /// Reads and parses an nccl-tests all-reduce table from `path` (see [`parse_nccl_tests_lut`]).
 /// Every error names the file.
 pub fn read_nccl_tests_lut(path: &Path) -> Result<Vec<AllReduceSample>, CalibrationError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CalibrationError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text =
+        crate::input::read_to_string(path, crate::input::InputKind::NcclTests).map_err(|e| {
+            CalibrationError::Io {
+                path: path.to_path_buf(),
+                source: e.into(),
+            }
+        })?;
     parse_nccl_tests_lut(&text).map_err(|e| CalibrationError::InFile {
         path: path.to_path_buf(),
         source: Box::new(e),

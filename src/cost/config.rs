@@ -291,6 +291,14 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../configs/gpus/v100-32gb.yaml"),
     ),
     (
+        "gpus/v100-16gb.yaml",
+        include_str!("../../configs/gpus/v100-16gb.yaml"),
+    ),
+    (
+        "gpus/a100-40gb.yaml",
+        include_str!("../../configs/gpus/a100-40gb.yaml"),
+    ),
+    (
         "gpus/a100-80gb.yaml",
         include_str!("../../configs/gpus/a100-80gb.yaml"),
     ),
@@ -406,11 +414,52 @@ fn one_line_message(rendered: &str) -> String {
         _ => first,
     };
     // The parser's advice to programmers is not for users.
-    message
-        .split(", set DuplicateKeyPolicy")
-        .next()
-        .unwrap_or(message)
-        .to_string()
+    redact_quoted(
+        message
+            .split(", set DuplicateKeyPolicy")
+            .next()
+            .unwrap_or(message),
+    )
+}
+
+/// The parser quotes what it found (`unknown field `x``, `invalid type: string "x"`). When the file
+/// is not the expected format at all (`gpu: /etc/shadow`), that is the file's content: a quoted
+/// piece is kept only when it looks like a field name or a value of a config (≤ 40 characters of
+/// `[A-Za-z0-9_.+-]`), else it becomes `…`. So a typo in a real config is still named
+/// (`unknown field `memory_gbs``) and a secret never is.
+pub fn redact_quoted(message: &str) -> String {
+    let plain = |t: &str| {
+        t.chars().count() <= 40
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c))
+    };
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find(['`', '"']) {
+        let open = rest.as_bytes()[i] as char;
+        out.push_str(&rest[..=i]);
+        let after = &rest[i + 1..];
+        // A backquote is closed by a backquote or a straight quote (`x'), a double quote by one.
+        let close = if open == '`' {
+            &['`', '\''][..]
+        } else {
+            &['"'][..]
+        };
+        match after.find(close) {
+            Some(j) => {
+                let inner = &after[..j];
+                out.push_str(if plain(inner) { inner } else { "…" });
+                out.push(after[j..].chars().next().unwrap_or(open));
+                rest = &after[j + 1..];
+            }
+            None => {
+                out.push('…');
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// 1-based line and column of the first `key:` in `text`, for validation errors.
@@ -435,36 +484,57 @@ fn invalid(text: &str, file: &str, field: &str, message: String) -> ConfigError 
     }
 }
 
-fn check_pos(text: &str, file: &str, field: &str, v: f64, max: f64) -> Result<(), ConfigError> {
-    if !(v.is_finite() && v > 0.0 && v <= max) {
+/// `value` of `field` must be a finite number in `[min, max]`: the one range check of config
+/// fields (file, line and field named on error). Ranges are physical: a rate of 1e-320 or a
+/// line rate of 1e-20 Gb/s would make every modelled time infinite, which the integer clock
+/// cannot hold.
+pub fn check_range(
+    text: &str,
+    file: &str,
+    field: &str,
+    value: f64,
+    min: f64,
+    max: f64,
+) -> Result<(), ConfigError> {
+    if !(value.is_finite() && value >= min && value <= max) {
         return Err(invalid(
             text,
             file,
             field,
-            format!("must be > 0 and ≤ {max}, got {v}"),
+            format!(
+                "must be between {} and {}, got {}",
+                crate::limits::show(min),
+                crate::limits::show(max),
+                crate::limits::show(value)
+            ),
         ));
     }
     Ok(())
 }
 
+/// Smallest rate a config may give (TFLOP/s, GB/s, Gb/s) and smallest memory (GiB): 10⁻³.
+pub const MIN_RATE: f64 = 1e-3;
+
 /// Parse and validate a GPU file.
 pub fn parse_gpu(text: &str, file: &str) -> Result<GpuSpec, ConfigError> {
     let g: GpuSpec = parse_yaml(text, file)?;
     for (d, v) in g.matrix_tflops.iter() {
-        check_pos(
+        check_range(
             text,
             file,
             &format!("matrix_tflops.{}", dtype_key(*d)),
             *v,
+            MIN_RATE,
             1e5,
         )?;
     }
     for (d, v) in g.vector_tflops.iter() {
-        check_pos(
+        check_range(
             text,
             file,
             &format!("vector_tflops.{}", dtype_key(*d)),
             *v,
+            MIN_RATE,
             1e5,
         )?;
     }
@@ -476,16 +546,16 @@ pub fn parse_gpu(text: &str, file: &str) -> Result<GpuSpec, ConfigError> {
             "must give an fp32 peak".into(),
         ));
     }
-    check_pos(text, file, "memory_gbps", g.memory_gbps, 1e6)?;
-    check_pos(text, file, "memory_gib", g.memory_gib, 1e5)?;
-    if !(g.launch_overhead_us.is_finite() && (0.0..=1e4).contains(&g.launch_overhead_us)) {
-        return Err(invalid(
-            text,
-            file,
-            "launch_overhead_us",
-            format!("must be between 0 and 10000, got {}", g.launch_overhead_us),
-        ));
-    }
+    check_range(text, file, "memory_gbps", g.memory_gbps, MIN_RATE, 1e6)?;
+    check_range(text, file, "memory_gib", g.memory_gib, MIN_RATE, 1e5)?;
+    check_range(
+        text,
+        file,
+        "launch_overhead_us",
+        g.launch_overhead_us,
+        0.0,
+        1e4,
+    )?;
     if g.sms == 0 || g.sms > 4096 {
         return Err(invalid(
             text,
@@ -494,7 +564,7 @@ pub fn parse_gpu(text: &str, file: &str) -> Result<GpuSpec, ConfigError> {
             format!("must be between 1 and 4096, got {}", g.sms),
         ));
     }
-    check_pos(text, file, "boost_clock_mhz", g.boost_clock_mhz, 1e5)?;
+    check_range(text, file, "boost_clock_mhz", g.boost_clock_mhz, 1.0, 1e5)?;
     let mut g = g;
     g.kernels = load_arch(&g.arch, file).map_err(|e| {
         let (line, column) = locate_key(text, "arch");
@@ -550,7 +620,7 @@ pub fn parse_arch(text: &str, file: &str) -> Result<ArchSpec, ConfigError> {
         ("memory_efficiency", a.memory_efficiency),
         ("vector_efficiency", a.vector_efficiency),
     ] {
-        check_pos(text, file, field, v, 1.0)?;
+        check_range(text, file, field, v, MIN_RATE, 1.0)?;
     }
     for (field, v) in [
         ("reduction_half", a.reduction_half),
@@ -582,16 +652,16 @@ fn dtype_key(d: Dtype) -> &'static str {
 /// Parse and validate a network file.
 pub fn parse_network(text: &str, file: &str) -> Result<NetworkSpec, ConfigError> {
     let n: NetworkSpec = parse_yaml(text, file)?;
-    check_pos(text, file, "line_rate_gbit_s", n.line_rate_gbit_s, 1e6)?;
-    check_pos(text, file, "efficiency", n.efficiency, 1.0)?;
-    if !(n.alpha_us.is_finite() && (0.0..=1e6).contains(&n.alpha_us)) {
-        return Err(invalid(
-            text,
-            file,
-            "alpha_us",
-            format!("must be between 0 and 1e6, got {}", n.alpha_us),
-        ));
-    }
+    check_range(
+        text,
+        file,
+        "line_rate_gbit_s",
+        n.line_rate_gbit_s,
+        MIN_RATE,
+        1e6,
+    )?;
+    check_range(text, file, "efficiency", n.efficiency, MIN_RATE, 1.0)?;
+    check_range(text, file, "alpha_us", n.alpha_us, 0.0, 1e6)?;
     Ok(n)
 }
 
@@ -615,11 +685,15 @@ fn load_ref<T>(
         Some(b) => b.join(name),
         None => PathBuf::from(name),
     };
-    if name.ends_with(".yaml") || name.ends_with(".yml") || candidate.is_file() {
-        let text = std::fs::read_to_string(&candidate).map_err(|e| ConfigError::File {
-            file: candidate.display().to_string(),
-            message: format!("failed to read: {e}"),
-        })?;
+    // A path (not a built-in name): opened through the guard, which refuses what is not a
+    // regular file.
+    if name.ends_with(".yaml") || name.ends_with(".yml") || name.contains('/') || candidate.exists()
+    {
+        let text = crate::input::read_to_string(&candidate, crate::input::InputKind::Config)
+            .map_err(|e| ConfigError::File {
+                file: candidate.display().to_string(),
+                message: format!("failed to read: {e}"),
+            })?;
         return parse(&text, &candidate.display().to_string());
     }
     Err(ConfigError::Unknown {
@@ -726,11 +800,18 @@ pub fn load_cluster(name_or_path: &str) -> Result<Cluster, ConfigError> {
         return parse_cluster(text, &format!("configs/{path}"), None);
     }
     let p = Path::new(name_or_path);
-    if p.is_file() || name_or_path.ends_with(".yaml") || name_or_path.ends_with(".yml") {
-        let text = std::fs::read_to_string(p).map_err(|e| ConfigError::File {
-            file: name_or_path.to_string(),
-            message: format!("failed to read: {e}"),
-        })?;
+    if p.exists()
+        || name_or_path.contains('/')
+        || name_or_path.ends_with(".yaml")
+        || name_or_path.ends_with(".yml")
+    {
+        let text =
+            crate::input::read_to_string(p, crate::input::InputKind::Config).map_err(|e| {
+                ConfigError::File {
+                    file: name_or_path.to_string(),
+                    message: format!("failed to read: {e}"),
+                }
+            })?;
         return parse_cluster(&text, name_or_path, p.parent());
     }
     Err(ConfigError::Unknown {
@@ -753,6 +834,30 @@ pub fn load_gpu(name_or_path: &str) -> Result<GpuSpec, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parser_messages_never_echo_what_is_not_a_config_value() {
+        assert_eq!(
+            redact_quoted("unknown field `memory_gbs`, expected one of `memory_gbps`"),
+            "unknown field `memory_gbs`, expected one of `memory_gbps`"
+        );
+        assert_eq!(
+            redact_quoted("unknown field `root:$6$secret:19000:0:99999:7::`, expected one of name"),
+            "unknown field `…`, expected one of name"
+        );
+        assert_eq!(
+            redact_quoted("invalid type: string \"hunter2 is my password\", expected u32"),
+            "invalid type: string \"…\", expected u32"
+        );
+        assert_eq!(
+            redact_quoted("unexpected character: `\u{1b}'"),
+            "unexpected character: `…'"
+        );
+        assert_eq!(redact_quoted("cut `open"), "cut `…");
+        // `gpu: /etc/shadow`-like files: the first line is never in the message.
+        let e = parse_gpu("root:$6$secret:19000:0:99999:7:::\n", "shadow").unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
 
     #[test]
     fn every_builtin_parses() {
@@ -844,7 +949,56 @@ mod tests {
     fn gpu_validation_names_the_dtype() {
         let t = "name: g\nmodel: G\nvendor: x\nmatrix_tflops: {fp16: -3}\nvector_tflops: {fp32: 1}\nmemory_gbps: 1\nmemory_gib: 1\nlaunch_overhead_us: 1\narch: volta\nsms: 80\nboost_clock_mhz: 1530\n";
         let e = parse_gpu(t, "g.yaml").unwrap_err().to_string();
-        assert!(e.contains("field matrix_tflops.fp16: must be > 0"), "{e}");
+        assert!(
+            e.contains("field matrix_tflops.fp16: must be between 0.001 and 100000, got -3"),
+            "{e}"
+        );
+    }
+
+    /// Issue 14: rates so small that every modelled time is infinite passed `> 0`.
+    #[test]
+    fn rates_outside_physical_ranges_are_refused() {
+        let gpu = "name: g\nmodel: G\nvendor: x\nmatrix_tflops: {fp16: 100}\nvector_tflops: {fp32: 10}\nmemory_gbps: 1000\nmemory_gib: 16\nlaunch_overhead_us: 4\narch: hopper\nsms: 132\nboost_clock_mhz: 1980\n";
+        parse_gpu(gpu, "g.yaml").unwrap();
+        for (from, to, field) in [
+            ("fp16: 100", "fp16: 1e-320", "matrix_tflops.fp16"),
+            ("fp32: 10", "fp32: 1e-320", "vector_tflops.fp32"),
+            ("memory_gbps: 1000", "memory_gbps: 1e-320", "memory_gbps"),
+            ("memory_gib: 16", "memory_gib: 1e-30", "memory_gib"),
+            ("memory_gbps: 1000", "memory_gbps: .inf", "memory_gbps"),
+            (
+                "boost_clock_mhz: 1980",
+                "boost_clock_mhz: 1e-320",
+                "boost_clock_mhz",
+            ),
+        ] {
+            let e = parse_gpu(&gpu.replace(from, to), "g.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("field {field}: must be between")),
+                "{e}"
+            );
+        }
+        let net = "name: n\nscope: inter\nline_rate_gbit_s: 100\nefficiency: 0.9\nalpha_us: 5\n";
+        parse_network(net, "n.yaml").unwrap();
+        for (from, to, field) in [
+            (
+                "line_rate_gbit_s: 100",
+                "line_rate_gbit_s: 1e-20",
+                "line_rate_gbit_s",
+            ),
+            ("efficiency: 0.9", "efficiency: 1e-9", "efficiency"),
+            ("alpha_us: 5", "alpha_us: -1", "alpha_us"),
+        ] {
+            let e = parse_network(&net.replace(from, to), "n.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("field {field}: must be between")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
@@ -885,7 +1039,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("field memory_efficiency: must be > 0 and ≤ 1, got 1.5"),
+            e.contains("field memory_efficiency: must be between 0.001 and 1, got 1.5"),
             "{e}"
         );
         let e = parse_arch(

@@ -27,7 +27,9 @@ pub enum MathClass {
 }
 
 /// The operator class a kernel-efficiency curve is fitted for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OpClass {
     /// Convolution (implicit GEMM: M = N·Ho·Wo, N = Cout/g, K = Cin/g·Kh·Kw).

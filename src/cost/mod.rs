@@ -5,4 +5,5 @@ pub mod comm;
 pub mod compute;
 pub mod config;
 pub mod framework;
+pub mod host;
 pub mod kernel;

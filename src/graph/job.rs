@@ -20,6 +20,7 @@
 use crate::cost::compute::{Efficiency, Roofline, ns};
 use crate::cost::config::{Dtype, GpuSpec};
 use crate::cost::framework::{Exec, Framework, Math};
+use crate::cost::host::HostSpec;
 use crate::cost::kernel::KernelModel;
 pub use crate::cost::kernel::OpWork;
 
@@ -224,6 +225,8 @@ pub struct Job {
     pub framework: Framework,
     /// How its kernels are issued (eager, or a compiled graph).
     pub exec: Exec,
+    /// The host's constants (CPU time to issue each operator).
+    pub host: std::sync::Arc<HostSpec>,
     pub meta: JobMeta,
 }
 
@@ -299,6 +302,17 @@ impl Job {
             return dur_ns;
         }
         ns(dur_ns as f64 * after / before)
+    }
+
+    /// The CPU time of the `Launch` op that issues `op` (its host side), if it has one.
+    pub fn launch_ns_of(&self, op: OpId) -> Option<u64> {
+        self.local
+            .edges
+            .iter()
+            .filter(|&&(_, b)| b == op)
+            .map(|&(a, _)| &self.local.ops[a as usize].spec)
+            .find(|s| s.kind == OpKind::Launch)
+            .map(|s| s.dur_ns)
     }
 
     /// Workers whose ops the expanded graph holds.
@@ -548,6 +562,12 @@ impl Editor {
                     self.job.local.edges.push((p, s));
                 }
             }
+            if !preds.is_empty() && !succs.is_empty() {
+                // Bridging edges repeat when neighbours are removed in turn (a launch chain):
+                // without this the edge list grows geometrically.
+                self.job.local.edges.sort_unstable();
+                self.job.local.edges.dedup();
+            }
             self.alive[o as usize] = false;
             self.job.local.mem.retain(|m| m.op != o);
         }
@@ -555,8 +575,10 @@ impl Editor {
     }
 
     /// Insert an op after `after` and before `before`; returns its id. With `launch_ns`, a GPU
-    /// task brings its CPU launch: a `Launch` op on the worker's first CPU thread (created if the
-    /// graph has none) that precedes it.
+    /// task brings its CPU launch: a `Launch` op on the host thread that issues `before` (the
+    /// worker's first CPU thread, created if the graph has none). The launch keeps the host's
+    /// program order: it follows the launches of `after` (or `after` themselves when they have
+    /// none) and precedes the launches of `before`, so the host never waits for the GPU.
     pub fn insert(
         &mut self,
         spec: OpSpec,
@@ -583,7 +605,25 @@ impl Editor {
             self.job.local.edges.push((id, c));
         }
         if let Some(l) = launch_ns {
-            let cpu = self.cpu_thread();
+            let launch_of = |ed: &Self, op: OpId| -> Option<OpId> {
+                ed.job
+                    .local
+                    .edges
+                    .iter()
+                    .filter(|&&(a, b)| b == op && ed.alive[a as usize])
+                    .map(|&(a, _)| a)
+                    .find(|&a| ed.job.local.ops[a as usize].spec.kind == OpKind::Launch)
+            };
+            let before_launches: Vec<OpId> =
+                before.iter().filter_map(|&b| launch_of(self, b)).collect();
+            let cpu = match before_launches.first() {
+                Some(&b) => self.job.local.ops[b as usize].spec.device,
+                None => self.cpu_thread(),
+            };
+            let after_launches: Vec<OpId> = after
+                .iter()
+                .map(|&a| launch_of(self, a).unwrap_or(a))
+                .collect();
             let launch = self.push(LocalOp {
                 spec: OpSpec {
                     layer: self.job.local.ops[id as usize].spec.layer,
@@ -596,12 +636,20 @@ impl Editor {
                 },
                 work: None,
             });
-            for &a in after {
+            for a in after_launches {
                 self.job.local.edges.push((a, launch));
+            }
+            for b in before_launches {
+                self.job.local.edges.push((launch, b));
             }
             self.job.local.edges.push((launch, id));
         }
         Ok(id)
+    }
+
+    /// The CPU time of the `Launch` op that issues `op`, if it has one.
+    pub fn launch_ns_of(&self, op: OpId) -> Option<u64> {
+        self.job.launch_ns_of(op)
     }
 
     fn push(&mut self, op: LocalOp) -> OpId {

@@ -13,6 +13,7 @@
 //! **Invariant:** `topo` is a topological order of all ops; `succ`/`pred` hold the same edge set.
 //! **Invariant:** every op's device exists; virtual ops sit on a [`DeviceKind::Virtual`] device.
 
+pub mod bounds;
 pub mod comm;
 pub mod job;
 pub mod petgraph_impl;

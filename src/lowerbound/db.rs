@@ -90,9 +90,11 @@ impl PerfDb {
     /// Read a database file; a missing file is an empty database.
     pub fn open(path: &Path) -> Result<PerfDb, DbError> {
         let file = path.display().to_string();
-        let text = match std::fs::read_to_string(path) {
+        let text = match crate::input::read_to_string(path, crate::input::InputKind::PerfDb) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PerfDb::new()),
+            Err(crate::input::InputError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(PerfDb::new());
+            }
             Err(e) => {
                 return Err(DbError::Io {
                     file,

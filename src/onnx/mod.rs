@@ -192,9 +192,11 @@ pub fn decode(bytes: &[u8], file: &str) -> Result<proto::ModelProto, OnnxError> 
 /// Read, decode and shape-infer an ONNX file.
 pub fn load(path: &Path, opts: &InferOptions) -> Result<Graph, OnnxError> {
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| OnnxError::Io {
-        file: file.clone(),
-        message: e.to_string(),
+    let bytes = crate::input::read_bytes(path, crate::input::InputKind::Onnx).map_err(|e| {
+        OnnxError::Io {
+            file: file.clone(),
+            message: e.to_string(),
+        }
     })?;
     import(&bytes, &file, opts)
 }

@@ -106,6 +106,16 @@ pub const SUPPORTED: &[&str] = &[
 /// Largest tensor accepted (elements): beyond this a dim is surely wrong.
 const MAX_ELEMS: i64 = 1 << 48;
 
+/// A message about shapes, cut to 300 characters: a shape of 5·10⁷ dims would otherwise make
+/// a 150 MB line.
+fn short(m: String) -> String {
+    const MAX: usize = 300;
+    match m.char_indices().nth(MAX) {
+        None => m,
+        Some((i, _)) => format!("{} … ({} characters in all)", &m[..i], m.chars().count()),
+    }
+}
+
 /// Bind the graph inputs' shapes (see the module docs).
 pub fn bind_inputs(
     g: &mut Graph,
@@ -114,7 +124,7 @@ pub fn bind_inputs(
 ) -> Result<(), OnnxError> {
     let err = |message: String| OnnxError::Model {
         file: g.file.clone(),
-        message,
+        message: short(message),
     };
     if let Some(b) = opts.batch
         && b <= 0
@@ -224,7 +234,7 @@ pub fn infer(g: &mut Graph) -> Result<(), OnnxError> {
             index: n.index,
             name: n.name.clone(),
             op_type: n.op_type.clone(),
-            message,
+            message: short(message),
         };
         for (k, i) in n.inputs.iter().enumerate() {
             if !i.is_empty() && ins[k].is_none() {

@@ -246,10 +246,12 @@ impl<'g> Engine<'g> {
             (r, self.ready_by[i])
         };
         let dur = g.dur_ns(op);
-        let end = start + dur;
-        q.clock = end + g.gap_ns(op);
+        // Saturating: a job within `graph::bounds` never comes near; a saturated end is
+        // reported as an overflow by `passes::evaluate`, never as a time.
+        let end = start.saturating_add(dur);
+        q.clock = end.saturating_add(g.gap_ns(op));
         q.prev = op;
-        self.busy[d] += dur;
+        self.busy[d] = self.busy[d].saturating_add(dur);
         self.ready[i] = start;
         self.end[i] = end;
         self.ready_by[i] = why;
@@ -287,7 +289,7 @@ impl<'g> Engine<'g> {
     fn drain_virtual(&mut self) {
         while let Some(op) = self.stack.pop() {
             let i = op as usize;
-            self.end[i] = self.ready[i] + self.g.dur_ns(op);
+            self.end[i] = self.ready[i].saturating_add(self.g.dur_ns(op));
             self.release_succs(op, self.end[i]);
         }
     }

@@ -126,8 +126,10 @@ fn edit_err(name: &str) -> impl Fn(JobError) -> PassError + '_ {
 /// Every baseline a user would otherwise pick, evaluated on `job` (the unoptimised job), in the
 /// order of [`NAMES`]. Deterministic.
 pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassError> {
-    let none = evaluate(job.clone()).map_err(edit_err("none"))?;
+    let mut none = evaluate(job.clone()).map_err(edit_err("none"))?;
     let ready = ready_times(&none);
+    // A large evaluation keeps its numbers only (see `search::LEAN_OPS`).
+    super::lean(&mut none);
     let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
 
     // The four fixed baselines, built here, evaluated in parallel below.
@@ -155,19 +157,30 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
             fixed
                 .into_par_iter()
                 .map(|(name, j, config)| {
-                    let eval = evaluate(j.clone()).map_err(edit_err(name))?;
-                    Ok(Baseline {
+                    let mut eval = match evaluate(j.clone()) {
+                        Ok(e) => e,
+                        // A baseline whose graph is over the op limit or the memory ceiling
+                        // (BytePS' 4 MB pieces multiply a 65,536-GPU ring's ops) is left out
+                        // with a warning; the others still compare.
+                        Err(e @ (JobError::TooLarge { .. } | JobError::Invalid(_))) => {
+                            tracing::warn!("baseline {name} left out: {e}");
+                            return Ok(None);
+                        }
+                        Err(e) => return Err(edit_err(name)(e)),
+                    };
+                    super::lean(&mut eval);
+                    Ok(Some(Baseline {
                         name,
                         job: j,
                         eval,
                         config,
-                    })
+                    }))
                 })
-                .collect::<Result<Vec<Baseline>, PassError>>()
+                .collect::<Result<Vec<Option<Baseline>>, PassError>>()
         },
         || horovod_autotune(job, &bytes, &ready, evaluate),
     );
-    let mut fixed = fixed?.into_iter();
+    let fixed = fixed?.into_iter().flatten();
     let tuned = tuned?;
     let mut out = Vec::with_capacity(NAMES.len());
     out.push(Baseline {
@@ -179,10 +192,11 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
         ),
         eval: none,
     });
-    out.extend(fixed.by_ref().take(2)); // xla_default, horovod_default
+    out.extend(fixed);
     out.push(tuned);
-    out.extend(fixed); // byteps_default, ddp_default
-    debug_assert!(out.iter().map(|b| b.name).eq(NAMES));
+    // In the order of NAMES (a left-out baseline is simply absent).
+    out.sort_by_key(|b| NAMES.iter().position(|n| *n == b.name));
+    debug_assert!(out.iter().all(|b| NAMES.contains(&b.name)));
     Ok(out)
 }
 
@@ -310,6 +324,7 @@ pub fn zoo_baseline(
     precision: Option<crate::cost::framework::Precision>,
     per_tensor: bool,
     symmetric: bool,
+    host: Option<crate::cost::host::HostSpec>,
 ) -> Result<(Job, Job, String), String> {
     let job = crate::zoo::build::job(
         model,
@@ -317,6 +332,7 @@ pub fn zoo_baseline(
         &crate::zoo::BuildOptions {
             symmetric,
             framework,
+            host,
             ..Default::default()
         },
     )
@@ -609,7 +625,8 @@ fn horovod_autotune(
         .map(|(idx, (threshold, cycle))| {
             let ticks = horovod_groups(bytes, ready, threshold, cycle);
             let j = horovod_job(job, &ticks).map_err(edit_err("horovod_autotune"))?;
-            let eval = evaluate(j.clone()).map_err(edit_err("horovod_autotune"))?;
+            let mut eval = evaluate(j.clone()).map_err(edit_err("horovod_autotune"))?;
+            super::lean(&mut eval);
             let config = format!(
                 "{} (best of {n} grid points)",
                 horovod_config(threshold, cycle, &ticks)
@@ -725,6 +742,7 @@ mod tests {
             math: Default::default(),
             framework: Default::default(),
             exec: Default::default(),
+            host: Default::default(),
             meta: JobMeta::default(),
         }
     }

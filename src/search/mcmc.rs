@@ -38,7 +38,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Ctx, Decision, Move, Progress, SearchError, StopReason, Walk, decision};
+use super::{
+    Ctx, Decision, Move, Progress, SearchError, StopReason, Walk, decision, in_full, lean_clone,
+    lean_from,
+};
 use crate::passes::Evaluated;
 
 /// Initial relative temperature.
@@ -75,11 +78,17 @@ struct State {
 pub(crate) fn run(ctx: &Ctx, start: Evaluated, mut replays: u64) -> Result<Walk, SearchError> {
     let mut rng = ChaCha8Rng::seed_from_u64(ctx.opts.seed);
     let mut cur = State {
-        eval: start,
+        eval: in_full(start, ctx.eval, &mut replays)?,
         used: BTreeSet::new(),
         path: Vec::new(),
     };
-    let mut best = cur.clone();
+    // The best state keeps numbers and the job; a large graph is not copied (see LEAN_OPS).
+    let lean_copy = |s: &State| State {
+        eval: lean_clone(&s.eval, ctx.opts.lean_ops),
+        used: s.used.clone(),
+        path: s.path.clone(),
+    };
+    let mut best = lean_copy(&cur);
     let mut moves: Vec<Move> = ctx.moves(&cur.eval, &cur.used)?;
     let (mut proposals, mut since_best, mut streak, mut batches) = (0usize, 0usize, 0usize, 0);
     let stop = loop {
@@ -93,7 +102,8 @@ pub(crate) fn run(ctx: &Ctx, start: Evaluated, mut replays: u64) -> Result<Walk,
             if cur.eval.iteration_ns() == best.eval.iteration_ns() && cur.path == best.path {
                 break StopReason::Converged;
             }
-            cur = best.clone();
+            cur = lean_copy(&best);
+            cur.eval = in_full(cur.eval, ctx.eval, &mut replays)?;
             moves = ctx.moves(&cur.eval, &cur.used)?;
             if moves.is_empty() {
                 break StopReason::Converged;
@@ -116,6 +126,7 @@ pub(crate) fn run(ctx: &Ctx, start: Evaluated, mut replays: u64) -> Result<Walk,
             .into_iter()
             .collect();
         let refs: Vec<&Move> = distinct.iter().map(|&i| &moves[i]).collect();
+        lean_from(&mut cur.eval, ctx.opts.lean_ops);
         let results = ctx.evaluate_moves(&cur.eval, &refs);
         replays += results.iter().filter(|r| r.is_some()).count() as u64;
         let mut by_move: BTreeMap<usize, Option<Evaluated>> =
@@ -147,10 +158,10 @@ pub(crate) fn run(ctx: &Ctx, start: Evaluated, mut replays: u64) -> Result<Walk,
             let m = &moves[i];
             cur.path.push(decision(&cur.eval, m, &next));
             ctx.mark_used(m, &mut cur.used);
-            cur.eval = next;
+            cur.eval = in_full(next, ctx.eval, &mut replays)?;
             streak = 0;
             if cur.eval.iteration_ns() < best.eval.iteration_ns() {
-                best = cur.clone();
+                best = lean_copy(&cur);
                 since_best = 0;
             } else {
                 since_best += 1;

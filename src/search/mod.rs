@@ -98,6 +98,9 @@ pub struct SearchOptions {
     pub converge_rounds: usize,
     /// Relative gain below which those rounds count as converged (0.001 = 0.1 %).
     pub converge_gain: f64,
+    /// Evaluations of graphs with at least this many ops are kept lean (default [`LEAN_OPS`];
+    /// 0: always, `usize::MAX`: never — the plan is the same either way, tested).
+    pub lean_ops: usize,
 }
 
 impl Default for SearchOptions {
@@ -111,6 +114,7 @@ impl Default for SearchOptions {
             speedups: Speedups::default(),
             converge_rounds: 5,
             converge_gain: 0.001,
+            lean_ops: LEAN_OPS,
         }
     }
 }
@@ -187,6 +191,82 @@ pub struct Outcome {
     pub rounds: usize,
 }
 
+/// Evaluations of graphs with at least this many ops are kept *lean* once scored: their graph,
+/// replay and critical path (~100 bytes an op) are dropped, their numbers (iteration time,
+/// memory, the critical path's local ops and syncs) and job kept; the one the search moves to
+/// is evaluated again in full. So the search holds one full evaluation at a time, and `plan`
+/// needs about what `replay` needs (issue 14: it held every baseline's and every candidate's
+/// graph, 6× `replay` for BERT-base on 8,192 GPUs). Below it (BERT-base on the dPRO testbed:
+/// 215 k ops) nothing changes: the extra replays would cost more than the memory saved.
+pub const LEAN_OPS: usize = 1 << 18;
+
+/// Make `e` lean (see [`LEAN_OPS`]) when its graph is large; a small one is left as it is.
+pub fn lean(e: &mut Evaluated) {
+    lean_from(e, LEAN_OPS)
+}
+
+/// Make `e` lean when its graph has at least `threshold` ops.
+pub fn lean_from(e: &mut Evaluated, threshold: usize) {
+    if e.graph.op_count() >= threshold && !is_lean(e) {
+        e.graph = crate::graph::Dfg::default();
+        e.replay = crate::replay::Replay {
+            start_ns: Vec::new(),
+            end_ns: Vec::new(),
+            binding: Vec::new(),
+            device_busy_ns: std::mem::take(&mut e.replay.device_busy_ns),
+            iteration_ns: e.replay.iteration_ns,
+            last_op: e.replay.last_op,
+        };
+        e.critical.ops = Vec::new();
+    }
+}
+
+/// A lean copy of `e` (a full copy when it has fewer than `threshold` ops).
+pub(crate) fn lean_clone(e: &Evaluated, threshold: usize) -> Evaluated {
+    if e.graph.op_count() < threshold {
+        return e.clone();
+    }
+    Evaluated {
+        job: e.job.clone(),
+        graph: crate::graph::Dfg::default(),
+        replay: crate::replay::Replay {
+            start_ns: Vec::new(),
+            end_ns: Vec::new(),
+            binding: Vec::new(),
+            device_busy_ns: e.replay.device_busy_ns.clone(),
+            iteration_ns: e.replay.iteration_ns,
+            last_op: e.replay.last_op,
+        },
+        critical: crate::replay::CriticalPath {
+            ops: Vec::new(),
+            busy_ns: e.critical.busy_ns,
+        },
+        memory: e.memory.clone(),
+        critical_local: e.critical_local.clone(),
+        critical_syncs: e.critical_syncs.clone(),
+        steady: e.steady,
+    }
+}
+
+/// Whether `e` was made lean (a real evaluation always has ops).
+pub fn is_lean(e: &Evaluated) -> bool {
+    e.graph.op_count() == 0
+}
+
+/// `e` in full: evaluated again with `eval` when it is lean.
+pub(crate) fn in_full(
+    e: Evaluated,
+    eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
+    replays: &mut u64,
+) -> Result<Evaluated, JobError> {
+    if is_lean(&e) {
+        *replays += 1;
+        eval(e.job)
+    } else {
+        Ok(e)
+    }
+}
+
 /// Evaluate a job the way the search's options say (symmetric form when allowed).
 pub fn evaluator(symmetry: bool) -> impl Fn(Job) -> Result<Evaluated, JobError> + Sync {
     move |mut job: Job| {
@@ -197,16 +277,41 @@ pub fn evaluator(symmetry: bool) -> impl Fn(Job) -> Result<Evaluated, JobError> 
     }
 }
 
-/// Evaluate for the final report: the full graph when it fits, else the symmetric form.
-pub fn evaluate_full(mut job: Job) -> Result<Evaluated, JobError> {
-    job.symmetric = false;
-    match passes::evaluate(job.clone()) {
-        Err(JobError::TooLarge { .. }) if job.comm.scheme == SyncScheme::Ring => {
-            job.symmetric = true;
-            passes::evaluate(job)
-        }
-        other => other,
+/// The form the report evaluates the baseline and the plan in, decided once from the
+/// unoptimised job so both are compared alike: the full graph when it fits — under the op limit
+/// and, by its estimated size ([`crate::graph::bounds::expanded_ops`] ×
+/// [`crate::limits::EVAL_BYTES_PER_OP`]), in the memory the ceiling leaves — else the symmetric
+/// form (ring all-reduce; exact when the ring's links are alike). `replay` makes the same choice
+/// a user would (the full graph, `--symmetric` beyond the limit), so `plan` needs no more memory
+/// for its report than `replay` for the job (issue 14: it replayed a fused plan's full graph
+/// whenever it was under the op limit, 10.8 GB for VGG-16 on 1,024 GPUs).
+pub fn report_symmetric(job: &Job) -> bool {
+    let ring = job.comm.scheme == SyncScheme::Ring && job.workers > 1;
+    let mut full = job.clone();
+    full.symmetric = false;
+    let ops = crate::graph::bounds::expanded_ops(&full);
+    let fits = ops <= crate::graph::job::MAX_OPS
+        && crate::limits::fits(ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP));
+    if ring && !fits {
+        tracing::info!(
+            ops,
+            "the full graph is over the op limit or would not fit the memory ceiling: the report uses the symmetric form"
+        );
     }
+    ring && !fits
+}
+
+/// Evaluate for the final report in the form [`report_symmetric`] chose; lean from `lean_ops`
+/// ops ([`lean_from`]): the report needs numbers.
+pub fn evaluate_full(
+    mut job: Job,
+    symmetric: bool,
+    lean_ops: usize,
+) -> Result<Evaluated, JobError> {
+    job.symmetric = symmetric;
+    let mut e = passes::evaluate(job)?;
+    lean_from(&mut e, lean_ops);
+    Ok(e)
 }
 
 /// Names of what a patch touches, for the plan.
@@ -311,7 +416,9 @@ impl Ctx<'_> {
                     return None;
                 }
                 let job = passes::apply_all(&cur.job, &m.patches).ok()?;
-                (self.eval)(job).ok()
+                let mut e = (self.eval)(job).ok()?;
+                lean_from(&mut e, self.opts.lean_ops);
+                Some(e)
             })
             .collect()
     }
@@ -373,7 +480,8 @@ pub fn search(
         allowed.push(passes::find(all, n)?);
     }
     let eval = evaluator(opts.speedups.symmetry);
-    let baseline = evaluate_full(job.clone())?;
+    let symmetric_report = report_symmetric(&job);
+    let baseline = evaluate_full(job.clone(), symmetric_report, opts.lean_ops)?;
     let mut replays = 1u64;
     let mut decisions = Vec::new();
 
@@ -387,7 +495,7 @@ pub fn search(
     };
     replays += 1;
     if let Some(budget) = opts.memory_budget.filter(|&b| cur.memory.peak_bytes > b) {
-        let (fit, step_replays, decision) = memory_step(&cur, budget, all, &eval)?;
+        let (fit, step_replays, decision) = memory_step(&cur, budget, all, &eval, opts.lean_ops)?;
         replays += step_replays;
         decisions.push(decision);
         cur = fit;
@@ -407,7 +515,7 @@ pub fn search(
         Strategy::Mcmc => mcmc::run(&ctx, cur, replays)?,
     };
     decisions.extend(walk.decisions);
-    let best = evaluate_full(walk.best.job)?;
+    let best = evaluate_full(walk.best.job, symmetric_report, opts.lean_ops)?;
     Ok(Outcome {
         baseline,
         best,
@@ -439,11 +547,16 @@ fn critical_path_rounds(
             break;
         }
         round += 1;
+        // The move taken last round was scored lean: its graph is needed for the next moves.
+        cur = in_full(cur, ctx.eval, &mut replays)?;
         let moves = ctx.moves(&cur, &used)?;
         if moves.is_empty() {
             break;
         }
         let refs: Vec<&Move> = moves.iter().collect();
+        // The moves are made: the current job's graph is not needed while its candidates are
+        // evaluated (a large one is dropped; see LEAN_OPS).
+        lean_from(&mut cur, opts.lean_ops);
         let results = ctx.evaluate_moves(&cur, &refs);
         replays += results.iter().filter(|r| r.is_some()).count() as u64;
         let best = results
@@ -559,6 +672,7 @@ fn memory_step(
     budget: u64,
     all: &[Box<dyn Pass>],
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
+    lean_ops: usize,
 ) -> Result<(Evaluated, u64, Decision), SearchError> {
     let mut options: Vec<KnobbedPass> = vec![("recompute".into(), vec![])];
     for k in [2, 4, 8, 16] {
@@ -580,7 +694,9 @@ fn memory_step(
                 let k = passes::resolve_knobs(p, knobs)?;
                 let patches = p.propose(cur, &k)?;
                 let job = passes::apply_all(&cur.job, &patches)?;
-                Ok((eval(job)?, patches))
+                let mut e = eval(job)?;
+                lean_from(&mut e, lean_ops);
+                Ok((e, patches))
             })();
             (label, (name.clone(), knobs.clone()), r)
         })
@@ -648,4 +764,72 @@ pub fn comm_free_bound_ns(
     }
     j.comm.cost.aggregate_bytes_per_ns = 1e18;
     Ok(eval(j)?.iteration_ns())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        let m = crate::zoo::model(
+            "resnet50",
+            &crate::zoo::ModelOptions {
+                batch: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let c = crate::cost::config::load_cluster("8xh200").unwrap();
+        crate::zoo::build::job(&m, &c, &Default::default()).unwrap()
+    }
+
+    /// Issue 14: lean evaluations (graphs dropped once scored, the move taken evaluated again)
+    /// change the memory a search needs, never its plan — for both strategies.
+    #[test]
+    fn lean_evaluations_give_the_same_plan() {
+        let all = crate::passes::registry();
+        for strategy in [Strategy::CriticalPath, Strategy::Mcmc] {
+            let run = |lean_ops: usize| {
+                let opts = SearchOptions {
+                    strategy,
+                    seed: 3,
+                    passes: Some(vec!["tensor-fusion".into(), "tensor-partition".into()]),
+                    lean_ops,
+                    ..SearchOptions::default()
+                };
+                search(job(), None, &opts, &all, &AtomicBool::new(false), &|_| {}).unwrap()
+            };
+            let (lean, full) = (run(0), run(usize::MAX));
+            assert!(!lean.decisions.is_empty(), "{strategy:?}");
+            assert_eq!(lean.decisions, full.decisions, "{strategy:?}");
+            assert_eq!(lean.best.iteration_ns(), full.best.iteration_ns());
+            assert_eq!(lean.best.memory, full.best.memory);
+            assert_eq!(lean.best.job.syncs.len(), full.best.job.syncs.len());
+            // The lean run replayed the moves it took once more; its outcome holds no graph.
+            assert!(lean.replays > full.replays, "{strategy:?}");
+            assert!(is_lean(&lean.best) && !is_lean(&full.best));
+        }
+    }
+
+    #[test]
+    fn lean_keeps_the_numbers_and_in_full_restores_the_rest() {
+        let e = passes::evaluate(job()).unwrap();
+        let mut l = e.clone();
+        lean_from(&mut l, 0);
+        assert!(is_lean(&l));
+        assert_eq!(
+            (l.iteration_ns(), &l.memory, &l.critical_local),
+            (e.iteration_ns(), &e.memory, &e.critical_local)
+        );
+        assert!(l.replay.end_ns.is_empty() && l.critical.ops.is_empty());
+        let mut n = 0;
+        let back = in_full(l, &passes::evaluate, &mut n).unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(back.graph.op_count(), e.graph.op_count());
+        assert_eq!(back.replay, e.replay);
+        // Below the threshold nothing changes.
+        let mut s = e.clone();
+        lean_from(&mut s, usize::MAX);
+        assert_eq!(s.replay, e.replay);
+    }
 }

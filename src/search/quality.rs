@@ -127,6 +127,7 @@ fn case(seed: u64) -> (Job, Vec<OpId>) {
         math: Default::default(),
         framework: Default::default(),
         exec: Default::default(),
+        host: Default::default(),
         meta: JobMeta::default(),
     };
     (job, chain)

@@ -24,7 +24,6 @@
 //! warning). Without start times the order on each device is the replayer's (ready time, then
 //! file position), as in Chakra's own simulators.
 
-use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
@@ -35,6 +34,7 @@ use super::TraceError;
 use super::graph::TraceGraphError;
 use crate::graph::job::{Job, LocalGraph, LocalOp};
 use crate::graph::{DeviceKind, NONE, OpId, OpKind, OpSpec, Phase, Tensor};
+use crate::input::{self, InputKind};
 
 const FORMAT: &str = "Chakra execution trace";
 
@@ -375,9 +375,9 @@ impl ChakraReader<AnyRead> {
     /// Opens a file (plain, or gzip-compressed: detected from the magic bytes).
     pub fn open(path: &Path) -> Result<Self, TraceError> {
         let name = path.display().to_string();
-        let file = File::open(path).map_err(|source| TraceError::Io {
+        let file = input::open(path, InputKind::ChakraTrace).map_err(|e| TraceError::Io {
             path: name.clone(),
-            source,
+            source: e.into(),
         })?;
         Self::from_reader(file, &name)
     }
@@ -394,7 +394,10 @@ impl ChakraReader<AnyRead> {
             head.starts_with(&[0x1f, 0x8b])
         };
         let input: AnyRead = if gz {
-            Box::new(BufReader::new(MultiGzDecoder::new(reader)))
+            Box::new(BufReader::new(input::decompressed(
+                MultiGzDecoder::new(reader),
+                InputKind::ChakraTrace,
+            )))
         } else {
             Box::new(reader)
         };
@@ -443,7 +446,13 @@ impl<R: Read> ChakraReader<R> {
     }
 
     fn io_error(&self, source: io::Error) -> TraceError {
-        if source.kind() == io::ErrorKind::UnexpectedEof {
+        if input::InputError::from_io(&source).is_some() {
+            TraceError::Limit {
+                name: self.name.clone(),
+                location: format!("message {} at byte {}", self.index, self.offset),
+                source: input::unwrap_io(source),
+            }
+        } else if source.kind() == io::ErrorKind::UnexpectedEof {
             TraceError::Truncated {
                 name: self.name.clone(),
                 location: format!("in message {} at byte {}", self.index, self.offset),
@@ -579,9 +588,31 @@ pub fn parse_chakra(bytes: &[u8], name: &str) -> Result<ChakraTrace, TraceError>
     )?)
 }
 
+/// All nodes, refusing a node id given twice as soon as it is read (a stream of empty messages
+/// — every one node 0 — would otherwise fill memory before `build_job` refused it) and checking
+/// the memory ceiling before the node vector grows.
 fn collect<R: Read>(mut r: ChakraReader<R>) -> Result<ChakraTrace, TraceError> {
-    let mut nodes = Vec::new();
-    while let Some(n) = r.next_node()? {
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut ids = std::collections::HashMap::new();
+    loop {
+        let (index, at) = (r.index, r.offset);
+        let Some(n) = r.next_node()? else { break };
+        if let Some(first) = ids.insert(n.id, index) {
+            return Err(r.invalid(
+                index,
+                at,
+                format!("node id {} appears twice (first in message {first})", n.id),
+            ));
+        }
+        if nodes.len() == nodes.capacity() {
+            let extra = (nodes.capacity().max(1024) * std::mem::size_of::<Node>()) as u64;
+            crate::limits::check(|| format!("reading {} Chakra nodes", nodes.len()), extra)
+                .map_err(|m| TraceError::Limit {
+                    name: r.name.clone(),
+                    location: format!("message {index} at byte {at}"),
+                    source: m.into(),
+                })?;
+        }
         nodes.push(n);
     }
     Ok(ChakraTrace {

@@ -15,7 +15,6 @@
 //! per argument, are kept as small `serde_json::Value`s.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
@@ -24,6 +23,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::TraceError;
+use crate::input::{self, InputKind};
 
 const FORMAT: &str = "PyTorch host execution trace";
 
@@ -390,9 +390,9 @@ impl RawNode {
 /// Reads a host execution trace (`.json` or gzip, detected by content).
 pub fn read_host_et(path: &Path) -> Result<HostEt, TraceError> {
     let name = path.display().to_string();
-    let file = File::open(path).map_err(|source| TraceError::Io {
+    let file = input::open(path, InputKind::HostEt).map_err(|e| TraceError::Io {
         path: name.clone(),
-        source,
+        source: e.into(),
     })?;
     parse_host_et(file, &name)
 }
@@ -409,10 +409,19 @@ pub fn parse_host_et<R: Read>(reader: R, name: &str) -> Result<HostEt, TraceErro
         head.starts_with(&[0x1f, 0x8b])
     };
     let raw: Result<RawEt, serde_json::Error> = if gz {
-        let r = BufReader::with_capacity(1 << 20, MultiGzDecoder::new(reader));
+        let r = BufReader::with_capacity(
+            1 << 20,
+            input::json_strings(input::decompressed(
+                MultiGzDecoder::new(reader),
+                InputKind::HostEt,
+            )),
+        );
         serde_json::from_reader(r)
     } else {
-        serde_json::from_reader(reader)
+        serde_json::from_reader(BufReader::with_capacity(
+            1 << 16,
+            input::json_strings(reader),
+        ))
     };
     let raw = raw.map_err(|e| json_error(e, name, gz))?;
     let Some(nodes) = raw.nodes else {
@@ -425,6 +434,15 @@ pub fn parse_host_et<R: Read>(reader: R, name: &str) -> Result<HostEt, TraceErro
                 .into(),
         });
     };
+    crate::limits::check(
+        || format!("reading the {} nodes of {name}", nodes.len()),
+        (nodes.len() * std::mem::size_of::<HostNode>()) as u64,
+    )
+    .map_err(|m| TraceError::Limit {
+        name: name.to_string(),
+        location: "after reading the nodes".into(),
+        source: m.into(),
+    })?;
     let mut nodes: Vec<HostNode> = nodes.into_iter().map(RawNode::normalise).collect();
     nodes.sort_by_key(|n| n.id);
     let schema = match raw.schema {
@@ -455,7 +473,13 @@ fn json_error(e: serde_json::Error, name: &str, gz: bool) -> TraceError {
         },
         serde_json::error::Category::Io => {
             let source: io::Error = e.into();
-            if source.kind() == io::ErrorKind::UnexpectedEof {
+            if input::InputError::from_io(&source).is_some() {
+                TraceError::Limit {
+                    name: name.to_string(),
+                    location,
+                    source: input::unwrap_io(source),
+                }
+            } else if source.kind() == io::ErrorKind::UnexpectedEof {
                 TraceError::Truncated {
                     name: name.to_string(),
                     location: "in the gzip stream".into(),

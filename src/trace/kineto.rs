@@ -29,7 +29,6 @@
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::ops::Deref;
 use std::path::Path;
@@ -41,6 +40,7 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::TraceError;
+use crate::input::{self, InputKind};
 
 /// Size of the read buffers (decompressed JSON and compressed input).
 const READ_BUF: usize = 1 << 20;
@@ -766,9 +766,9 @@ pub fn read_kineto(path: &Path) -> Result<KinetoTrace, TraceError> {
                 .into(),
         });
     }
-    let file = File::open(path).map_err(|source| TraceError::Io {
+    let file = input::open(path, InputKind::KinetoTrace).map_err(|e| TraceError::Io {
         path: name.clone(),
-        source,
+        source: e.into(),
     })?;
     parse_kineto(file, &name)
 }
@@ -801,7 +801,10 @@ pub fn parse_kineto<R: Read>(mut reader: R, name: &str) -> Result<KinetoTrace, T
     if head.starts_with(&[0x1f, 0x8b]) {
         let count = Rc::new(Cell::new(0));
         let gz = Counted {
-            inner: MultiGzDecoder::new(BufReader::with_capacity(READ_BUF / 4, input)),
+            inner: input::json_strings(input::decompressed(
+                MultiGzDecoder::new(BufReader::with_capacity(READ_BUF / 4, input)),
+                InputKind::KinetoTrace,
+            )),
             count: count.clone(),
         };
         parse_json(
@@ -811,7 +814,7 @@ pub fn parse_kineto<R: Read>(mut reader: R, name: &str) -> Result<KinetoTrace, T
         )
     } else {
         parse_json(
-            BufReader::with_capacity(READ_BUF, input),
+            BufReader::with_capacity(READ_BUF, input::json_strings(input)),
             name,
             Source::Plain(head),
         )
@@ -853,6 +856,12 @@ fn parse_json<R: Read>(reader: R, name: &str, src: Source) -> Result<KinetoTrace
                  kept the {} complete events",
                 st.trace.events.len()
             ));
+        } else if let Some(m) = st.limit.take() {
+            return Err(TraceError::Limit {
+                name: name.to_string(),
+                location: format!("line {} column {}", e.line(), e.column()),
+                source: m.into(),
+            });
         } else {
             return Err(json_error(e, name, &src, &st));
         }
@@ -956,6 +965,13 @@ fn json_error(e: serde_json::Error, name: &str, src: &Source, st: &State) -> Tra
     match e.classify() {
         serde_json::error::Category::Io => {
             let source: io::Error = e.into();
+            if input::InputError::from_io(&source).is_some() {
+                return TraceError::Limit {
+                    name: name.to_string(),
+                    location,
+                    source: input::unwrap_io(source),
+                };
+            }
             match src {
                 Source::Gzip(count) => {
                     let at = with_ctx(format!(
@@ -1072,6 +1088,8 @@ struct State {
     section: Option<&'static str>,
     /// Unknown categories: events, first event index.
     unknown_cats: HashMap<Name, (usize, usize)>,
+    /// The memory ceiling stopped the read.
+    limit: Option<crate::limits::MemoryError>,
 }
 
 /// An event's fields as read, before normalisation.
@@ -1397,6 +1415,16 @@ impl<'de> Visitor<'de> for EventSeed<'_> {
                 Key::Id => raw.id = map.next_value_seed(FlowIdSeed)?,
                 Key::Args => raw.args = map.next_value()?,
                 Key::Other => {}
+            }
+        }
+        if st.trace.events.len() == st.trace.events.capacity() {
+            // The events vector is about to double: check the memory ceiling first.
+            let extra =
+                (st.trace.events.capacity().max(1024) * std::mem::size_of::<Event>()) as u64;
+            let n = st.trace.events.len();
+            if let Err(e) = crate::limits::check(|| format!("reading {n} events"), extra) {
+                st.limit = Some(e);
+                return Err(de::Error::custom("memory ceiling"));
             }
         }
         st.push(raw);
@@ -1767,9 +1795,12 @@ impl<'de> Visitor<'de> for TimeVisitor {
             .ok_or_else(|| E::custom(format!("time {v} µs is out of range")))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-        f64_us_to_ns(v)
-            .map(Some)
-            .ok_or_else(|| E::custom(format!("time {v} µs is out of range")))
+        f64_us_to_ns(v).map(Some).ok_or_else(|| {
+            E::custom(format!(
+                "time {} µs is out of range",
+                crate::limits::show(v)
+            ))
+        })
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
         str_us_to_ns(v)

@@ -86,6 +86,16 @@ pub enum TraceError {
         location: String,
         message: String,
     },
+    /// A limit of the README's "Limits" section was reached while reading: the decompressed
+    /// size of the file's kind, a JSON string's length, the memory ceiling. `location` as for
+    /// [`TraceError::Json`].
+    #[error("failed to read {name} ({location}): {source}")]
+    Limit {
+        name: String,
+        location: String,
+        #[source]
+        source: crate::input::InputError,
+    },
     /// The same file given twice as two ranks.
     #[error("{name} is given twice: give each rank's trace once")]
     Duplicate { name: String },

@@ -21,8 +21,10 @@
 //! With [`BuildOptions::symmetric`] the graph holds one worker and the quotient ring chain
 //! ([`CommTopology::symmetric_ring`](crate::graph::comm::CommTopology::symmetric_ring)) and stands for all of the cluster's workers.
 
+use crate::cost::compute::ns;
 use crate::cost::config::{Cluster, Dtype, SyncScheme};
 use crate::cost::framework::{Framework, Math};
+use crate::cost::host::HostSpec;
 use crate::cost::kernel::{Gemm, OpClass};
 use crate::graph::comm::CommSpec;
 use crate::graph::job::{Job, JobError, JobMeta, LocalGraph, LocalOp, OpWork, Sync};
@@ -33,7 +35,7 @@ use crate::graph::{
 use super::Model;
 
 /// How to build the graph.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct BuildOptions {
     /// Storage and compute dtype of activations, weights and gradients (default FP32).
     pub dtype: Dtype,
@@ -43,6 +45,8 @@ pub struct BuildOptions {
     pub math: Math,
     /// The framework the job runs on (default PyTorch).
     pub framework: Framework,
+    /// Host constants (default: the built-in ones of the framework's execution mode).
+    pub host: Option<HostSpec>,
 }
 
 impl Default for BuildOptions {
@@ -52,6 +56,7 @@ impl Default for BuildOptions {
             symmetric: false,
             math: Math::FP32,
             framework: Framework::Pytorch,
+            host: None,
         }
     }
 }
@@ -81,6 +86,11 @@ pub fn build(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Df
         })
 }
 
+/// Most tensors one multi-tensor (`foreach`) kernel takes: `multi_tensor_apply`'s
+/// `depth_to_max_tensors` for the three tensor lists an update reads (PyTorch
+/// `aten/src/ATen/native/cuda/MultiTensorApply.cuh`: 110, 64, 48, 36, 30 for depth 1–5).
+pub const FOREACH_TENSORS_PER_LAUNCH: usize = 48;
+
 /// The editable job of `model` on `cluster` (see the module docs for its shape).
 pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job, BuildError> {
     if opts.symmetric && cluster.sync != SyncScheme::Ring {
@@ -97,6 +107,10 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
         }
     }
     let opt = model.optimizer;
+    let host = opts
+        .host
+        .clone()
+        .unwrap_or_else(|| HostSpec::builtin(opts.framework.exec()));
     let mut g = LocalGraph {
         static_mem_bytes: model.param_elems() * (2 * elem + 4 * opt.states_per_param()),
         layers: model.layers.iter().map(|l| l.name.clone()).collect(),
@@ -106,10 +120,14 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
                 worker: 0,
                 stream: 0,
             },
+            DeviceKind::CpuThread {
+                worker: 0,
+                thread: 0,
+            },
         ],
         ..LocalGraph::default()
     };
-    let (v, gpu) = (0u32, 1u32);
+    let (v, gpu, cpu) = (0u32, 1u32, 2u32);
     // Tensors in gradient-ready order: last layer first, a layer's params in declaration order.
     let mut tensors = Vec::new();
     for (li, l) in model.layers.iter().enumerate().rev() {
@@ -126,6 +144,23 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
         g.ops.push(LocalOp { spec, work });
         (g.ops.len() - 1) as OpId
     };
+    // The host thread issues every GPU op in program order: its launch op precedes the op and
+    // follows the previous launch.
+    let mut last_launch: Option<OpId> = None;
+    let launch = |g: &mut LocalGraph, last: &mut Option<OpId>, op: OpId, dur_ns: f64| {
+        let s = &g.ops[op as usize].spec;
+        let spec = OpSpec {
+            layer: s.layer,
+            tensor: s.tensor,
+            ..OpSpec::new(OpKind::Launch, s.phase, cpu, ns(dur_ns))
+        };
+        let l = push(g, spec, None);
+        if let Some(p) = *last {
+            g.edges.push((p, l));
+        }
+        g.edges.push((l, op));
+        *last = Some(l);
+    };
     let job_stub = Job {
         local: LocalGraph::default(),
         syncs: Vec::new(),
@@ -137,6 +172,7 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
         math: opts.math,
         framework: opts.framework,
         exec: opts.framework.exec(),
+        host: std::sync::Arc::new(host.clone()),
         meta: JobMeta {
             model: model.name.clone(),
             batch: model.batch,
@@ -162,6 +198,12 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             &mut g,
             OpSpec::compute(gpu, Phase::Fw, i as u32, cost(&work)),
             Some(work),
+        );
+        launch(
+            &mut g,
+            &mut last_launch,
+            o,
+            host.op_ns(work.class, false, work.kernels),
         );
         for &inp in &l.inputs {
             g.edges.push((fw_op[inp], o));
@@ -199,6 +241,12 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             OpSpec::compute(gpu, Phase::Bw, i as u32, cost(&work)),
             Some(work),
         );
+        launch(
+            &mut g,
+            &mut last_launch,
+            o,
+            host.op_ns(work.class, true, work.kernels),
+        );
         g.edges.push((fw_op[i], o));
         for &c in &consumers[i] {
             g.edges.push((bw_op[c], o));
@@ -219,8 +267,25 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             g.edges.push((bw_op[i], bw_done));
         }
     }
+    // `optimizer.step()` starts once every gradient is synchronised: one virtual op after every
+    // tensor's `In`, and the step's fixed host work.
+    // (A virtual join of the update phase, not a tensor's `In`: passes select those by kind.)
+    let all_synced = push(&mut g, OpSpec::new(OpKind::Out, Phase::Update, v, 0), None);
+    g.edges.push((bw_done, all_synced));
+    let step = push(
+        &mut g,
+        OpSpec::new(OpKind::CpuOther, Phase::Update, cpu, ns(host.step_ns())),
+        None,
+    );
+    if let Some(p) = last_launch {
+        g.edges.push((p, step));
+    }
+    last_launch = Some(step);
+    // The update is the optimizer's multi-tensor (`foreach`) kernels: `update_kernels` passes
+    // over the parameters, one launch per pass for every `FOREACH_TENSORS_PER_LAUNCH` tensors.
+    let passes = opt.update_kernels();
     let mut syncs = Vec::with_capacity(tensors.len());
-    for &(t, li, elems) in &tensors {
+    for (n, &(t, li, elems)) in tensors.iter().enumerate() {
         let out = push(
             &mut g,
             OpSpec {
@@ -240,12 +305,14 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             },
             None,
         );
+        g.edges.push((inn, all_synced));
+        let first_of_launch = n % FOREACH_TENSORS_PER_LAUNCH == 0;
         let work = OpWork::new(
             OpClass::Optimizer,
             elems as f64 * opt.update_flops_per_param(),
             0.0,
             (elems * opt.update_elems_per_param()) as f64,
-            1,
+            if first_of_launch { passes } else { 0 },
         );
         let u = push(
             &mut g,
@@ -256,7 +323,19 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             Some(work),
         );
         g.edges.push((inn, u));
+        g.edges.push((all_synced, u));
         g.edges.push((bw_done, u));
+        let call = if first_of_launch {
+            f64::from(passes) * host.foreach_ns(0)
+        } else {
+            0.0
+        };
+        launch(
+            &mut g,
+            &mut last_launch,
+            u,
+            call + f64::from(passes) * host.foreach_ns(1) - f64::from(passes) * host.foreach_ns(0),
+        );
         syncs.push(Sync {
             tensors: vec![t],
             bytes: elems * elem,
@@ -322,7 +401,10 @@ mod tests {
         let layers = m.layers.len();
         let tensors: usize = m.layers.iter().map(|l| l.params.len()).sum();
         let n = 8;
-        let expect = n * (2 * layers + 1 + 3 * tensors) + tensors * 4 * n * (n - 1);
+        // Per worker: FW and BW per layer, each with its host launch; backward done, all
+        // synchronised, the optimizer step's host work; per tensor Out, In, UPDATE and the
+        // UPDATE's launch. Ring: 2(n−1) steps of SEND and RECV per tensor and worker.
+        let expect = n * (4 * layers + 3 + 4 * tensors) + tensors * 4 * n * (n - 1);
         assert_eq!(g.op_count(), expect);
         assert_eq!(g.tensors().len(), tensors);
         // The first tensor to synchronise is the classifier's (last layer, ready first).

@@ -112,11 +112,23 @@ impl Optimizer {
             Optimizer::Adam => 2,
         }
     }
-    /// Elements read plus written per parameter by one unfused update (param, grad, states in;
-    /// param and states out).
+    /// Elements read plus written per parameter by one update with PyTorch's default
+    /// multi-tensor (`foreach`) implementation, each `_foreach_*` op a pass over its lists:
+    /// SGD with momentum and weight decay (`_single_tensor_sgd`'s `_multi_tensor_sgd`):
+    /// grad += wd·param (r2 w1), buf = m·buf (r1 w1), buf += grad (r2 w1), param −= lr·buf (r2 w1)
+    /// = 11; Adam (`_multi_tensor_adam`): lerp m (r2 w1), v·β₂ (r1 w1), v += g² (r2 w1),
+    /// √v → denom (r1 w1), denom /= bias (r1 w1), denom += ε (r1 w1), param −= m/denom (r3 w1) = 18.
     pub fn update_elems_per_param(self) -> u64 {
         match self {
-            Optimizer::SgdMomentum => 5,
+            Optimizer::SgdMomentum => 11,
+            Optimizer::Adam => 18,
+        }
+    }
+    /// `_foreach_*` passes (kernel launches per group of tensors) of one update (see
+    /// [`Optimizer::update_elems_per_param`]).
+    pub fn update_kernels(self) -> u32 {
+        match self {
+            Optimizer::SgdMomentum => 4,
             Optimizer::Adam => 7,
         }
     }

@@ -503,7 +503,7 @@ fn timeline_is_a_chrome_trace() {
 }
 
 #[test]
-fn timeline_that_cannot_be_written_is_bad_input_and_leaves_nothing() {
+fn timeline_that_cannot_be_written_is_an_output_error_and_leaves_nothing() {
     let dir = TempDir::new("timeline-errors");
     // A path inside a directory that does not exist.
     let missing = dir
@@ -514,7 +514,8 @@ fn timeline_that_cannot_be_written_is_bad_input_and_leaves_nothing() {
         .to_string();
     let mut args = SMALL.to_vec();
     args.extend(["--timeline", &missing]);
-    check_bad_input(&args, &missing);
+    // Exit 5, an output error (issue 14: it was 3, bad input).
+    check_error(&args, 5, &missing);
     assert!(dir.entries().is_empty(), "{:?}", dir.entries());
     // A path that is an existing directory: the temporary file is created next to it, and
     // must be gone after the failed rename.
@@ -522,7 +523,7 @@ fn timeline_that_cannot_be_written_is_bad_input_and_leaves_nothing() {
     let is_dir = dir.path().join("a-dir").display().to_string();
     let mut args = SMALL.to_vec();
     args.extend(["--timeline", &is_dir]);
-    check_bad_input(&args, &is_dir);
+    check_error(&args, 5, &is_dir);
     assert_eq!(dir.entries(), vec!["a-dir"]);
     assert_eq!(std::fs::read_dir(&is_dir).unwrap().count(), 0);
 }

@@ -311,9 +311,11 @@ fn bad_input_names_the_file_and_the_place() {
         "unknown GPU `v200`; built-in ones: ",
     );
     assert!(e.contains("v100-32gb") && e.contains("h200"), "{e}");
-    let (code, _, err) = run(&["lower-bound", &path("small_cnn.onnx"), "--batch", "0"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("invalid value '0' for '--batch <N>'"), "{err}");
+    // Issue 14: one code per kind of mistake — `--batch 0` is bad input here as in `replay`.
+    check_bad_input(
+        &["lower-bound", &path("small_cnn.onnx"), "--batch", "0"],
+        "batch must be at least 1, got 0",
+    );
     check_error(
         &[
             "lower-bound",

@@ -7,7 +7,17 @@
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
+//! * [`hostile_input`]: FIFOs, devices and folders at every file input, amplifying traces,
+//!   copies of one rank: exit 3 with one line, never a hang or an abort.
+//! * [`messages`]: nothing echoed from a file of another format, control characters escaped,
+//!   messages capped, output errors exit 5, one exit code per kind of mistake.
+//! * [`safe_output`]: Ctrl-C during a write, a failed export, kept modes, symlinked devices.
+//! * [`hostile_export`]: plans whose every name is hostile, exported for every framework, then
+//!   compiled, imported and sourced: nothing runs, every value comes back.
 //! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
+//! * [`fuzz_inputs`]: proptest mutations of configs, pass files, plans (then every emitter), the
+//!   performance database and nccl-tests tables: no panics, errors name the file, what is
+//!   accepted is in range.
 //! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
 //! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
@@ -21,10 +31,15 @@
 mod cli;
 mod exec_traces;
 mod export;
+mod fuzz_inputs;
 mod fuzz_traces;
+mod hostile_export;
+mod hostile_input;
 mod lower_bound;
+mod messages;
 mod plan;
 mod properties;
+mod safe_output;
 mod trace_bad_input;
 mod trace_fuzz;
 mod trace_multi;

@@ -9,10 +9,12 @@
 //!   all the pieces of one planned group may be in flight at once, as the plan replayed them;
 //! * `byteps_partitions.txt`: `<tensor> <partitions> <group>` per gradient tensor in issue order
 //!   (the group column is the dPRO fork's group file; stock BytePS synchronises per tensor).
-//!   A multi-tensor group's partition number is that of the group's fused buffer.
+//!   A multi-tensor group's partition number is that of the group's fused buffer. A tensor name
+//!   is one field ([`super::escape::record_field`]: whitespace and control characters escaped).
 //! * gradient accumulation → `backward_passes_per_step=k` of `bps.DistributedOptimizer`.
 
-use super::{Emitted, Facts, env_line, header, unmapped_passes};
+use super::escape::record_field;
+use super::{EmitError, Emitted, Facts, env_line, header, unmapped_passes};
 use crate::plan::Plan;
 
 /// Piece sizes are rounded up to this, bytes.
@@ -44,7 +46,7 @@ pub fn partition_bytes(plan: &Plan, f: &Facts) -> Option<u64> {
     Some(p.div_ceil(ALIGN_BYTES).max(1) * ALIGN_BYTES)
 }
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let c = &plan.config;
     let mut env = header(
@@ -62,7 +64,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
                     "no planned group is cut into more pieces than the plan chose"
                 }
             ));
-            env.push_str(&env_line("BYTEPS_PARTITION_BYTES", &p.to_string()));
+            env.push_str(&env_line("BYTEPS_PARTITION_BYTES", &p.to_string())?);
             let cut: Vec<&String> = f
                 .groups
                 .iter()
@@ -84,17 +86,18 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     }
     let credit = c.partitions.values().copied().max().unwrap_or(1).max(1);
     env.push_str("# partitions in flight: one planned group's pieces at a time\n");
-    env.push_str(&env_line("BYTEPS_SCHEDULING_CREDIT", &credit.to_string()));
+    env.push_str(&env_line("BYTEPS_SCHEDULING_CREDIT", &credit.to_string())?);
 
     let mut txt = header(
         plan,
         "per-tensor partition spec: `<tensor> <partitions> <group>`",
     );
+    txt.push_str("# a tensor name is one field: whitespace, backslashes, control and non-ASCII characters as \\ escapes (\\x20, \\n, \\xe9)\n");
     txt.push_str("# tensors in issue order; a group of several tensors is one fused buffer (dPRO's BytePS fork)\n");
     for (i, g) in f.groups.iter().enumerate() {
         let k = c.partitions.get(&g[0]).copied().unwrap_or(1);
         for t in g {
-            txt.push_str(&format!("{t} {k} {i}\n"));
+            txt.push_str(&format!("{} {k} {i}\n", record_field(t)));
         }
     }
     if f.fuses_tensors() {
@@ -107,13 +110,13 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
         ));
     }
     notes.extend(unmapped_passes(f, &[], "BytePS"));
-    Emitted {
+    Ok(Emitted {
         files: vec![
             ("byteps.env".into(), env),
             ("byteps_partitions.txt".into(), txt),
         ],
         notes,
-    }
+    })
 }
 
 #[cfg(test)]

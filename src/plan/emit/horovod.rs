@@ -12,7 +12,10 @@
 //! * gradient accumulation k → `backward_passes_per_step=k`;
 //! * `blueconnect` (hierarchical all-reduce) → `HOROVOD_HIERARCHICAL_ALLREDUCE=1`.
 
-use super::{Emitted, Facts, env_line, header, py_groups, py_ints, py_str, unmapped_passes};
+use super::{
+    EmitError, Emitted, Facts, comment_text, env_line, header, py_groups, py_ints, py_str,
+    unmapped_passes,
+};
 use crate::plan::Plan;
 
 /// Cycle time when the plan did not start from a Horovod baseline, ms.
@@ -23,7 +26,7 @@ pub fn fusion_threshold(bytes: u64) -> u64 {
     bytes.div_ceil(1 << 20).max(1) << 20
 }
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let mut env = header(
         plan,
@@ -34,7 +37,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
             env.push_str(&format!(
                 "# largest planned group: {b} B; every group must fit one fusion buffer\n"
             ));
-            env.push_str(&env_line("HOROVOD_FUSION_THRESHOLD", &fusion_threshold(b).to_string()));
+            env.push_str(&env_line(
+                "HOROVOD_FUSION_THRESHOLD",
+                &fusion_threshold(b).to_string(),
+            )?);
         }
         None => notes.push(
             "the plan has no tensor_bytes: set HOROVOD_FUSION_THRESHOLD to at least the largest group's bytes".into(),
@@ -49,23 +55,21 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
             "the plan issues each group when ready; a short cycle comes closest"
         }
     ));
-    env.push_str(&env_line("HOROVOD_CYCLE_TIME", &format!("{cycle}")));
+    env.push_str(&env_line("HOROVOD_CYCLE_TIME", &format!("{cycle}"))?);
     env.push_str(
         "# the groups= lists of trainplan_horovod.py are the plan's collectives exactly\n",
     );
-    env.push_str(&env_line("HOROVOD_DISABLE_GROUP_FUSION", "1"));
+    env.push_str(&env_line("HOROVOD_DISABLE_GROUP_FUSION", "1")?);
     if f.passes.iter().any(|p| p == "blueconnect") {
         env.push_str("# blueconnect: hierarchical all-reduce\n");
-        env.push_str(&env_line("HOROVOD_HIERARCHICAL_ALLREDUCE", "1"));
+        env.push_str(&env_line("HOROVOD_HIERARCHICAL_ALLREDUCE", "1")?);
     }
 
     let bytes = f.group_bytes.clone().unwrap_or_default();
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan to Horovod (PyTorch): exact gradient groups, accumulation, fp16\ngradient compression.\n\n    import trainplan_horovod\n    optimizer = trainplan_horovod.distributed_optimizer(optimizer, model)\n\nwith horovod.env loaded. Plan: {} on {} ({} ranks). Names: {}.\n\"\"\"\n\n",
-        plan.workload.model,
-        plan.workload.cluster,
-        plan.workload.ranks,
-        names_doc(plan)
+        "\"\"\"Apply a trainplan plan to Horovod (PyTorch): exact gradient groups, accumulation, fp16\ngradient compression.\n\n    import trainplan_horovod\n    optimizer = trainplan_horovod.distributed_optimizer(optimizer, model)\n\nwith horovod.env loaded. The plan is named in the comments below; NAMES says whose names it uses.\n\"\"\"\n\n{}# names: {}\n",
+        header(plan, "Horovod groups module"),
+        comment_text(&names_doc(plan))
     );
     py.push_str(&format!(
         "# Collectives in issue order (gradient-ready order), as parameter names.\nGROUPS = {}\n",
@@ -98,15 +102,17 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     }
     notes.extend(unmapped_passes(f, &["amp", "blueconnect"], "Horovod"));
     notes.push("load the env: `set -a; . ./horovod.env; set +a`, then wrap the optimizer with trainplan_horovod.distributed_optimizer(optimizer, model)".into());
-    Emitted {
+    Ok(Emitted {
         files: vec![
             ("horovod.env".into(), env),
             ("trainplan_horovod.py".into(), py),
         ],
         notes,
-    }
+    })
 }
 
+/// Whose names the plan uses, in words. Holds the plan's model name: for a `#` comment through
+/// [`comment_text`], never a docstring.
 pub(super) fn names_doc(plan: &Plan) -> String {
     if plan.workload.names == "zoo" {
         format!(

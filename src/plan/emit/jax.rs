@@ -12,10 +12,13 @@
 //! * op fusion → `FUSED_REGIONS` lists the planned clusters' layers for `jax.jit` boundaries.
 
 use super::horovod::names_doc;
-use super::{Emitted, Facts, env_line, header, py_groups, py_list, py_str, unmapped_passes};
+use super::{
+    EmitError, Emitted, Facts, comment_text, env_line, header, py_groups, py_list, py_str,
+    unmapped_passes,
+};
 use crate::plan::Plan;
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let mut env = header(plan, "JAX environment — `set -a; . ./jax.env; set +a`");
     let threshold = if f.fuses_tensors() {
@@ -29,14 +32,14 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
             env.push_str(&env_line(
                 "XLA_FLAGS",
                 &format!("--xla_gpu_all_reduce_combine_threshold_bytes={b}"),
-            ));
+            )?);
         }
         None => notes.push("the plan has no tensor_bytes: set --xla_gpu_all_reduce_combine_threshold_bytes to the largest group's bytes".into()),
     }
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan to JAX: remat policy, dtype policy, gradient accumulation.\n\n    import trainplan_jax as tp\n    loss_fn = tp.checkpoint(loss_fn)            # tag layer outputs with checkpoint_name\n    params16 = tp.cast_params(params)\n    optimizer = tp.multi_steps(optax.adamw(1e-4))\n\nNames: {}.\n\"\"\"\n\n{}\n",
-        names_doc(plan),
-        header(plan, "JAX policies")
+        "\"\"\"Apply a trainplan plan to JAX: remat policy, dtype policy, gradient accumulation.\n\n    import trainplan_jax as tp\n    loss_fn = tp.checkpoint(loss_fn)            # tag layer outputs with checkpoint_name\n    params16 = tp.cast_params(params)\n    optimizer = tp.multi_steps(optax.adamw(1e-4))\n\nThe plan and whose names it uses are in the comments below.\n\"\"\"\n\n{}# names: {}\n",
+        header(plan, "JAX policies"),
+        comment_text(&names_doc(plan))
     );
     py.push_str(&format!(
         "COMPUTE_DTYPE = {}\n",
@@ -69,10 +72,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
         ));
     }
     notes.extend(unmapped_passes(f, &["amp"], "JAX"));
-    Emitted {
+    Ok(Emitted {
         files: vec![("jax.env".into(), env), ("trainplan_jax.py".into(), py)],
         notes,
-    }
+    })
 }
 
 const JAX_PY: &str = r#"

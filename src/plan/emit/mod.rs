@@ -14,7 +14,16 @@
 //! **Invariant:** emitters are pure: no IO, the same plan gives byte-identical files (every map
 //! is ordered). Every Python file they produce compiles (`python3 -m py_compile`, tested) and
 //! imports its framework lazily, inside functions, so that it can be inspected anywhere. Env
-//! files are `KEY=value` lines (values with spaces are double-quoted) for `set -a; . FILE`.
+//! files are `KEY=value` lines (values single-quoted unless plain) for `set -a; . FILE`.
+//!
+//! **Invariant:** no string of a plan reaches a file unescaped. Names and other plan text go
+//! through the one escaping function of their target ([`escape`]): Python literals
+//! ([`py_str`]), `#` comments ([`comment_text`]), env values ([`env_line`]; control characters
+//! refused), one-record-per-line text ([`escape::record_field`]). Docstrings and the first two
+//! lines of every Python file are fixed text. Importing an emitted module or sourcing an emitted
+//! env file runs nothing but the emitter's own code, whatever the plan holds
+//! (`tests/it/hostile_export.rs` exports hostile plans for every framework, then compiles,
+//! imports and sources the files).
 //!
 //! **Names.** A plan refers to tensors and layers by the names of its source: a trace's own
 //! operator and parameter names, or for zoo plans the zoo's (torchvision / Hugging Face style:
@@ -22,6 +31,7 @@
 //! look every planned name up in the user's model and raise an error listing a few missing ones.
 
 mod byteps;
+pub mod escape;
 mod horovod;
 mod jax;
 mod pytorch;
@@ -30,6 +40,7 @@ mod xla;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Plan;
+pub(crate) use escape::{comment_text, env_line, py_str};
 
 /// A framework `trainplan export` writes for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -102,17 +113,20 @@ pub enum EmitError {
     UnknownFramework { name: String, known: String },
     #[error("the plan is inconsistent: {0}")]
     Inconsistent(String),
+    /// A value no escaping can carry into the target file (a control character in an env value).
+    #[error("cannot be exported safely: {0}")]
+    Unsafe(String),
 }
 
 /// Emit `plan` for `fw`.
 pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
     let facts = Facts::of(plan)?;
     let mut out = match fw {
-        Framework::Horovod => horovod::emit(plan, &facts),
-        Framework::Xla => xla::emit(plan, &facts),
-        Framework::Byteps => byteps::emit(plan, &facts),
-        Framework::Pytorch => pytorch::emit(plan, &facts),
-        Framework::Jax => jax::emit(plan, &facts),
+        Framework::Horovod => horovod::emit(plan, &facts)?,
+        Framework::Xla => xla::emit(plan, &facts)?,
+        Framework::Byteps => byteps::emit(plan, &facts)?,
+        Framework::Pytorch => pytorch::emit(plan, &facts)?,
+        Framework::Jax => jax::emit(plan, &facts)?,
     };
     if plan.workload.names == "zoo" {
         out.notes.insert(
@@ -362,11 +376,6 @@ pub(crate) fn collapse(all: &[String], chosen: &BTreeSet<&str>) -> Vec<String> {
     out
 }
 
-/// A Python string literal (JSON's escapes are Python's).
-pub(crate) fn py_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
-}
-
 /// A Python list of string literals, one per line when long.
 pub(crate) fn py_list(items: &[String], indent: &str) -> String {
     if items.is_empty() {
@@ -407,25 +416,18 @@ pub(crate) fn py_ints(v: &[u64]) -> String {
     )
 }
 
-/// One env line: `KEY=value`, the value double-quoted when it has spaces.
-pub(crate) fn env_line(key: &str, value: &str) -> String {
-    if value.contains(char::is_whitespace) {
-        format!("{key}=\"{value}\"\n")
-    } else {
-        format!("{key}={value}\n")
-    }
-}
-
-/// The header every emitted file carries (`#` comments in env, text and Python files).
+/// The header every emitted file carries (`#` comments in env, text and Python files). The
+/// plan's names go through [`comment_text`]: one printable-ASCII line each, whatever they hold.
+/// Never the first line of a Python file (see [`escape`]: an encoding declaration).
 pub(crate) fn header(plan: &Plan, what: &str) -> String {
     let w = &plan.workload;
     format!(
         "# trainplan export: {what}\n# plan: {} (batch {}/GPU) on {} ({} ranks), names: {}; predicted {:.1} ms → {:.1} ms ({:.2}x)\n",
-        w.model,
+        comment_text(&w.model),
         w.batch,
-        w.cluster,
+        comment_text(&w.cluster),
         w.ranks,
-        w.names,
+        comment_text(&w.names),
         plan.predicted.baseline.iteration_ms,
         plan.predicted.planned.iteration_ms,
         plan.predicted.speedup
@@ -578,14 +580,26 @@ pub(crate) mod tests {
                 !v.starts_with(' ') && !k.ends_with(' '),
                 "space around =: {l}"
             );
-            let v = v
-                .strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or(v);
-            assert!(!v.contains('"'), "stray quote: {l}");
-            out.insert(k.to_string(), v.to_string());
+            out.insert(
+                k.to_string(),
+                shell_word(v).unwrap_or_else(|| panic!("{l}")),
+            );
         }
         out
+    }
+
+    /// The value of one shell word as `env_value` writes it: bare, or single-quoted with `'\''`
+    /// for a quote. None for anything else.
+    pub(crate) fn shell_word(w: &str) -> Option<String> {
+        if !w.starts_with('\'') {
+            return (!w.contains(['\'', '"', '\\', '$', '`', ' ', ';'])).then(|| w.to_string());
+        }
+        let inner = w.strip_prefix('\'')?.strip_suffix('\'')?;
+        let parts: Vec<&str> = inner.split("'\\''").collect();
+        parts
+            .iter()
+            .all(|p| !p.contains('\''))
+            .then(|| parts.join("'"))
     }
 
     pub(crate) fn py_compile(name: &str, text: &str) {

@@ -21,7 +21,10 @@
 //! * `fused-adam` → `optimizer_kwargs()` = `{"fused": True}`.
 
 use super::horovod::names_doc;
-use super::{Emitted, Facts, header, py_groups, py_ints, py_list, py_str, unmapped_passes};
+use super::{
+    EmitError, Emitted, Facts, comment_text, header, py_groups, py_ints, py_list, py_str,
+    unmapped_passes,
+};
 use crate::plan::Plan;
 
 /// The module each fused cluster compiles: the longest common dotted prefix of its layer
@@ -55,20 +58,14 @@ pub fn compile_modules(f: &Facts) -> Vec<String> {
     out
 }
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let compile = compile_modules(f);
     let bytes = f.group_bytes.clone().unwrap_or_default();
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import apply_plan, autocast_context, make_grad_scaler, accumulate\n    model = apply_plan(model)          # after init_process_group, before training\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):\n        with accumulate(model, step), autocast_context():\n            loss = model(batch)\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nPlan: {} (batch {}/GPU) on {} ({} ranks), predicted {:.1} ms -> {:.1} ms.\nNames: {}.\n\"\"\"\n\n{}\nimport contextlib\nimport inspect\nimport warnings\n\n",
-        plan.workload.model,
-        plan.workload.batch,
-        plan.workload.cluster,
-        plan.workload.ranks,
-        plan.predicted.baseline.iteration_ms,
-        plan.predicted.planned.iteration_ms,
-        names_doc(plan),
-        header(plan, "PyTorch patch")
+        "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import apply_plan, autocast_context, make_grad_scaler, accumulate\n    model = apply_plan(model)          # after init_process_group, before training\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):\n        with accumulate(model, step), autocast_context():\n            loss = model(batch)\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nThe plan (model, cluster, predicted times) and whose names it uses are in the comments below.\n\"\"\"\n\n{}# names: {}\nimport contextlib\nimport inspect\nimport warnings\n\n",
+        header(plan, "PyTorch patch"),
+        comment_text(&names_doc(plan))
     );
     py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));
     py.push_str(&format!(
@@ -127,10 +124,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     }
     notes.extend(unmapped_passes(f, &["amp", "fused-adam"], "PyTorch"));
     notes.push("call apply_plan(model) after torch.distributed.init_process_group and before wrapping in DistributedDataParallel: it wraps the model itself".into());
-    Emitted {
+    Ok(Emitted {
         files: vec![("trainplan_patch.py".into(), py)],
         notes,
-    }
+    })
 }
 
 const PYTORCH_PY: &str = r#"

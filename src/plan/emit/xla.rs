@@ -9,6 +9,7 @@
 //!   when it fused (the op-fusion pass refuses a merge that closes a cycle); the plan holds
 //!   names only, so here each node is put in one cluster — clusters sharing a node are merged,
 //!   duplicates dropped ([`super::merge_clusters`]) — and the file has no node twice (tested);
+//!   a node name is one field ([`super::escape::record_field`]);
 //! * stock TF → `trainplan_xla.py`: `apply_to_graph(graph)` sets `_XlaCompile=True` and
 //!   `_XlaScope=trainplan_cluster_N` on each cluster's ops; `jit_scope()` for eager code;
 //! * exact tensor groups → `XLA_FLAGS=--xla_gpu_all_reduce_combine_threshold_bytes=<largest
@@ -16,8 +17,12 @@
 //! * AMP → the Keras mixed-precision policy (`mixed_float16` / `mixed_bfloat16`) in the module;
 //!   recomputation → the module lists the modules for `tf.recompute_grad`.
 
+use super::escape::record_field;
 use super::horovod::names_doc;
-use super::{Emitted, Facts, env_line, header, py_list, py_str, split_member, unmapped_passes};
+use super::{
+    EmitError, Emitted, Facts, comment_text, env_line, header, py_list, py_str, split_member,
+    unmapped_passes,
+};
 use crate::plan::Plan;
 
 /// The TF node name of a `layer PHASE` member.
@@ -46,7 +51,7 @@ pub fn cluster_lines(f: &Facts) -> Vec<(String, usize)> {
     out
 }
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let mut files = Vec::new();
     let lines = cluster_lines(f);
@@ -57,9 +62,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     let mut xla_flags = Vec::new();
     if !lines.is_empty() {
         env.push_str("# the planned op fusion: XLA auto-clustering with the plan's clusters\n");
-        env.push_str(&env_line("TF_XLA_FLAGS", "--tf_xla_auto_jit=2"));
+        env.push_str(&env_line("TF_XLA_FLAGS", "--tf_xla_auto_jit=2")?);
         env.push_str("# dPRO's TF fork reads the clusters from this file (make the path absolute if you run elsewhere)\n");
-        env.push_str(&env_line("XLA_CLUSTER_SPEC", "xla_clusters.txt"));
+        env.push_str(&env_line("XLA_CLUSTER_SPEC", "xla_clusters.txt")?);
     }
     if f.fuses_tensors() {
         match f.largest_group_bytes() {
@@ -71,14 +76,15 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
         env.push_str(
             "# planned tensor fusion: all-reduces combined up to the largest planned group\n",
         );
-        env.push_str(&env_line("XLA_FLAGS", &xla_flags.join(" ")));
+        env.push_str(&env_line("XLA_FLAGS", &xla_flags.join(" "))?);
     }
     files.push(("xla.env".to_string(), env));
     if !lines.is_empty() {
         let mut txt = header(plan, "XLA cluster spec: `<tf_node> <cluster_id>` per line");
         txt.push_str("# one cluster per planned fused op group; acyclicity was checked by the planner when it fused\n");
+        txt.push_str("# a node name is one field: whitespace, backslashes, control and non-ASCII characters as \\ escapes (\\x20, \\n, \\xe9)\n");
         for (n, id) in &lines {
-            txt.push_str(&format!("{n} {id}\n"));
+            txt.push_str(&format!("{} {id}\n", record_field(n)));
         }
         files.push(("xla_clusters.txt".to_string(), txt));
         notes.push(format!(
@@ -91,9 +97,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
     }
 
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan's op fusion and precision to stock TensorFlow.\n\n    import trainplan_xla\n    trainplan_xla.apply_to_graph(tf.compat.v1.get_default_graph())   # graph mode\n    trainplan_xla.set_precision_policy()                                # Keras\n\nNames: {}.\n\"\"\"\n\n{}\n",
-        names_doc(plan),
-        header(plan, "stock-TF XLA scopes")
+        "\"\"\"Apply a trainplan plan's op fusion and precision to stock TensorFlow.\n\n    import trainplan_xla\n    trainplan_xla.apply_to_graph(tf.compat.v1.get_default_graph())   # graph mode\n    trainplan_xla.set_precision_policy()                                # Keras\n\nThe plan and whose names it uses are in the comments below.\n\"\"\"\n\n{}# names: {}\n",
+        header(plan, "stock-TF XLA scopes"),
+        comment_text(&names_doc(plan))
     );
     py.push_str("# Node name -> cluster id (the plan's fused op groups).\nCLUSTERS = {\n");
     for (n, id) in &lines {
@@ -122,7 +128,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Emitted {
         ));
     }
     notes.extend(unmapped_passes(f, &["amp"], "TensorFlow/XLA"));
-    Emitted { files, notes }
+    Ok(Emitted { files, notes })
 }
 
 const XLA_PY: &str = r#"

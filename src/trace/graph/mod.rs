@@ -548,6 +548,7 @@ pub(crate) fn one_worker_job(
         math: Math::FP32,
         framework: Framework::default(),
         exec: Exec::Eager,
+        host: std::sync::Arc::new(crate::cost::host::HostSpec::builtin(Exec::Eager)),
         meta: JobMeta {
             model: name.to_string(),
             batch: 0,

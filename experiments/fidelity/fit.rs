@@ -1,0 +1,179 @@
+//! The fit: the architecture constants (per GPU architecture and operator class) and the host's
+//! speed factor that minimise the mean |log(predicted / measured)| iteration time over the
+//! fit half, by argmin's Nelder–Mead. Nothing per model or per row: one value per
+//! (architecture, class) or per host, shared by every row that uses it.
+
+use std::collections::BTreeMap;
+
+use argmin::core::{CostFunction, Executor, State};
+use argmin::solver::neldermead::NelderMead;
+use rayon::prelude::*;
+
+use trainplan::cost::config::{ArchSpec, load_gpu_arch};
+
+use super::predict::{Overrides, predict};
+use super::rows::Case;
+
+/// One fitted constant: where it lives and its bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct Param {
+    pub arch: Option<&'static str>,
+    pub name: &'static str,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+fn get(a: &ArchSpec, name: &str) -> f64 {
+    match name {
+        "gemm_efficiency.cuda_core" => a.gemm_efficiency.cuda_core,
+        "gemm_efficiency.tensor_core" => a.gemm_efficiency.tensor_core,
+        "conv_efficiency.cuda_core" => a.conv_efficiency.cuda_core,
+        "conv_efficiency.tensor_core" => a.conv_efficiency.tensor_core,
+        "memory_efficiency" => a.memory_efficiency,
+        "reduction_half" => a.reduction_half,
+        "tile_half_intensity" => a.tile_half_intensity,
+        other => panic!("unknown constant {other}"),
+    }
+}
+
+fn set(a: &mut ArchSpec, name: &str, v: f64) {
+    match name {
+        "gemm_efficiency.cuda_core" => a.gemm_efficiency.cuda_core = v,
+        "gemm_efficiency.tensor_core" => a.gemm_efficiency.tensor_core = v,
+        "conv_efficiency.cuda_core" => a.conv_efficiency.cuda_core = v,
+        "conv_efficiency.tensor_core" => a.conv_efficiency.tensor_core = v,
+        "memory_efficiency" => a.memory_efficiency = v,
+        "reduction_half" => a.reduction_half = v,
+        "tile_half_intensity" => a.tile_half_intensity = v,
+        other => panic!("unknown constant {other}"),
+    }
+}
+
+/// The constants fitted: those the fit half's rows exercise.
+pub fn params() -> Vec<Param> {
+    let p = |arch, name, lo, hi| Param {
+        arch: Some(arch),
+        name,
+        lo,
+        hi,
+    };
+    let mut v = vec![
+        p("volta", "gemm_efficiency.cuda_core", 0.3, 1.0),
+        p("volta", "conv_efficiency.cuda_core", 0.3, 1.0),
+    ];
+    for arch in ["volta", "ampere", "hopper"] {
+        v.push(p(arch, "gemm_efficiency.tensor_core", 0.2, 1.0));
+        v.push(p(arch, "conv_efficiency.tensor_core", 0.2, 1.0));
+        v.push(p(arch, "memory_efficiency", 0.3, 1.0));
+    }
+    for arch in ["volta", "ampere", "hopper"] {
+        v.push(p(arch, "reduction_half", 0.0, 512.0));
+    }
+    v.push(Param {
+        arch: None,
+        name: "host.speed",
+        lo: 0.1,
+        hi: 3.0,
+    });
+    v
+}
+
+/// The overrides `x` stands for.
+pub fn overrides(ps: &[Param], x: &[f64]) -> Overrides {
+    let mut o = Overrides::default();
+    for (p, &v) in ps.iter().zip(x) {
+        let v = v.clamp(p.lo, p.hi);
+        match p.arch {
+            Some(a) => {
+                let spec = o
+                    .arch
+                    .entry(a.to_string())
+                    .or_insert_with(|| load_gpu_arch(a).expect("built-in architecture"));
+                set(spec, p.name, v);
+            }
+            None => o.host_speed = Some(v),
+        }
+    }
+    o
+}
+
+/// The configs' current values of `ps`.
+pub fn current(ps: &[Param]) -> Vec<f64> {
+    ps.iter()
+        .map(|p| match p.arch {
+            Some(a) => get(&load_gpu_arch(a).expect("built-in architecture"), p.name),
+            None => trainplan::cost::host::HostSpec::default().speed,
+        })
+        .collect()
+}
+
+struct Loss<'a> {
+    cases: &'a [Case],
+    params: Vec<Param>,
+}
+
+impl CostFunction for Loss<'_> {
+    type Param = Vec<f64>;
+    type Output = f64;
+    fn cost(&self, x: &Vec<f64>) -> Result<f64, argmin::core::Error> {
+        let o = overrides(&self.params, x);
+        let errs: Vec<f64> = self
+            .cases
+            .par_iter()
+            .filter_map(|c| {
+                let m = c.measured_ms?;
+                let p = predict(c, &o).ok()?;
+                Some((p.iteration_ms / m).ln().abs())
+            })
+            .collect();
+        // Leaving the bounds costs as much as being that far off.
+        let outside: f64 = self
+            .params
+            .iter()
+            .zip(x)
+            .map(|(p, &v)| ((p.lo - v).max(0.0) + (v - p.hi).max(0.0)) / (p.hi - p.lo))
+            .sum();
+        Ok(errs.iter().sum::<f64>() / errs.len().max(1) as f64 + outside)
+    }
+}
+
+/// Fits on `cases` from the configs' values; returns (constant, before, after) rows.
+pub fn fit(cases: &[Case], iters: u64) -> Vec<(String, f64, f64)> {
+    let ps = params();
+    let x0 = current(&ps);
+    let mut simplex = vec![x0.clone()];
+    for (i, p) in ps.iter().enumerate() {
+        let mut x = x0.clone();
+        x[i] += 0.1 * (p.hi - p.lo);
+        if x[i] > p.hi {
+            x[i] = x0[i] - 0.1 * (p.hi - p.lo);
+        }
+        simplex.push(x);
+    }
+    let solver = NelderMead::new(simplex)
+        .with_sd_tolerance(1e-5)
+        .expect("a valid tolerance");
+    let loss = Loss {
+        cases,
+        params: ps.clone(),
+    };
+    let before = loss.cost(&x0).unwrap_or(f64::NAN);
+    let res = Executor::new(loss, solver)
+        .configure(|s| s.max_iters(iters))
+        .run()
+        .expect("the fit runs");
+    let best = res.state().get_best_param().cloned().unwrap_or(x0.clone());
+    eprintln!(
+        "fit: mean |log error| {before:.4} → {:.4} after {} iterations",
+        res.state().get_best_cost(),
+        res.state().get_iter()
+    );
+    let mut out = Vec::new();
+    let mut seen = BTreeMap::new();
+    for ((p, a), b) in ps.iter().zip(&x0).zip(&best) {
+        let key = format!("{}.{}", p.arch.unwrap_or("host"), p.name);
+        seen.insert(key.clone(), ());
+        out.push((key, *a, b.clamp(p.lo, p.hi)));
+    }
+    out
+}

@@ -1,0 +1,391 @@
+//! How far trainplan's predictions are from published measurements.
+//!
+//! Every row of `experiments/fidelity/data/published.csv` that trainplan can express (see
+//! `rows.rs` for what is skipped and why) plus dPRO's Tables 2 and 4 is predicted through the
+//! same path as `trainplan replay/whatif --model` and compared with its measurement: iteration
+//! time, memory, and the effects derived from pairs of rows (the AMP speed-up, 1→N GPU scaling
+//! efficiency). Rows are split in two halves by a hash of their id: `fit` (what
+//! `--fit` may calibrate the architecture constants on) and `held-out` (what the summary
+//! reports). dPRO's tables are never fitted on.
+//!
+//! Run: `cargo run --release --example fidelity` → `experiments/results/fidelity.{md,csv,svg}`;
+//! `-- --fit` also fits the architecture constants on the fit half (argmin) and prints them.
+
+#[path = "../svg.rs"]
+mod svg;
+
+mod fit;
+mod predict;
+mod rows;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use rows::Case;
+
+/// Which half a row is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Split {
+    Fit,
+    HeldOut,
+    /// dPRO's tables: reported on their own, never fitted.
+    Check,
+}
+
+impl Split {
+    fn name(self) -> &'static str {
+        match self {
+            Split::Fit => "fit",
+            Split::HeldOut => "held-out",
+            Split::Check => "dpro",
+        }
+    }
+}
+
+/// FNV-1a of a key: a split that does not depend on row order.
+fn split_of(key: &str) -> Split {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    if h % 2 == 0 {
+        Split::Fit
+    } else {
+        Split::HeldOut
+    }
+}
+
+/// One compared figure.
+#[derive(Clone, Debug)]
+pub struct Result_ {
+    pub kind: &'static str,
+    pub id: String,
+    pub family: &'static str,
+    pub setting: String,
+    pub source: String,
+    pub measured: f64,
+    pub predicted: f64,
+    split: Split,
+}
+
+impl Result_ {
+    /// Relative error, %.
+    fn error_pct(&self) -> f64 {
+        100.0 * (self.predicted / self.measured - 1.0)
+    }
+}
+
+fn mean_abs(v: &[&Result_]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.iter().map(|r| r.error_pct().abs()).sum::<f64>() / v.len() as f64
+}
+
+/// Pairs of cases that isolate one effect: (key without the varied field) → cases.
+fn pairs<'a>(
+    cases: &'a [(Case, f64)],
+    key: impl Fn(&Case) -> Option<String>,
+) -> BTreeMap<String, Vec<&'a (Case, f64)>> {
+    let mut m: BTreeMap<String, Vec<&(Case, f64)>> = BTreeMap::new();
+    for c in cases {
+        if let Some(k) = key(&c.0) {
+            m.entry(k).or_default().push(c);
+        }
+    }
+    m.retain(|_, v| v.len() >= 2);
+    m
+}
+
+fn main() {
+    let fit = std::env::args().any(|a| a == "--fit");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (cases, skipped) = rows::load(&root.join("experiments/fidelity/data/published.csv"));
+    eprintln!(
+        "{} cases, {} rows skipped; predicting…",
+        cases.len(),
+        skipped.len()
+    );
+    if fit {
+        let iters = std::env::args()
+            .skip_while(|a| a != "--iters")
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(300);
+        let fit_half: Vec<Case> = cases
+            .iter()
+            .filter(|c| c.family != "dpro" && split_of(&c.id) == Split::Fit)
+            .cloned()
+            .collect();
+        eprintln!(
+            "fitting on {} cases ({iters} iterations at most)…",
+            fit_half.len()
+        );
+        for (name, before, after) in fit::fit(&fit_half, iters) {
+            println!("{name:45} {before:10.4} → {after:10.4}");
+        }
+        return;
+    }
+    let predicted: Vec<(Case, Result<predict::Prediction, String>)> = cases
+        .into_par_iter()
+        .map(|c| {
+            let p = predict::predict(&c, &predict::Overrides::default());
+            (c, p)
+        })
+        .collect();
+    let mut results: Vec<Result_> = Vec::new();
+    let mut failed = Vec::new();
+    let mut timed: Vec<(Case, f64)> = Vec::new();
+    for (c, p) in predicted {
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => {
+                failed.push((c.id.clone(), e));
+                continue;
+            }
+        };
+        let split = if c.family == "dpro" {
+            Split::Check
+        } else {
+            split_of(&c.id)
+        };
+        if let Some(m) = c.measured_ms {
+            results.push(Result_ {
+                kind: "iteration",
+                id: c.id.clone(),
+                family: c.family,
+                setting: c.setting(),
+                source: format!("{} {}", c.source, c.locator),
+                measured: m,
+                predicted: p.iteration_ms,
+                split,
+            });
+            timed.push((c.clone(), p.iteration_ms));
+        }
+        if let Some(m) = c.measured_gb {
+            results.push(Result_ {
+                kind: "memory",
+                id: c.id.clone(),
+                family: c.family,
+                setting: c.setting(),
+                source: format!("{} {}", c.source, c.locator),
+                measured: m,
+                predicted: p.memory_gb,
+                split,
+            });
+        }
+    }
+    // Derived effects from pairs: per-sample times, so batches may differ.
+    let measured_per_sample = |c: &Case| c.measured_ms.unwrap_or(f64::NAN) / c.samples;
+    let amp = pairs(&timed, |c| {
+        (c.family != "dpro").then(|| {
+            format!(
+                "{}|{}|{:?}|{:?}|{}|{}|{}|{}",
+                c.source,
+                c.model,
+                c.opts.seq,
+                c.opts.head,
+                c.gpu,
+                c.gpus,
+                c.nodes,
+                c.accum > 1
+            )
+        })
+    });
+    for (k, v) in &amp {
+        let half = v
+            .iter()
+            .find(|(c, _)| c.precision == Some(trainplan::cost::framework::Precision::Fp16));
+        let full = v
+            .iter()
+            .find(|(c, _)| c.precision != Some(trainplan::cost::framework::Precision::Fp16));
+        if let (Some((h, hp)), Some((f, fp))) = (half, full) {
+            results.push(Result_ {
+                kind: "amp_speedup",
+                id: format!("{}+{}", f.id, h.id),
+                family: f.family,
+                setting: format!("{} → fp16", f.setting()),
+                source: f.source.clone(),
+                measured: measured_per_sample(f) / measured_per_sample(h),
+                predicted: (fp / f.samples) / (hp / h.samples),
+                split: split_of(k),
+            });
+        }
+    }
+    let scaling = pairs(&timed, |c| {
+        (c.family != "dpro" && c.family != "vtrain").then(|| {
+            format!(
+                "{}|{}|{:?}|{:?}|{}|{:?}|{:?}|{}",
+                c.source,
+                c.model,
+                c.opts.seq,
+                c.opts.head,
+                c.gpu,
+                c.precision,
+                c.opts.batch,
+                c.accum
+            )
+        })
+    });
+    for (k, v) in &scaling {
+        let one = v.iter().find(|(c, _)| c.gpus == 1);
+        let eight = v.iter().find(|(c, _)| c.gpus == 8);
+        if let (Some((o, op)), Some((e, ep))) = (one, eight) {
+            let eff = |t1: f64, t8: f64| (e.samples / t8 / 8.0) / (o.samples / t1);
+            results.push(Result_ {
+                kind: "scaling_1_to_8",
+                id: format!("{}+{}", o.id, e.id),
+                family: o.family,
+                setting: format!("{} → 8 GPUs", o.setting()),
+                source: o.source.clone(),
+                measured: eff(
+                    o.measured_ms.unwrap_or(f64::NAN),
+                    e.measured_ms.unwrap_or(f64::NAN),
+                ),
+                predicted: eff(*op, *ep),
+                split: split_of(k),
+            });
+        }
+    }
+    report(root, &results, &skipped, &failed);
+}
+
+/// Writes `experiments/results/fidelity.{md,csv,svg}` and prints the summary.
+fn report(
+    root: &Path,
+    results: &[Result_],
+    skipped: &[(String, String)],
+    failed: &[(String, String)],
+) {
+    let dir = root.join("experiments/results");
+    std::fs::create_dir_all(&dir).expect("create experiments/results");
+    let mut csv =
+        String::from("kind,split,family,id,setting,measured,predicted,error_pct,source\n");
+    for r in results {
+        let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{:.4},{:.4},{:.2},{}",
+            r.kind,
+            r.split.name(),
+            r.family,
+            q(&r.id),
+            q(&r.setting),
+            r.measured,
+            r.predicted,
+            r.error_pct(),
+            q(&r.source)
+        );
+    }
+    std::fs::write(dir.join("fidelity.csv"), csv).expect("write fidelity.csv");
+    let summary = summary_table(results);
+    let mut md = String::from(
+        "# Fidelity: trainplan against published measurements\n\n\
+         Generated by `cargo run --release --example fidelity`; every row with its source is in \
+         `fidelity.csv`. Error = predicted / measured − 1 (for scaling efficiency: points).\n\n",
+    );
+    md.push_str(&summary);
+    let mut by: BTreeMap<(&str, &str, Split), Vec<&Result_>> = BTreeMap::new();
+    for r in results {
+        by.entry((r.kind, r.family, r.split)).or_default().push(r);
+    }
+    md.push_str("\n## Per source\n\n| figure | source | half | rows | mean abs error | median signed error |\n|---|---|---|---|---|---|\n");
+    for ((kind, fam, split), v) in &by {
+        let mut signed: Vec<f64> = v.iter().map(|r| err(r)).collect();
+        signed.sort_by(f64::total_cmp);
+        let _ = writeln!(
+            md,
+            "| {kind} | {fam} | {} | {} | {:.1} | {:+.1} |",
+            split.name(),
+            v.len(),
+            v.iter().map(|r| err(r).abs()).sum::<f64>() / v.len() as f64,
+            signed[signed.len() / 2]
+        );
+    }
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, why) in skipped {
+        *reasons.entry(why.as_str()).or_default() += 1;
+    }
+    md.push_str("\n## Rows not used\n\n| reason | rows |\n|---|---|\n");
+    for (why, n) in &reasons {
+        let _ = writeln!(md, "| {why} | {n} |");
+    }
+    for (id, why) in failed {
+        let _ = writeln!(md, "| prediction failed for {id}: {why} | 1 |");
+    }
+    std::fs::write(dir.join("fidelity.md"), &md).expect("write fidelity.md");
+    print!("{summary}");
+}
+
+/// The error a row is judged by: % for times, memory and speed-ups; points for efficiency.
+fn err(r: &Result_) -> f64 {
+    if r.kind.starts_with("scaling") {
+        100.0 * (r.predicted - r.measured)
+    } else {
+        r.error_pct()
+    }
+}
+
+/// The summary table (the README's).
+fn summary_table(results: &[Result_]) -> String {
+    let mut s = String::from(
+        "| prediction | held-out rows | mean abs error | max abs error | fit rows | mean abs error (fit) |\n|---|---|---|---|---|---|\n",
+    );
+    for (kind, label, unit) in [
+        ("iteration", "iteration time", "%"),
+        ("amp_speedup", "AMP speed-up", "%"),
+        ("scaling_1_to_8", "1→8 GPU scaling efficiency", " points"),
+        ("memory", "peak memory", "%"),
+    ] {
+        let pick = |sp: Split| -> Vec<&Result_> {
+            results
+                .iter()
+                .filter(|r| r.kind == kind && r.split == sp)
+                .collect()
+        };
+        let (h, f) = (pick(Split::HeldOut), pick(Split::Fit));
+        let m = |v: &[&Result_]| {
+            if v.is_empty() {
+                "—".to_string()
+            } else {
+                format!(
+                    "{:.1}{unit}",
+                    v.iter().map(|r| err(r).abs()).sum::<f64>() / v.len() as f64
+                )
+            }
+        };
+        let mx = |v: &[&Result_]| {
+            v.iter()
+                .map(|r| err(r).abs())
+                .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
+                .map_or("—".to_string(), |x| format!("{x:.1}{unit}"))
+        };
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} | {} |",
+            h.len(),
+            m(&h),
+            mx(&h),
+            f.len(),
+            m(&f)
+        );
+    }
+    let dpro: Vec<&Result_> = results.iter().filter(|r| r.split == Split::Check).collect();
+    for r in dpro {
+        let _ = writeln!(
+            s,
+            "| dPRO {} ({}) | measured {:.1} | predicted {:.1} | {:+.1} % | | |",
+            r.kind,
+            r.id,
+            r.measured,
+            r.predicted,
+            r.error_pct()
+        );
+    }
+    let _ = mean_abs;
+    s
+}

@@ -1,0 +1,96 @@
+//! A case's prediction through the library path the CLI takes: the zoo model as its framework
+//! runs it by default (`search::baselines::zoo_baseline`), then the passes the measured run
+//! used (`recompute`, `grad-accumulation:k=K`), replayed on the symmetric form.
+
+use std::collections::BTreeMap;
+
+use trainplan::cost::config::{self, ArchSpec, Cluster};
+use trainplan::cost::host::HostSpec;
+use trainplan::passes;
+use trainplan::search::baselines;
+
+use super::rows::{Case, MemoryKind};
+
+/// What the model says about a case.
+#[derive(Clone, Copy, Debug)]
+pub struct Prediction {
+    pub iteration_ms: f64,
+    /// Peak memory per GPU of the kind the case measured, GB.
+    pub memory_gb: f64,
+}
+
+/// The case's cluster: `gpus` GPUs of its type on `nodes` nodes, NVLink inside a node.
+pub fn cluster(c: &Case) -> Result<Cluster, String> {
+    let intra = match c.gpu {
+        g if g.starts_with("v100") => "nvlink-v100",
+        g if g.starts_with("a100") => "nvlink-a100",
+        _ => "nvlink-h100",
+    };
+    let per_node = c.gpus / c.nodes.max(1);
+    if per_node * c.nodes != c.gpus {
+        return Err(format!(
+            "{} GPUs do not split over {} nodes",
+            c.gpus, c.nodes
+        ));
+    }
+    let yaml = format!(
+        "name: {n}x{g}\ngpu: {g}\nnodes: {nodes}\ngpus_per_node: {per_node}\nintra: {intra}\n{inter}sync: ring\n",
+        n = c.gpus,
+        g = c.gpu,
+        nodes = c.nodes,
+        inter = c.inter.map_or(String::new(), |i| format!("inter: {i}\n")),
+    );
+    config::parse_cluster(&yaml, "fidelity", None).map_err(|e| e.to_string())
+}
+
+/// Constants the fit varies: architecture constants by name, the hosts' speed factor.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub arch: BTreeMap<String, ArchSpec>,
+    pub host_speed: Option<f64>,
+}
+
+/// The prediction of `c`, with the configs' constants replaced by `o`'s (the fit).
+pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
+    let model = trainplan::zoo::model(&c.model, &c.opts).map_err(|e| e.to_string())?;
+    let mut cl = cluster(c)?;
+    if let Some(a) = o.arch.get(&cl.gpu.arch) {
+        cl.gpu.kernels = a.clone();
+    }
+    let host = o.host_speed.map(|s| HostSpec {
+        speed: s,
+        ..HostSpec::builtin(c.framework.exec())
+    });
+    let (mut job, flat, _) =
+        baselines::zoo_baseline(&model, &cl, c.framework, c.precision, false, true, host)?;
+    if c.horovod_sync {
+        let fw = trainplan::cost::framework::Framework::Horovod;
+        job = baselines::framework_default(&flat, fw, &|j| passes::evaluate(j))
+            .map_err(|e| e.to_string())?
+            .0;
+    }
+    let reg = passes::registry();
+    let mut steps: Vec<(&str, Vec<(String, String)>)> = Vec::new();
+    if c.recompute {
+        steps.push(("recompute", Vec::new()));
+    }
+    if c.accum > 1 {
+        steps.push(("grad-accumulation", vec![("k".into(), c.accum.to_string())]));
+    }
+    let mut cur = passes::evaluate(job).map_err(|e| e.to_string())?;
+    for (name, knobs) in steps {
+        let p = passes::find(&reg, name).map_err(|e| e.to_string())?;
+        let k = passes::resolve_knobs(p, &knobs).map_err(|e| e.to_string())?;
+        let patches = p.propose(&cur, &k).map_err(|e| e.to_string())?;
+        let j = passes::apply_all(&cur.job, &patches).map_err(|e| e.to_string())?;
+        cur = passes::evaluate(j).map_err(|e| e.to_string())?;
+    }
+    let memory = match c.memory_kind {
+        MemoryKind::Reserved => cur.memory.peak_bytes,
+        _ => cur.memory.peak_bytes,
+    };
+    Ok(Prediction {
+        iteration_ms: cur.iteration_ns() as f64 / 1e6,
+        memory_gb: memory as f64 / 1e9,
+    })
+}

@@ -1,0 +1,373 @@
+//! The fidelity set: published measurements (`experiments/fidelity/data/published.csv`, dPRO's
+//! Tables 2–4) turned into trainplan settings. A row the tool cannot express (tensor or
+//! pipeline parallelism, a GPU without a config, XLA runs, an unstated interconnect, no
+//! derivable iteration time) is skipped with its reason; nothing is guessed.
+
+use std::collections::BTreeMap;
+
+use trainplan::cost::framework::{Framework, Precision};
+use trainplan::zoo::{Head, ModelOptions};
+
+/// One measured setting the model predicts.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub id: String,
+    /// Source family (`dle`, `vtrain`, …): errors are reported per family.
+    pub family: &'static str,
+    pub source: String,
+    pub locator: String,
+    pub model: String,
+    pub opts: ModelOptions,
+    pub gpu: &'static str,
+    pub gpus: u32,
+    pub nodes: u32,
+    /// Inter-node network (built-in name) when `nodes > 1`.
+    pub inter: Option<&'static str>,
+    pub framework: Framework,
+    /// Gradient synchronisation as run, when it is not the framework's (TF + Horovod).
+    pub horovod_sync: bool,
+    pub precision: Option<Precision>,
+    pub recompute: bool,
+    pub accum: u32,
+    /// Measured time of one optimizer step (or micro-step, see the row's notes), ms.
+    pub measured_ms: Option<f64>,
+    /// Measured peak memory per GPU, GB (10⁹ B), and what was measured.
+    pub measured_gb: Option<f64>,
+    pub memory_kind: MemoryKind,
+    /// Samples the measured time covers (all GPUs): throughput = samples / time.
+    pub samples: f64,
+}
+
+/// What a memory figure counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryKind {
+    None,
+    /// The framework's peak in use (tensors, workspaces), as dPRO reports TensorFlow's.
+    Allocated,
+    /// What `nvidia-smi` shows: the allocator's reserved pool plus the CUDA context.
+    Reserved,
+}
+
+impl Case {
+    /// One line describing the setting.
+    pub fn setting(&self) -> String {
+        let mut s = format!(
+            "{} b{}{} {}x{}{} {} {}",
+            self.model,
+            self.opts.batch.unwrap_or(0),
+            self.opts.seq.map_or(String::new(), |q| format!(" s{q}")),
+            self.gpus,
+            self.gpu,
+            if self.nodes > 1 {
+                format!(" ({} nodes)", self.nodes)
+            } else {
+                String::new()
+            },
+            self.framework,
+            self.precision.map_or("default", |p| p.name()),
+        );
+        if let Some(h) = self.opts.hidden {
+            s.push_str(&format!(" h{h} l{}", self.opts.layers.unwrap_or(0)));
+        }
+        if self.recompute {
+            s.push_str(" +recompute");
+        }
+        if self.accum > 1 {
+            s.push_str(&format!(" +accum{}", self.accum));
+        }
+        s
+    }
+}
+
+fn family(source: &str) -> Option<&'static str> {
+    let s = source.to_ascii_lowercase();
+    Some(if s.contains("via-research") {
+        "vtrain"
+    } else if s.contains("deeplearningexamples") {
+        "dle"
+    } else if s.contains("dlperf") {
+        "dlperf"
+    } else if s.contains("lambdal") {
+        "lambda"
+    } else if s.contains("huggingface") {
+        "hf"
+    } else if s.contains("deepspeed") {
+        "deepspeed"
+    } else if s.contains("tensorflow/tensorflow") {
+        "tf-benchmarks"
+    } else if s.contains("korthikanti") {
+        "korthikanti"
+    } else if s.contains("narayanan") {
+        "megatron"
+    } else {
+        return None;
+    })
+}
+
+fn gpu_config(gpu: &str) -> Option<&'static str> {
+    let g = gpu.to_ascii_uppercase();
+    if g.contains("V100") {
+        Some(if g.contains("16GB") {
+            "v100-16gb"
+        } else {
+            "v100-32gb"
+        })
+    } else if g.contains("A100") {
+        Some(if g.contains("40GB") {
+            "a100-40gb"
+        } else {
+            "a100-80gb"
+        })
+    } else if g.contains("H100") {
+        Some("h100-sxm")
+    } else {
+        None
+    }
+}
+
+/// Parses `KEY=n` out of free text.
+fn field(text: &str, key: &str) -> Option<u32> {
+    let i = text.find(&format!("{key}="))?;
+    text[i + key.len() + 1..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()
+}
+
+/// A row of `published.csv` as a case, or why it is skipped.
+pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
+    let get = |k: &str| r.get(k).map(String::as_str).unwrap_or("").trim();
+    let num = |k: &str| get(k).parse::<f64>().ok();
+    let id = get("id").to_string();
+    let source = get("source").to_string();
+    let family = family(&source).ok_or("source family not used")?;
+    let notes = get("notes");
+    if notes.contains("SUSPICIOUS") {
+        return Err("flagged suspicious by the collector".into());
+    }
+    let metric = get("metric");
+    if !matches!(metric, "throughput" | "iteration_time") {
+        return Err(format!("metric `{metric}` is not a step time"));
+    }
+    let measured_ms = num("iteration_ms").ok_or("no iteration time derivable")?;
+    let extra = get("extra");
+    let framework_text = get("framework").to_ascii_lowercase();
+    let precision_text = get("precision").to_ascii_lowercase();
+    if extra.to_ascii_lowercase().contains("xla") || precision_text.contains("xla") {
+        return Err("XLA runs: the baseline would need XLA's fusion".into());
+    }
+    for key in ["TP", "PP"] {
+        if field(extra, key).is_some_and(|v| v != 1) {
+            return Err("tensor or pipeline parallelism (trainplan plans data parallelism)".into());
+        }
+    }
+    let gpu = gpu_config(get("gpu")).ok_or("no GPU config for this GPU")?;
+    let gpus = num("gpus").ok_or("no GPU count")? as u32;
+    let nodes = num("nodes").unwrap_or(1.0).max(1.0) as u32;
+    let network = get("network").to_ascii_lowercase();
+    let inter = if nodes > 1 {
+        if network.contains("edr 100") {
+            Some("rdma-100g")
+        } else {
+            return Err("multi-node interconnect not stated".into());
+        }
+    } else {
+        None
+    };
+    let micro = num("micro_batch").ok_or("no per-GPU batch")? as u32;
+    let per_micro_step = notes.contains("iteration_ms derived per forward+backward micro-step");
+    let accum = if per_micro_step {
+        1
+    } else {
+        num("accum_steps").unwrap_or(1.0).max(1.0) as u32
+    };
+    let model_name = get("model").to_ascii_lowercase();
+    let seq = num("seq").map(|s| s as u32);
+    let text = format!("{} {} {}", get("locator"), extra, notes).to_ascii_lowercase();
+    // trainplan's batch is per GPU per optimizer step; accumulation splits it into micro-steps.
+    let mut opts = ModelOptions {
+        batch: Some(micro * accum),
+        ..Default::default()
+    };
+    let model = match model_name.as_str() {
+        "resnet50" => "resnet50",
+        "bert-base" | "bert-large" => {
+            opts.seq = seq;
+            opts.head = Some(if text.contains("squad") || seq == Some(384) {
+                Head::Squad
+            } else if family == "hf" {
+                Head::Classify
+            } else if text.contains("pretrain")
+                || text.contains("pre-train")
+                || text.contains("phase")
+            {
+                Head::MaskedLm
+            } else {
+                return Err("BERT task not stated".into());
+            });
+            if model_name == "bert-base" {
+                "bert-base"
+            } else {
+                "bert-large"
+            }
+        }
+        "gpt" => {
+            opts.hidden = num("hidden").map(|v| v as u32);
+            opts.layers = num("layers").map(|v| v as u32);
+            opts.heads = num("heads").map(|v| v as u32);
+            opts.seq = seq;
+            // Megatron's GPT-2 BPE vocabulary padded to a multiple of 128.
+            opts.vocab = Some(num("vocab").map_or(50304, |v| v as u32));
+            "gpt"
+        }
+        _ => return Err(format!("model `{model_name}` is not in the zoo")),
+    };
+    let framework = if framework_text.starts_with("tensorflow") {
+        Framework::Tf
+    } else if framework_text.contains("pytorch") || framework_text.contains("megatron") {
+        Framework::Pytorch
+    } else {
+        return Err("framework not modelled".into());
+    };
+    let full = precision_text.starts_with("fp32") || precision_text.starts_with("tf32");
+    let half = !full
+        && (precision_text.starts_with("amp")
+            || precision_text.contains("fp16")
+            || precision_text.contains("mixed"));
+    let precision = if half || (family == "vtrain" && precision_text.is_empty()) {
+        Some(Precision::Fp16)
+    } else if !gpu.starts_with("v100")
+        && (precision_text.contains("tf32") || precision_text.contains("fp32"))
+    {
+        // NGC containers run FP32 math as TF32 on Ampere and newer.
+        Some(Precision::Tf32)
+    } else if precision_text.contains("fp32") {
+        Some(Precision::Fp32)
+    } else {
+        return Err("precision not stated".into());
+    };
+    let recompute = get("checkpointing").to_ascii_lowercase().starts_with("yes")
+        || get("checkpointing")
+            .to_ascii_lowercase()
+            .starts_with("full");
+    if get("checkpointing")
+        .to_ascii_lowercase()
+        .starts_with("selective")
+    {
+        return Err("selective recomputation is not a trainplan pass".into());
+    }
+    let (measured_gb, memory_kind) = match num("peak_memory_gb") {
+        Some(g) if get("memory_kind").to_ascii_lowercase().contains("nvml") => {
+            (Some(g), MemoryKind::Reserved)
+        }
+        Some(g) => (Some(g), MemoryKind::Allocated),
+        None => (None, MemoryKind::None),
+    };
+    Ok(Case {
+        id,
+        family,
+        source,
+        locator: get("locator").to_string(),
+        model: model.to_string(),
+        opts,
+        gpu,
+        gpus,
+        nodes,
+        inter,
+        framework,
+        horovod_sync: false,
+        precision,
+        recompute,
+        accum,
+        measured_ms: Some(measured_ms),
+        measured_gb,
+        memory_kind,
+        samples: f64::from(micro) * f64::from(gpus) * f64::from(accum),
+    })
+}
+
+/// dPRO (MLSys'22) Tables 2 and 4: TensorFlow + Horovod on 2 × 8 V100 with 100 Gb/s RDMA,
+/// FP32. Table 4's memory is TensorFlow's peak in use (the `Real` column; Table 3 fixes which
+/// column is which, see `published_whatifs.rs`).
+pub fn dpro() -> Vec<Case> {
+    let base = |id: &str, model: &str, batch: u32, ms: f64| Case {
+        id: id.to_string(),
+        family: "dpro",
+        source: "dPRO (Hu et al., MLSys'22)".into(),
+        locator: String::new(),
+        model: model.to_string(),
+        opts: ModelOptions {
+            batch: Some(batch),
+            ..Default::default()
+        },
+        gpu: "v100-32gb",
+        gpus: 16,
+        nodes: 2,
+        inter: Some("rdma-100g"),
+        framework: Framework::Tf,
+        horovod_sync: true,
+        precision: Some(Precision::Fp32),
+        recompute: false,
+        accum: 1,
+        measured_ms: Some(ms),
+        measured_gb: None,
+        memory_kind: MemoryKind::None,
+        samples: f64::from(batch) * 16.0,
+    };
+    let mut v = vec![
+        Case {
+            locator: "Table 2, ResNet-50 iteration".into(),
+            ..base("dpro-t2-resnet50", "resnet50", 32, 138.64)
+        },
+        Case {
+            locator: "Table 2, BERT-base iteration".into(),
+            ..base("dpro-t2-bert-base", "bert-base", 32, 459.62)
+        },
+    ];
+    for (id, what, recompute, accum, ms, gb) in [
+        ("dpro-t4-none", "no optimisation", false, 1, 622.1, 16.42),
+        ("dpro-t4-recompute", "re-computation", true, 1, 696.1, 7.43),
+        (
+            "dpro-t4-accum",
+            "gradient accumulation",
+            false,
+            2,
+            714.2,
+            9.96,
+        ),
+    ] {
+        let mut c = base(id, "bert-base", 64, ms);
+        c.locator = format!("Table 4, BERT-base batch 64, {what}");
+        c.recompute = recompute;
+        c.accum = accum;
+        c.measured_gb = Some(gb);
+        c.memory_kind = MemoryKind::Allocated;
+        // Accumulation: the batch of 64 per GPU in two micro-steps of 32.
+        v.push(c);
+    }
+    v
+}
+
+/// Every row of the CSV: cases, and (id, reason) for the skipped.
+pub fn load(csv_path: &std::path::Path) -> (Vec<Case>, Vec<(String, String)>) {
+    let mut rdr = csv::Reader::from_path(csv_path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", csv_path.display()));
+    let headers = rdr.headers().expect("a header row").clone();
+    let (mut cases, mut skipped) = (Vec::new(), Vec::new());
+    for rec in rdr.records() {
+        let rec = rec.expect("a well-formed CSV row");
+        let row: BTreeMap<String, String> = headers
+            .iter()
+            .zip(rec.iter())
+            .map(|(h, v)| (h.to_string(), v.to_string()))
+            .collect();
+        match case(&row) {
+            Ok(c) => cases.push(c),
+            Err(why) => skipped.push((row.get("id").cloned().unwrap_or_default(), why)),
+        }
+    }
+    cases.extend(dpro());
+    (cases, skipped)
+}

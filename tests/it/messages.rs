@@ -1,0 +1,248 @@
+//! What trainplan prints cannot be turned against the terminal or the reader (issue 14, class
+//! 8): a file that is not the expected format is never echoed (`gpu: /etc/shadow`); control
+//! characters in names (ANSI escapes) are escaped on stdout and stderr; a message is at most a
+//! few hundred characters; stdout that cannot be written is exit 5 (output error), a closed pipe
+//! exit 0; and each kind of mistake has one exit code in every command.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("trainplan-msg-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// (code, stdout bytes, stderr bytes), run in `dir`.
+fn run(dir: &std::path::Path, args: &[&std::ffi::OsStr]) -> (i32, Vec<u8>, Vec<u8>) {
+    let o = Command::new(env!("CARGO_BIN_EXE_trainplan"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    (o.status.code().unwrap(), o.stdout, o.stderr)
+}
+
+fn os(v: &[&str]) -> Vec<std::ffi::OsString> {
+    v.iter().map(|s| s.into()).collect()
+}
+
+fn refs(v: &[std::ffi::OsString]) -> Vec<&std::ffi::OsStr> {
+    v.iter().map(|s| s.as_os_str()).collect()
+}
+
+#[test]
+fn a_file_of_another_format_is_never_echoed() {
+    let d = scratch("shadow");
+    std::fs::write(
+        d.join("shadow"),
+        "root:$6$s3cr3tHash$abcdef:19000:0:99999:7:::\nbin:*:19000:0:99999:7:::\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("c.yaml"),
+        "name: c\ngpu: ./shadow\nnodes: 1\ngpus_per_node: 2\nintra: nvlink-a100\n",
+    )
+    .unwrap();
+    for args in [
+        os(&["replay", "--model", "resnet50", "--cluster", "c.yaml"]),
+        os(&["replay", "--model", "resnet50", "--cluster", "shadow"]),
+        os(&["export", "shadow", "--to", "jax"]),
+        os(&[
+            "whatif",
+            "--model",
+            "resnet50",
+            "--cluster",
+            "8xh200",
+            "--pass-file",
+            "shadow",
+            "--pass",
+            "x",
+        ]),
+    ] {
+        let (code, out, err) = run(&d, &refs(&args));
+        let err = String::from_utf8_lossy(&err);
+        assert_eq!(code, 3, "{args:?}: {err}");
+        assert!(out.is_empty());
+        assert!(
+            !err.contains("s3cr3t") && !err.contains("root:"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("shadow"), "{args:?}: the file is named: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn control_characters_in_names_never_reach_the_terminal() {
+    let d = scratch("ansi");
+    // A cluster named with ANSI escapes, a C1 CSI and a carriage return.
+    std::fs::write(
+        d.join("c.yaml"),
+        "name: \"\\e[2J\\e]0;owned\\a\\u009b31m\\rX\"\ngpu: h200\nnodes: 1\ngpus_per_node: 2\nintra: nvlink-h100\n",
+    )
+    .unwrap();
+    let bad = |b: &[u8]| {
+        b.iter()
+            .any(|&c| (c < 0x20 && c != b'\n' && c != b'\t') || c == 0x7f)
+            || b.windows(2)
+                .any(|w| w[0] == 0xc2 && (0x80..=0x9f).contains(&w[1]))
+    };
+    for args in [
+        os(&[
+            "replay",
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            "c.yaml",
+        ]),
+        os(&[
+            "replay",
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            "c.yaml",
+            "--json",
+        ]),
+    ] {
+        let (code, out, err) = run(&d, &refs(&args));
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+        assert!(
+            !bad(&out) && !bad(&err),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+    }
+    // The JSON still says the name exactly.
+    let (_, out, _) = run(
+        &d,
+        &refs(&os(&[
+            "replay",
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            "c.yaml",
+            "--json",
+        ])),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["cluster"], "\u{1b}[2J\u{1b}]0;owned\u{7}\u{9b}31m\rX");
+    // A file name with escapes, in an error and in a warning.
+    let name = std::ffi::OsStr::from_bytes(b"\x1b[31mmissing\x07.json");
+    let (code, _, err) = run(&d, &["replay".as_ref(), "--trace".as_ref(), name]);
+    assert_eq!(code, 3);
+    assert!(!bad(&err), "{}", String::from_utf8_lossy(&err));
+    assert!(String::from_utf8_lossy(&err).contains("\\u001b[31mmissing\\u0007.json"));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn messages_are_capped() {
+    let d = scratch("cap");
+    let long = format!("/nonexistent/{}/plan.yaml", "x".repeat(3000));
+    let (code, _, err) = run(&d, &refs(&os(&["export", &long, "--to", "jax"])));
+    let err = String::from_utf8(err).unwrap();
+    assert_eq!(code, 3);
+    assert_eq!(err.lines().count(), 1);
+    assert!(
+        err.chars().count() < 500,
+        "{} characters",
+        err.chars().count()
+    );
+    assert!(err.contains("more characters)"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn output_errors_have_their_own_code() {
+    let d = scratch("output");
+    // stdout on a full device: exit 5, not 1 (a bug).
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_trainplan"))
+        .args(["models"])
+        .stdout(Stdio::from(full))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(err.starts_with("error: failed to write to stdout"), "{err}");
+    // A plan that cannot be written: 5 as well.
+    let (code, _, err) = run(
+        &d,
+        &refs(&os(&[
+            "plan",
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            "8xh200",
+            "--budget",
+            "5s",
+            "-o",
+            "/nonexistent/dir/p.yaml",
+        ])),
+    );
+    assert_eq!(code, 5, "{}", String::from_utf8_lossy(&err));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn one_exit_code_per_kind_of_mistake() {
+    let d = scratch("codes");
+    let onnx = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/onnx/small_cnn.onnx"
+    );
+    let zoo = ["--model", "resnet50", "--cluster", "8xh200", "--batch", "0"];
+    // An impossible model option: bad input (3) in every command.
+    for cmd in [
+        &["replay"][..],
+        &["whatif", "--pass", "amp"],
+        &["plan", "--budget", "5s"],
+    ] {
+        let mut a: Vec<&str> = cmd.to_vec();
+        a.extend(zoo);
+        let (code, _, err) = run(&d, &refs(&os(&a)));
+        assert_eq!(code, 3, "{a:?}: {}", String::from_utf8_lossy(&err));
+    }
+    let (code, _, _) = run(&d, &refs(&os(&["lower-bound", onnx, "--batch", "0"])));
+    assert_eq!(code, 3);
+    // A flag value out of its range: usage (2), however it is written.
+    for budget in ["1e300", "500000000000years", "0s"] {
+        let (code, _, err) = run(
+            &d,
+            &refs(&os(&[
+                "plan",
+                "--model",
+                "resnet50",
+                "--cluster",
+                "8xh200",
+                "--budget",
+                budget,
+            ])),
+        );
+        assert_eq!(
+            code,
+            2,
+            "--budget {budget}: {}",
+            String::from_utf8_lossy(&err)
+        );
+    }
+    let (code, _, _) = run(&d, &refs(&os(&["models", "--max-memory", "lots"])));
+    assert_eq!(code, 2);
+    let _ = std::fs::remove_dir_all(&d);
+}

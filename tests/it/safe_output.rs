@@ -1,0 +1,189 @@
+//! Safe output end to end (issue 14, class 7): Ctrl-C while a timeline is being written leaves
+//! no temporary file; a write that fails part way (here the file-size limit stands for a full
+//! disk) leaves every old exported file as it was; a 0600 plan stays 0600 when rewritten; a
+//! symlink to a device (`out.json -> /dev/null`, like `/dev/stdout`) is written through and
+//! stays a symlink.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("trainplan-safe-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn trainplan(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trainplan"));
+    c.current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn entries(d: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+const ZOO: [&str; 7] = [
+    "--model",
+    "resnet50",
+    "--batch",
+    "2",
+    "--cluster",
+    "8xh200",
+    "--json",
+];
+
+#[test]
+fn ctrl_c_while_writing_a_timeline_leaves_no_temporary_file() {
+    let d = scratch("ctrlc");
+    let hold = d.join("holding");
+    let mut args = vec!["replay", "--timeline", "out.json"];
+    args.extend(ZOO);
+    // The debug build's test hook holds the write once the temporary file exists.
+    let child = trainplan(&d)
+        .args(&args)
+        .env("TRAINPLAN_TEST_HOLD_TEMP", &hold)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !hold.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the write never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        entries(&d).iter().any(|n| n.starts_with(".out.json.tmp-")),
+        "{:?}",
+        entries(&d)
+    );
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        entries(&d),
+        ["holding"],
+        "temporary file removed, no output"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Run with a file-size limit of `bytes` (writes past it fail with EFBIG, like a full disk).
+fn with_file_limit(c: &mut Command, bytes: u64) {
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn a_failed_export_leaves_the_old_files_and_modes_are_kept() {
+    let d = scratch("export");
+    let mut plan = vec!["plan", "-o", "p.yaml", "--budget", "10s"];
+    plan.extend(ZOO);
+    let o = trainplan(&d).args(&plan).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A 0600 plan stays 0600 when it is rewritten.
+    std::fs::set_permissions(d.join("p.yaml"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = trainplan(&d).args(&plan).output().unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        std::fs::metadata(d.join("p.yaml")).unwrap().mode() & 0o777,
+        0o600
+    );
+
+    let export = ["export", "p.yaml", "--to", "horovod", "-o", "out"];
+    let o = trainplan(&d).args(export).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = d.join("out");
+    let before: Vec<(String, Vec<u8>)> = entries(&out)
+        .into_iter()
+        .map(|n| (n.clone(), std::fs::read(out.join(&n)).unwrap()))
+        .collect();
+    assert_eq!(before.len(), 2, "{before:?}");
+    std::fs::set_permissions(
+        out.join("horovod.env"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    // Another plan (batch 4), exported where files can hold at most 1,000 bytes: the small env
+    // file would fit, the module does not.
+    let text = std::fs::read_to_string(d.join("p.yaml")).unwrap();
+    std::fs::write(d.join("p.yaml"), text.replace("batch: 2", "batch: 4")).unwrap();
+    let mut c = trainplan(&d);
+    c.args(export);
+    with_file_limit(&mut c, 1000);
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "an output error: {err}");
+    for (n, bytes) in &before {
+        assert_eq!(&std::fs::read(out.join(n)).unwrap(), bytes, "{n} changed");
+    }
+    assert_eq!(entries(&out), ["horovod.env", "trainplan_horovod.py"]);
+    assert_eq!(entries(&d), ["out", "p.yaml"], "no temporary folder left");
+    // Without the limit the new plan replaces both, the env file keeping its mode.
+    let o = trainplan(&d).args(export).output().unwrap();
+    assert!(o.status.success());
+    assert!(
+        std::fs::read_to_string(out.join("horovod.env"))
+            .unwrap()
+            .contains("batch 4/GPU")
+    );
+    assert_eq!(
+        std::fs::metadata(out.join("horovod.env")).unwrap().mode() & 0o777,
+        0o600
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_symlink_to_a_device_is_written_through_and_stays_a_symlink() {
+    let d = scratch("devlink");
+    std::os::unix::fs::symlink("/dev/null", d.join("out.json")).unwrap();
+    let mut args = vec!["replay", "--timeline", "out.json"];
+    args.extend(ZOO);
+    let o = trainplan(&d).args(&args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        std::fs::symlink_metadata(d.join("out.json"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
+    assert_eq!(entries(&d), ["out.json"]);
+    let _ = std::fs::remove_dir_all(&d);
+}
