@@ -276,42 +276,52 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
         preds[b as usize].push(a);
     }
     let mut cast_ns = 0u64;
+    // Autocast casts a layer's weights each time the layer runs forward (its cast cache lives
+    // for one autocast region: one micro-step, and again in a checkpoint's re-run).
+    let fw_runs: Vec<(usize, &crate::graph::job::LocalOp)> = l
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| {
+            o.spec.kind == OpKind::Compute
+                && o.spec.phase == Phase::Fw
+                && o.spec.tensor == crate::graph::NONE
+        })
+        .collect();
     for (ti, t) in l.tensors.iter().enumerate() {
-        let first_fw = l.ops.iter().enumerate().find(|(_, o)| {
-            o.spec.kind == OpKind::Compute && o.spec.phase == Phase::Fw && o.spec.layer == t.layer
-        });
-        let Some((f, fop)) = first_fw else { continue };
-        let elems = (t.bytes / job.dtype.bytes()) as f64;
-        // Read 4 B, write 2 B per parameter = 3 half-precision elements.
-        let work = OpWork::new(
-            OpClass::Elementwise,
-            0.0,
-            0.0,
-            elems * (job.dtype.bytes() + half.bytes()) as f64 / half.bytes() as f64,
-            1,
-        );
-        let dur = job.cost_ns(&work, half, 1.0);
-        cast_ns += dur;
-        let mut after: Vec<OpId> = preds[f]
-            .iter()
-            .copied()
-            .filter(|&p| {
-                l.ops[p as usize].spec.phase == Phase::Fw
-                    && l.ops[p as usize].spec.kind != OpKind::Launch
-            })
-            .collect();
-        after.sort_unstable();
-        after.dedup();
-        edits.push(Edit::Insert {
-            spec: OpSpec {
-                tensor: ti as u32,
-                ..OpSpec::compute(fop.spec.device, Phase::Fw, t.layer, dur)
-            },
-            work: Some(work),
-            after,
-            before: vec![f as OpId],
-            launch_ns,
-        });
+        for &(f, fop) in fw_runs.iter().filter(|(_, o)| o.spec.layer == t.layer) {
+            let elems = (t.bytes / job.dtype.bytes()) as f64;
+            // Read 4 B, write 2 B per parameter = 3 half-precision elements.
+            let work = OpWork::new(
+                OpClass::Elementwise,
+                0.0,
+                0.0,
+                elems * (job.dtype.bytes() + half.bytes()) as f64 / half.bytes() as f64,
+                1,
+            );
+            let dur = job.cost_ns(&work, half, 1.0);
+            cast_ns += dur;
+            let mut after: Vec<OpId> = preds[f]
+                .iter()
+                .copied()
+                .filter(|&p| {
+                    l.ops[p as usize].spec.phase == Phase::Fw
+                        && l.ops[p as usize].spec.kind != OpKind::Launch
+                })
+                .collect();
+            after.sort_unstable();
+            after.dedup();
+            edits.push(Edit::Insert {
+                spec: OpSpec {
+                    tensor: ti as u32,
+                    ..OpSpec::compute(fop.spec.device, Phase::Fw, t.layer, dur)
+                },
+                work: Some(work),
+                after,
+                before: vec![f as OpId],
+                launch_ns,
+            });
+        }
     }
     if fp16_allreduce {
         edits.push(Edit::ScaleSyncBytes {

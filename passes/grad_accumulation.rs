@@ -30,7 +30,7 @@
 //! `optax.MultiSteps(k)`; the data loader's per-step batch becomes batch/k.
 
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
-use crate::graph::job::{Job, LocalOp, OpWork};
+use crate::graph::job::{Job, LocalOp};
 use crate::graph::{DeviceKind, MemEffect, OpId, Phase};
 
 /// The `grad-accumulation` pass.
@@ -118,11 +118,7 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         match o.work {
             Some(w) => {
                 o.spec.dur_ns = job.recost_ns(o.spec.dur_ns, &w, job.dtype, scale);
-                o.work = Some(OpWork {
-                    flops: w.flops * scale,
-                    act_elems: w.act_elems * scale,
-                    ..w
-                });
+                o.work = Some(w.scaled(scale));
             }
             None if on_cpu(&o) => {}
             None => o.spec.dur_ns = (o.spec.dur_ns as f64 * scale).round() as u64,
@@ -165,6 +161,21 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         .filter(|m| micro[m.op as usize])
         .copied()
         .collect();
+    // Ops outside the micro-step that come after part of it (the gradients' syncs and what
+    // waits for them, copies into a bucket, the update): an edge from one of them into the
+    // micro-step is not an input of the step, and the earlier copies must not wait for it.
+    let mut downstream = vec![false; n];
+    let succs = job.local_succs();
+    let mut stack: Vec<usize> = (0..n).filter(|&i| micro[i]).collect();
+    while let Some(i) = stack.pop() {
+        for &s in &succs[i] {
+            let s = s as usize;
+            if !micro[s] && !downstream[s] {
+                downstream[s] = true;
+                stack.push(s);
+            }
+        }
+    }
     // Micro-steps 0..k−1 are copies appended in order; the original ops are the last one.
     let mut prev_sinks: Option<Vec<OpId>> = None;
     for _ in 0..k - 1 {
@@ -180,9 +191,7 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
             match (micro[a as usize], micro[b as usize]) {
                 (true, true) => g.edges.push((map[a as usize], map[b as usize])),
                 // Inputs of the step (data loading, …) feed every micro-step.
-                (false, true) if bridges[a as usize].is_none() => {
-                    g.edges.push((a, map[b as usize]))
-                }
+                (false, true) if !downstream[a as usize] => g.edges.push((a, map[b as usize])),
                 // An op that runs once per iteration between micro-step ops (a collective
                 // launched in the backward, a marker on a recorded thread): the copies keep the
                 // order it imposed, from the micro-step ops before it to the one after.

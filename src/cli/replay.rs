@@ -368,6 +368,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let dep = dependency_bound_ns(g);
     let mem = peak_memory(g, &r);
     let bd = breakdown::breakdown(g, &r, 0);
+    let sum = breakdown::summary(g, &r, &cp);
     let items = breakdown::critical_path_items(g, &cp);
     if let Some(path) = &a.timeline {
         write_atomic(path, |w| replay::timeline::write_chrome_trace(g, &r, w)).map_err(|e| {
@@ -396,6 +397,14 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let (Some(model), Some(c)) = (&b.model, &b.cluster) else {
         return Err(CliError::internal("a zoo input without its model"));
     };
+    if mem.peak_bytes > c.gpu.memory_bytes() {
+        tracing::warn!(
+            "predicted peak memory {} is above the {} GB of a {}: the job would not fit",
+            gb(mem.peak_bytes),
+            (c.gpu.memory_bytes() as f64 / 1e9).round(),
+            c.gpu.model
+        );
+    }
     if a.json {
         let top = top_items_json(&items);
         let v = json!({
@@ -417,6 +426,12 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             "compute_ms": bd.compute_ns as f64 / 1e6,
             "communication_ms": bd.comm_ns as f64 / 1e6,
             "overlap_ms": bd.overlap_ns as f64 / 1e6,
+            "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
+            "host_bound": sum.host_bound(),
+            "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
+            "memory_over_capacity": mem.peak_bytes > c.gpu.memory_bytes(),
+            "gpu_memory_bytes": c.gpu.memory_bytes(),
+            "framework": a.input.framework.name(),
             "critical_path_top": top,
             "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
         });
@@ -463,18 +478,33 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             ms(bd.overlap_ns)
         ),
         format!(
-            "  exposed comm.  {:>9.1} ms   iteration − compute",
-            ms(r.iteration_ns.saturating_sub(bd.compute_ns))
+            "  exposed comm.  {:>9.1} ms   communication with no compute beside it",
+            ms(sum.exposed_comm_ns)
+        ),
+        format!(
+            "  host           {:>9.1} ms   on the critical path ({}-bound: {})",
+            ms(sum.host_path_ns),
+            if sum.host_bound() { "host" } else { "GPU" },
+            if sum.host_bound() {
+                "the CPU issuing kernels sets the pace; CUDA graphs or torch.compile would help"
+            } else {
+                "the GPU's work sets the pace"
+            }
         ),
         format!(
             "dependency bound {:>9.1} ms   longest dependency chain (unlimited devices)",
             ms(dep)
         ),
         format!(
-            "peak memory      {:>9}      worker {} (of {} GB on the GPU)",
+            "peak memory      {:>9}      worker {} (of {} GB on the GPU){}",
             gb(mem.peak_bytes),
             mem.peak_worker,
-            (c.gpu.memory_bytes() as f64 / 1e9).round()
+            (c.gpu.memory_bytes() as f64 / 1e9).round(),
+            if mem.peak_bytes > c.gpu.memory_bytes() {
+                "  OVER CAPACITY: this job would not fit (try --pass recompute or grad-accumulation)"
+            } else {
+                ""
+            }
         ),
         String::new(),
         format!(
@@ -561,6 +591,7 @@ fn trace_report(
     let g = &b.graph;
     let cp = critical_path(g, r);
     let bd = breakdown::breakdown(g, r, 0);
+    let sum = breakdown::summary(g, r, &cp);
     let items = breakdown::critical_path_items(g, &cp);
     // Extrapolated to another number of workers: the measurement is of a different job, so no
     // error figure.
@@ -601,8 +632,6 @@ fn trace_report(
             "period_ms": period.map(|p| p as f64 / 1e6),
             "trace_facts": super::traceinfo::facts_json(job),
             "bound": super::traceinfo::bound_json(&bound, None),
-            "host_bound": share.host_bound(),
-            "memory_over_capacity": mem.map(|m| m > job.gpu.memory_bytes()),
             "peer_waits": t.peer_waits,
             "step": t.window.label,
             "trace": t.file,
@@ -619,6 +648,11 @@ fn trace_report(
             "model": t.name,
             "cluster": x.map_or("trace".to_string(), |x| x.cluster.clone()),
             "compute_ms": bd.compute_ns as f64 / 1e6,
+            "communication_ms": bd.comm_ns as f64 / 1e6,
+            "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
+            "host_bound": sum.host_bound(),
+            "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
+            "memory_over_capacity": mem.map(|m| m > job.gpu.memory_bytes()),
             "critical_path_top": top,
             "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
         });

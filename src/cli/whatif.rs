@@ -190,6 +190,14 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         None => None,
     };
     let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    if cur.job.meta.source != "trace" && cur.memory.peak_bytes > cur.job.gpu.memory_bytes() {
+        tracing::warn!(
+            "predicted peak memory {:.1} GB is above the {:.0} GB of a {}: the job would not fit",
+            cur.memory.peak_bytes as f64 / 1e9,
+            cur.job.gpu.memory_bytes() as f64 / 1e9,
+            cur.job.gpu.model
+        );
+    }
     let (before, after) = (path_items(&base), path_items(&cur));
     let left = only_in(&before, &after, 10);
     let joined = only_in(&after, &before, 10);
@@ -210,11 +218,28 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         };
         let mem = |e: &Evaluated| mem_known.then_some(e.memory.peak_bytes);
         let b = super::traceinfo::bound_json(&bound_b, Some(&bound_a));
-        let bd = crate::replay::breakdown::breakdown(&cur.graph, &cur.replay, 0);
+        let s = |e: &passes::Evaluated| {
+            let sum = crate::replay::breakdown::summary(&e.graph, &e.replay, &e.critical);
+            let traced = e.job.meta.source == "trace";
+            json!({
+                "compute_ms": sum.breakdown.compute_ns as f64 / 1e6,
+                "communication_ms": sum.breakdown.comm_ns as f64 / 1e6,
+                "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
+                "host_bound": sum.host_bound(),
+                "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
+                "memory_over_capacity": (!traced)
+                    .then(|| e.memory.peak_bytes > e.job.gpu.memory_bytes()),
+            })
+        };
+        let (sb, sa) = (s(&base), s(&cur));
         let v = json!({
-            "compute_ms": bd.compute_ns as f64 / 1e6,
-            "communication_ms": bd.comm_ns as f64 / 1e6,
-            "exposed_communication_ms": a_it.saturating_sub(bd.compute_ns) as f64 / 1e6,
+            "compute_ms": sa["compute_ms"],
+            "communication_ms": sa["communication_ms"],
+            "exposed_communication_ms": sa["exposed_communication_ms"],
+            "host_bound": sa["host_bound"],
+            "host_critical_path_ms": sa["host_critical_path_ms"],
+            "memory_over_capacity": sa["memory_over_capacity"],
+            "baseline": sb,
             "baseline_iteration_ms": b_it as f64 / 1e6,
             "iteration_ms": a_it as f64 / 1e6,
             "speedup": speedup,
@@ -224,9 +249,7 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
             "makespan_ms": cur.makespan_ns() as f64 / 1e6,
             "metric": if base.steady.is_some() { "steady-state period" } else { "makespan" },
             "iteration_range_ms": range.map(|(l, h)| [l as f64 / 1e6, h as f64 / 1e6]),
-            "host_bound": bound_b.share.host_bound(),
             "bound": b,
-            "memory_over_capacity": mem(&cur).map(|m| m > cur.job.gpu.memory_bytes()),
             "trace_facts": super::traceinfo::facts_json(&base.job),
             "passes": applied,
             "critical_path_left": items(&left),

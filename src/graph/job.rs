@@ -381,6 +381,9 @@ impl Job {
         if self.symmetric {
             b.set_represents(n);
         }
+        if n > 1 {
+            b.set_contention_ppm((self.gpu.kernels.overlap_slowdown * 1e6).round() as u32);
+        }
         let per = l.ops.len() as u32;
         for w in 0..gw {
             b.set_static_memory(w, l.static_mem_bytes);
@@ -620,10 +623,30 @@ impl Editor {
                 Some(&b) => self.job.local.ops[b as usize].spec.device,
                 None => self.cpu_thread(),
             };
-            let after_launches: Vec<OpId> = after
-                .iter()
-                .map(|&a| launch_of(self, a).unwrap_or(a))
-                .collect();
+            // A virtual op (a gradient's `Out`) is anchored on the host by the launches of the
+            // ops it waits for: an autograd hook runs when the producing op is issued.
+            let mut after_launches: Vec<OpId> = Vec::new();
+            for &a in after {
+                match launch_of(self, a) {
+                    Some(l) => after_launches.push(l),
+                    None if self.job.local.ops[a as usize].spec.kind.is_virtual() => {
+                        let preds: Vec<OpId> = self
+                            .job
+                            .local
+                            .edges
+                            .iter()
+                            .filter(|&&(p, b)| b == a && self.alive[p as usize])
+                            .map(|&(p, _)| p)
+                            .collect();
+                        for p in preds {
+                            after_launches.push(launch_of(self, p).unwrap_or(p));
+                        }
+                    }
+                    None => after_launches.push(a),
+                }
+            }
+            after_launches.sort_unstable();
+            after_launches.dedup();
             let launch = self.push(LocalOp {
                 spec: OpSpec {
                     layer: self.job.local.ops[id as usize].spec.layer,

@@ -315,6 +315,11 @@ impl DfgBuilder {
         self.g.represents = workers;
     }
 
+    /// Slowdown of GPU compute that overlaps its worker's communication (parts per million).
+    pub fn set_contention_ppm(&mut self, ppm: u32) {
+        self.g.contention_ppm = ppm;
+    }
+
     pub fn add_device(&mut self, kind: DeviceKind) -> DeviceId {
         self.g.devices.push(kind);
         (self.g.devices.len() - 1) as DeviceId
@@ -484,9 +489,16 @@ pub struct Dfg {
     static_mem_bytes: Vec<u64>,
     workers: u32,
     represents: u32,
+    /// Slowdown of a GPU compute op that starts while its worker's collectives run (SMs and
+    /// memory bandwidth shared with NCCL), in parts per million.
+    contention_ppm: u32,
 }
 
 impl Dfg {
+    /// Slowdown of a compute op that starts while its worker communicates, parts per million.
+    pub fn contention_ppm(&self) -> u32 {
+        self.contention_ppm
+    }
     pub fn op_count(&self) -> usize {
         self.kind.len()
     }
@@ -780,6 +792,7 @@ impl Dfg {
         b.g.static_mem_bytes = self.static_mem_bytes.clone();
         b.g.workers = self.workers;
         b.g.represents = self.represents;
+        b.g.contention_ppm = self.contention_ppm;
         for &op in ops {
             new_id[op as usize] = b.add_op(self.spec(op));
         }

@@ -136,6 +136,47 @@ pub fn gpu_busy_ns(g: &Dfg, worker: u32) -> u64 {
         .sum()
 }
 
+/// Where one iteration's time goes on worker 0, and what bounds it: the fields every
+/// `replay`/`whatif --json` carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub breakdown: Breakdown,
+    /// Communication with no compute beside it: what the iteration waits for.
+    pub exposed_comm_ns: u64,
+    /// Time the critical path spends in host (CPU thread) ops, and in GPU ops.
+    pub host_path_ns: u64,
+    pub gpu_path_ns: u64,
+}
+
+impl Summary {
+    /// The host, not the GPU, sets the pace: the critical path spends more time issuing work
+    /// than running it.
+    pub fn host_bound(&self) -> bool {
+        self.host_path_ns > self.gpu_path_ns
+    }
+}
+
+/// The summary of worker 0 in a replay.
+pub fn summary(g: &Dfg, r: &Replay, cp: &CriticalPath) -> Summary {
+    let b = breakdown(g, r, 0);
+    let (mut host, mut gpu) = (0u64, 0u64);
+    for &op in &cp.ops {
+        let i = op as usize;
+        let d = r.end_ns[i] - r.start_ns[i];
+        match g.device_kind(g.device(op)) {
+            DeviceKind::CpuThread { .. } => host += d,
+            DeviceKind::GpuStream { .. } if !g.kind(op).is_comm() => gpu += d,
+            _ => {}
+        }
+    }
+    Summary {
+        breakdown: b,
+        exposed_comm_ns: b.comm_ns - b.overlap_ns,
+        host_path_ns: host,
+        gpu_path_ns: gpu,
+    }
+}
+
 /// One line of the critical path grouped by what it works on.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PathItem {

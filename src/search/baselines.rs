@@ -260,7 +260,11 @@ pub fn framework_default(
                 first_bytes >> 20,
                 buckets.len()
             );
-            Ok((fused_job(job, &buckets, &[]).map_err(edit_err(name))?, cfg))
+            // DDP copies each gradient into its bucket, divides by the world size, and copies the
+            // result back: 2 + 2 passes before the all-reduce, 2 after.
+            let j = fused_job(job, &buckets, &[]).map_err(edit_err(name))?;
+            let j = with_buffer_copies(j, 4.0, 2.0, true).map_err(edit_err(name))?;
+            Ok((j, cfg))
         }
         SyncDefault::Combine { threshold_bytes } => {
             let order = ready_order(&ready()?);
@@ -283,7 +287,10 @@ pub fn framework_default(
         } => {
             let ticks = horovod_groups(&bytes, &ready()?, threshold_bytes, cycle_ns);
             let cfg = horovod_config(threshold_bytes, cycle_ns, &ticks);
-            Ok((horovod_job(job, &ticks).map_err(edit_err(name))?, cfg))
+            // The fusion buffer: a memcpy in and one out for every fused group.
+            let j = horovod_job(job, &ticks).map_err(edit_err(name))?;
+            let j = with_buffer_copies(j, 2.0, 2.0, false).map_err(edit_err(name))?;
+            Ok((j, cfg))
         }
         SyncDefault::Partitions { bytes: piece } => {
             let edits: Vec<Edit> = job
@@ -355,6 +362,76 @@ fn ready_evaluator(job: Job) -> Result<Evaluated, JobError> {
         j.symmetric = true;
     }
     passes::evaluate(j)
+}
+
+/// `job` with the copies a framework makes around each fused collective: before it,
+/// `passes_in` passes over its bytes (gathering the gradients into the buffer, scaling), after
+/// it `passes_out` (scattering the result back), one kernel per tensor plus one, on the compute
+/// stream (PyTorch DDP's reducer: `copy_` into the bucket view, `div_` by the world size, `copy_`
+/// back unless `gradient_as_bucket_view`; Horovod's fusion buffer: memcpy in and out). Each is
+/// issued by the host like any op. A sync of one tensor that needs no buffer (`always` false)
+/// is left alone. Only for more than one worker: one GPU synchronises nothing.
+pub fn with_buffer_copies(
+    job: Job,
+    passes_in: f64,
+    passes_out: f64,
+    always: bool,
+) -> Result<Job, JobError> {
+    use crate::cost::kernel::{OpClass, OpWork};
+    use crate::graph::OpKind;
+    if job.workers <= 1 {
+        return Ok(job);
+    }
+    let gpu = job
+        .local
+        .devices
+        .iter()
+        .position(|d| matches!(d, DeviceKind::GpuStream { stream: 0, .. }));
+    let Some(gpu) = gpu else { return Ok(job) };
+    let all_synced: Vec<OpId> = job
+        .local
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.spec.kind == OpKind::Out && o.spec.phase == Phase::Update)
+        .map(|(i, _)| i as OpId)
+        .collect();
+    let has_host = job.local.ops.iter().any(|o| o.spec.kind == OpKind::Launch);
+    let elem = job.dtype.bytes().max(1) as f64;
+    let mut ed = job.edit();
+    for i in 0..job.syncs.len() {
+        let s = job.syncs[i].clone();
+        if !always && s.tensors.len() < 2 {
+            continue;
+        }
+        let elems = s.bytes as f64 / elem;
+        let n = s.tensors.len() as u32;
+        let copy = |passes: f64, kernels: u32| {
+            OpWork::new(OpClass::Copy, 0.0, 0.0, passes * elems, kernels)
+        };
+        let host = |kernels: u32| {
+            has_host.then(|| crate::cost::compute::ns(job.host.op_ns(OpClass::Copy, true, kernels)))
+        };
+        let w_in = copy(passes_in, n + 1);
+        let spec = OpSpec::compute(
+            gpu as u32,
+            Phase::Comm,
+            crate::graph::NONE,
+            job.cost_ns(&w_in, job.dtype, 1.0),
+        );
+        let pack = ed.insert(spec, Some(w_in), &s.ready, &[], host(n + 1))?;
+        let w_out = copy(passes_out, n);
+        let spec = OpSpec::compute(
+            gpu as u32,
+            Phase::Comm,
+            crate::graph::NONE,
+            job.cost_ns(&w_out, job.dtype, 1.0),
+        );
+        let unpack = ed.insert(spec, Some(w_out), &s.done, &all_synced, host(n))?;
+        let _ = unpack;
+        ed.job_mut().syncs[i].ready = vec![pack];
+    }
+    ed.finish()
 }
 
 /// Ready time of every sync: the latest end of its ready ops on worker 0 (the template's op `i`
@@ -737,7 +814,12 @@ mod tests {
             comm: ring(),
             workers: 2,
             symmetric: false,
-            gpu: crate::cost::config::load_gpu("v100-32gb").unwrap(),
+            // Hand-computed timings: no compute/communication contention.
+            gpu: {
+                let mut g = crate::cost::config::load_gpu("v100-32gb").unwrap();
+                g.kernels.overlap_slowdown = 0.0;
+                g
+            },
             dtype: crate::cost::config::Dtype::Fp32,
             math: Default::default(),
             framework: Default::default(),
@@ -881,18 +963,28 @@ mod tests {
             let (j, cfg) = framework_default(&job, fw, &evaluate).unwrap();
             (j.syncs.len(), iteration(j), cfg)
         };
-        // PyTorch DDP: 12000 B < the 1 MiB first bucket: one bucket, 24000 (by hand above).
+        // PyTorch DDP: 12000 B < the 1 MiB first bucket: one bucket (24000 by hand above), plus
+        // the reducer's copies on the compute stream: into the bucket and ÷ world size (4 passes
+        // over 3000 fp32 elements, 3 copies + 1 division = 4 kernels) before the all-reduce, back
+        // out after (2 passes, 3 kernels). Each kernel costs the V100's launch floor.
         let (n, t, cfg) = it(Framework::Pytorch);
-        assert_eq!((n, t), (1, 24_000));
+        let bw = 900.0 * job.gpu.kernels.memory_efficiency;
+        let floor = job.gpu.launch_overhead_us * 1e3;
+        let pack = (4.0 * 12_000.0 / bw + 4.0 * floor).round() as u64;
+        let unpack = (2.0 * 12_000.0 / bw + 3.0 * floor).round() as u64;
+        assert_eq!((n, t), (1, 10_000 + pack + 14_000 + unpack));
         assert!(cfg.contains("1 buckets for 3 tensors"), "{cfg}");
         // JAX's 30 MiB combiner: the same single group.
         assert_eq!((it(Framework::Jax).0, it(Framework::Jax).1), (1, 24_000));
         // TF: one pack after the backward, the same here.
         assert_eq!((it(Framework::Tf).0, it(Framework::Tf).1), (1, 24_000));
-        // Horovod 1 ms cycle: one tick at 1 ms fuses all three: 1,000,000 + 2·(1000 + 6000).
+        // Horovod 1 ms cycle: one tick at 1 ms fuses all three: 1,000,000 + 2·(1000 + 6000),
+        // with the fusion buffer's memcpy in and out (2 passes each).
+        let hin = (2.0 * 12_000.0 / bw + 4.0 * floor).round() as u64;
+        let hout = (2.0 * 12_000.0 / bw + 3.0 * floor).round() as u64;
         assert_eq!(
             (it(Framework::Horovod).0, it(Framework::Horovod).1),
-            (1, 1_014_000)
+            (1, 1_000_000 + hin + 14_000 + hout)
         );
         // BytePS: nothing above 4,096,000 B: as is.
         assert_eq!(
