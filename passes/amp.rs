@@ -12,8 +12,10 @@
 //! ```
 //!
 //! **Cost model.** Daydream shrinks kernels by fixed factors (3× for sgemm/cudnn, 2× for the
-//! rest). Here every FW/BW op with [`OpWork`] is re-costed by the roofline in the half dtype
-//! (`Job::cost_ns(work, half, 1)`): matrix ops run against the GPU's half-precision matrix peak,
+//! rest). Here every FW/BW op with [`OpWork`] is re-costed by the kernel model in the half dtype
+//! (`Job::recost_ns(dur, work, half, 1)`: the model's time on a zoo job; on a trace, the
+//! recorded time × model(half) / model(recorded dtype), so the kernel keeps its measured
+//! efficiency): matrix ops run against the GPU's half-precision matrix peak,
 //! vector ops against its half vector peak, and every element moves in 2 bytes instead of 4 — so
 //! the speed-up of each op follows from the GPU config (a large GEMM on a V100: 125/15.7 ≈ 8×
 //! when compute-bound, an element-wise op: 2×, launch-bound ops: ~1×). The element counts do not
@@ -217,7 +219,7 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
         before_ns += s.dur_ns;
         match &op.work {
             Some(w) => {
-                let d = job.cost_ns(w, half, 1.0);
+                let d = job.recost_ns(s.dur_ns, w, half, 1.0);
                 after_ns += d;
                 edits.push(Edit::SetDuration {
                     op: i as OpId,

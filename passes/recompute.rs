@@ -297,6 +297,13 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
             .collect();
         after.sort_unstable();
         after.dedup();
+        // A recorded step can interleave a layer's backward with host work that waits on it (a
+        // synchronising copy): re-running the forward after the backward's predecessors would
+        // then close a cycle. Such a segment is kept.
+        let reach = job.reachable_from(&seg_bw);
+        if after.iter().any(|&a| reach[a as usize]) {
+            continue;
+        }
         let mut fw: Vec<OpId> = seg_fw.clone();
         fw.sort_unstable();
         let mut seg_out = Segment {

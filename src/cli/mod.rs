@@ -19,6 +19,7 @@ pub(crate) mod output;
 pub(crate) mod plan;
 mod ranks;
 mod replay;
+mod traceinfo;
 mod whatif;
 
 use std::io::Write;
@@ -195,10 +196,12 @@ pub struct ListArgs {
 /// Where the iteration comes from: a zoo model on a cluster, or a recorded trace.
 #[derive(Debug, Args, Clone)]
 pub struct InputArgs {
-    /// PyTorch profiler (Kineto) traces, `.json` or `.json.gz`, instead of --model/--cluster:
-    /// replays one recorded iteration and compares it with the measured time. Several files (or a
-    /// folder of them) are the ranks of one job: they are matched collective by collective, their
-    /// clocks aligned, and replayed as one global graph (`replay` only).
+    /// PyTorch profiler (Kineto) traces, `.json` or `.json.gz`, or a Chakra execution trace,
+    /// instead of --model/--cluster: replays one recorded iteration and compares it with the
+    /// measured time; `whatif` and `plan` re-cost its kernels from their recorded shapes. Several
+    /// files (or a folder of them) are the ranks of one job: they are matched collective by
+    /// collective, their clocks aligned, and replayed as one global graph; `whatif` and `plan`
+    /// apply their passes to every rank.
     #[arg(long, value_name = "PATH", num_args = 1.., conflicts_with = "model")]
     pub trace: Vec<std::path::PathBuf>,
     /// With several ranks: trust the recorded clocks instead of aligning them (dPRO §4.2 QP over

@@ -155,7 +155,48 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             Some(names)
         }
     };
-    let input = input_job(&a.input)?;
+    // Several ranks: the search runs on the slowest rank (collectives hold every rank to it);
+    // its decisions are then applied to every rank and all are replayed together.
+    let files = if a.input.trace.is_empty() {
+        Vec::new()
+    } else {
+        super::replay::refuse_trace_precision(&a.input)?;
+        crate::trace::expand_inputs(&a.input.trace).map_err(CliError::bad_input)?
+    };
+    let ranks = if files.len() > 1 {
+        let l = super::ranks::load_ranks(&a.input, &files)?;
+        let base =
+            crate::trace::multi::predict(&l.ranks, &l.offsets).map_err(CliError::bad_input)?;
+        Some((l, base))
+    } else {
+        None
+    };
+    let input = match &ranks {
+        Some((l, base)) => {
+            let slowest = (0..l.ranks.len())
+                .max_by_key(|&i| (base.predicted_ns[i], std::cmp::Reverse(i)))
+                .unwrap_or(0);
+            let r = &l.ranks[slowest];
+            tracing::info!(rank = r.rank, "planning on the slowest rank");
+            let mut job = r.built.job.clone();
+            let dir = a
+                .input
+                .trace
+                .first()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_else(|| "trace".into());
+            job.meta.model = format!("{dir} (search on the slowest, rank {})", r.rank);
+            super::replay::Input {
+                job,
+                sync: None,
+                model: None,
+                cluster: None,
+                trace: None,
+            }
+        }
+        None => input_job(&a.input)?,
+    };
     let opts = SearchOptions {
         budget,
         memory_budget,
@@ -206,7 +247,15 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         }
         eval(j)
     };
-    let baselines = match pool.install(|| search::baselines::baselines(&job, &eval_or_stop)) {
+    let recorded = job.is_recorded();
+    let made = pool.install(|| {
+        if recorded {
+            search::baselines::recorded(&job, &eval_or_stop)
+        } else {
+            search::baselines::baselines(&job, &eval_or_stop)
+        }
+    });
+    let baselines = match made {
         Ok(b) => b,
         Err(_) if INTERRUPTED.load(Ordering::Relaxed) => Vec::new(),
         Err(e) => return Err(CliError::bad_input(e)),
@@ -214,7 +263,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     let best_baseline = baselines
         .iter()
         .min_by_key(|b| b.eval.iteration_ns())
-        .filter(|b| b.name != "none");
+        .filter(|b| b.name != "none" && b.name != search::baselines::AS_RECORDED);
     let none_ns = baselines.first().map_or(0, |b| b.eval.iteration_ns());
     let start = best_baseline.map(|b| {
         (
@@ -266,11 +315,66 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         search::comm_free_bound_ns(&outcome.best.job, &eval).map_err(CliError::bad_input)?;
     let ms3 = |ns: u64| round3(ns as f64 / 1e6);
     let (b, p) = (&outcome.baseline, &outcome.best);
+    // Several ranks: the decisions applied to every rank, all replayed together.
+    let multi = match &ranks {
+        Some((l, base)) => {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut args = Vec::new();
+            for d in &outcome.decisions {
+                if d.pass.starts_with("baseline:") {
+                    continue;
+                }
+                let knobs: Vec<String> = d.knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let arg = if knobs.is_empty() {
+                    d.pass.clone()
+                } else {
+                    format!("{}:{}", d.pass, knobs.join(","))
+                };
+                if seen.insert(arg.clone()) {
+                    args.push(arg);
+                }
+            }
+            let plan = super::whatif::resolve(&all, &args)?;
+            let (after, evals, _) = super::ranks::apply_to_ranks(&l.ranks, &plan)?;
+            let planned =
+                crate::trace::multi::predict(&after, &l.offsets).map_err(CliError::bad_input)?;
+            let peak = |f: fn(&(crate::passes::Evaluated, crate::passes::Evaluated)) -> u64| {
+                evals.iter().map(f).max().unwrap_or(0)
+            };
+            Some(RanksPlan {
+                baseline_ns: base.step_ns,
+                planned_ns: planned.step_ns,
+                baseline_peak: peak(|e| e.0.memory.peak_bytes),
+                planned_peak: peak(|e| e.1.memory.peak_bytes),
+                per_rank: l
+                    .ranks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (r.rank, base.predicted_ns[i], planned.predicted_ns[i]))
+                    .collect(),
+            })
+        }
+        None => None,
+    };
+    let (b_ns, p_ns, b_mem, p_mem) = match &multi {
+        Some(m) => (m.baseline_ns, m.planned_ns, m.baseline_peak, m.planned_peak),
+        None => (
+            b.iteration_ns(),
+            p.iteration_ns(),
+            b.memory.peak_bytes,
+            p.memory.peak_bytes,
+        ),
+    };
+    let facts = job.meta.trace.as_deref();
     let plan = Plan {
         trainplan: SCHEMA_VERSION,
         workload: Workload {
             source: job.meta.source.clone(),
-            ranks: job.workers,
+            ranks: match (&ranks, facts) {
+                (Some((l, _)), f) => f.and_then(|f| f.world_size).unwrap_or(l.ranks.len() as u32),
+                (None, Some(f)) => f.world_size.unwrap_or(1),
+                (None, None) => job.workers,
+            },
             model: job.meta.model.clone(),
             batch: job.meta.batch,
             cluster: job.meta.cluster.clone(),
@@ -278,19 +382,25 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         },
         predicted: Predicted {
             baseline: Point {
-                iteration_ms: ms3(b.iteration_ns()),
-                peak_memory_bytes: b.memory.peak_bytes,
+                iteration_ms: ms3(b_ns),
+                peak_memory_bytes: b_mem,
             },
             planned: Point {
-                iteration_ms: ms3(p.iteration_ns()),
-                peak_memory_bytes: p.memory.peak_bytes,
+                iteration_ms: ms3(p_ns),
+                peak_memory_bytes: p_mem,
             },
-            speedup: round3(b.iteration_ns() as f64 / p.iteration_ns().max(1) as f64),
-            lower_bound_ms: ms3(lower),
+            speedup: round3(b_ns as f64 / p_ns.max(1) as f64),
+            lower_bound_ms: ms3(lower.min(p_ns)),
         },
         baselines: baselines
             .iter()
-            .map(|x| (x.name.to_string(), ms3(x.eval.iteration_ns())))
+            .map(|x| {
+                let ns = match (&multi, x.name) {
+                    (Some(m), search::baselines::AS_RECORDED) => m.baseline_ns,
+                    _ => x.eval.iteration_ns(),
+                };
+                (x.name.to_string(), ms3(ns))
+            })
             .collect(),
         decisions: outcome
             .decisions
@@ -316,7 +426,8 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             a.output.display()
         ))
     })?;
-    report(a, &plan, &outcome)?;
+    let extra = TraceExtra::of(&outcome, multi.as_ref());
+    report(a, &plan, &outcome, &extra)?;
     if outcome.stop == StopReason::Interrupted {
         return Err(CliError {
             code: exit::INTERRUPTED,
@@ -329,8 +440,75 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn report(a: &PlanArgs, plan: &Plan, outcome: &search::Outcome) -> Result<(), CliError> {
+/// Several ranks planned together.
+struct RanksPlan {
+    baseline_ns: u64,
+    planned_ns: u64,
+    baseline_peak: u64,
+    planned_peak: u64,
+    /// (rank, baseline ns, planned ns).
+    per_rank: Vec<(u32, u64, u64)>,
+}
+
+/// What a plan on a trace adds to its report.
+struct TraceExtra {
+    facts: Option<String>,
+    facts_json: serde_json::Value,
+    /// Whether the trace has memory figures.
+    memory: bool,
+    lines: Vec<String>,
+    bound: serde_json::Value,
+    host_bound: bool,
+    makespan: Option<(u64, u64)>,
+    ranks: Option<serde_json::Value>,
+}
+
+impl TraceExtra {
+    fn of(outcome: &search::Outcome, multi: Option<&RanksPlan>) -> TraceExtra {
+        let (b, p) = (&outcome.baseline, &outcome.best);
+        let job = &b.job;
+        let bb = super::traceinfo::Bound::of(b);
+        let pb = super::traceinfo::Bound::of(p);
+        let mut lines = Vec::new();
+        if job.is_recorded() {
+            lines.push(super::traceinfo::path_line(&bb));
+            lines.extend(super::traceinfo::explain(
+                &bb,
+                &pb,
+                (b.iteration_ns(), p.iteration_ns()),
+            ));
+        }
+        TraceExtra {
+            facts: super::traceinfo::facts(job).map(super::traceinfo::facts_line),
+            facts_json: super::traceinfo::facts_json(job),
+            memory: super::traceinfo::has_memory(job),
+            lines,
+            bound: super::traceinfo::bound_json(&bb, Some(&pb)),
+            host_bound: job.is_recorded() && bb.share.host_bound(),
+            makespan: b.steady.map(|_| (b.makespan_ns(), p.makespan_ns())),
+            ranks: multi.map(|m| {
+                json!(
+                    m.per_rank
+                        .iter()
+                        .map(
+                            |&(r, x, y)| json!({"rank": r, "baseline_ms": x as f64 / 1e6,
+                                             "planned_ms": y as f64 / 1e6})
+                        )
+                        .collect::<Vec<_>>()
+                )
+            }),
+        }
+    }
+}
+
+fn report(
+    a: &PlanArgs,
+    plan: &Plan,
+    outcome: &search::Outcome,
+    extra: &TraceExtra,
+) -> Result<(), CliError> {
     let mut o = super::output::stdout();
+    let mem = |v: u64| extra.memory.then_some(v);
     if a.json {
         let v = json!({
             "baseline_iteration_ms": plan.predicted.baseline.iteration_ms,
@@ -343,16 +521,33 @@ fn report(a: &PlanArgs, plan: &Plan, outcome: &search::Outcome) -> Result<(), Cl
             "stop_reason": outcome.stop,
             "decisions": plan.decisions,
             "plan_path": a.output.display().to_string(),
-            "baseline_peak_memory_bytes": plan.predicted.baseline.peak_memory_bytes,
-            "planned_peak_memory_bytes": plan.predicted.planned.peak_memory_bytes,
+            "baseline_peak_memory_bytes": mem(plan.predicted.baseline.peak_memory_bytes),
+            "planned_peak_memory_bytes": mem(plan.predicted.planned.peak_memory_bytes),
             "rounds": outcome.rounds,
             "config": plan.config,
+            "trace_facts": extra.facts_json,
+            "host_bound": extra.host_bound,
+            "bound": extra.bound,
+            "baseline_makespan_ms": extra.makespan.map(|m| m.0 as f64 / 1e6),
+            "planned_makespan_ms": extra.makespan.map(|m| m.1 as f64 / 1e6),
+            "ranks": extra.ranks,
         });
         return writeln!(o, "{v}").map_err(super::CliError::stdout);
     }
     let w = &plan.workload;
-    let mut lines = vec![
-        format!(
+    let head = match &extra.facts {
+        Some(_) => format!(
+            "{} (trace, {}): planned {:.1} ms per step, {:.2}x faster than as recorded",
+            w.model,
+            if w.ranks > 1 {
+                format!("{} ranks", w.ranks)
+            } else {
+                "1 GPU".into()
+            },
+            plan.predicted.planned.iteration_ms,
+            plan.predicted.speedup
+        ),
+        None => format!(
             "{} (batch {}/GPU) on {} ({} GPUs): planned {:.1} ms, {:.2}x faster than no optimisation",
             w.model,
             w.batch,
@@ -361,9 +556,12 @@ fn report(a: &PlanArgs, plan: &Plan, outcome: &search::Outcome) -> Result<(), Cl
             plan.predicted.planned.iteration_ms,
             plan.predicted.speedup
         ),
-        String::new(),
-        format!("{:<18} {:>10}", "", "iteration"),
-    ];
+    };
+    let mut lines = vec![head];
+    if let Some(f) = &extra.facts {
+        lines.push(f.clone());
+    }
+    lines.extend([String::new(), format!("{:<18} {:>10}", "", "iteration")]);
     let best_base = plan
         .baselines
         .values()
@@ -382,11 +580,31 @@ fn report(a: &PlanArgs, plan: &Plan, outcome: &search::Outcome) -> Result<(), Cl
         "{:<18} {:>7.1} ms   (the plan if synchronisation were free)",
         "lower bound", plan.predicted.lower_bound_ms
     ));
-    lines.push(format!(
-        "peak memory        {} → {}",
-        gb(plan.predicted.baseline.peak_memory_bytes),
-        gb(plan.predicted.planned.peak_memory_bytes)
-    ));
+    if extra.memory {
+        lines.push(format!(
+            "peak memory        {} → {}",
+            gb(plan.predicted.baseline.peak_memory_bytes),
+            gb(plan.predicted.planned.peak_memory_bytes)
+        ));
+    } else {
+        lines.push(
+            "peak memory        not in the trace (record with profile_memory=True, or \
+             record_shapes=True for an estimate)"
+                .into(),
+        );
+    }
+    if let Some((b, p)) = extra.makespan {
+        lines.push(format!(
+            "makespan           {:.1} ms → {:.1} ms   (one step until its GPU work drains; the \
+             iteration above is the steady-state period)",
+            b as f64 / 1e6,
+            p as f64 / 1e6
+        ));
+    }
+    if !extra.lines.is_empty() {
+        lines.push(String::new());
+        lines.extend(extra.lines.iter().cloned());
+    }
     lines.push(String::new());
     lines.push(format!("{} decisions:", plan.decisions.len()));
     for d in plan.decisions.iter().take(12) {

@@ -16,6 +16,7 @@
 pub mod breakdown;
 pub mod critical;
 pub mod memory;
+pub mod steady;
 pub mod timeline;
 
 use std::cmp::Reverse;

@@ -200,6 +200,34 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
     Ok(out)
 }
 
+/// Name of the one baseline of a recorded job.
+pub const AS_RECORDED: &str = "as_recorded";
+
+/// The baselines of a recorded job (a trace): the job as it ran. A trace's collectives are the
+/// framework's own, as recorded — its buckets (DDP), or none on one GPU — so the data-parallel
+/// defaults above, which rewrite per-tensor synchronisations the trace does not have, do not
+/// apply; nor does XLA's fusion of every op to an eager PyTorch step.
+pub fn recorded(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassError> {
+    let eval = evaluate(job.clone()).map_err(edit_err(AS_RECORDED))?;
+    let f = job.meta.trace.as_deref();
+    let config = match f.and_then(|f| f.bucketing.as_ref()) {
+        Some(b) => format!(
+            "as recorded: {} gradient all-reduces{}",
+            b.sizes_bytes.len(),
+            b.cap_bytes
+                .map(|c| format!(", bucket cap ≈ {} MiB", c >> 20))
+                .unwrap_or_default()
+        ),
+        None => "as recorded".into(),
+    };
+    Ok(vec![Baseline {
+        name: AS_RECORDED,
+        job: job.clone(),
+        eval,
+        config,
+    }])
+}
+
 /// The job `fw`'s default gradient synchronisation gives (see
 /// [`Framework::default_sync`]), built from the per-tensor `job` (one sync per gradient tensor),
 /// and one line saying what was set. `evaluate` prices the per-tensor job for the gradients'

@@ -180,6 +180,7 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             batch: model.batch,
             cluster: cluster.name.clone(),
             source: "zoo".into(),
+            trace: None,
         },
     };
     let cost = |w: &OpWork| job_stub.cost_ns(w, opts.dtype, 1.0);
