@@ -889,7 +889,7 @@ fn op_bytes(job: &Job, op: OpId) -> u64 {
     let (mut alloc, mut free) = (0u64, 0u64);
     for m in job.local.mem.iter().filter(|m| m.op == op) {
         match m.when {
-            MemWhen::AllocAtStart => alloc += m.bytes,
+            MemWhen::AllocAtStart | MemWhen::During => alloc += m.bytes,
             MemWhen::FreeAtEnd => free += m.bytes,
         }
     }

@@ -14,7 +14,8 @@
 //!
 //! **Cost model.** The job is rebuilt ([`Edit::ReplaceJob`]): every op of phase FW or BW (compute
 //! ops, their CPU side, the virtual "backward done") is replicated `k` times. An op with
-//! [`OpWork`] is re-costed by the roofline at batch/k (`Job::cost_ns(work, dtype, 1/k)`: FLOPs and
+//! [`OpWork`] is re-costed at batch/k (`Job::recost_ns(dur, work, dtype, 1/k)`: the model's time
+//! on a zoo job, relative to the recorded time on a trace; FLOPs and
 //! activation elements scale by 1/k, weight elements and kernel launches do not — so small
 //! micro-batches lose efficiency, as on a real GPU) and its work is stored at batch/k so later
 //! passes re-cost it consistently. A GPU op without work (a trace kernel) is scaled by 1/k; a CPU
@@ -29,8 +30,8 @@
 //! `optax.MultiSteps(k)`; the data loader's per-step batch becomes batch/k.
 
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
-use crate::graph::job::{Job, LocalOp, OpWork};
-use crate::graph::{DeviceKind, MemEffect, OpId, Phase};
+use crate::graph::job::{Job, LocalOp};
+use crate::graph::{DeviceKind, MemEffect, MemWhen, OpId, OpKind, Phase};
 
 /// The `grad-accumulation` pass.
 pub struct GradAccumulation;
@@ -75,9 +76,12 @@ impl Pass for GradAccumulation {
                 .map(|o| o.spec.dur_ns)
                 .sum()
         };
+        let per = match cx.job.meta.batch {
+            0 => format!("batch/{k}"),
+            b => format!("{:.3} samples", b as f64 / k as f64),
+        };
         let why = format!(
-            "{k} micro-batches of {:.3} samples: FW+BW GPU/CPU time {:.2} ms → {:.2} ms, activations ÷ {k}, one sync after the last micro-batch",
-            cx.job.meta.batch as f64 / k as f64,
+            "{k} micro-batches of {per}: FW+BW GPU/CPU time {:.2} ms → {:.2} ms, activations ÷ {k}, one sync after the last micro-batch",
             fw_bw(&cx.job) as f64 / 1e6,
             fw_bw(&job) as f64 / 1e6,
         );
@@ -113,12 +117,8 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         }
         match o.work {
             Some(w) => {
-                o.spec.dur_ns = job.cost_ns(&w, job.dtype, scale);
-                o.work = Some(OpWork {
-                    flops: w.flops * scale,
-                    act_elems: w.act_elems * scale,
-                    ..w
-                });
+                o.spec.dur_ns = job.recost_ns(o.spec.dur_ns, &w, job.dtype, scale);
+                o.work = Some(w.scaled(scale));
             }
             None if on_cpu(&o) => {}
             None => o.spec.dur_ns = (o.spec.dur_ns as f64 * scale).round() as u64,
@@ -137,6 +137,15 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
             m.bytes = m.bytes.div_ceil(k as u64);
         }
     }
+    // Gradients (allocated when a tensor's gradient is ready) live from the first micro-step's
+    // backward to the update: over the micro-steps they are static memory.
+    let is_grad = |m: &MemEffect| {
+        let s = &l.ops[m.op as usize].spec;
+        s.kind == OpKind::Out && s.phase == Phase::Comm && m.when == MemWhen::AllocAtStart
+    };
+    let grad_bytes: u64 = g.mem.iter().filter(|m| is_grad(m)).map(|m| m.bytes).sum();
+    g.mem.retain(|m| !is_grad(m));
+    g.static_mem_bytes = g.static_mem_bytes.saturating_add(grad_bytes);
     // Sources and sinks of one micro-step (within the FW/BW sub-graph), in id order.
     let mut has_pred = vec![false; n];
     let mut has_succ = vec![false; n];
@@ -154,12 +163,28 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         .filter(|&i| micro[i] && !has_succ[i])
         .map(|i| i as OpId)
         .collect();
+    let bridges = bridges(l, &micro);
     let micro_mem: Vec<MemEffect> = g
         .mem
         .iter()
         .filter(|m| micro[m.op as usize])
         .copied()
         .collect();
+    // Ops outside the micro-step that come after part of it (the gradients' syncs and what
+    // waits for them, copies into a bucket, the update): an edge from one of them into the
+    // micro-step is not an input of the step, and the earlier copies must not wait for it.
+    let mut downstream = vec![false; n];
+    let succs = job.local_succs();
+    let mut stack: Vec<usize> = (0..n).filter(|&i| micro[i]).collect();
+    while let Some(i) = stack.pop() {
+        for &s in &succs[i] {
+            let s = s as usize;
+            if !micro[s] && !downstream[s] {
+                downstream[s] = true;
+                stack.push(s);
+            }
+        }
+    }
     // Micro-steps 0..k−1 are copies appended in order; the original ops are the last one.
     let mut prev_sinks: Option<Vec<OpId>> = None;
     for _ in 0..k - 1 {
@@ -175,7 +200,15 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
             match (micro[a as usize], micro[b as usize]) {
                 (true, true) => g.edges.push((map[a as usize], map[b as usize])),
                 // Inputs of the step (data loading, …) feed every micro-step.
-                (false, true) => g.edges.push((a, map[b as usize])),
+                (false, true) if !downstream[a as usize] => g.edges.push((a, map[b as usize])),
+                // An op that runs once per iteration between micro-step ops (a collective
+                // launched in the backward, a marker on a recorded thread): the copies keep the
+                // order it imposed, from the micro-step ops before it to the one after.
+                (false, true) => {
+                    for &m in bridges[a as usize].iter().flatten() {
+                        g.edges.push((map[m as usize], map[b as usize]));
+                    }
+                }
                 // Only the last micro-step feeds the syncs and the update.
                 _ => {}
             }
@@ -201,6 +234,72 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
                 g.edges.push((a, b));
             }
         }
+    }
+    out
+}
+
+/// Most micro-step ops a bridge remembers (the latest ones in topological order): a bound on
+/// the work for ops that join many branches; dropping older ones only loosens the copies' order.
+const MAX_BRIDGE: usize = 64;
+
+/// For each op that is not part of a micro-step but runs after some micro-step op (it is
+/// reachable from one), the micro-step ops it follows through non-micro-step ops only; `None`
+/// for ops that precede every micro-step op (the step's inputs).
+///
+/// Why: a recorded step interleaves once-per-iteration ops with the forward and backward on the
+/// same thread or stream (a collective launched during the backward, a gap or marker op). Wiring
+/// such an op into every micro-step's copy — as for a real input — would make the copies wait
+/// for an op that itself waits for the last micro-step: a cycle (issue 15: "the graph has a cycle
+/// through op 22294 (FW cpu @w0.cpu.t1)" on the ResNet-50 DDP trace).
+fn bridges(l: &crate::graph::job::LocalGraph, micro: &[bool]) -> Vec<Option<Vec<OpId>>> {
+    let n = l.ops.len();
+    let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); n];
+    let mut indeg = vec![0usize; n];
+    let mut succs: Vec<Vec<OpId>> = vec![Vec::new(); n];
+    for &(a, b) in &l.edges {
+        preds[b as usize].push(a);
+        succs[a as usize].push(b);
+        indeg[b as usize] += 1;
+    }
+    let mut order = Vec::with_capacity(n);
+    let mut ready: std::collections::VecDeque<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
+    while let Some(i) = ready.pop_front() {
+        order.push(i);
+        for &s in &succs[i] {
+            indeg[s as usize] -= 1;
+            if indeg[s as usize] == 0 {
+                ready.push_back(s as usize);
+            }
+        }
+    }
+    let mut pos = vec![0usize; n];
+    for (k, &i) in order.iter().enumerate() {
+        pos[i] = k;
+    }
+    let mut out: Vec<Option<Vec<OpId>>> = vec![None; n];
+    for &i in &order {
+        if micro[i] {
+            continue;
+        }
+        let mut acc: Option<Vec<OpId>> = None;
+        for &p in &preds[i] {
+            let from: Option<Vec<OpId>> = if micro[p as usize] {
+                Some(vec![p])
+            } else {
+                out[p as usize].clone()
+            };
+            if let Some(v) = from {
+                acc.get_or_insert_with(Vec::new).extend(v);
+            }
+        }
+        if let Some(v) = acc.as_mut() {
+            v.sort_unstable_by_key(|&o| (pos[o as usize], o));
+            v.dedup();
+            if v.len() > MAX_BRIDGE {
+                v.drain(..v.len() - MAX_BRIDGE);
+            }
+        }
+        out[i] = acc;
     }
     out
 }
@@ -267,6 +366,36 @@ mod tests {
     }
 
     #[test]
+    fn once_per_iteration_ops_between_micro_step_ops_close_no_cycle() {
+        // Regression (issue 15: "the graph has a cycle through op 22294 (FW cpu @w0.cpu.t1)"): a
+        // recorded step interleaves ops that run once per iteration with the forward and
+        // backward on one device. Here a 500 ns op of phase Other between the last forward
+        // (op 1) and the first backward (op 2) on the GPU stream.
+        use crate::graph::{OpKind, OpSpec};
+        let mut job = chain(&[1000, 3000], &[1000, 3000]);
+        let x = job.local.ops.len() as OpId;
+        job.local.ops.push(LocalOp {
+            spec: OpSpec::new(OpKind::Compute, Phase::Other, 1, 500),
+            work: None,
+        });
+        job.local.edges.push((1, x));
+        job.local.edges.push((x, 2));
+        let (base, after, _) = run(job, "2");
+        // The op runs once (it is not copied), between the last micro-step's forward and
+        // backward; the first micro-step's backward follows its forward directly.
+        assert_eq!(after.job.local.ops.len(), base.job.local.ops.len() + 5);
+        assert!(after.iteration_ns() > base.iteration_ns());
+        let copies_of_x = after
+            .job
+            .local
+            .ops
+            .iter()
+            .filter(|o| o.spec.phase == Phase::Other && o.spec.dur_ns == 500)
+            .count();
+        assert_eq!(copies_of_x, 1);
+    }
+
+    #[test]
     fn k_one_changes_nothing() {
         let job = chain(&[1000, 3000], &[1000, 3000]);
         let (base, after, patches) = run(job, "1");
@@ -278,14 +407,25 @@ mod tests {
     fn resnet50_k4_quarter_activations_same_syncs() {
         let (_, job) = crate::zoo::build::test_job("resnet50", 32, "dpro-16xv100-rdma");
         let (base, after, _) = run(job, "4");
+        // The gradients live across the micro-steps: static memory from the start.
         let stat = base.job.local.static_mem_bytes;
-        assert_eq!(after.job.local.static_mem_bytes, stat);
-        let (a0, a1) = (
-            base.memory.peak_bytes - stat,
-            after.memory.peak_bytes - stat,
-        );
-        // Per-layer rounding up adds at most one byte per effect.
+        let grads: u64 = base.job.local.tensors.iter().map(|t| t.bytes).sum();
+        assert_eq!(after.job.local.static_mem_bytes, stat + grads);
+        // Each micro-step saves a quarter of the activations (rounded up per effect).
+        let saved = |e: &Evaluated, ops: usize| -> u64 {
+            e.job
+                .local
+                .mem
+                .iter()
+                .filter(|m| (m.op as usize) < ops && m.when == MemWhen::AllocAtStart)
+                .filter(|m| e.job.local.ops[m.op as usize].spec.phase == Phase::Fw)
+                .map(|m| m.bytes)
+                .sum()
+        };
+        let n = base.job.local.ops.len();
+        let (a0, a1) = (saved(&base, n), saved(&after, n));
         assert!(a1 >= a0 / 4 && a1 <= a0 / 4 + 200, "{a1} vs {a0}/4");
+        assert!(after.memory.peak_bytes < base.memory.peak_bytes);
         // Four smaller micro-steps are slower than one big step (launches and weight traffic
         // repeat), but not by 4×.
         assert!(after.iteration_ns() > base.iteration_ns());

@@ -10,6 +10,7 @@
 //! (`local.ops.len()`, `+1`, … in insertion order, a launch right after its GPU task).
 
 pub mod amp;
+pub mod cuda_graphs;
 pub mod declarative;
 pub mod grad_accumulation;
 pub mod op_fusion;
@@ -154,6 +155,10 @@ pub enum Edit {
         op: OpId,
         dur_ns: u64,
     },
+    /// Drop the idle time recorded after ops (a host whose Python work went away).
+    ClearGaps {
+        ops: Vec<OpId>,
+    },
     /// Also set what the op computes (after a re-costing).
     SetWork {
         op: OpId,
@@ -235,10 +240,23 @@ pub struct Evaluated {
     pub critical_local: Vec<OpId>,
     /// Syncs with communication ops on the critical path, in path order, without repeats.
     pub critical_syncs: Vec<usize>,
+    /// A recorded step's steady state (`None` for zoo jobs): see [`crate::replay::steady`].
+    pub steady: Option<replay::steady::Steady>,
 }
 
 impl Evaluated {
+    /// The iteration time passes and the search compare: a recorded step's steady-state
+    /// period (the step-to-step time a training loop sees), else the replay's latest end.
     pub fn iteration_ns(&self) -> u64 {
+        match self.steady {
+            Some(s) => s.period_ns,
+            None => self.replay.iteration_ns,
+        }
+    }
+
+    /// The replay's latest end: one step from its start until its last work (GPU work launched
+    /// in it included) drains.
+    pub fn makespan_ns(&self) -> u64 {
         self.replay.iteration_ns
     }
 }
@@ -283,6 +301,11 @@ pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
             }
         }
     }
+    let steady = if job.is_recorded() {
+        replay::steady::steady(&job)
+    } else {
+        None
+    };
     Ok(Evaluated {
         job,
         graph,
@@ -291,6 +314,7 @@ pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
         memory,
         critical_local,
         critical_syncs,
+        steady,
     })
 }
 
@@ -319,6 +343,7 @@ pub trait Pass: Send + Sync {
 pub fn registry() -> Vec<Box<dyn Pass>> {
     let mut v: Vec<Box<dyn Pass>> = vec![
         Box::new(amp::Amp),
+        Box::new(cuda_graphs::CudaGraphs),
         Box::new(grad_accumulation::GradAccumulation),
         Box::new(op_fusion::OpFusion),
         Box::new(recompute::Recompute),
@@ -456,6 +481,15 @@ fn apply_edit(ed: &mut Editor, e: &Edit) -> Result<(), JobError> {
     match e {
         Edit::Scale { ops, factor } => ed.scale(ops, *factor),
         Edit::SetDuration { op, dur_ns } => ed.set_duration(*op, *dur_ns),
+        Edit::ClearGaps { ops } => {
+            for &op in ops {
+                if !ed.is_alive(op) {
+                    return Err(JobError::NoSuchOp(op));
+                }
+                ed.job_mut().local.ops[op as usize].spec.gap_ns = 0;
+            }
+            Ok(())
+        }
         Edit::SetWork { op, work } => {
             if !ed.is_alive(*op) {
                 return Err(JobError::NoSuchOp(*op));

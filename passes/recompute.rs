@@ -92,10 +92,13 @@ impl Pass for Recompute {
     }
 }
 
-/// One layer's forward and backward compute ops.
+/// One layer's forward and backward compute ops in one micro-step.
 #[derive(Clone, Debug, Default)]
 struct Unit {
     layer: LayerId,
+    /// The micro-step (after gradient accumulation, a layer has one FW and one BW op per
+    /// micro-step: the j-th of each, by id, belong together).
+    step: usize,
     fw: Vec<OpId>,
     bw: Vec<OpId>,
     saved_bytes: u64,
@@ -133,39 +136,51 @@ impl Segment {
     }
 }
 
-/// Layers in forward order (by their first FW op id) with their FW/BW compute ops.
+/// Layers with their FW/BW compute ops, per micro-step, in forward order within each
+/// micro-step (by their first FW op id). A layer's compute ops of one phase are told apart by
+/// micro-step through weight tensors: one op per (layer, phase, tensor) and micro-step, so the
+/// j-th op of each (layer, phase, tensor) by id is micro-step j (gradient accumulation appends
+/// its copies in order; AMP's casts carry their tensor).
 fn units(job: &Job) -> Vec<Unit> {
-    let mut by_layer: BTreeMap<LayerId, Unit> = BTreeMap::new();
+    let mut by_key: BTreeMap<(LayerId, usize), Unit> = BTreeMap::new();
+    let mut seen: BTreeMap<(LayerId, Phase, u32), usize> = BTreeMap::new();
+    let mut step_of: BTreeMap<OpId, (LayerId, usize)> = BTreeMap::new();
     for (i, op) in job.local.ops.iter().enumerate() {
         let s = &op.spec;
-        if s.kind != OpKind::Compute || s.layer == NONE {
+        if s.kind != OpKind::Compute || s.layer == NONE || !matches!(s.phase, Phase::Fw | Phase::Bw)
+        {
             continue;
         }
-        let u = by_layer.entry(s.layer).or_insert_with(|| Unit {
+        let n = seen.entry((s.layer, s.phase, s.tensor)).or_insert(0);
+        let step = *n;
+        *n += 1;
+        let u = by_key.entry((s.layer, step)).or_insert_with(|| Unit {
             layer: s.layer,
+            step,
             ..Unit::default()
         });
         match s.phase {
             Phase::Fw => u.fw.push(i as OpId),
-            Phase::Bw => u.bw.push(i as OpId),
-            _ => {}
+            _ => u.bw.push(i as OpId),
         }
+        step_of.insert(i as OpId, (s.layer, step));
     }
     for m in &job.local.mem {
         let s = &job.local.ops[m.op as usize].spec;
         if s.kind == OpKind::Compute
             && s.phase == Phase::Fw
             && m.when == MemWhen::AllocAtStart
-            && let Some(u) = by_layer.get_mut(&s.layer)
+            && let Some(key) = step_of.get(&m.op)
+            && let Some(u) = by_key.get_mut(key)
         {
             u.saved_bytes += m.bytes;
         }
     }
-    let mut v: Vec<Unit> = by_layer
+    let mut v: Vec<Unit> = by_key
         .into_values()
         .filter(|u| !u.fw.is_empty() && !u.bw.is_empty())
         .collect();
-    v.sort_by_key(|u| u.fw[0]);
+    v.sort_by_key(|u| (u.step, u.fw[0]));
     v
 }
 
@@ -228,25 +243,27 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
             why: format!("no layer with a forward and a backward op matches `{pattern}`"),
         });
     }
+    let steps = all.iter().map(|u| u.step + 1).max().unwrap_or(1);
+    let m = m / steps.max(1);
     let every = if every == 0 { sqrt_ceil(m) } else { every };
-    // Dropped flags: in scope and not every `every`-th (the last of each group is kept).
+    // Dropped flags: in scope and not every `every`-th of its micro-step (the last of each
+    // group is kept).
     let mut dropped = vec![false; all.len()];
-    let mut pos = 0;
+    let mut pos = vec![0usize; steps];
     for (i, &s) in in_scope.iter().enumerate() {
         if s {
-            dropped[i] = pos % every != every - 1 && all[i].saved_bytes > 0;
-            pos += 1;
+            let p = &mut pos[all[i].step];
+            dropped[i] = *p % every != every - 1 && all[i].saved_bytes > 0;
+            *p += 1;
         }
     }
-    // The last forward op of the job: a segment reaching it is not dropped.
-    let last_fw = job
-        .local
-        .ops
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| o.spec.kind == OpKind::Compute && o.spec.phase == Phase::Fw)
-        .map(|(i, _)| i as OpId)
-        .max();
+    // The last layer of each micro-step in forward order (units are sorted by their first
+    // FW op, which is in forward order; inserted ops such as casts come later by id): a segment
+    // reaching it is not dropped.
+    let mut last_unit: Vec<Option<usize>> = vec![None; steps];
+    for (i, u) in all.iter().enumerate() {
+        last_unit[u.step] = Some(i);
+    }
     let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); job.local.ops.len()];
     for &(a, b) in &job.local.edges {
         preds[b as usize].push(a);
@@ -260,15 +277,12 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
             continue;
         }
         let mut j = i;
-        while j < all.len() && dropped[j] {
+        while j < all.len() && dropped[j] && all[j].step == all[i].step {
             j += 1;
         }
-        let seg = &all[i..j];
+        let (first, seg) = (i, &all[i..j]);
         i = j;
-        if seg
-            .iter()
-            .any(|u| Some(*u.fw.iter().max().unwrap_or(&0)) == last_fw)
-        {
+        if last_unit[seg[0].step].is_some_and(|l| (first..j).contains(&l)) {
             continue;
         }
         let seg_bw: Vec<OpId> = seg.iter().flat_map(|u| u.bw.iter().copied()).collect();
@@ -283,6 +297,13 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
             .collect();
         after.sort_unstable();
         after.dedup();
+        // A recorded step can interleave a layer's backward with host work that waits on it (a
+        // synchronising copy): re-running the forward after the backward's predecessors would
+        // then close a cycle. Such a segment is kept.
+        let reach = job.reachable_from(&seg_bw);
+        if after.iter().any(|&a| reach[a as usize]) {
+            continue;
+        }
         let mut fw: Vec<OpId> = seg_fw.clone();
         fw.sort_unstable();
         let mut seg_out = Segment {

@@ -61,8 +61,16 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         speed: s,
         ..HostSpec::builtin(c.framework.exec())
     });
-    let (mut job, flat, _) =
-        baselines::zoo_baseline(&model, &cl, c.framework, c.precision, false, true, host)?;
+    let (mut job, flat, _) = baselines::zoo_baseline(
+        &model,
+        &cl,
+        c.framework,
+        c.precision,
+        false,
+        true,
+        host,
+        c.channels_last,
+    )?;
     if c.horovod_sync {
         let fw = trainplan::cost::framework::Framework::Horovod;
         job = baselines::framework_default(&flat, fw, &|j| passes::evaluate(j))
@@ -86,7 +94,7 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         cur = passes::evaluate(j).map_err(|e| e.to_string())?;
     }
     let memory = match c.memory_kind {
-        MemoryKind::Reserved => cur.memory.peak_bytes,
+        MemoryKind::Reserved => cur.job.host.reserved_bytes(cur.memory.peak_bytes),
         _ => cur.memory.peak_bytes,
     };
     Ok(Prediction {

@@ -27,6 +27,8 @@ pub struct Case {
     /// Gradient synchronisation as run, when it is not the framework's (TF + Horovod).
     pub horovod_sync: bool,
     pub precision: Option<Precision>,
+    /// Activations in channels-last layout, when the source says.
+    pub channels_last: Option<bool>,
     pub recompute: bool,
     pub accum: u32,
     /// Measured time of one optimizer step (or micro-step, see the row's notes), ms.
@@ -147,6 +149,11 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     if notes.contains("SUSPICIOUS") {
         return Err("flagged suspicious by the collector".into());
     }
+    let optimizer = get("optimizer").to_ascii_lowercase();
+    if optimizer.contains("adafactor") || optimizer.contains("8bit") || optimizer.contains("8-bit")
+    {
+        return Err("optimizer not modelled (Adam, SGD and LAMB are)".into());
+    }
     let metric = get("metric");
     if !matches!(metric, "throughput" | "iteration_time") {
         return Err(format!("metric `{metric}` is not a step time"));
@@ -191,6 +198,9 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         batch: Some(micro * accum),
         ..Default::default()
     };
+    // NVIDIA's BERT recipes (DeepLearningExamples, re-run by DLPerf and Lambda) compute the
+    // attention softmax with a fused kernel in the activations' dtype.
+    let nvidia_recipe = matches!(family, "dle" | "dlperf" | "lambda");
     let model = match model_name.as_str() {
         "resnet50" => "resnet50",
         "bert-base" | "bert-large" => {
@@ -207,6 +217,9 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             } else {
                 return Err("BERT task not stated".into());
             });
+            if nvidia_recipe {
+                opts.attention = Some(trainplan::zoo::Attention::FusedSoftmax);
+            }
             if model_name == "bert-base" {
                 "bert-base"
             } else {
@@ -279,6 +292,13 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         framework,
         horovod_sync: false,
         precision,
+        channels_last: if extra.contains("NHWC") {
+            Some(true)
+        } else if extra.contains("NCHW") {
+            Some(false)
+        } else {
+            None
+        },
         recompute,
         accum,
         measured_ms: Some(measured_ms),
@@ -309,6 +329,7 @@ pub fn dpro() -> Vec<Case> {
         framework: Framework::Tf,
         horovod_sync: true,
         precision: Some(Precision::Fp32),
+        channels_last: None,
         recompute: false,
         accum: 1,
         measured_ms: Some(ms),

@@ -20,6 +20,7 @@ pub(crate) mod plan;
 mod ranks;
 mod replay;
 mod show;
+mod traceinfo;
 mod whatif;
 
 use std::io::Write;
@@ -224,10 +225,12 @@ pub struct PassesArgs {
 /// Where the iteration comes from: a zoo model on a cluster, or a recorded trace.
 #[derive(Debug, Args, Clone)]
 pub struct InputArgs {
-    /// PyTorch profiler (Kineto) traces, `.json` or `.json.gz`, instead of --model/--cluster:
-    /// replays one recorded iteration and compares it with the measured time. Several files (or a
-    /// folder of them) are the ranks of one job: they are matched collective by collective, their
-    /// clocks aligned, and replayed as one global graph (`replay` only).
+    /// PyTorch profiler (Kineto) traces, `.json` or `.json.gz`, or a Chakra execution trace,
+    /// instead of --model/--cluster: replays one recorded iteration and compares it with the
+    /// measured time; `whatif` and `plan` re-cost its kernels from their recorded shapes. Several
+    /// files (or a folder of them) are the ranks of one job: they are matched collective by
+    /// collective, their clocks aligned, and replayed as one global graph; `whatif` and `plan`
+    /// apply their passes to every rank.
     #[arg(long, value_name = "PATH", num_args = 1.., conflicts_with = "model")]
     pub trace: Vec<std::path::PathBuf>,
     /// With several ranks: trust the recorded clocks instead of aligning them (dPRO §4.2 QP over
@@ -266,6 +269,15 @@ pub struct InputArgs {
     /// masked-lm (MLM on the 15 % masked positions only, as NVIDIA's BERT), squad, classify.
     #[arg(long, value_enum, value_name = "HEAD")]
     pub head: Option<crate::zoo::Head>,
+    /// Attention implementation: eager (separate kernels, the softmax in FP32 under autocast;
+    /// BERT's default), fused-softmax (Megatron-LM; GPT's default) or flash
+    /// (FlashAttention / `scaled_dot_product_attention`: no scores in memory).
+    #[arg(long, value_enum, value_name = "IMPL")]
+    pub attention: Option<crate::zoo::Attention>,
+    /// Activations in channels-last (NHWC) layout (`model.to(memory_format=torch.channels_last)`):
+    /// no transposes around tensor-core convolutions (the default for tf and jax).
+    #[arg(long)]
+    pub channels_last: bool,
     /// Replay the symmetric form: one worker plus the quotient ring chain, standing for all
     /// workers (ring all-reduce only; exact when the ring's links are alike, otherwise paced by
     /// the slowest link). Much faster for large clusters.

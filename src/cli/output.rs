@@ -170,7 +170,12 @@ pub fn thousands(n: u64) -> String {
 
 /// Bytes in GB (10⁹) with one decimal, the unit the papers report.
 pub fn gb(bytes: u64) -> String {
-    format!("{:.1} GB", bytes as f64 / 1e9)
+    // Below 1 GB, MB: a small job's memory is never "0.0 GB".
+    if bytes < 1_000_000_000 {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    } else {
+        format!("{:.1} GB", bytes as f64 / 1e9)
+    }
 }
 
 /// Nanoseconds as milliseconds with one decimal.

@@ -218,9 +218,51 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             Some(names)
         }
     };
-    let input = input_job(&a.input)?;
+    // Several ranks (a folder of traces): the search runs on the slowest rank (collectives hold
+    // every rank to it); its decisions are then applied to every rank and all are replayed
+    // together.
+    let files = if a.input.trace.is_empty() {
+        Vec::new()
+    } else {
+        super::replay::refuse_trace_precision(&a.input)?;
+        crate::trace::expand_inputs(&a.input.trace).map_err(CliError::bad_input)?
+    };
+    let ranks = if files.len() > 1 {
+        let l = super::ranks::load_ranks(&a.input, &files)?;
+        let base =
+            crate::trace::multi::predict(&l.ranks, &l.offsets).map_err(CliError::bad_input)?;
+        Some((l, base))
+    } else {
+        None
+    };
+    let input = match &ranks {
+        Some((l, base)) => {
+            let slowest = (0..l.ranks.len())
+                .max_by_key(|&i| (base.predicted_ns[i], std::cmp::Reverse(i)))
+                .unwrap_or(0);
+            let r = &l.ranks[slowest];
+            tracing::info!(rank = r.rank, "planning on the slowest rank");
+            let mut job = r.built.job.clone();
+            let dir = a
+                .input
+                .trace
+                .first()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_else(|| "trace".into());
+            job.meta.model = format!("{dir} (search on the slowest, rank {})", r.rank);
+            super::replay::Input {
+                job,
+                sync: None,
+                model: None,
+                cluster: None,
+                trace: None,
+            }
+        }
+        None => input_job(&a.input)?,
+    };
     let fw = a.input.framework;
-    let is_trace = input.trace.is_some();
+    let is_trace = input.trace.is_some() || input.job.is_recorded();
     let names = if is_trace { Names::Trace } else { Names::Zoo };
     let opts = SearchOptions {
         budget,
@@ -255,10 +297,12 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
 
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
     let (tx, rx) = std::sync::mpsc::channel::<Result<Finished, CliError>>();
-    let world = input
-        .trace
-        .as_ref()
-        .map_or(input.job.workers, |t| t.world_size);
+    let facts_world = input.job.meta.trace.as_deref().and_then(|f| f.world_size);
+    let world = match (&ranks, &input.trace) {
+        (Some((l, _)), _) => facts_world.unwrap_or(l.ranks.len() as u32),
+        (None, Some(t)) => facts_world.unwrap_or(t.world_size),
+        (None, None) => facts_world.unwrap_or(input.job.workers),
+    };
     let job_meta = input.job.meta.clone();
     let workers = input.job.workers;
     {
@@ -317,9 +361,19 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             message: "interrupted before any plan was evaluated: nothing written".into(),
         });
     };
-    let memory_modelled = headline.peak > 0;
+    // A trace without memory events models no memory.
+    let memory_modelled = headline.peak > 0 && super::traceinfo::has_memory(&headline.job);
     let peak = |b: u64| memory_modelled.then_some(b);
     let ms3 = |ns: u64| round3(ns as f64 / 1e6);
+    // Several ranks: the decisions applied to every rank, all replayed together (when the
+    // search finished; an interrupted one reports the slowest rank).
+    let multi = match (&ranks, &finished) {
+        (Some((l, base)), Some(f)) => Some(ranks_plan(a, l, base, &f.outcome.decisions)?),
+        _ => None,
+    };
+    let extra = finished
+        .as_ref()
+        .map(|f| TraceExtra::of(&f.outcome, multi.as_ref()));
     // The plan: the worker's outcome, or the snapshot.
     let (best_job, decisions, best_ns, best_peak, advice, stop, replays, rounds, lower_ns) =
         match finished {
@@ -362,6 +416,10 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
                 )
             }
         };
+    let (base_ns, base_peak, best_ns, best_peak) = match &multi {
+        Some(m) => (m.baseline_ns, m.baseline_peak, m.planned_ns, m.planned_peak),
+        None => (headline.ns, headline.peak, best_ns, best_peak),
+    };
     let cluster = if is_trace {
         format!("the traced run ({world} ranks)")
     } else {
@@ -381,20 +439,26 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         predicted: Predicted {
             baseline_name: headline.name.to_string(),
             baseline: Point {
-                iteration_ms: ms3(headline.ns),
-                peak_memory_bytes: peak(headline.peak),
+                iteration_ms: ms3(base_ns),
+                peak_memory_bytes: peak(base_peak),
             },
             planned: Point {
                 iteration_ms: ms3(best_ns),
                 peak_memory_bytes: peak(best_peak),
             },
-            speedup: round3(headline.ns as f64 / best_ns.max(1) as f64),
-            lower_bound_ms: lower_ns.map(ms3),
+            speedup: round3(base_ns as f64 / best_ns.max(1) as f64),
+            lower_bound_ms: lower_ns.map(|l| ms3(l.min(best_ns))),
         },
         baselines: snap
             .baselines
             .iter()
-            .map(|x| (x.name.to_string(), ms3(x.ns)))
+            .map(|x| {
+                let ns = match (&multi, x.name) {
+                    (Some(m), search::baselines::AS_RECORDED) => m.baseline_ns,
+                    _ => x.ns,
+                };
+                (x.name.to_string(), ms3(ns))
+            })
             .collect(),
         decisions: decisions
             .iter()
@@ -437,7 +501,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         ))
     })?;
     let wall = t0.elapsed();
-    report(a, &plan, wall, &svg_path, &snap.baselines)?;
+    report(a, &plan, wall, &svg_path, extra.as_ref())?;
     if stop == StopReason::Interrupted {
         return Err(CliError {
             code: exit::INTERRUPTED,
@@ -487,7 +551,7 @@ fn work(
         INTERRUPTED.load(Ordering::Relaxed) || opts.deadline.is_some_and(|d| Instant::now() >= d)
     };
     let eval = search::evaluator(opts.speedups.symmetry);
-    let trace = input.trace.is_some();
+    let trace = input.trace.is_some() || input.job.is_recorded();
     // The baselines rewrite the job with one collective per gradient tensor.
     let job = match &input.sync {
         Some((per_tensor, _)) => per_tensor.clone(),
@@ -497,14 +561,8 @@ fn work(
     let pool = eval_pool(&job, opts.speedups.symmetry)?;
     let rows: Vec<search::baselines::Baseline> = if trace {
         // A trace is one recorded run: its own synchronisation is the only baseline.
-        let e = eval(job.clone()).map_err(CliError::bad_input)?;
-        vec![search::baselines::Baseline {
-            name: "as_recorded",
-            job: job.clone(),
-            eval: e,
-            config: "the step as recorded".into(),
-            knobs: BTreeMap::new(),
-        }]
+        pool.install(|| search::baselines::recorded(&job, &eval))
+            .map_err(CliError::bad_input)?
     } else {
         pool.install(|| search::baselines::for_framework(&job, fw, &eval, &stop))
             .map_err(CliError::bad_input)?
@@ -596,12 +654,114 @@ fn work(
     Ok(Finished { outcome, lower_ns })
 }
 
+/// Several ranks planned together.
+struct RanksPlan {
+    baseline_ns: u64,
+    planned_ns: u64,
+    baseline_peak: u64,
+    planned_peak: u64,
+    /// (rank, baseline ns, planned ns).
+    per_rank: Vec<(u32, u64, u64)>,
+}
+
+/// The plan's decisions (the slowest rank's) applied to every rank, all replayed together.
+fn ranks_plan(
+    a: &PlanArgs,
+    l: &super::ranks::Loaded,
+    base: &crate::trace::multi::RanksPrediction,
+    decisions: &[Decision],
+) -> Result<RanksPlan, CliError> {
+    let all = all_passes(&a.pass_file)?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut args = Vec::new();
+    for d in decisions {
+        if d.pass.starts_with("baseline:") {
+            continue;
+        }
+        let knobs: Vec<String> = d.knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let arg = if knobs.is_empty() {
+            d.pass.clone()
+        } else {
+            format!("{}:{}", d.pass, knobs.join(","))
+        };
+        if seen.insert(arg.clone()) {
+            args.push(arg);
+        }
+    }
+    let plan = super::whatif::resolve(&all, &args)?;
+    let (after, evals, _) = super::ranks::apply_to_ranks(&l.ranks, &plan)?;
+    let planned = crate::trace::multi::predict(&after, &l.offsets).map_err(CliError::bad_input)?;
+    let peak = |f: fn(&(crate::passes::Evaluated, crate::passes::Evaluated)) -> u64| {
+        evals.iter().map(f).max().unwrap_or(0)
+    };
+    Ok(RanksPlan {
+        baseline_ns: base.step_ns,
+        planned_ns: planned.step_ns,
+        baseline_peak: peak(|e| e.0.memory.peak_bytes),
+        planned_peak: peak(|e| e.1.memory.peak_bytes),
+        per_rank: l
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.rank, base.predicted_ns[i], planned.predicted_ns[i]))
+            .collect(),
+    })
+}
+
+/// What a plan on a trace adds to its report.
+struct TraceExtra {
+    facts: Option<String>,
+    facts_json: serde_json::Value,
+    lines: Vec<String>,
+    bound: serde_json::Value,
+    host_bound: bool,
+    makespan: Option<(u64, u64)>,
+    ranks: Option<serde_json::Value>,
+}
+
+impl TraceExtra {
+    fn of(outcome: &search::Outcome, multi: Option<&RanksPlan>) -> TraceExtra {
+        let (b, p) = (&outcome.baseline, &outcome.best);
+        let job = &b.job;
+        let bb = super::traceinfo::Bound::of(b);
+        let pb = super::traceinfo::Bound::of(p);
+        let mut lines = Vec::new();
+        if job.is_recorded() {
+            lines.push(super::traceinfo::path_line(&bb));
+            lines.extend(super::traceinfo::explain(
+                &bb,
+                &pb,
+                (b.iteration_ns(), p.iteration_ns()),
+            ));
+        }
+        TraceExtra {
+            facts: super::traceinfo::facts(job).map(super::traceinfo::facts_line),
+            facts_json: super::traceinfo::facts_json(job),
+            lines,
+            bound: super::traceinfo::bound_json(&bb, Some(&pb)),
+            host_bound: job.is_recorded() && bb.share.host_bound(),
+            makespan: b.steady.map(|_| (b.makespan_ns(), p.makespan_ns())),
+            ranks: multi.map(|m| {
+                json!(
+                    m.per_rank
+                        .iter()
+                        .map(
+                            |&(r, x, y)| json!({"rank": r, "baseline_ms": x as f64 / 1e6,
+                                             "planned_ms": y as f64 / 1e6})
+                        )
+                        .collect::<Vec<_>>()
+                )
+            }),
+        }
+    }
+}
+
 fn report(
     a: &PlanArgs,
     plan: &Plan,
     wall: Duration,
     svg: &std::path::Path,
-    rows: &[BaseRow],
+    extra: Option<&TraceExtra>,
 ) -> Result<(), CliError> {
     let mut o = super::output::stdout();
     let p = &plan.predicted;
@@ -625,11 +785,42 @@ fn report(
             "planned_peak_memory_bytes": p.planned.peak_memory_bytes,
             "rounds": plan.search.rounds,
             "config": plan.config,
+            "trace_facts": extra.map(|e| e.facts_json.clone()),
+            "host_bound": extra.is_some_and(|e| e.host_bound),
+            "bound": extra.map(|e| e.bound.clone()),
+            "baseline_makespan_ms": extra.and_then(|e| e.makespan).map(|m| m.0 as f64 / 1e6),
+            "planned_makespan_ms": extra.and_then(|e| e.makespan).map(|m| m.1 as f64 / 1e6),
+            "ranks": extra.and_then(|e| e.ranks.clone()),
         });
         return writeln!(o, "{v}").map_err(super::CliError::stdout);
     }
     let mut lines = summary(plan);
-    let _ = rows;
+    if let Some(e) = extra {
+        // A trace's facts under the headline; its makespan and what bounds it after the
+        // memory line.
+        let mut at = lines
+            .iter()
+            .position(|l| l.starts_with("peak memory"))
+            .map_or(lines.len(), |i| i + 1);
+        if let Some(f) = &e.facts {
+            lines.insert(1, f.clone());
+            at += 1;
+        }
+        let mut more = Vec::new();
+        if let Some((b, p)) = e.makespan {
+            more.push(format!(
+                "makespan           {:.1} ms → {:.1} ms   (one step until its GPU work drains; the \
+                 iteration above is the steady-state period)",
+                b as f64 / 1e6,
+                p as f64 / 1e6
+            ));
+        }
+        if !e.lines.is_empty() {
+            more.push(String::new());
+            more.extend(e.lines.iter().cloned());
+        }
+        lines.splice(at..at, more);
+    }
     lines.push(format!(
         "search: {:?}, {} replays in {} rounds, {:.1} s ({:?}); plan written to {}, picture to {}",
         plan.search.strategy,
@@ -672,7 +863,11 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         } else {
             format!("batch {}/GPU", w.batch)
         };
-        format!("{} ({batch}), {} ranks as traced", w.model, w.ranks)
+        if w.ranks > 1 {
+            format!("{} ({batch}), {} ranks as traced", w.model, w.ranks)
+        } else {
+            format!("{} ({batch}), 1 GPU as traced", w.model)
+        }
     } else {
         format!(
             "{} (batch {}/GPU) on {} ({} GPUs)",
@@ -723,7 +918,11 @@ pub fn summary(plan: &Plan) -> Vec<String> {
     }
     match (p.baseline.peak_memory_bytes, p.planned.peak_memory_bytes) {
         (Some(b), Some(a)) => lines.push(format!("peak memory        {} → {}", gb(b), gb(a))),
-        _ => lines.push("peak memory        not modelled (the input has no memory events)".into()),
+        _ => lines.push(
+            "peak memory        not modelled: not in the trace (record with profile_memory=True, \
+             or record_shapes=True for an estimate)"
+                .into(),
+        ),
     }
     lines.push(String::new());
     lines.push(format!(

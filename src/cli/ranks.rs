@@ -9,19 +9,30 @@ use serde_json::json;
 
 use super::output::thousands;
 use super::replay::out;
-use super::{CliError, ReplayArgs, write_atomic};
+use super::{CliError, InputArgs, ReplayArgs, WhatifArgs, write_atomic};
+use crate::passes::Evaluated;
 use crate::replay::{dependency_bound_ns, timeline};
 use crate::trace::align::{AlignOptions, align};
-use crate::trace::multi::{collective_times, global_graph, rank_steps, replay_ranks};
+use crate::trace::multi::{
+    RankStep, collective_times, global_graph, predict, rank_steps, replay_ranks, with_job,
+};
 use crate::trace::{KinetoTrace, read_kineto};
 
 fn pct(pred: u64, meas: u64) -> f64 {
     100.0 * (pred as f64 / meas.max(1) as f64 - 1.0)
 }
 
-/// Replay the ranks of one job.
-pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliError> {
-    let t = Instant::now();
+/// Several ranks read, built, checked against each other and their clocks aligned.
+pub struct Loaded {
+    pub ranks: Vec<RankStep>,
+    pub offsets: Vec<i64>,
+    pub alignment: Option<crate::trace::align::Alignment>,
+}
+
+/// Read the ranks of one job (`--trace` with several files or a folder): each rank's step built
+/// (the same step on all), their collectives matched, their clocks aligned (unless
+/// `--no-align`).
+pub fn load_ranks(input: &InputArgs, files: &[PathBuf]) -> Result<Loaded, CliError> {
     if files.len() > crate::limits::MAX_WORKERS as usize {
         return Err(CliError::bad_input(format!(
             "{} trace files given; at most {} ranks are supported (README, Limits)",
@@ -71,11 +82,10 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
         traces.push((name, tr));
     }
     let refs: Vec<(String, &KinetoTrace)> = traces.iter().map(|(n, t)| (n.clone(), t)).collect();
-    let (ranks, warnings) = rank_steps(&refs, a.input.step).map_err(CliError::bad_input)?;
+    let (mut ranks, warnings) = rank_steps(&refs, input.step).map_err(CliError::bad_input)?;
     for w in &warnings {
         tracing::warn!("{w}");
     }
-    // The same oddity on every rank is said once, with the ranks it concerns.
     let mut said: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
     for r in &ranks {
         for w in &r.built.warnings {
@@ -93,20 +103,18 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
         };
         tracing::warn!("{who}: {w}");
     }
-    let g = global_graph(&ranks).map_err(CliError::bad_input)?;
-    let build_ms = t.elapsed().as_secs_f64() * 1e3;
-    tracing::info!(
-        ranks = ranks.len(),
-        ops = g.graph.op_count(),
-        collectives = g.matched.len(),
-        build_ms,
-        "built the ranks' global graph"
-    );
-
-    // Clock offsets.
+    let given = ranks.len() as u32;
+    for r in ranks.iter_mut() {
+        r.built.job.framework = input.framework;
+        r.built.job.math = input.framework.default_math(&r.built.job.gpu);
+        if let Some(f) = r.built.job.meta.trace.as_mut() {
+            f.ranks_given = given;
+        }
+    }
     let n = ranks.len();
-    let (offsets, alignment) = if a.input.no_align || g.matched.is_empty() {
-        if g.matched.is_empty() && !a.input.no_align {
+    let g = global_graph(&ranks).map_err(CliError::bad_input)?;
+    let (offsets, alignment) = if input.no_align || g.matched.is_empty() {
+        if g.matched.is_empty() && !input.no_align {
             tracing::warn!("the ranks share no collective: their clocks are taken as recorded");
         }
         (vec![0i64; n], None)
@@ -121,6 +129,32 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
         }
         (al.offsets_ns.clone(), Some(al))
     };
+    Ok(Loaded {
+        ranks,
+        offsets,
+        alignment,
+    })
+}
+
+/// Replay the ranks of one job.
+pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliError> {
+    let t = Instant::now();
+    let Loaded {
+        ranks,
+        offsets,
+        alignment,
+    } = load_ranks(&a.input, files)?;
+    let g = global_graph(&ranks).map_err(CliError::bad_input)?;
+    let build_ms = t.elapsed().as_secs_f64() * 1e3;
+    tracing::info!(
+        ranks = ranks.len(),
+        ops = g.graph.op_count(),
+        collectives = g.matched.len(),
+        build_ms,
+        "built the ranks' global graph"
+    );
+
+    let n = ranks.len();
     let t = Instant::now();
     let rr = replay_ranks(&ranks, &g, &offsets);
     let replay_wall_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -231,6 +265,155 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
             "timeline written to {} (open in ui.perfetto.dev)",
             p.display()
         ));
+    }
+    for l in lines {
+        writeln!(o, "{l}").map_err(CliError::stdout)?;
+    }
+    Ok(())
+}
+
+/// Every rank's job after `plan`'s passes (each pass proposes on each rank's own graph), and
+/// the evaluations before and after of each.
+pub fn apply_to_ranks(
+    ranks: &[RankStep],
+    plan: &super::whatif::PassPlan,
+) -> Result<
+    (
+        Vec<RankStep>,
+        Vec<(Evaluated, Evaluated)>,
+        Vec<serde_json::Value>,
+    ),
+    CliError,
+> {
+    let mut after = Vec::with_capacity(ranks.len());
+    let mut evals = Vec::with_capacity(ranks.len());
+    let mut applied = Vec::new();
+    for (i, r) in ranks.iter().enumerate() {
+        let (b, c, ap) = super::whatif::run_passes(r.built.job.clone(), plan, i == 0)?;
+        if i == 0 {
+            applied = ap;
+        }
+        after.push(with_job(r, c.job.clone()).map_err(CliError::bad_input)?);
+        evals.push((b, c));
+    }
+    Ok((after, evals, applied))
+}
+
+/// `trainplan whatif` on the ranks of one job: every pass applied to every rank's graph (each
+/// rank's sites chosen on its own graph), then all ranks replayed together — stragglers,
+/// skew and the collectives' waits stay in the replay.
+pub fn whatif_ranks_cmd(
+    a: &WhatifArgs,
+    files: &[PathBuf],
+    plan: &super::whatif::PassPlan,
+) -> Result<(), CliError> {
+    let t = Instant::now();
+    let Loaded { ranks, offsets, .. } = load_ranks(&a.input, files)?;
+    let base = predict(&ranks, &offsets).map_err(CliError::bad_input)?;
+    let (after_ranks, evals, applied) = apply_to_ranks(&ranks, plan)?;
+    let after = predict(&after_ranks, &offsets).map_err(CliError::bad_input)?;
+    let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mem_known = ranks
+        .iter()
+        .all(|r| super::traceinfo::has_memory(&r.built.job));
+    let peak = |f: fn(&(Evaluated, Evaluated)) -> u64| -> Option<u64> {
+        mem_known.then(|| evals.iter().map(f).max().unwrap_or(0))
+    };
+    let (m0, m1) = (
+        peak(|e| e.0.memory.peak_bytes),
+        peak(|e| e.1.memory.peak_bytes),
+    );
+    let speedup = base.step_ns as f64 / after.step_ns.max(1) as f64;
+    let mut o = out();
+    if a.json {
+        let per: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                json!({"rank": r.rank, "trace": r.file,
+                       "baseline_ms": base.predicted_ns[i] as f64 / 1e6,
+                       "ms": after.predicted_ns[i] as f64 / 1e6,
+                       "baseline_peak_memory_bytes": mem_known.then_some(evals[i].0.memory.peak_bytes),
+                       "peak_memory_bytes": mem_known.then_some(evals[i].1.memory.peak_bytes)})
+            })
+            .collect();
+        let v = json!({
+            "baseline_iteration_ms": base.step_ns as f64 / 1e6,
+            "iteration_ms": after.step_ns as f64 / 1e6,
+            "speedup": speedup,
+            "baseline_peak_memory_bytes": m0,
+            "peak_memory_bytes": m1,
+            "baseline_makespan_ms": base.makespan_ns as f64 / 1e6,
+            "makespan_ms": after.makespan_ns as f64 / 1e6,
+            "metric": "slowest rank's step",
+            "workers": ranks.len(),
+            "ranks": per,
+            "passes": applied,
+            "trace_facts": ranks.first().map(|r| super::traceinfo::facts_json(&r.built.job)),
+            "model": "trace",
+            "cluster": "trace",
+            "wall_ms": wall_ms,
+        });
+        return writeln!(o, "{v}").map_err(CliError::stdout);
+    }
+    let names: Vec<&str> = a.pass.iter().map(String::as_str).collect();
+    let mut lines = vec![format!(
+        "{} ranks, {}: what if {} (applied to every rank)",
+        ranks.len(),
+        ranks
+            .first()
+            .map(|r| r.built.window.label.clone())
+            .unwrap_or_default(),
+        names.join(" + ")
+    )];
+    if let Some(f) = ranks
+        .first()
+        .and_then(|r| super::traceinfo::facts(&r.built.job))
+    {
+        lines.push(super::traceinfo::facts_line(f));
+    }
+    lines.push(String::new());
+    lines.push(format!(
+        "{:>4}  {:>12}  {:>12}  {:>8}",
+        "rank", "before ms", "after ms", "change"
+    ));
+    for (i, r) in ranks.iter().enumerate() {
+        lines.push(format!(
+            "{:>4}  {:>12.3}  {:>12.3}  {:>+7.1}%",
+            r.rank,
+            base.predicted_ns[i] as f64 / 1e6,
+            after.predicted_ns[i] as f64 / 1e6,
+            pct(after.predicted_ns[i], base.predicted_ns[i])
+        ));
+    }
+    lines.push(String::new());
+    lines.push(format!(
+        "iteration        {:.3} ms → {:.3} ms ({:+.1} %): the slowest rank's step; speedup {speedup:.3}x",
+        base.step_ns as f64 / 1e6,
+        after.step_ns as f64 / 1e6,
+        pct(after.step_ns, base.step_ns)
+    ));
+    match (m0, m1) {
+        (Some(x), Some(y)) => lines.push(format!(
+            "peak memory      {} → {} (the fullest rank)",
+            super::output::gb(x),
+            super::output::gb(y)
+        )),
+        _ => lines.push(
+            "peak memory      not in the traces (record with profile_memory=True, or \
+             record_shapes=True for an estimate)"
+                .into(),
+        ),
+    }
+    for p in &applied {
+        if let Some(w) = p["why"].as_array().and_then(|w| w.first()) {
+            lines.push(format!(
+                "\n{} (rank {}): {}",
+                p["pass"].as_str().unwrap_or(""),
+                ranks.first().map_or(0, |r| r.rank),
+                w.as_str().unwrap_or("")
+            ));
+        }
     }
     for l in lines {
         writeln!(o, "{l}").map_err(CliError::stdout)?;

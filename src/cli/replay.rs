@@ -81,6 +81,8 @@ pub fn clusters(a: &ListArgs) -> Result<(), CliError> {
 /// A built input: the graph and what it describes.
 pub struct Built {
     pub graph: Dfg,
+    /// The job the graph was expanded from.
+    pub job: Job,
     /// The zoo model and cluster (`None` for a trace).
     pub model: Option<zoo::Model>,
     pub cluster: Option<Cluster>,
@@ -114,6 +116,10 @@ pub struct TraceInput {
     pub extrapolated: Option<Extrapolation>,
     /// World size of the recorded run (`distributedInfo`; 1 when the trace has none).
     pub world_size: u32,
+    /// How each local op's work is known (for the uncertainty `whatif` states).
+    pub work_source: Vec<crate::trace::work::WorkSource>,
+    /// Collectives re-derived to wait for the rank's absent peers.
+    pub peer_waits: usize,
 }
 
 /// One rank's trace standing for every worker of a cluster.
@@ -137,17 +143,20 @@ pub(super) fn refuse_trace_precision(i: &InputArgs) -> Result<(), CliError> {
     }
 }
 
-/// Read `--trace FILE [--step N]` into a job (one rank for now).
+/// Read `--trace FILE [--step N]` (one rank, or a Chakra execution trace) into a job; several
+/// ranks go through [`super::ranks`].
 fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     refuse_trace_precision(i)?;
     let files = crate::trace::expand_inputs(&i.trace).map_err(CliError::bad_input)?;
     let [path] = files.as_slice() else {
-        return Err(CliError::usage(format!(
-            "{} rank traces given: `replay` takes several ranks; `whatif` and `plan` take one \
-             rank's trace (the job's ranks are alike)",
+        return Err(CliError::internal(format!(
+            "{} rank traces reached the one-rank reader",
             files.len()
         )));
     };
+    if crate::trace::chakra::is_chakra(path) {
+        return chakra_job(path, i);
+    }
     let t = Instant::now();
     let trace = crate::trace::read_kineto(path).map_err(CliError::bad_input)?;
     let file = path.display().to_string();
@@ -208,7 +217,14 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     crate::graph::bounds::check(&job).map_err(|m| CliError::bad_input(format!("{file}: {m}")))?;
     job.meta.model = trace_stem(path);
     job.framework = i.framework;
+    job.math = i.framework.default_math(&job.gpu);
     let name = job.meta.model.clone();
+    if built.peer_waits > 0 {
+        tracing::info!(
+            collectives = built.peer_waits,
+            "collectives wait for the rank's absent peers as recorded"
+        );
+    }
     tracing::info!(
         ops = job.local.ops.len(),
         ms = t.elapsed().as_secs_f64() * 1e3,
@@ -227,7 +243,35 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
             step_end: built.step_end,
             extrapolated,
             world_size,
+            work_source: built.work_source,
+            peer_waits: built.peer_waits,
         }),
+    })
+}
+
+/// A Chakra execution trace as a job for `whatif` and `plan` (no measured step: its
+/// iteration is the replayed makespan).
+fn chakra_job(path: &std::path::Path, i: &InputArgs) -> Result<Input, CliError> {
+    let file = path.display().to_string();
+    let trace = crate::trace::chakra::read_chakra(path).map_err(CliError::bad_input)?;
+    let built = crate::trace::chakra::build_job(&trace, &file).map_err(CliError::bad_input)?;
+    for w in &built.warnings {
+        tracing::warn!(file = %file, "{w}");
+    }
+    let mut job = built.job;
+    let stem = trace_stem(path);
+    job.meta.model = stem
+        .trim_end_matches(".et")
+        .trim_end_matches(".chakra")
+        .to_string();
+    job.framework = i.framework;
+    job.math = i.framework.default_math(&job.gpu);
+    Ok(Input {
+        job,
+        sync: None,
+        model: None,
+        cluster: None,
+        trace: None,
     })
 }
 
@@ -259,6 +303,7 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         seq: i.seq,
         vocab: i.vocab,
         head: i.head,
+        attention: i.attention,
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;
@@ -270,6 +315,7 @@ pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
         i.sync == super::SyncArg::PerTensor,
         i.symmetric,
         None,
+        i.channels_last.then_some(true),
     )
     .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
     tracing::info!(framework = %i.framework, sync = %sync_cfg, "the framework's default sync");
@@ -299,6 +345,7 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
     tracing::info!(ops = graph.op_count(), build_ms, "built the global DFG");
     Ok(Built {
         graph,
+        job,
         model,
         cluster,
         trace,
@@ -332,6 +379,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let dep = dependency_bound_ns(g);
     let mem = peak_memory(g, &r);
     let bd = breakdown::breakdown(g, &r, 0);
+    let sum = breakdown::summary(g, &r, &cp);
     let items = breakdown::critical_path_items(g, &cp);
     if let Some(path) = &a.timeline {
         write_atomic(path, |w| replay::timeline::write_chrome_trace(g, &r, w)).map_err(|e| {
@@ -360,6 +408,14 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let (Some(model), Some(c)) = (&b.model, &b.cluster) else {
         return Err(CliError::internal("a zoo input without its model"));
     };
+    if mem.peak_bytes > c.gpu.memory_bytes() {
+        tracing::warn!(
+            "predicted peak memory {} is above the {} GB of a {}: the job would not fit",
+            gb(mem.peak_bytes),
+            (c.gpu.memory_bytes() as f64 / 1e9).round(),
+            c.gpu.model
+        );
+    }
     if a.json {
         let top = top_items_json(&items);
         let v = json!({
@@ -381,6 +437,12 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             "compute_ms": bd.compute_ns as f64 / 1e6,
             "communication_ms": bd.comm_ns as f64 / 1e6,
             "overlap_ms": bd.overlap_ns as f64 / 1e6,
+            "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
+            "host_bound": sum.host_bound(),
+            "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
+            "memory_over_capacity": mem.peak_bytes > c.gpu.memory_bytes(),
+            "gpu_memory_bytes": c.gpu.memory_bytes(),
+            "framework": a.input.framework.name(),
             "critical_path_top": top,
             "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
         });
@@ -427,18 +489,33 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             ms(bd.overlap_ns)
         ),
         format!(
-            "  exposed comm.  {:>9.1} ms   iteration − compute",
-            ms(r.iteration_ns.saturating_sub(bd.compute_ns))
+            "  exposed comm.  {:>9.1} ms   communication with no compute beside it",
+            ms(sum.exposed_comm_ns)
+        ),
+        format!(
+            "  host           {:>9.1} ms   on the critical path ({}-bound: {})",
+            ms(sum.host_path_ns),
+            if sum.host_bound() { "host" } else { "GPU" },
+            if sum.host_bound() {
+                "the CPU issuing kernels sets the pace; CUDA graphs or torch.compile would help"
+            } else {
+                "the GPU's work sets the pace"
+            }
         ),
         format!(
             "dependency bound {:>9.1} ms   longest dependency chain (unlimited devices)",
             ms(dep)
         ),
         format!(
-            "peak memory      {:>9}      worker {} (of {} GB on the GPU)",
+            "peak memory      {:>9}      worker {} (of {} GB on the GPU){}",
             gb(mem.peak_bytes),
             mem.peak_worker,
-            (c.gpu.memory_bytes() as f64 / 1e9).round()
+            (c.gpu.memory_bytes() as f64 / 1e9).round(),
+            if mem.peak_bytes > c.gpu.memory_bytes() {
+                "  OVER CAPACITY: this job would not fit (try --pass recompute or grad-accumulation)"
+            } else {
+                ""
+            }
         ),
         String::new(),
         format!(
@@ -525,6 +602,7 @@ fn trace_report(
     let g = &b.graph;
     let cp = critical_path(g, r);
     let bd = breakdown::breakdown(g, r, 0);
+    let sum = breakdown::summary(g, r, &cp);
     let items = breakdown::critical_path_items(g, &cp);
     // Extrapolated to another number of workers: the measurement is of a different job, so no
     // error figure.
@@ -545,6 +623,16 @@ fn trace_report(
             })).collect::<Vec<_>>(),
         })
     });
+    let job = &b.job;
+    let steady = crate::replay::steady::steady(job);
+    let period = steady.map(|s| s.period_ns);
+    let share = crate::replay::breakdown::path_share(g, r, &cp);
+    let bound = super::traceinfo::Bound {
+        share,
+        gpu_busy_ns: crate::replay::breakdown::gpu_busy_ns(g, 0),
+    };
+    let mem_peak = peak_memory(g, r).peak_bytes;
+    let mem = super::traceinfo::has_memory(job).then_some(mem_peak);
     if a.json {
         let top = top_items_json(&items);
         let v = json!({
@@ -552,6 +640,10 @@ fn trace_report(
             "measured_iteration_ms": measured as f64 / 1e6,
             "error_pct": err,
             "makespan_ms": r.iteration_ns as f64 / 1e6,
+            "period_ms": period.map(|p| p as f64 / 1e6),
+            "trace_facts": super::traceinfo::facts_json(job),
+            "bound": super::traceinfo::bound_json(&bound, None),
+            "peer_waits": t.peer_waits,
             "step": t.window.label,
             "trace": t.file,
             "ops": g.op_count(),
@@ -559,7 +651,7 @@ fn trace_report(
             "workers": workers,
             "extrapolation": extrapolation,
             "critical_path_ms": dependency_bound_ns(g) as f64 / 1e6,
-            "peak_memory_bytes": null,
+            "peak_memory_bytes": mem,
             "replay_wall_ms": replay_wall_ms,
             "build_wall_ms": b.build_ms,
             "edges": g.edge_count(),
@@ -567,6 +659,11 @@ fn trace_report(
             "model": t.name,
             "cluster": x.map_or("trace".to_string(), |x| x.cluster.clone()),
             "compute_ms": bd.compute_ns as f64 / 1e6,
+            "communication_ms": bd.comm_ns as f64 / 1e6,
+            "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
+            "host_bound": sum.host_bound(),
+            "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
+            "memory_over_capacity": mem.map(|m| m > job.gpu.memory_bytes()),
             "critical_path_top": top,
             "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
         });
@@ -600,10 +697,22 @@ fn trace_report(
         ),
         format!("predicted step   {:>9.3} ms   {verdict}", ms(predicted)),
         format!(
-            "GPU drains at    {:>9.3} ms   the step's last GPU work ends (replayed)",
+            "GPU drains at    {:>9.3} ms   the step's last GPU work ends (replayed makespan)",
             ms(r.iteration_ns)
         ),
     ];
+    let mut lines = lines.to_vec();
+    if let Some(p) = period {
+        lines.push(format!(
+            "steady period    {:>9.3} ms   step-to-step time with every step like this one",
+            ms(p)
+        ));
+    }
+    if let Some(f) = super::traceinfo::facts(job) {
+        lines.insert(1, super::traceinfo::facts_line(f));
+    }
+    lines.push(super::traceinfo::path_line(&bound));
+    lines.extend(super::traceinfo::memory_lines(job, mem_peak, None));
     write_report(o, &lines, &items)?;
     if let Some(x) = x {
         writeln!(

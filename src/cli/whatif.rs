@@ -102,6 +102,70 @@ fn only_in(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, n: usize) -> Ve
     v
 }
 
+/// The passes of one `whatif`, resolved: each pass with its knobs.
+pub(super) type PassPlan<'a> = Vec<(&'a dyn Pass, passes::Knobs)>;
+
+/// Resolve every `--pass` and its knobs before any work, so a typo costs nothing.
+pub(super) fn resolve<'a>(
+    all: &'a [Box<dyn Pass>],
+    args: &[String],
+) -> Result<PassPlan<'a>, CliError> {
+    let mut plan = Vec::new();
+    for arg in args {
+        let (name, given) = passes::parse_pass_arg(arg);
+        let p = passes::find(all, &name).map_err(pass_error)?;
+        let knobs = passes::resolve_knobs(p, &given).map_err(pass_error)?;
+        plan.push((p, knobs));
+    }
+    Ok(plan)
+}
+
+/// Evaluate `job`, apply the passes in order (each on the previous one's result), evaluate
+/// again: (before, after, what each pass did as JSON).
+pub(super) fn run_passes(
+    job: crate::graph::job::Job,
+    plan: &PassPlan,
+    warn: bool,
+) -> Result<(Evaluated, Evaluated, Vec<serde_json::Value>), CliError> {
+    let base = passes::evaluate(job).map_err(CliError::bad_input)?;
+    let mut cur = base.clone();
+    let mut applied = Vec::new();
+    for (p, knobs) in plan {
+        let patches = p.propose(&cur, knobs).map_err(pass_error)?;
+        if patches.is_empty() && warn {
+            tracing::warn!(pass = p.name(), "the pass found nothing to change");
+        }
+        let job = passes::apply_all(&cur.job, &patches).map_err(pass_error)?;
+        applied.push(json!({"pass": p.name(), "patches": patches.len(),
+            "why": patches.iter().map(|x| x.why.clone()).filter(|w| !w.is_empty()).take(20).collect::<Vec<_>>()}));
+        cur = passes::evaluate(job).map_err(CliError::bad_input)?;
+    }
+    Ok((base, cur, applied))
+}
+
+/// A trace's prediction at both ends of what its name-classed kernels could be (all math, all
+/// memory traffic): `None` when every kernel has shapes.
+fn name_range(
+    base: &Evaluated,
+    source: &[crate::trace::work::WorkSource],
+    plan: &PassPlan,
+) -> Result<Option<(u64, u64)>, CliError> {
+    use crate::trace::work::{Bound, WorkSource, at_bound};
+    if !source.contains(&WorkSource::KernelName) {
+        return Ok(None);
+    }
+    let mut v = Vec::new();
+    for b in [Bound::Compute, Bound::Memory] {
+        let job = at_bound(&base.job, source, b);
+        let (_, after, _) = run_passes(job, plan, false)?;
+        v.push(after.iteration_ns());
+    }
+    Ok(Some((
+        v.iter().copied().min().unwrap_or(0),
+        v.iter().copied().max().unwrap_or(0),
+    )))
+}
+
 /// `trainplan whatif`.
 pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
     if a.pass.is_empty() {
@@ -110,35 +174,41 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         ));
     }
     let all = all_passes(&a.pass_file)?;
-    // Resolve every pass and knob before any work, so a typo costs nothing.
-    let mut plan = Vec::new();
-    for arg in &a.pass {
-        let (name, given) = passes::parse_pass_arg(arg);
-        let p = passes::find(&all, &name).map_err(pass_error)?;
-        let knobs = passes::resolve_knobs(p, &given).map_err(pass_error)?;
-        plan.push((p, knobs));
+    let plan = resolve(&all, &a.pass)?;
+    if !a.input.trace.is_empty() {
+        super::replay::refuse_trace_precision(&a.input)?;
+        let files = crate::trace::expand_inputs(&a.input.trace).map_err(CliError::bad_input)?;
+        if files.len() > 1 {
+            return super::ranks::whatif_ranks_cmd(a, &files, &plan);
+        }
     }
     let input = input_job(&a.input)?;
     let t = Instant::now();
-    let base = passes::evaluate(input.job).map_err(CliError::bad_input)?;
-    let mut cur = base.clone();
-    let mut applied = Vec::new();
-    for (p, knobs) in &plan {
-        let patches = p.propose(&cur, knobs).map_err(pass_error)?;
-        if patches.is_empty() {
-            tracing::warn!(pass = p.name(), "the pass found nothing to change");
-        }
-        let job = passes::apply_all(&cur.job, &patches).map_err(pass_error)?;
-        applied.push(json!({"pass": p.name(), "patches": patches.len(),
-            "why": patches.iter().map(|x| x.why.clone()).filter(|w| !w.is_empty()).take(20).collect::<Vec<_>>()}));
-        cur = passes::evaluate(job).map_err(CliError::bad_input)?;
-    }
+    let (base, cur, applied) = run_passes(input.job, &plan, true)?;
+    let range = match &input.trace {
+        Some(ti) => name_range(&base, &ti.work_source, &plan)?,
+        None => None,
+    };
     let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+    if cur.job.meta.source != "trace" && cur.memory.peak_bytes > cur.job.gpu.memory_bytes() {
+        tracing::warn!(
+            "predicted peak memory {:.1} GB is above the {:.0} GB of a {}: the job would not fit",
+            cur.memory.peak_bytes as f64 / 1e9,
+            cur.job.gpu.memory_bytes() as f64 / 1e9,
+            cur.job.gpu.model
+        );
+    }
     let (before, after) = (path_items(&base), path_items(&cur));
     let left = only_in(&before, &after, 10);
     let joined = only_in(&after, &before, 10);
     let (b_it, a_it) = (base.iteration_ns(), cur.iteration_ns());
     let speedup = b_it as f64 / a_it.max(1) as f64;
+    let recorded = base.job.is_recorded();
+    let (bound_b, bound_a) = (
+        super::traceinfo::Bound::of(&base),
+        super::traceinfo::Bound::of(&cur),
+    );
+    let mem_known = super::traceinfo::has_memory(&base.job);
     let mut o = out();
     if a.json {
         let items = |v: &[(String, u64)]| -> Vec<serde_json::Value> {
@@ -146,12 +216,41 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
                 .map(|(n, d)| json!({"name": n, "ms": *d as f64 / 1e6}))
                 .collect()
         };
+        let mem = |e: &Evaluated| mem_known.then_some(e.memory.peak_bytes);
+        let b = super::traceinfo::bound_json(&bound_b, Some(&bound_a));
+        let s = |e: &passes::Evaluated| {
+            let sum = crate::replay::breakdown::summary(&e.graph, &e.replay, &e.critical);
+            let traced = e.job.meta.source == "trace";
+            json!({
+                "compute_ms": sum.breakdown.compute_ns as f64 / 1e6,
+                "communication_ms": sum.breakdown.comm_ns as f64 / 1e6,
+                "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
+                "host_bound": sum.host_bound(),
+                "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
+                "memory_over_capacity": (!traced)
+                    .then(|| e.memory.peak_bytes > e.job.gpu.memory_bytes()),
+            })
+        };
+        let (sb, sa) = (s(&base), s(&cur));
         let v = json!({
+            "compute_ms": sa["compute_ms"],
+            "communication_ms": sa["communication_ms"],
+            "exposed_communication_ms": sa["exposed_communication_ms"],
+            "host_bound": sa["host_bound"],
+            "host_critical_path_ms": sa["host_critical_path_ms"],
+            "memory_over_capacity": sa["memory_over_capacity"],
+            "baseline": sb,
             "baseline_iteration_ms": b_it as f64 / 1e6,
             "iteration_ms": a_it as f64 / 1e6,
             "speedup": speedup,
-            "baseline_peak_memory_bytes": base.memory.peak_bytes,
-            "peak_memory_bytes": cur.memory.peak_bytes,
+            "baseline_peak_memory_bytes": mem(&base),
+            "peak_memory_bytes": mem(&cur),
+            "baseline_makespan_ms": base.makespan_ns() as f64 / 1e6,
+            "makespan_ms": cur.makespan_ns() as f64 / 1e6,
+            "metric": if base.steady.is_some() { "steady-state period" } else { "makespan" },
+            "iteration_range_ms": range.map(|(l, h)| [l as f64 / 1e6, h as f64 / 1e6]),
+            "bound": b,
+            "trace_facts": super::traceinfo::facts_json(&base.job),
             "passes": applied,
             "critical_path_left": items(&left),
             "critical_path_joined": items(&joined),
@@ -165,49 +264,103 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         return Ok(());
     }
     let names: Vec<&str> = a.pass.iter().map(String::as_str).collect();
-    let lines = [
-        if base.job.meta.source == "trace" {
-            format!(
-                "{} (trace, one rank): what if {}",
-                base.job.meta.model,
-                names.join(" + ")
-            )
-        } else {
-            format!(
-                "{} (batch {}/GPU) on {}: what if {}",
-                base.job.meta.model,
-                base.job.meta.batch,
-                base.job.meta.cluster,
-                names.join(" + ")
-            )
-        },
+    let mut lines = vec![if recorded {
+        format!(
+            "{} (trace, one rank): what if {}",
+            base.job.meta.model,
+            names.join(" + ")
+        )
+    } else {
+        format!(
+            "{} (batch {}/GPU) on {}: what if {}",
+            base.job.meta.model,
+            base.job.meta.batch,
+            base.job.meta.cluster,
+            names.join(" + ")
+        )
+    }];
+    if let Some(f) = super::traceinfo::facts(&base.job) {
+        lines.push(super::traceinfo::facts_line(f));
+    }
+    lines.extend([
         String::new(),
         format!(
             "{:<16} {:>12} {:>12} {:>9}",
             "", "before", "after", "change"
         ),
         format!(
-            "{:<16} {:>9.1} ms {:>9.1} ms {:>+8.1} %",
+            "{:<16} {:>9.1} ms {:>9.1} ms {:>+8.1} %{}",
             "iteration",
             ms(b_it),
             ms(a_it),
-            100.0 * (a_it as f64 / b_it.max(1) as f64 - 1.0)
+            100.0 * (a_it as f64 / b_it.max(1) as f64 - 1.0),
+            if base.steady.is_some() {
+                "   steady-state period"
+            } else {
+                ""
+            }
         ),
-        if base.memory.peak_bytes == 0 {
-            "peak memory      not modelled for this input (no allocation events)".to_string()
-        } else {
-            format!(
-                "{:<16} {:>12} {:>12} {:>+8.1} %",
-                "peak memory",
-                gb(base.memory.peak_bytes),
-                gb(cur.memory.peak_bytes),
-                100.0 * (cur.memory.peak_bytes as f64 / base.memory.peak_bytes as f64 - 1.0)
-            )
-        },
-        format!("speedup          {speedup:.3}x"),
-    ];
+    ]);
+    if base.steady.is_some() && (base.makespan_ns() != b_it || cur.makespan_ns() != a_it) {
+        lines.push(format!(
+            "{:<16} {:>9.1} ms {:>9.1} ms {:>+8.1} %   one step until its GPU work drains",
+            "makespan",
+            ms(base.makespan_ns()),
+            ms(cur.makespan_ns()),
+            100.0 * (cur.makespan_ns() as f64 / base.makespan_ns().max(1) as f64 - 1.0)
+        ));
+    }
+    if let (Some((lo, hi)), Some(f)) = (range, super::traceinfo::facts(&base.job)) {
+        let w = f.work;
+        let gpu = (w.shapes_ns + w.names_ns + w.none_ns).max(1);
+        if w.names_ns * 100 >= gpu {
+            lines.push(format!(
+                "{:<16} {:>12} {:>6.1}–{:.1} ms   range: {:.0} % of the GPU time has no shapes \
+                 (re-costed by kernel-name class, all-math to all-memory)",
+                "",
+                "",
+                ms(lo),
+                ms(hi),
+                100.0 * w.names_ns as f64 / gpu as f64
+            ));
+        }
+    }
+    if recorded {
+        lines.extend(super::traceinfo::memory_lines(
+            &base.job,
+            base.memory.peak_bytes,
+            Some(cur.memory.peak_bytes),
+        ));
+    } else if base.memory.peak_bytes == 0 {
+        lines.push("peak memory      not modelled for this input (no allocation events)".into());
+    } else {
+        lines.push(format!(
+            "{:<16} {:>12} {:>12} {:>+8.1} %",
+            "peak memory",
+            gb(base.memory.peak_bytes),
+            gb(cur.memory.peak_bytes),
+            100.0 * (cur.memory.peak_bytes as f64 / base.memory.peak_bytes as f64 - 1.0)
+        ));
+    }
+    lines.push(format!("speedup          {speedup:.3}x"));
+    if recorded {
+        lines.push(String::new());
+        lines.push(super::traceinfo::path_line(&bound_b));
+        lines.extend(super::traceinfo::explain(&bound_b, &bound_a, (b_it, a_it)));
+    }
     for l in lines {
         writeln!(o, "{l}").map_err(CliError::stdout)?;
+    }
+    for p in &applied {
+        if let Some(w) = p["why"].as_array().and_then(|w| w.first()) {
+            writeln!(
+                o,
+                "\n{}: {}",
+                p["pass"].as_str().unwrap_or(""),
+                w.as_str().unwrap_or("")
+            )
+            .map_err(CliError::stdout)?;
+        }
     }
     for (title, v) in [
         ("left the critical path", &left),

@@ -105,6 +105,9 @@ pub struct ArchSpec {
     pub memory_efficiency: f64,
     /// Fraction of the vector peak compute-bound element-wise kernels reach.
     pub vector_efficiency: f64,
+    /// Slowdown of a compute kernel that runs beside a collective on the same GPU (SMs and
+    /// memory bandwidth shared with NCCL): 0.1 = 10 % longer.
+    pub overlap_slowdown: f64,
     #[serde(default)]
     pub source: String,
 }
@@ -621,6 +624,14 @@ pub fn parse_arch(text: &str, file: &str) -> Result<ArchSpec, ConfigError> {
         ("vector_efficiency", a.vector_efficiency),
     ] {
         check_range(text, file, field, v, MIN_RATE, 1.0)?;
+    }
+    if !(a.overlap_slowdown.is_finite() && (0.0..=4.0).contains(&a.overlap_slowdown)) {
+        return Err(invalid(
+            text,
+            file,
+            "overlap_slowdown",
+            format!("must be between 0 and 4, got {}", a.overlap_slowdown),
+        ));
     }
     for (field, v) in [
         ("reduction_half", a.reduction_half),

@@ -94,6 +94,10 @@ pub struct Math {
     pub conv: Dtype,
     /// GEMMs, batched matmuls and attention (cuBLAS).
     pub matmul: Dtype,
+    /// Activations in channels-last (NHWC) layout, the tensor cores' own; NCHW tensors are
+    /// transposed around every tensor-core convolution (cuDNN's `nchwToNhwc`/`nhwcToNchw`
+    /// kernels).
+    pub channels_last: bool,
 }
 
 impl Math {
@@ -101,11 +105,13 @@ impl Math {
     pub const FP32: Math = Math {
         conv: Dtype::Fp32,
         matmul: Dtype::Fp32,
+        channels_last: false,
     };
     /// TF32 tensor cores for every matrix class.
     pub const TF32: Math = Math {
         conv: Dtype::Tf32,
         matmul: Dtype::Tf32,
+        channels_last: false,
     };
 }
 
@@ -153,10 +159,12 @@ impl Framework {
             Framework::Pytorch | Framework::Horovod | Framework::Byteps => Math {
                 conv: pick(true),
                 matmul: pick(false),
+                channels_last: false,
             },
             Framework::Tf | Framework::Jax => Math {
                 conv: pick(true),
                 matmul: pick(true),
+                channels_last: true,
             },
         }
     }
@@ -229,15 +237,21 @@ mod tests {
             Framework::Pytorch.default_math(&a100),
             Math {
                 conv: Dtype::Tf32,
-                matmul: Dtype::Fp32
+                matmul: Dtype::Fp32,
+                channels_last: false,
             }
         );
-        assert_eq!(Framework::Tf.default_math(&a100), Math::TF32);
-        assert_eq!(Framework::Jax.default_math(&a100), Math::TF32);
-        // Volta has no TF32: everything stays FP32.
-        for f in Framework::ALL {
+        let nhwc = |m: Math| Math {
+            channels_last: true,
+            ..m
+        };
+        assert_eq!(Framework::Tf.default_math(&a100), nhwc(Math::TF32));
+        assert_eq!(Framework::Jax.default_math(&a100), nhwc(Math::TF32));
+        // Volta has no TF32: everything stays FP32 (TensorFlow and JAX keep NHWC).
+        for f in [Framework::Pytorch, Framework::Horovod, Framework::Byteps] {
             assert_eq!(f.default_math(&v100), Math::FP32, "{f}");
         }
+        assert_eq!(Framework::Tf.default_math(&v100), nhwc(Math::FP32));
     }
 
     #[test]

@@ -37,11 +37,19 @@ pub struct HostSpec {
     /// One multi-tensor optimizer call (`torch._foreach_*`), µs, plus per tensor in the list.
     pub foreach_call_us: f64,
     pub foreach_tensor_us: f64,
-    /// Fixed CPU work per optimizer step (`zero_grad`, `optimizer.step`'s Python, the batch's
-    /// host-to-device copy), µs.
+    /// Fixed CPU work per optimizer step (`zero_grad`, `optimizer.step`'s Python), µs.
     pub step_us: f64,
+    /// Fixed CPU work per micro-step (fetching the batch, its host-to-device copy, the
+    /// training loop's Python, `backward()`'s setup), µs.
+    pub micro_step_us: f64,
     /// The machine's factor on all of the above (1 = the measured host).
     pub speed: f64,
+    /// GPU memory the process holds beyond its tensors: the CUDA context and the framework's
+    /// loaded kernels, GB (10⁹ B).
+    pub context_gb: f64,
+    /// What the caching allocator reserves beyond the peak it hands out (block rounding,
+    /// fragmentation), as a fraction of that peak.
+    pub allocator_overhead: f64,
     #[serde(default)]
     pub source: String,
 }
@@ -90,9 +98,20 @@ impl HostSpec {
         self.speed * (self.foreach_call_us + self.foreach_tensor_us * tensors as f64) * 1e3
     }
 
+    /// Fixed CPU time per micro-step, ns.
+    pub fn micro_step_ns(&self) -> f64 {
+        self.speed * self.micro_step_us * 1e3
+    }
+
     /// Fixed CPU time per optimizer step, ns.
     pub fn step_ns(&self) -> f64 {
         self.speed * self.step_us * 1e3
+    }
+
+    /// GPU memory a process needs when its tensors peak at `peak_bytes` (what `nvidia-smi`
+    /// shows and what must fit the GPU): the allocator's reserve plus the context.
+    pub fn reserved_bytes(&self, peak_bytes: u64) -> u64 {
+        (peak_bytes as f64 * (1.0 + self.allocator_overhead) + self.context_gb * 1e9) as u64
     }
 }
 
@@ -118,9 +137,21 @@ pub fn parse_host(text: &str, file: &str) -> Result<HostSpec, ConfigError> {
         ("foreach_call_us", h.foreach_call_us),
         ("foreach_tensor_us", h.foreach_tensor_us),
         ("step_us", h.step_us),
+        ("micro_step_us", h.micro_step_us),
     ] {
         if !(v.is_finite() && (0.0..=1e5).contains(&v)) {
             return Err(bad(field.to_string(), v));
+        }
+    }
+    for (field, v, max) in [
+        ("context_gb", h.context_gb, 64.0),
+        ("allocator_overhead", h.allocator_overhead, 4.0),
+    ] {
+        if !(v.is_finite() && (0.0..=max).contains(&v)) {
+            return Err(ConfigError::File {
+                file: file.to_string(),
+                message: format!("field {field}: must be between 0 and {max}, got {v}"),
+            });
         }
     }
     if !(h.speed.is_finite() && h.speed > 0.0 && h.speed <= 100.0) {

@@ -38,8 +38,10 @@ pub enum OpClass {
     Gemm,
     /// Attention as one fused kernel (flash / memory-efficient attention).
     Attention,
-    /// Batch / layer / group normalisation.
+    /// Batch normalisation (runs in the activations' dtype under autocast).
     Norm,
+    /// Layer / group normalisation (autocast runs it in FP32).
+    LayerNorm,
     /// Softmax (with folded scale / mask).
     Softmax,
     /// Element-wise (activations, dropout, adds, casts, scaling).
@@ -58,6 +60,16 @@ pub enum OpClass {
 }
 
 impl OpClass {
+    /// Classes PyTorch's autocast runs in FP32 under mixed precision (its "float32" op list:
+    /// `softmax`, `log_softmax`, `layer_norm`, `group_norm`, the losses): they read half
+    /// inputs, cast them, and write FP32 outputs.
+    pub fn runs_in_fp32(self) -> bool {
+        matches!(
+            self,
+            OpClass::Softmax | OpClass::LayerNorm | OpClass::Reduction
+        )
+    }
+
     /// The class's roofline ceiling.
     pub fn math(self) -> MathClass {
         match self {
@@ -314,6 +326,12 @@ impl<'a> KernelModel<'a> {
     /// GPU time of `work`'s kernels in ns, values stored in `storage`, FP32 matrix math as
     /// `math` says.
     pub fn time_ns(&self, work: &OpWork, storage: Dtype, math: Math) -> f64 {
+        if storage.bytes() < 4 && work.class.runs_in_fp32() {
+            // Autocast's FP32 ops: the op in FP32 plus the cast of its half input (read 2 B,
+            // write 4 B per input element; about half the op's activation traffic is input).
+            let cast = self.memory_ns(work.act_elems * 0.5 * 6.0) + self.launch_ns();
+            return self.time_ns(work, Dtype::Fp32, math) + cast;
+        }
         let bytes = (work.act_elems + work.weight_elems).max(0.0) * storage.bytes() as f64;
         let memory = bytes / self.mem_rate();
         let launches = f64::from(work.kernels) * self.launch_ns();
@@ -321,7 +339,15 @@ impl<'a> KernelModel<'a> {
             let compute = work.flops.max(0.0) / self.vector_rate(storage);
             return compute.max(memory) + launches;
         }
-        self.matrix_compute_ns(work, storage, math).max(memory) + launches
+        let mut t = self.matrix_compute_ns(work, storage, math).max(memory) + launches;
+        let d = Self::math_dtype(work, storage, math);
+        if work.class == OpClass::Conv && !math.channels_last && self.tensor_core(d) {
+            // NCHW activations: cuDNN transposes the input to NHWC and the output back around
+            // a tensor-core convolution (one read and one write of each, two more kernels).
+            t += self.memory_ns(2.0 * work.act_elems * storage.bytes() as f64)
+                + 2.0 * self.launch_ns();
+        }
+        t
     }
 
     /// Compute time alone (no memory traffic, no launches) of `work`'s math.

@@ -26,9 +26,18 @@ pub use crate::cost::kernel::OpWork;
 
 use super::comm::{CommSpec, CommTopology};
 use super::{
-    DeviceKind, Dfg, DfgBuilder, GraphError, MemEffect, NONE, OpId, OpKind, OpSpec, Phase, Tensor,
-    TensorId,
+    DeviceKind, Dfg, DfgBuilder, GraphError, MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase,
+    Tensor, TensorId,
 };
+
+/// Layer name of the zero-length op that marks the end of a recorded step on the step's CPU
+/// thread (a trace job): its replayed end is the predicted step, and the steady-state period
+/// is measured between its copies (`crate::replay::steady`).
+pub const STEP_END_LAYER: &str = "(step end)";
+/// Layer name of GPU work a recorded step inherits from the previous one (still running when
+/// the step opens): the previous step's tail, which a steady-state copy of the step replaces
+/// with its own.
+pub const CARRY_IN_LAYER: &str = "(carried in from the previous step)";
 
 /// One op of the local graph.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,10 +109,101 @@ pub struct Sync {
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct JobMeta {
     pub model: String,
+    /// Samples per worker per iteration (0 when a trace does not say: see
+    /// [`TraceFacts::batch`]).
     pub batch: u32,
     pub cluster: String,
     /// `zoo` or `trace`.
     pub source: String,
+    /// What a recorded trace says about the job (`None` for a zoo job).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Box<TraceFacts>>,
+}
+
+/// What a recorded trace says about the job it profiled, in one place: filled by the trace
+/// importers (`src/trace/facts.rs`), printed by `replay`, `whatif` and `plan` and written in
+/// their `--json` as `trace_facts`, and used for the planner's baselines (one GPU: no
+/// data-parallel baselines; several: the recorded synchronisation, "as recorded").
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct TraceFacts {
+    /// Samples per rank per step, from the input's shape (`None`: the trace has no `Input Dims`;
+    /// record with `record_shapes=True`).
+    pub batch: Option<u32>,
+    /// Where the batch was read (`aten::convolution input [32, 3, 224, 224]`).
+    pub batch_from: Option<String>,
+    /// The GPU's `deviceProperties` name, as recorded.
+    pub gpu: Option<String>,
+    /// The built-in GPU config (`configs/gpus`) the trace's kernels are re-costed against.
+    pub gpu_config: String,
+    /// Whether `gpu` is the model `gpu_config` describes (false: its nearest built-in config).
+    pub gpu_config_exact: bool,
+    /// `totalGlobalMem` and `numSms` of the GPU, as recorded.
+    pub gpu_memory_bytes: Option<u64>,
+    pub gpu_sms: Option<u32>,
+    /// This trace's rank and the job's world size (`distributedInfo`); the ranks given.
+    pub rank: Option<u32>,
+    pub world_size: Option<u32>,
+    pub ranks_given: u32,
+    /// `distributedInfo.backend` (`nccl`).
+    pub backend: Option<String>,
+    /// The storage precision of the matrix ops' inputs (`fp32`, `fp16`, `bf16`): `fp16`/`bf16`
+    /// means the job already ran mixed precision.
+    pub precision: Option<String>,
+    /// The optimizer, from `Optimizer.step#SGD.step`-style annotations (`SGD`, `Adam`, …).
+    pub optimizer: Option<String>,
+    /// The step's collective kernels by kind (`AllReduce` → 5).
+    pub collectives: std::collections::BTreeMap<String, u32>,
+    /// The gradient buckets the framework used, from the NCCL kernels' sizes.
+    pub bucketing: Option<Bucketing>,
+    /// Device memory the trace recorded (`profile_memory=True`), or estimated from shapes.
+    pub memory: Option<MemoryFacts>,
+    /// How the step's GPU time can be re-costed by a pass.
+    pub work: WorkCoverage,
+}
+
+/// Gradient all-reduces of a step, read from the NCCL kernels (`In msg nelems` × dtype).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Bucketing {
+    /// Bytes of each gradient all-reduce in issue order (backward: last layers first).
+    pub sizes_bytes: Vec<u64>,
+    pub total_bytes: u64,
+    /// The bucket cap the sizes imply (DDP closes a bucket once it reaches the cap, so every
+    /// bucket but the first and the last holds at least the cap): whole MiB, `None` with fewer
+    /// than three buckets.
+    pub cap_bytes: Option<u64>,
+    /// Where the sizes come from (`kernel args`, `host execution trace`).
+    pub source: String,
+}
+
+/// Device memory of the recorded step.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct MemoryFacts {
+    /// `profile_memory` events (`[memory]`), or `shapes` (an estimate from `Input Dims`).
+    pub source: String,
+    /// Allocated bytes at the step's highest point (the events' own running total).
+    pub peak_bytes: u64,
+    /// Allocated when the step starts.
+    pub at_start_bytes: u64,
+    /// `Total Reserved` at its highest, when the events carry it.
+    pub reserved_peak_bytes: Option<u64>,
+    /// Device memory events in the step.
+    pub events: u64,
+    /// False when the events carry only `Bytes` (2021 traces): the running total then starts at
+    /// the profiler's start, and memory allocated before it (weights, optimizer state) is not in
+    /// it.
+    pub absolute: bool,
+}
+
+/// The step's GPU kernel time by how a pass can re-cost it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct WorkCoverage {
+    /// Kernels of an operator with recorded shapes: FLOPs and bytes from the shapes.
+    pub shapes_ns: u64,
+    /// Kernels classed by their name only (GEMM, convolution, element-wise, …): work sized to
+    /// the recorded time at the class's efficiency; wider uncertainty.
+    pub names_ns: u64,
+    /// Kernels with no work (re-costed by duration rules).
+    pub none_ns: u64,
 }
 
 /// A data-parallel job: `workers` copies of `local` joined by `syncs` over `comm`.
@@ -174,6 +274,34 @@ impl Job {
             work.scaled(batch_scale)
         };
         ns(self.kernels().time_ns(&w, dtype, self.math))
+    }
+
+    /// Whether op durations were recorded (a trace) rather than modelled (the zoo).
+    pub fn is_recorded(&self) -> bool {
+        self.meta.source == "trace"
+    }
+
+    /// New duration of an op that now lasts `dur_ns` and computes `work` in the job's dtype,
+    /// once its work runs in `dtype` at `batch_scale` times its batch. A recorded op (a trace
+    /// kernel) is re-costed relative to itself, `dur × model(new) / model(old)`, so the
+    /// efficiency the trace measured is kept; a modelled op (the zoo) takes the model's time,
+    /// [`Job::cost_ns`].
+    pub fn recost_ns(&self, dur_ns: u64, work: &OpWork, dtype: Dtype, batch_scale: f64) -> u64 {
+        if !self.is_recorded() {
+            return self.cost_ns(work, dtype, batch_scale);
+        }
+        let m = self.kernels();
+        let new = if batch_scale == 1.0 {
+            *work
+        } else {
+            work.scaled(batch_scale)
+        };
+        let before = m.time_ns(work, self.dtype, self.math);
+        let after = m.time_ns(&new, dtype, self.math);
+        if !(before > 0.0 && after.is_finite()) {
+            return dur_ns;
+        }
+        ns(dur_ns as f64 * after / before)
     }
 
     /// The CPU time of the `Launch` op that issues `op` (its host side), if it has one.
@@ -252,6 +380,9 @@ impl Job {
         b.set_workers(gw);
         if self.symmetric {
             b.set_represents(n);
+        }
+        if n > 1 {
+            b.set_contention_ppm((self.gpu.kernels.overlap_slowdown * 1e6).round() as u32);
         }
         let per = l.ops.len() as u32;
         for w in 0..gw {
@@ -334,6 +465,20 @@ impl Job {
             .enumerate()
             .filter(|(_, o)| o.spec.kind == OpKind::Compute)
             .map(|(i, _)| i as OpId)
+    }
+
+    /// Which local ops depend on any of `from` (through local edges; `from` included).
+    pub fn reachable_from(&self, from: &[OpId]) -> Vec<bool> {
+        let succ = self.local_succs();
+        let mut seen = vec![false; self.local.ops.len()];
+        let mut stack: Vec<OpId> = from.to_vec();
+        while let Some(o) = stack.pop() {
+            if std::mem::replace(&mut seen[o as usize], true) {
+                continue;
+            }
+            stack.extend(succ[o as usize].iter().copied());
+        }
+        seen
     }
 
     /// Successor lists of the local graph (built on demand; small).
@@ -478,10 +623,30 @@ impl Editor {
                 Some(&b) => self.job.local.ops[b as usize].spec.device,
                 None => self.cpu_thread(),
             };
-            let after_launches: Vec<OpId> = after
-                .iter()
-                .map(|&a| launch_of(self, a).unwrap_or(a))
-                .collect();
+            // A virtual op (a gradient's `Out`) is anchored on the host by the launches of the
+            // ops it waits for: an autograd hook runs when the producing op is issued.
+            let mut after_launches: Vec<OpId> = Vec::new();
+            for &a in after {
+                match launch_of(self, a) {
+                    Some(l) => after_launches.push(l),
+                    None if self.job.local.ops[a as usize].spec.kind.is_virtual() => {
+                        let preds: Vec<OpId> = self
+                            .job
+                            .local
+                            .edges
+                            .iter()
+                            .filter(|&&(p, b)| b == a && self.alive[p as usize])
+                            .map(|&(p, _)| p)
+                            .collect();
+                        for p in preds {
+                            after_launches.push(launch_of(self, p).unwrap_or(p));
+                        }
+                    }
+                    None => after_launches.push(a),
+                }
+            }
+            after_launches.sort_unstable();
+            after_launches.dedup();
             let launch = self.push(LocalOp {
                 spec: OpSpec {
                     layer: self.job.local.ops[id as usize].spec.layer,
@@ -555,6 +720,29 @@ impl Editor {
             if gone.contains(&m.op) {
                 m.op = keep;
             }
+        }
+        // A fused kernel never materialises its members' intermediate buffers: of their
+        // transient (`During`) buffers only the largest remains.
+        let largest = self
+            .job
+            .local
+            .mem
+            .iter()
+            .filter(|m| m.op == keep && m.when == MemWhen::During)
+            .map(|m| m.bytes)
+            .max();
+        if let Some(b) = largest {
+            let mut kept = false;
+            self.job.local.mem.retain(|m| {
+                if m.op != keep || m.when != MemWhen::During {
+                    return true;
+                }
+                if !kept && m.bytes == b {
+                    kept = true;
+                    return true;
+                }
+                false
+            });
         }
         for s in self.job.syncs.iter_mut() {
             for r in s.ready.iter_mut().chain(s.done.iter_mut()) {

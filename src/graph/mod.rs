@@ -188,6 +188,9 @@ pub enum MemWhen {
     AllocAtStart,
     /// Freed at the op's end.
     FreeAtEnd,
+    /// Live only while the op runs: allocated at its start, freed at its end (an op's output
+    /// before its consumer takes it, gradient buffers, workspaces).
+    During,
 }
 
 /// What an op is, for display and for the passes: its kind, phase, device, duration and labels.
@@ -313,6 +316,11 @@ impl DfgBuilder {
     /// When this graph is the symmetric (quotient) form, the number of workers it stands for.
     pub fn set_represents(&mut self, workers: u32) {
         self.g.represents = workers;
+    }
+
+    /// Slowdown of GPU compute that overlaps its worker's communication (parts per million).
+    pub fn set_contention_ppm(&mut self, ppm: u32) {
+        self.g.contention_ppm = ppm;
     }
 
     pub fn add_device(&mut self, kind: DeviceKind) -> DeviceId {
@@ -484,9 +492,16 @@ pub struct Dfg {
     static_mem_bytes: Vec<u64>,
     workers: u32,
     represents: u32,
+    /// Slowdown of a GPU compute op that starts while its worker's collectives run (SMs and
+    /// memory bandwidth shared with NCCL), in parts per million.
+    contention_ppm: u32,
 }
 
 impl Dfg {
+    /// Slowdown of a compute op that starts while its worker communicates, parts per million.
+    pub fn contention_ppm(&self) -> u32 {
+        self.contention_ppm
+    }
     pub fn op_count(&self) -> usize {
         self.kind.len()
     }
@@ -780,6 +795,7 @@ impl Dfg {
         b.g.static_mem_bytes = self.static_mem_bytes.clone();
         b.g.workers = self.workers;
         b.g.represents = self.represents;
+        b.g.contention_ppm = self.contention_ppm;
         for &op in ops {
             new_id[op as usize] = b.add_op(self.spec(op));
         }

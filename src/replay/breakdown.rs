@@ -78,6 +78,105 @@ pub fn breakdown(g: &Dfg, r: &Replay, worker: u32) -> Breakdown {
     }
 }
 
+/// Where the critical path's time goes, by the kind of device its ops run on: the host (CPU
+/// threads — launches, framework work and the idle time between them), the GPU (kernels and
+/// copies), communication (collectives, SEND/RECV, links) and the rest (virtual ops: barriers,
+/// joins). Each path op owns the time from its start to the next path op's start (its duration,
+/// and its device's gap after it when the next op is on the same device), the last its
+/// duration: the shares add up to the path's span.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PathShare {
+    pub host_ns: u64,
+    pub gpu_ns: u64,
+    pub comm_ns: u64,
+    pub other_ns: u64,
+}
+
+impl PathShare {
+    pub fn total_ns(&self) -> u64 {
+        self.host_ns + self.gpu_ns + self.comm_ns + self.other_ns
+    }
+    /// More than half of the critical path is host time: the GPU waits for the CPU, and a
+    /// faster GPU does not shorten the iteration.
+    pub fn host_bound(&self) -> bool {
+        2 * self.host_ns > self.total_ns()
+    }
+}
+
+/// The critical path's time by device kind (see [`PathShare`]).
+pub fn path_share(g: &Dfg, r: &Replay, cp: &CriticalPath) -> PathShare {
+    let mut s = PathShare::default();
+    for (i, &op) in cp.ops.iter().enumerate() {
+        let t0 = r.start_ns[op as usize];
+        let t1 = cp
+            .ops
+            .get(i + 1)
+            .map_or(r.end_ns[op as usize], |&n| r.start_ns[n as usize]);
+        let t = t1.saturating_sub(t0);
+        let slot = match g.device_kind(g.device(op)) {
+            DeviceKind::CpuThread { .. } => &mut s.host_ns,
+            DeviceKind::Virtual => &mut s.other_ns,
+            DeviceKind::GpuStream { .. } if !g.kind(op).is_comm() => &mut s.gpu_ns,
+            _ => &mut s.comm_ns,
+        };
+        *slot += t;
+    }
+    s
+}
+
+/// GPU time of a worker's compute ops (kernels and copies, summed: streams that overlap count
+/// twice): what a pass that re-costs kernels saves.
+pub fn gpu_busy_ns(g: &Dfg, worker: u32) -> u64 {
+    (0..g.op_count() as OpId)
+        .filter(|&op| {
+            matches!(g.device_kind(g.device(op)), DeviceKind::GpuStream { worker: w, .. } if w == worker)
+                && !g.kind(op).is_comm()
+        })
+        .map(|op| g.dur_ns(op))
+        .sum()
+}
+
+/// Where one iteration's time goes on worker 0, and what bounds it: the fields every
+/// `replay`/`whatif --json` carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub breakdown: Breakdown,
+    /// Communication with no compute beside it: what the iteration waits for.
+    pub exposed_comm_ns: u64,
+    /// Time the critical path spends in host (CPU thread) ops, and in GPU ops.
+    pub host_path_ns: u64,
+    pub gpu_path_ns: u64,
+}
+
+impl Summary {
+    /// The host, not the GPU, sets the pace: the critical path spends more time issuing work
+    /// than running it.
+    pub fn host_bound(&self) -> bool {
+        self.host_path_ns > self.gpu_path_ns
+    }
+}
+
+/// The summary of worker 0 in a replay.
+pub fn summary(g: &Dfg, r: &Replay, cp: &CriticalPath) -> Summary {
+    let b = breakdown(g, r, 0);
+    let (mut host, mut gpu) = (0u64, 0u64);
+    for &op in &cp.ops {
+        let i = op as usize;
+        let d = r.end_ns[i] - r.start_ns[i];
+        match g.device_kind(g.device(op)) {
+            DeviceKind::CpuThread { .. } => host += d,
+            DeviceKind::GpuStream { .. } if !g.kind(op).is_comm() => gpu += d,
+            _ => {}
+        }
+    }
+    Summary {
+        breakdown: b,
+        exposed_comm_ns: b.comm_ns - b.overlap_ns,
+        host_path_ns: host,
+        gpu_path_ns: gpu,
+    }
+}
+
 /// One line of the critical path grouped by what it works on.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PathItem {

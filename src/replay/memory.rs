@@ -25,14 +25,18 @@ pub struct MemoryReport {
 pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
     let workers = g.workers().max(1) as usize;
     // (worker, time, 0 = free / 1 = alloc, bytes)
-    let mut events: Vec<(u32, u64, u8, u64)> = g
-        .mem_effects()
-        .iter()
-        .map(|m| match m.when {
-            MemWhen::AllocAtStart => (m.worker, r.start_ns[m.op as usize], 1, m.bytes),
-            MemWhen::FreeAtEnd => (m.worker, r.end_ns[m.op as usize], 0, m.bytes),
-        })
-        .collect();
+    let mut events: Vec<(u32, u64, u8, u64)> = Vec::with_capacity(g.mem_effects().len());
+    for m in g.mem_effects() {
+        let (s, e) = (r.start_ns[m.op as usize], r.end_ns[m.op as usize]);
+        match m.when {
+            MemWhen::AllocAtStart => events.push((m.worker, s, 1, m.bytes)),
+            MemWhen::FreeAtEnd => events.push((m.worker, e, 0, m.bytes)),
+            MemWhen::During => {
+                events.push((m.worker, s, 1, m.bytes));
+                events.push((m.worker, e, 0, m.bytes));
+            }
+        }
+    }
     events.sort_unstable();
     let statics = g.static_memory();
     let mut per_worker_bytes: Vec<u64> = (0..workers)

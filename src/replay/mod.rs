@@ -16,6 +16,7 @@
 pub mod breakdown;
 pub mod critical;
 pub mod memory;
+pub mod steady;
 pub mod timeline;
 
 use std::cmp::Reverse;
@@ -138,6 +139,14 @@ struct Engine<'g> {
     /// Devices by (earliest start of their next op, device id); stale entries are skipped.
     heap: BinaryHeap<Reverse<(u64, u32)>>,
     stack: Vec<OpId>,
+    /// Contention: the worker of each GPU stream (compute side) and the two workers whose GPUs
+    /// a communication device keeps busy (a comm stream's worker twice; a link's sender and
+    /// receiver), `u32::MAX` otherwise.
+    gpu_worker: Vec<u32>,
+    comm_worker: Vec<(u32, u32)>,
+    /// Per worker, the latest end of a communication op started so far.
+    comm_until: Vec<u64>,
+    contention_ppm: u64,
 }
 
 impl<'g> Engine<'g> {
@@ -167,6 +176,25 @@ impl<'g> Engine<'g> {
                 .collect(),
             heap: BinaryHeap::with_capacity(nd * 2),
             stack: Vec::new(),
+            gpu_worker: g
+                .devices()
+                .iter()
+                .map(|d| match d {
+                    DeviceKind::GpuStream { worker, .. } => *worker,
+                    _ => u32::MAX,
+                })
+                .collect(),
+            comm_worker: g
+                .devices()
+                .iter()
+                .map(|d| match d {
+                    DeviceKind::CommStream { worker } => (*worker, *worker),
+                    DeviceKind::Link { from, to, .. } => (*from, *to),
+                    _ => (u32::MAX, u32::MAX),
+                })
+                .collect(),
+            comm_until: vec![0; g.workers().max(1) as usize],
+            contention_ppm: u64::from(g.contention_ppm()),
         }
     }
 
@@ -244,7 +272,27 @@ impl<'g> Engine<'g> {
         } else {
             (r, self.ready_by[i])
         };
-        let dur = g.dur_ns(op);
+        let mut dur = g.dur_ns(op);
+        if self.contention_ppm > 0 {
+            let w = self.gpu_worker[d];
+            if w != u32::MAX {
+                // A kernel that starts while its worker's collectives run shares the SMs and
+                // the memory bandwidth with them.
+                if self.comm_until.get(w as usize).is_some_and(|&u| u > start)
+                    && g.kind(op) == crate::graph::OpKind::Compute
+                {
+                    dur = dur.saturating_add(dur.saturating_mul(self.contention_ppm) / 1_000_000);
+                }
+            } else {
+                let (a, b) = self.comm_worker[d];
+                let end = start.saturating_add(dur);
+                for w in [a, b] {
+                    if let Some(u) = self.comm_until.get_mut(w as usize) {
+                        *u = (*u).max(end);
+                    }
+                }
+            }
+        }
         // Saturating: a job within `graph::bounds` never comes near; a saturated end is
         // reported as an overflow by `passes::evaluate`, never as a time.
         let end = start.saturating_add(dur);

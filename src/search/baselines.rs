@@ -207,6 +207,35 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
     Ok(out)
 }
 
+/// Name of the one baseline of a recorded job.
+pub const AS_RECORDED: &str = "as_recorded";
+
+/// The baselines of a recorded job (a trace): the job as it ran. A trace's collectives are the
+/// framework's own, as recorded — its buckets (DDP), or none on one GPU — so the data-parallel
+/// defaults above, which rewrite per-tensor synchronisations the trace does not have, do not
+/// apply; nor does XLA's fusion of every op to an eager PyTorch step.
+pub fn recorded(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassError> {
+    let eval = evaluate(job.clone()).map_err(edit_err(AS_RECORDED))?;
+    let f = job.meta.trace.as_deref();
+    let config = match f.and_then(|f| f.bucketing.as_ref()) {
+        Some(b) => format!(
+            "as recorded: {} gradient all-reduces{}",
+            b.sizes_bytes.len(),
+            b.cap_bytes
+                .map(|c| format!(", bucket cap ≈ {} MiB", c >> 20))
+                .unwrap_or_default()
+        ),
+        None => "as recorded".into(),
+    };
+    Ok(vec![Baseline {
+        name: AS_RECORDED,
+        job: job.clone(),
+        eval,
+        config,
+        knobs: BTreeMap::new(),
+    }])
+}
+
 /// The job `fw`'s default gradient synchronisation gives (see
 /// [`Framework::default_sync`]), built from the per-tensor `job` (one sync per gradient tensor),
 /// and one line saying what was set. `evaluate` prices the per-tensor job for the gradients'
@@ -254,7 +283,16 @@ pub fn default_from_ready(
                 first_bytes >> 20,
                 buckets.len()
             );
-            Ok((fused_job(job, &buckets, &[]).map_err(edit_err(name))?, cfg))
+            // DDP copies each gradient into its bucket, divides by the world size, and copies the
+            // result back: 2 + 2 passes before the all-reduce, 2 after.
+            let j = fused_job(job, &buckets, &[]).map_err(edit_err(name))?;
+            let mut j = with_buffer_copies(j, 4.0, 2.0, true).map_err(edit_err(name))?;
+            if j.workers > 1 {
+                // The buckets are buffers of their own beside the gradients.
+                let total: u64 = j.syncs.iter().map(|s| s.bytes).sum();
+                j.local.static_mem_bytes = j.local.static_mem_bytes.saturating_add(total);
+            }
+            Ok((j, cfg))
         }
         SyncDefault::Combine { threshold_bytes } => {
             let order = ready_order(&ready()?);
@@ -277,7 +315,14 @@ pub fn default_from_ready(
         } => {
             let ticks = horovod_groups(&bytes, &ready()?, threshold_bytes, cycle_ns);
             let cfg = horovod_config(threshold_bytes, cycle_ns, &ticks);
-            Ok((horovod_job(job, &ticks).map_err(edit_err(name))?, cfg))
+            // The fusion buffer: a memcpy in and one out for every fused group.
+            let j = horovod_job(job, &ticks).map_err(edit_err(name))?;
+            let mut j = with_buffer_copies(j, 2.0, 2.0, false).map_err(edit_err(name))?;
+            if j.workers > 1 {
+                // The fusion buffer, allocated at the threshold's size on first use.
+                j.local.static_mem_bytes = j.local.static_mem_bytes.saturating_add(threshold_bytes);
+            }
+            Ok((j, cfg))
         }
         SyncDefault::Partitions { bytes: piece } => {
             let edits: Vec<Edit> = job
@@ -319,6 +364,7 @@ pub fn zoo_baseline(
     per_tensor: bool,
     symmetric: bool,
     host: Option<crate::cost::host::HostSpec>,
+    channels_last: Option<bool>,
 ) -> Result<(Job, Job, String), String> {
     let job = crate::zoo::build::job(
         model,
@@ -331,7 +377,8 @@ pub fn zoo_baseline(
         },
     )
     .map_err(|e| e.to_string())?;
-    let flat = passes::amp::with_precision(&job, precision).map_err(|e| e.to_string())?;
+    let flat =
+        passes::amp::with_precision(&job, precision, channels_last).map_err(|e| e.to_string())?;
     if per_tensor {
         let cfg = format!("one collective per tensor: {} syncs", flat.syncs.len());
         return Ok((flat.clone(), flat, cfg));
@@ -349,6 +396,76 @@ fn ready_evaluator(job: Job) -> Result<Evaluated, JobError> {
         j.symmetric = true;
     }
     passes::evaluate(j)
+}
+
+/// `job` with the copies a framework makes around each fused collective: before it,
+/// `passes_in` passes over its bytes (gathering the gradients into the buffer, scaling), after
+/// it `passes_out` (scattering the result back), one kernel per tensor plus one, on the compute
+/// stream (PyTorch DDP's reducer: `copy_` into the bucket view, `div_` by the world size, `copy_`
+/// back unless `gradient_as_bucket_view`; Horovod's fusion buffer: memcpy in and out). Each is
+/// issued by the host like any op. A sync of one tensor that needs no buffer (`always` false)
+/// is left alone. Only for more than one worker: one GPU synchronises nothing.
+pub fn with_buffer_copies(
+    job: Job,
+    passes_in: f64,
+    passes_out: f64,
+    always: bool,
+) -> Result<Job, JobError> {
+    use crate::cost::kernel::{OpClass, OpWork};
+    use crate::graph::OpKind;
+    if job.workers <= 1 {
+        return Ok(job);
+    }
+    let gpu = job
+        .local
+        .devices
+        .iter()
+        .position(|d| matches!(d, DeviceKind::GpuStream { stream: 0, .. }));
+    let Some(gpu) = gpu else { return Ok(job) };
+    let all_synced: Vec<OpId> = job
+        .local
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.spec.kind == OpKind::Out && o.spec.phase == Phase::Update)
+        .map(|(i, _)| i as OpId)
+        .collect();
+    let has_host = job.local.ops.iter().any(|o| o.spec.kind == OpKind::Launch);
+    let elem = job.dtype.bytes().max(1) as f64;
+    let mut ed = job.edit();
+    for i in 0..job.syncs.len() {
+        let s = job.syncs[i].clone();
+        if !always && s.tensors.len() < 2 {
+            continue;
+        }
+        let elems = s.bytes as f64 / elem;
+        let n = s.tensors.len() as u32;
+        let copy = |passes: f64, kernels: u32| {
+            OpWork::new(OpClass::Copy, 0.0, 0.0, passes * elems, kernels)
+        };
+        let host = |kernels: u32| {
+            has_host.then(|| crate::cost::compute::ns(job.host.op_ns(OpClass::Copy, true, kernels)))
+        };
+        let w_in = copy(passes_in, n + 1);
+        let spec = OpSpec::compute(
+            gpu as u32,
+            Phase::Comm,
+            crate::graph::NONE,
+            job.cost_ns(&w_in, job.dtype, 1.0),
+        );
+        let pack = ed.insert(spec, Some(w_in), &s.ready, &[], host(n + 1))?;
+        let w_out = copy(passes_out, n);
+        let spec = OpSpec::compute(
+            gpu as u32,
+            Phase::Comm,
+            crate::graph::NONE,
+            job.cost_ns(&w_out, job.dtype, 1.0),
+        );
+        let unpack = ed.insert(spec, Some(w_out), &s.done, &all_synced, host(n))?;
+        let _ = unpack;
+        ed.job_mut().syncs[i].ready = vec![pack];
+    }
+    ed.finish()
 }
 
 /// Ready time of every sync: the latest end of its ready ops on worker 0 (the template's op `i`
@@ -508,7 +625,28 @@ impl DdpLayout {
     /// that waits for it) and the tensors are bucketed in this layout's order. The job is
     /// returned unchanged when that grouping is already its own, or when a collective cannot be
     /// split so (partitioned, or not one ready op per tensor).
+    ///
+    /// A job with DDP's bucket copies (`ddp_default`: [`with_buffer_copies`]) is regrouped
+    /// without them — each tensor's ready and waiting ops are its `Out` and `In` — and gets the
+    /// copies of its new buckets back.
     pub fn apply(&self, job: Job) -> Job {
+        let Some(plain) = without_bucket_copies(&job) else {
+            return self.apply_plain(job);
+        };
+        let regrouped = self.apply_plain(plain.clone());
+        if regrouped.syncs.len() == job.syncs.len()
+            && regrouped
+                .syncs
+                .iter()
+                .zip(&job.syncs)
+                .all(|(a, b)| a.tensors == b.tensors)
+        {
+            return job;
+        }
+        with_buffer_copies(regrouped, 4.0, 2.0, true).unwrap_or(job)
+    }
+
+    fn apply_plain(&self, job: Job) -> Job {
         let order = if is_half(job.dtype) {
             &self.autocast
         } else {
@@ -576,6 +714,68 @@ impl DdpLayout {
         per_tensor.syncs = split;
         fused_job(&per_tensor, &groups, &[]).unwrap_or(job)
     }
+}
+
+/// `job` without the bucket copies [`with_buffer_copies`] inserted (the copy ops and their
+/// launches removed, each sync's ready and waiting ops back to its tensors' `Out` and `In`), or
+/// `None` when it has none.
+fn without_bucket_copies(job: &Job) -> Option<Job> {
+    let ops = &job.local.ops;
+    let is_copy = |o: OpId| {
+        let op = &ops[o as usize];
+        op.spec.kind == OpKind::Compute
+            && op.spec.phase == Phase::Comm
+            && op
+                .work
+                .is_some_and(|w| w.class == crate::cost::kernel::OpClass::Copy)
+    };
+    if !job
+        .syncs
+        .iter()
+        .any(|s| s.ready.iter().chain(&s.done).any(|&o| is_copy(o)))
+        && !job
+            .local
+            .edges
+            .iter()
+            .any(|&(a, b)| is_copy(a) && ops[b as usize].spec.phase == Phase::Update)
+    {
+        return None;
+    }
+    let mut out_of = BTreeMap::new();
+    let mut in_of = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        if op.spec.phase != Phase::Comm {
+            continue;
+        }
+        match op.spec.kind {
+            OpKind::Out => {
+                out_of.insert(op.spec.tensor, i as OpId);
+            }
+            OpKind::In => {
+                in_of.insert(op.spec.tensor, i as OpId);
+            }
+            _ => {}
+        }
+    }
+    let copies: Vec<OpId> = (0..ops.len() as OpId).filter(|&o| is_copy(o)).collect();
+    let launches: Vec<OpId> = job
+        .local
+        .edges
+        .iter()
+        .filter(|&&(a, b)| is_copy(b) && ops[a as usize].spec.kind == OpKind::Launch)
+        .map(|&(a, _)| a)
+        .collect();
+    let mut ed = job.edit();
+    for s in ed.job_mut().syncs.iter_mut() {
+        let ready: Option<Vec<OpId>> = s.tensors.iter().map(|t| out_of.get(t).copied()).collect();
+        let done: Option<Vec<OpId>> = s.tensors.iter().map(|t| in_of.get(t).copied()).collect();
+        s.ready = ready?;
+        s.done = done?;
+    }
+    // The copies first (their launches then bridge only the host's program order).
+    ed.remove(&copies).ok()?;
+    ed.remove(&launches).ok()?;
+    ed.finish().ok()
 }
 
 /// Sync indices sorted by (ready time, index).
@@ -1174,7 +1374,12 @@ mod tests {
             comm: ring(),
             workers: 2,
             symmetric: false,
-            gpu: crate::cost::config::load_gpu("v100-32gb").unwrap(),
+            // Hand-computed timings: no compute/communication contention.
+            gpu: {
+                let mut g = crate::cost::config::load_gpu("v100-32gb").unwrap();
+                g.kernels.overlap_slowdown = 0.0;
+                g
+            },
             dtype: crate::cost::config::Dtype::Fp32,
             math: Default::default(),
             framework: Default::default(),
@@ -1318,18 +1523,28 @@ mod tests {
             let (j, cfg) = framework_default(&job, fw, &evaluate).unwrap();
             (j.syncs.len(), iteration(j), cfg)
         };
-        // PyTorch DDP: 12000 B < the 1 MiB first bucket: one bucket, 24000 (by hand above).
+        // PyTorch DDP: 12000 B < the 1 MiB first bucket: one bucket (24000 by hand above), plus
+        // the reducer's copies on the compute stream: into the bucket and ÷ world size (4 passes
+        // over 3000 fp32 elements, 3 copies + 1 division = 4 kernels) before the all-reduce, back
+        // out after (2 passes, 3 kernels). Each kernel costs the V100's launch floor.
         let (n, t, cfg) = it(Framework::Pytorch);
-        assert_eq!((n, t), (1, 24_000));
+        let bw = 900.0 * job.gpu.kernels.memory_efficiency;
+        let floor = job.gpu.launch_overhead_us * 1e3;
+        let pack = (4.0 * 12_000.0 / bw + 4.0 * floor).round() as u64;
+        let unpack = (2.0 * 12_000.0 / bw + 3.0 * floor).round() as u64;
+        assert_eq!((n, t), (1, 10_000 + pack + 14_000 + unpack));
         assert!(cfg.contains("1 buckets for 3 tensors"), "{cfg}");
         // JAX's 30 MiB combiner: the same single group.
         assert_eq!((it(Framework::Jax).0, it(Framework::Jax).1), (1, 24_000));
         // TF: one pack after the backward, the same here.
         assert_eq!((it(Framework::Tf).0, it(Framework::Tf).1), (1, 24_000));
-        // Horovod 1 ms cycle: one tick at 1 ms fuses all three: 1,000,000 + 2·(1000 + 6000).
+        // Horovod 1 ms cycle: one tick at 1 ms fuses all three: 1,000,000 + 2·(1000 + 6000),
+        // with the fusion buffer's memcpy in and out (2 passes each).
+        let hin = (2.0 * 12_000.0 / bw + 4.0 * floor).round() as u64;
+        let hout = (2.0 * 12_000.0 / bw + 3.0 * floor).round() as u64;
         assert_eq!(
             (it(Framework::Horovod).0, it(Framework::Horovod).1),
-            (1, 1_014_000)
+            (1, 1_000_000 + hin + 14_000 + hout)
         );
         // BytePS: nothing above 4,096,000 B: as is.
         assert_eq!(
@@ -1484,5 +1699,48 @@ mod tests {
         }
         let total = |j: &Job| j.syncs.iter().map(|s| s.bytes).sum::<u64>();
         assert_eq!(total(&re), total(&job));
+    }
+
+    /// The same with DDP's bucket copies (the `ddp_default` job the search starts from): the
+    /// job is regrouped in the autocast order and every new bucket has its two copies, as many
+    /// copy ops as buckets before and after.
+    #[test]
+    fn ddp_layout_regroups_a_job_with_bucket_copies() {
+        let job = zoo_job("resnet50", "dpro-16xv100-tcp", 8);
+        let (first, cap) = (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES);
+        let layout = DdpLayout::of(&job, first, cap).unwrap();
+        let (ddp, _) =
+            framework_default(&job, Framework::Pytorch, &|j| passes::evaluate(j)).unwrap();
+        let copies = |j: &Job| {
+            j.local
+                .ops
+                .iter()
+                .filter(|o| {
+                    o.spec.phase == Phase::Comm
+                        && o.work
+                            .is_some_and(|w| w.class == crate::cost::kernel::OpClass::Copy)
+                })
+                .count()
+        };
+        assert_eq!(copies(&ddp), 2 * ddp.syncs.len());
+        // fp32: already DDP's buckets, unchanged.
+        assert_eq!(layout.apply(ddp.clone()), ddp);
+        let name = |j: &Job, t: u32| j.local.tensors[t as usize].name.clone();
+        assert_eq!(name(&ddp, ddp.syncs[0].tensors[0]), "fc.bias");
+        let mut half = ddp.clone();
+        half.dtype = crate::cost::config::Dtype::Fp16;
+        let re = layout.apply(half);
+        // fc.weight (8 MB) alone fills the 1 MiB first bucket; fc.bias opens the second.
+        let first_bucket: Vec<String> = re.syncs[0].tensors.iter().map(|&t| name(&re, t)).collect();
+        assert_eq!(first_bucket, ["fc.weight"]);
+        assert_eq!(name(&re, re.syncs[1].tensors[0]), "fc.bias");
+        assert_eq!(copies(&re), 2 * re.syncs.len());
+        for s in &re.syncs {
+            // Ready when its pack copy ends; every tensor's `In` waits for it.
+            assert_eq!(s.ready.len(), 1);
+            assert_eq!(s.done.len(), s.tensors.len());
+        }
+        assert!(re.local_dfg().is_ok());
+        passes::evaluate(re).unwrap();
     }
 }

@@ -236,10 +236,13 @@ mod tests {
         assert_eq!((a.replays, a.rounds), (b.replays, b.rounds));
         assert!(!a.decisions.is_empty());
         assert!(a.best.iteration_ns() < a.baseline.iteration_ns());
-        // The decisions' effects add up to the improvement (µs rounding aside).
+        // The decisions' effects add up to the improvement. They are priced on the symmetric
+        // form and the outcome on the full graph; on this two-node ring the two differ only in
+        // when a worker counts as communicating (compute/communication contention): within
+        // 0.5 % of the gain.
         let sum: f64 = a.decisions.iter().map(|d| d.effect_ms).sum();
         let gain = (a.best.iteration_ns() as f64 - a.baseline.iteration_ns() as f64) / 1e6;
-        assert!((sum - gain).abs() < 1e-3, "{sum} vs {gain}");
+        assert!((sum - gain).abs() < 0.005 * gain.abs(), "{sum} vs {gain}");
         // Another seed walks another chain (and still never ends above its start).
         let c = mcmc("resnet50", 4, "dpro-16xv100-rdma", 8);
         assert!(c.best.iteration_ns() <= c.baseline.iteration_ns());

@@ -286,6 +286,7 @@ pub(crate) fn lean_clone(e: &Evaluated, threshold: usize) -> Evaluated {
         memory: e.memory.clone(),
         critical_local: e.critical_local.clone(),
         critical_syncs: e.critical_syncs.clone(),
+        steady: e.steady,
     }
 }
 

@@ -355,7 +355,8 @@ pub struct EventArgs {
     pub correlation: Option<i64>,
     #[serde(deserialize_with = "lenient_i64")]
     pub stream: Option<i64>,
-    #[serde(deserialize_with = "lenient_i64")]
+    /// `device` of GPU events; `Device Id` of `[memory]` events.
+    #[serde(alias = "Device Id", deserialize_with = "lenient_i64")]
     pub device: Option<i64>,
     #[serde(deserialize_with = "lenient_i64")]
     pub context: Option<i64>,
@@ -384,8 +385,9 @@ pub struct EventArgs {
     pub seq: Option<i64>,
     #[serde(rename = "Fwd thread id", deserialize_with = "lenient_i64")]
     pub fwd_thread_id: Option<i64>,
-    /// Bytes moved by a memcpy / set by a memset.
-    #[serde(deserialize_with = "lenient_i64")]
+    /// Bytes moved by a memcpy / set by a memset; `Bytes` allocated (> 0) or freed (< 0) by a
+    /// `[memory]` event.
+    #[serde(alias = "Bytes", deserialize_with = "lenient_i64")]
     pub bytes: Option<i64>,
     #[serde(deserialize_with = "lenient_i64")]
     pub rank: Option<i64>,
@@ -419,6 +421,49 @@ pub struct EventArgs {
     /// `shape` of a Horovod timeline's end-of-operation event (e.g. `"[256, 128]"`).
     #[serde(deserialize_with = "lenient_string")]
     pub shape: Option<String>,
+    /// `Concrete Inputs` of a CPU op (PyTorch ≥ 2.1): the values of its scalar and int-list
+    /// inputs as written (a convolution's stride and padding), JSON text like `Input Dims`.
+    #[serde(rename = "Concrete Inputs", deserialize_with = "raw_json")]
+    pub concrete_inputs: Option<String>,
+    /// The other args of a `[memory]` event (`profile_memory=True`; its `Bytes` and `Device Id`
+    /// share `bytes` and `device`). Read here, moved into [`KinetoTrace::memory`] and cleared, so
+    /// that memory events stay unboxed; fields every boxed event pays for, so few and small.
+    #[serde(rename = "Total Allocated", deserialize_with = "lenient_i64")]
+    pub mem_total_allocated: Option<i64>,
+    #[serde(rename = "Total Reserved", deserialize_with = "lenient_i64")]
+    pub mem_total_reserved: Option<i64>,
+    #[serde(rename = "Addr", deserialize_with = "lenient_i64")]
+    pub mem_addr: Option<i64>,
+    #[serde(rename = "Device Type", deserialize_with = "lenient_i32")]
+    pub mem_device_type: Option<i32>,
+}
+
+/// One allocator event of a `profile_memory=True` trace (`[memory]`, an instant event): `bytes`
+/// allocated (> 0) or freed (< 0) at `ts_ns` on the thread that asked. 48 bytes each, beside
+/// the event itself (which stays in [`KinetoTrace::events`] so that event indices are the
+/// file's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryEvent {
+    pub ts_ns: i64,
+    pub bytes: i64,
+    /// `Total Allocated` / `Total Reserved` after the event (newer traces; 2021 traces carry only
+    /// `Bytes`).
+    pub total_allocated: Option<i64>,
+    pub total_reserved: Option<i64>,
+    /// The block's address (newer traces): pairs an allocation with its free.
+    pub addr: Option<i64>,
+    /// PyTorch's `c10::DeviceType` (0 CPU, 1 CUDA — ROCm reports CUDA too) and device index.
+    pub device_type: i16,
+    pub device_id: i16,
+    /// Index of the event in `traceEvents` (its pid/tid are there).
+    pub event: u32,
+}
+
+impl MemoryEvent {
+    /// Device (GPU) memory rather than host memory.
+    pub fn on_device(&self) -> bool {
+        self.device_type != 0
+    }
 }
 
 /// The arguments of one event as stored. The ids nearly every event carries (`External id`,
@@ -453,19 +498,74 @@ impl Deref for Args {
     }
 }
 
+impl EventArgs {
+    /// Whether any argument beyond the inline ids is present. The pattern names every field (no
+    /// `..`), so a field added to `EventArgs` and not listed here does not compile.
+    fn has_extra(&self) -> bool {
+        let EventArgs {
+            external_id: _,
+            correlation: _,
+            stream: _,
+            device: _,
+            context: _,
+            collective_name,
+            in_msg_nelems,
+            out_msg_nelems,
+            group_size,
+            dtype,
+            process_group_name,
+            process_group_desc,
+            process_group_ranks,
+            seq: _,
+            fwd_thread_id: _,
+            bytes,
+            rank,
+            name,
+            labels,
+            sort_index,
+            sync_kind,
+            wait_on_stream,
+            wait_on_cuda_event_record_corr_id,
+            rf_id: _,
+            input_dims,
+            input_type,
+            shape,
+            concrete_inputs,
+            mem_total_allocated,
+            mem_total_reserved,
+            mem_addr,
+            mem_device_type,
+        } = self;
+        collective_name.is_some()
+            || in_msg_nelems.is_some()
+            || out_msg_nelems.is_some()
+            || group_size.is_some()
+            || dtype.is_some()
+            || process_group_name.is_some()
+            || process_group_desc.is_some()
+            || process_group_ranks.is_some()
+            || bytes.is_some()
+            || rank.is_some()
+            || name.is_some()
+            || labels.is_some()
+            || sort_index.is_some()
+            || sync_kind.is_some()
+            || wait_on_stream.is_some()
+            || wait_on_cuda_event_record_corr_id.is_some()
+            || input_dims.is_some()
+            || input_type.is_some()
+            || shape.is_some()
+            || concrete_inputs.is_some()
+            || mem_total_allocated.is_some()
+            || mem_total_reserved.is_some()
+            || mem_addr.is_some()
+            || mem_device_type.is_some()
+    }
+}
+
 impl From<EventArgs> for Args {
     fn from(a: EventArgs) -> Args {
-        let ids = EventArgs {
-            external_id: a.external_id,
-            correlation: a.correlation,
-            stream: a.stream,
-            device: a.device,
-            context: a.context,
-            seq: a.seq,
-            fwd_thread_id: a.fwd_thread_id,
-            rf_id: a.rf_id,
-            ..EventArgs::default()
-        };
+        let extra = a.has_extra();
         Args {
             external_id: a.external_id,
             correlation: a.correlation,
@@ -475,7 +575,7 @@ impl From<EventArgs> for Args {
             seq: a.seq,
             fwd_thread_id: a.fwd_thread_id,
             rf_id: a.rf_id,
-            full: (a != ids).then(|| Box::new(a)),
+            full: extra.then(|| Box::new(a)),
         }
     }
 }
@@ -587,6 +687,8 @@ pub struct KinetoTrace {
     pub bare_array: bool,
     /// Things tolerated while reading (e.g. a missing closing `]`).
     pub warnings: Vec<String>,
+    /// The `[memory]` events (allocator), in file order.
+    pub memory: Vec<MemoryEvent>,
 }
 
 impl KinetoTrace {
@@ -1040,6 +1142,28 @@ impl State {
         if cat == Category::Flow(FlowKind::LaunchToGpu) {
             self.launch_flows += 1;
         }
+        let mut args = raw.args;
+        if let Some(a) = args.as_mut()
+            && raw.name.as_deref() == Some("[memory]")
+            && let Some(bytes) = a.bytes.take()
+        {
+            let m = MemoryEvent {
+                ts_ns: raw.ts.unwrap_or(0),
+                bytes,
+                total_allocated: a.mem_total_allocated.take(),
+                total_reserved: a.mem_total_reserved.take(),
+                addr: a.mem_addr.take(),
+                // Without `Device Type`, a device index (≥ 0) says it is device memory.
+                device_type: a
+                    .mem_device_type
+                    .take()
+                    .unwrap_or(i32::from(a.device.is_some_and(|d| d >= 0)))
+                    .clamp(0, 255) as i16,
+                device_id: a.device.take().unwrap_or(-1).clamp(-1, 1 << 14) as i16,
+                event: index.min(u32::MAX as usize) as u32,
+            };
+            self.trace.memory.push(m);
+        }
         let names = &mut self.names;
         self.trace.events.push(Event {
             ph,
@@ -1050,7 +1174,7 @@ impl State {
             ts_ns: raw.ts.unwrap_or(0),
             dur_ns: raw.dur.unwrap_or(0),
             flow_id: raw.id,
-            args: raw.args.map(Args::from).unwrap_or_default(),
+            args: args.map(Args::from).unwrap_or_default(),
         });
     }
 }
@@ -1331,6 +1455,11 @@ impl<'de> Deserialize<'de> for Lenient64 {
 
 fn lenient_i64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     d.deserialize_any(I64Visitor)
+}
+
+fn lenient_i32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i32>, D::Error> {
+    Ok(d.deserialize_any(I64Visitor)?
+        .map(|v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32))
 }
 
 fn f64_to_i64(v: f64) -> Option<i64> {
@@ -1890,6 +2019,42 @@ mod tests {
 
     /// The memory bound rests on this: the args of cpu ops, runtime calls and kernels stay inline
     /// (add an id that most events carry to `Args`, not only to `EventArgs`).
+    #[test]
+    fn memory_events_are_kept_compact_beside_the_events() {
+        // A 2021 event (Bytes, device type and id) and a newer one (totals and address).
+        let t = parse(
+            r#"{"traceEvents":[
+              {"ph":"i","s":"t","name":"[memory]","pid":1,"tid":2,"ts":10,
+               "args":{"Device Type":1,"Device Id":0,"Bytes":512}},
+              {"ph":"i","s":"t","cat":"cpu_instant_event","name":"[memory]","pid":1,"tid":"2","ts":11,
+               "args":{"Total Reserved":2097152,"Total Allocated":1536,"Bytes":1024,"Addr":139637219459072,
+                       "Device Type":1,"Device Id":0}},
+              {"ph":"i","s":"t","name":"[memory]","pid":1,"tid":2,"ts":12,
+               "args":{"Device Type":0,"Device Id":-1,"Bytes":-16}},
+              {"ph":"X","cat":"gpu_memcpy","name":"Memcpy HtoD","pid":0,"tid":7,"ts":13,"dur":1,
+               "args":{"bytes":4096,"correlation":3}}
+            ]}"#,
+        );
+        assert_eq!(t.events.len(), 4, "event indices stay the file's");
+        assert_eq!(t.memory.len(), 3);
+        let (a, b, c) = (&t.memory[0], &t.memory[1], &t.memory[2]);
+        assert_eq!(
+            (a.bytes, a.device_type, a.device_id, a.event),
+            (512, 1, 0, 0)
+        );
+        assert_eq!(a.total_allocated, None);
+        assert_eq!(
+            (b.bytes, b.total_allocated, b.total_reserved, b.addr),
+            (1024, Some(1536), Some(2_097_152), Some(139_637_219_459_072))
+        );
+        assert!(a.on_device() && b.on_device() && !c.on_device());
+        for e in &t.events[..3] {
+            assert!(e.args.full.is_none(), "a memory event stays unboxed");
+        }
+        // A memcpy keeps its own bytes.
+        assert_eq!(t.events[3].args.bytes, Some(4096));
+    }
+
     #[test]
     fn common_events_keep_their_args_inline() {
         let t = parse(

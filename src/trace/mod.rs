@@ -3,7 +3,10 @@
 //! format lives in its own submodule:
 //!
 //! * [`kineto`]: PyTorch profiler (Kineto) Chrome traces, streamed; [`graph`]: one rank's step of
-//!   one → a `Job`.
+//!   one → a `Job`, in stages; [`shapes`] and [`work`]: each kernel's work from its operator's
+//!   recorded shapes (or its name); [`memory`]: the step's device memory from `[memory]` events
+//!   (or shapes); [`facts`]: what the trace says about the job (batch, GPU, ranks, buckets);
+//!   [`peers`]: a rank alone, whose collectives wait for absent peers.
 //! * [`chakra`]: Chakra execution traces (protobuf, varint-length-delimited), streamed one message
 //!   at a time, and a `Job` from the nodes.
 //! * [`host_et`]: PyTorch host execution traces (JSON): operators, tensor data dependencies,
@@ -20,12 +23,17 @@
 pub mod align;
 pub mod chakra;
 pub mod extrapolate;
+pub mod facts;
 pub mod graph;
 pub mod horovod;
 pub mod host_et;
 pub mod kineto;
 pub mod link;
+pub mod memory;
 pub mod multi;
+pub mod peers;
+pub mod shapes;
+pub mod work;
 
 pub use kineto::{KinetoTrace, parse_kineto, read_kineto};
 

@@ -1,7 +1,7 @@
 //! Several ranks' traces of one step → one global DFG (dPRO §4.1 on recorded traces).
 //!
 //! **Ranks.** Each file is one rank's Kineto trace; its rank is `distributedInfo.rank` (file order
-//! when absent). Every rank's step is built by [`super::graph::build_job`]; all ranks replay the
+//! when absent). Every rank's step is built by [`super::graph::build_job`]'s stages; all ranks replay the
 //! same `ProfilerStep#N` (by default the last one complete on every rank). Two files claiming the
 //! same rank, or disagreeing on the world size, are refused; fewer files than the world size is a
 //! warning (the missing ranks' arrivals are unknown, so collectives wait only for the ranks given).
@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use crate::graph::{DeviceKind, Dfg, DfgBuilder, GraphError, NONE, OpId, OpKind, OpSpec, Phase};
 use crate::replay::{self, Replay};
 
-use super::graph::{TraceCollective, TraceGraphError, TraceJob, build_job, steps};
+use super::graph::{Peers, TraceCollective, TraceGraphError, TraceJob, build, steps};
 use super::kineto::KinetoTrace;
 
 /// Why several rank traces could not be put together.
@@ -128,7 +128,7 @@ pub fn rank_steps(
     let mut warnings = Vec::new();
     let mut out: Vec<RankStep> = Vec::with_capacity(traces.len());
     for (i, (name, t)) in traces.iter().enumerate() {
-        let built = build_job(t, name, Some(step))?;
+        let built = build(t, name, Some(step), Peers::Present)?;
         let info = t.distributed.as_ref();
         let rank = info
             .and_then(|d| d.rank)
@@ -439,6 +439,97 @@ pub fn replay_ranks(ranks: &[RankStep], g: &GlobalTrace, offsets_ns: &[i64]) -> 
         release_ns,
         predicted_ns,
     }
+}
+
+/// `r` with its job replaced by `job`, an edit of it (passes keep collectives, devices and
+/// their order, but move op ids): the collectives are found again on their streams in order, the
+/// step end by its marker.
+pub fn with_job(r: &RankStep, job: crate::graph::job::Job) -> Result<RankStep, MultiRankError> {
+    let old = &r.built.job.local;
+    let l = &job.local;
+    let mut on_dev: BTreeMap<u32, Vec<OpId>> = BTreeMap::new();
+    for (i, o) in l.ops.iter().enumerate() {
+        if o.spec.kind == OpKind::Collective {
+            on_dev.entry(o.spec.device).or_default().push(i as OpId);
+        }
+    }
+    let mut groups = Vec::with_capacity(r.groups.len());
+    for g in &r.groups {
+        let dev = g
+            .first()
+            .map(|c| old.ops[c.op as usize].spec.device)
+            .unwrap_or(0);
+        let ops = on_dev.get(&dev).map_or(&[][..], Vec::as_slice);
+        if ops.len() != g.len() {
+            return Err(MultiRankError::Mismatch(format!(
+                "{} (rank {}): the edit changed the collectives of a stream ({} → {}); passes \
+                 must keep every recorded collective",
+                r.file,
+                r.rank,
+                g.len(),
+                ops.len()
+            )));
+        }
+        groups.push(
+            g.iter()
+                .zip(ops)
+                .map(|(c, &op)| TraceCollective { op, ..c.clone() })
+                .collect(),
+        );
+    }
+    let end_layer = l
+        .layers
+        .iter()
+        .position(|n| n == crate::graph::job::STEP_END_LAYER)
+        .map(|p| p as u32);
+    let step_end = l
+        .ops
+        .iter()
+        .position(|o| o.spec.kind == OpKind::Gap && Some(o.spec.layer) == end_layer)
+        .ok_or_else(|| {
+            MultiRankError::Mismatch(format!("{}: the edit removed the step's end", r.file))
+        })? as OpId;
+    let mut built = r.built.clone();
+    built.job = job;
+    built.step_end = step_end;
+    let moved: BTreeMap<OpId, OpId> = r
+        .groups
+        .iter()
+        .flatten()
+        .zip(groups.iter().flatten())
+        .map(|(a, b): (&TraceCollective, &TraceCollective)| (a.op, b.op))
+        .collect();
+    for c in built.collectives.iter_mut() {
+        if let Some(&n) = moved.get(&c.op) {
+            c.op = n;
+        }
+    }
+    Ok(RankStep {
+        built,
+        groups,
+        ..r.clone()
+    })
+}
+
+/// The ranks' steps replayed together: each rank's predicted step, the slowest, and the
+/// makespan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RanksPrediction {
+    pub predicted_ns: Vec<u64>,
+    /// The slowest rank's step: the job's step (collectives hold every rank to it).
+    pub step_ns: u64,
+    pub makespan_ns: u64,
+}
+
+/// Build and replay the ranks' global graph with clock offsets `offsets_ns`.
+pub fn predict(ranks: &[RankStep], offsets_ns: &[i64]) -> Result<RanksPrediction, MultiRankError> {
+    let g = global_graph(ranks)?;
+    let rr = replay_ranks(ranks, &g, offsets_ns);
+    Ok(RanksPrediction {
+        step_ns: rr.predicted_ns.iter().copied().max().unwrap_or(0),
+        makespan_ns: rr.replay.iteration_ns,
+        predicted_ns: rr.predicted_ns,
+    })
 }
 
 /// Per-collective recorded (start, end) of every rank on its own clock, for [`super::align`]:

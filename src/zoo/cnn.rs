@@ -107,7 +107,9 @@ impl Builder {
             "{name}: input after itself"
         );
         let math = match kind {
-            LayerKind::Conv | LayerKind::Gemm | LayerKind::BatchedMatmul => MathClass::Matrix,
+            LayerKind::Conv | LayerKind::Gemm | LayerKind::BatchedMatmul | LayerKind::Attention => {
+                MathClass::Matrix
+            }
             _ => MathClass::Vector,
         };
         self.layers.push(Layer {

@@ -15,6 +15,8 @@ pub enum LayerKind {
     Gemm,
     /// Batched matmul inside attention (QKᵀ, AV): no parameters.
     BatchedMatmul,
+    /// The whole attention core as one fused kernel (FlashAttention): no parameters.
+    Attention,
     BatchNorm,
     LayerNorm,
     /// ReLU, GELU, tanh, dropout, residual add, scale: element-wise.
@@ -75,7 +77,9 @@ impl LayerKind {
         match self {
             LayerKind::Conv => OpClass::Conv,
             LayerKind::Gemm | LayerKind::BatchedMatmul => OpClass::Gemm,
-            LayerKind::BatchNorm | LayerKind::LayerNorm => OpClass::Norm,
+            LayerKind::Attention => OpClass::Attention,
+            LayerKind::BatchNorm => OpClass::Norm,
+            LayerKind::LayerNorm => OpClass::LayerNorm,
             LayerKind::Elementwise => OpClass::Elementwise,
             LayerKind::Pool => OpClass::Pool,
             LayerKind::Softmax => OpClass::Softmax,

@@ -11,7 +11,7 @@ pub mod transformer;
 
 pub use build::{BuildError, BuildOptions, build};
 pub use layers::{Layer, LayerKind, MathClass, Model, Optimizer, Param};
-pub use transformer::{Head, TransformerConfig};
+pub use transformer::{Attention, Head, TransformerConfig};
 
 /// A zoo entry: name, one-line description, default per-worker batch and optimizer.
 #[derive(Clone, Copy, Debug)]
@@ -84,6 +84,8 @@ pub struct ModelOptions {
     pub vocab: Option<u32>,
     /// BERT's task head (default: Hugging Face pre-training).
     pub head: Option<transformer::Head>,
+    /// The attention implementation (default: eager for BERT, fused softmax for GPT).
+    pub attention: Option<transformer::Attention>,
 }
 
 /// Why a model could not be made.
@@ -116,9 +118,11 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
         )));
     }
     let shaped = [opts.hidden, opts.heads, opts.layers, opts.seq, opts.vocab];
-    if !e.transformer && (shaped.iter().any(Option::is_some) || opts.head.is_some()) {
+    if !e.transformer
+        && (shaped.iter().any(Option::is_some) || opts.head.is_some() || opts.attention.is_some())
+    {
         return Err(ZooError::Invalid(format!(
-            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab and --head apply to bert-base, bert-large and gpt"
+            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab, --head and --attention apply to bert-base, bert-large and gpt"
         )));
     }
     let layers = match name {
@@ -142,6 +146,9 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
                 cfg.max_positions = cfg.max_positions.max(s);
             }
             cfg.vocab = opts.vocab.unwrap_or(cfg.vocab);
+            if let Some(a) = opts.attention {
+                cfg.attention = a;
+            }
             if let Some(h) = opts.head {
                 if cfg.decoder {
                     return Err(ZooError::Invalid(format!(

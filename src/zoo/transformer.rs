@@ -46,6 +46,35 @@ pub struct TransformerConfig {
     /// The task head on a BERT encoder (ignored for decoders, which predict every token).
     #[serde(default)]
     pub head: Head,
+    /// How attention is computed.
+    #[serde(default)]
+    pub attention: Attention,
+}
+
+/// How the attention core (QKᵀ, softmax, dropout, ·V) runs (`--attention`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Attention {
+    /// Separate kernels, the softmax with its scale and mask as eager Hugging Face runs it
+    /// (under autocast in FP32): BERT's default.
+    #[default]
+    Eager,
+    /// Two batched matmuls around one fused scale-mask-softmax kernel in the activations'
+    /// dtype (Megatron-LM's `FusedScaleMaskSoftmax`): GPT's default.
+    FusedSoftmax,
+    /// One fused kernel that never writes the scores (FlashAttention, PyTorch's
+    /// `scaled_dot_product_attention`): the backward recomputes them.
+    Flash,
 }
 
 /// The task head on a BERT encoder (`--head`).
@@ -87,6 +116,7 @@ impl TransformerConfig {
             max_positions: 512,
             decoder: false,
             head: Head::Pretraining,
+            attention: Attention::Eager,
         }
     }
 
@@ -113,6 +143,7 @@ impl TransformerConfig {
             max_positions: 1024,
             decoder: true,
             head: Head::Pretraining,
+            attention: Attention::FusedSoftmax,
         }
     }
 
@@ -304,6 +335,86 @@ impl Net {
         self.bmm(name, inputs, self.scores_elems(), th, th, g)
     }
 
+    /// The attention core reading `q`, `k`, `v` (one tensor when they are the fused QKV):
+    /// the two batched matmuls around the softmax and its dropout, or one flash kernel.
+    fn attention(
+        &mut self,
+        p: &str,
+        inputs: Vec<usize>,
+        v: usize,
+        cfg: &TransformerConfig,
+    ) -> usize {
+        match cfg.attention {
+            Attention::Flash => self.flash(&format!("{p}.core"), inputs, cfg.decoder),
+            a => {
+                let s = self.matmul_qk(&format!("{p}.matmul_qk"), inputs);
+                let s = if a == Attention::FusedSoftmax {
+                    self.fused_softmax(&format!("{p}.softmax"), s)
+                } else {
+                    self.softmax(&format!("{p}.softmax"), s)
+                };
+                let drop = if cfg.decoder {
+                    "attn_dropout"
+                } else {
+                    "dropout"
+                };
+                let s = self.b.dropout(&format!("{p}.{drop}"), s);
+                self.matmul_av(&format!("{p}.matmul_av"), vec![s, v])
+            }
+        }
+    }
+
+    /// One FlashAttention kernel (forward: QKᵀ and ·V over tiles, the softmax kept in
+    /// registers; backward: the scores recomputed, 2.5× the forward's FLOPs). A causal
+    /// (decoder) kernel skips the masked half. It saves q, k, v, its output and one
+    /// log-sum-exp per row.
+    fn flash(&mut self, name: &str, inputs: Vec<usize>, causal: bool) -> usize {
+        let th = prod(&[self.tokens, self.hidden]);
+        let d = self.hidden / self.heads;
+        let half = if causal { 0.5 } else { 1.0 };
+        let fl = 4.0 * self.scores_elems() as f64 * d as f64 * half;
+        let t = th as f64;
+        let w = Work {
+            fw_flops: fl,
+            fw_elems: 4.0 * t,
+            bw_flops: 2.5 * fl,
+            bw_elems: 8.0 * t,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = inputs
+            .iter()
+            .fold(0u64, |s, &i| s.saturating_add(self.b.keep(i)))
+            .saturating_add(prod(&[self.batch, self.heads, self.seq]));
+        let i = self
+            .b
+            .push(name, LayerKind::Attention, inputs, w, saved, th, vec![]);
+        let o = self.b.keep(i);
+        self.b.layer_mut(i).saved_elems += o;
+        self.b.layer_mut(i).gemm = Some(self.head_gemm(self.seq, self.seq, d));
+        i
+    }
+
+    /// Megatron's fused scale-mask-softmax: one kernel each way, in the activations' dtype.
+    fn fused_softmax(&mut self, name: &str, x: usize) -> usize {
+        let n = self.b.out(x);
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: 7.0 * nf,
+            fw_elems: 2.0 * nf,
+            bw_flops: 14.0 * nf,
+            bw_elems: 3.0 * nf,
+            fw_kernels: 1,
+            bw_kernels: 1,
+        };
+        let i = self
+            .b
+            .push(name, LayerKind::Elementwise, vec![x], w, 0, n, vec![]);
+        let saved = self.b.keep(i);
+        self.b.layer_mut(i).saved_elems = saved;
+        i
+    }
+
     /// Softmax over the scores with the scale and the mask folded in (2 folded ops).
     fn softmax(&mut self, name: &str, x: usize) -> usize {
         const FOLDED: u32 = 2;
@@ -360,10 +471,11 @@ impl Net {
         let q = self.linear(&format!("{p}.attention.self.query"), x, h, h);
         let k = self.linear(&format!("{p}.attention.self.key"), x, h, h);
         let v = self.linear(&format!("{p}.attention.self.value"), x, h, h);
-        let s = self.matmul_qk(&format!("{p}.attention.self.matmul_qk"), vec![q, k]);
-        let s = self.softmax(&format!("{p}.attention.self.softmax"), s);
-        let s = self.b.dropout(&format!("{p}.attention.self.dropout"), s);
-        let c = self.matmul_av(&format!("{p}.attention.self.matmul_av"), vec![s, v]);
+        let qkv = match cfg.attention {
+            Attention::Flash => vec![q, k, v],
+            _ => vec![q, k],
+        };
+        let c = self.attention(&format!("{p}.attention.self"), qkv, v, cfg);
         let y = self.linear(&format!("{p}.attention.output.dense"), c, h, h);
         let y = self.b.dropout(&format!("{p}.attention.output.dropout"), y);
         let y = self
@@ -385,10 +497,7 @@ impl Net {
         let (h, ff) = (cfg.hidden, cfg.intermediate);
         let a = self.layer_norm(&format!("{p}.ln_1"), x);
         let qkv = self.linear(&format!("{p}.attn.c_attn"), a, h, h.saturating_mul(3));
-        let s = self.matmul_qk(&format!("{p}.attn.matmul_qk"), vec![qkv]);
-        let s = self.softmax(&format!("{p}.attn.softmax"), s);
-        let s = self.b.dropout(&format!("{p}.attn.attn_dropout"), s);
-        let c = self.matmul_av(&format!("{p}.attn.matmul_av"), vec![s, qkv]);
+        let c = self.attention(&format!("{p}.attn"), vec![qkv], qkv, cfg);
         let y = self.linear(&format!("{p}.attn.c_proj"), c, h, h);
         let y = self.b.dropout(&format!("{p}.attn.resid_dropout"), y);
         let x = self.b.add(&format!("{p}.residual_add_attn"), y, x);

@@ -26,6 +26,8 @@
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 //! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
 //! * [`trace_bad_input`]: every kind of bad trace input, end to end: exit 3 and where, or a warning.
+//! * [`trace_whatif`]: what-ifs and plans on real traces: shapes, memory events, facts, every
+//!   rank, the steady-state period, host-bound steps.
 //! * [`trace_fuzz`]: mutated real and fixture traces through import, graph and replay: no panic,
 //!   and every error names the file; the inputs that once crashed, kept as regressions.
 
@@ -47,4 +49,5 @@ mod trace_bad_input;
 mod trace_fuzz;
 mod trace_multi;
 mod trace_replay;
+mod trace_whatif;
 mod whatif;

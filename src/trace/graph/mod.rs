@@ -46,15 +46,26 @@
 //! inferred from the launching thread's order — the stream of its last launch before the
 //! preceding `cudaEventRecord` (or, when the trace has none, before the wait) that differs from
 //! the stream of its next launch — and kept only if the recorded times satisfy it; the rest are
-//! counted in a warning. Not modelled yet: cross-thread waits on the host (the
-//! main thread blocked in `backward()` while the autograd thread runs is replayed as recorded idle
-//! time) and memory effects (none).
+//! counted in a warning. Cross-thread waits on the host (the step's thread idle inside
+//! `backward()` while autograd's thread runs the backward): edges to and from the other thread's
+//! burst of work (stage *cross-thread waits*).
 //!
 //! **Phases** (best effort): an event inherits its enclosing event's phase unless its name says
-//! otherwise: `Optimizer.step` / `Optimizer.zero_grad` → UPDATE; autograd names
-//! (`autograd::engine::evaluate_function…`, `…Backward…`) → BW; everything else FW. A GPU op takes
-//! its launch's phase, NCCL kernels COMM. Layer of an op = its innermost enclosing `cpu_op` name
-//! (for GPU ops, the launch's).
+//! otherwise: `Optimizer.step` → UPDATE; `Optimizer.zero_grad` → OTHER (once per iteration,
+//! before the forward); autograd names (`autograd::engine::evaluate_function…`, `…Backward…`) →
+//! BW; everything else FW. A GPU op takes its launch's phase, NCCL kernels COMM.
+//!
+//! **Layers.** An operator autograd recorded carries a sequence number, which its backward node
+//! carries too: ops are grouped into one layer per sequence number, named after the forward
+//! operator spanning it (`aten::conv2d #17`), so that a layer has forward and backward ops;
+//! operators without one inherit their enclosing operator's layer, else take their own name. A GPU
+//! op takes its launch's layer.
+//!
+//! **Stages.** `build_job` runs, in order: *threads* (`threads.rs`), *streams*, *carry-in* and
+//! *collectives* (`streams.rs`), *launches* (`launches.rs`), *waits* (`waits.rs`), *cross-thread
+//! waits* (`crossthread.rs`); then each kernel's work ([`super::work`]), the facts
+//! ([`super::facts`]), the memory ([`super::memory`]) and, for a rank alone, the collectives'
+//! waits for its absent peers ([`super::peers`]). Each stage is a function with its own test.
 
 use std::collections::BTreeMap;
 
@@ -63,9 +74,16 @@ use crate::cost::config::{Dtype, SyncScheme};
 use crate::cost::framework::{Exec, Framework, Math};
 use crate::graph::comm::{CommCost, CommSpec};
 use crate::graph::job::{Job, JobMeta, LocalGraph, LocalOp};
-use crate::graph::{DeviceKind, NONE, OpId, OpKind, OpSpec, Phase};
+use crate::graph::{OpId, OpKind, OpSpec, Phase};
 
 use super::kineto::{Category, Event, Id, KinetoTrace, RuntimeCall};
+use super::work::WorkSource;
+
+mod crossthread;
+mod launches;
+mod streams;
+mod threads;
+mod waits;
 
 /// Largest sum of op durations and gaps in one step's job, ns (~146 years): replayed times stay
 /// far below `u64::MAX`.
@@ -113,6 +131,9 @@ impl StepWindow {
 /// A job built from one iteration of a trace.
 #[derive(Clone, Debug)]
 pub struct TraceJob {
+    /// The job; `job.meta.trace` holds what the trace says about it ([`TraceFacts`]).
+    ///
+    /// [`TraceFacts`]: crate::graph::job::TraceFacts
     pub job: Job,
     pub window: StepWindow,
     /// Local op marking the end of the step on the step's thread: its replayed end is the
@@ -121,8 +142,15 @@ pub struct TraceJob {
     /// Recorded start of each local op, ns from the window's start (a blocking call's wait op:
     /// the call's start).
     pub recorded_start_ns: Vec<i64>,
+    /// The trace event each local op came from (`None` for gaps and markers).
+    pub op_event: Vec<Option<usize>>,
+    /// How each local op's work is known (shapes, kernel name, none).
+    pub work_source: Vec<WorkSource>,
     /// The step's NCCL/RCCL kernels in stream order: the collectives other ranks must match.
     pub collectives: Vec<TraceCollective>,
+    /// Collectives whose duration was re-derived because their peers are absent (see
+    /// [`super::peers`]).
+    pub peer_waits: usize,
     /// Ignorable oddities met while building.
     pub warnings: Vec<String>,
 }
@@ -140,42 +168,15 @@ pub struct TraceCollective {
     pub dur_ns: u64,
 }
 
-fn is_cpu(e: &Event) -> bool {
+pub(crate) fn is_cpu(e: &Event) -> bool {
     matches!(
         e.cat,
         Category::CpuOp | Category::UserAnnotation | Category::CudaRuntime | Category::CudaDriver
     ) && e.ph == super::kineto::Phase::Complete
 }
 
-fn is_gpu(e: &Event) -> bool {
+pub(crate) fn is_gpu(e: &Event) -> bool {
     e.cat.is_gpu_activity() && e.ph == super::kineto::Phase::Complete
-}
-
-fn is_nccl(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    n.contains("nccl") || n.contains("rccl")
-}
-
-/// Whether a runtime call waits for the GPU.
-fn blocking(c: RuntimeCall) -> bool {
-    matches!(
-        c,
-        RuntimeCall::DeviceSynchronize
-            | RuntimeCall::StreamSynchronize
-            | RuntimeCall::EventSynchronize
-            | RuntimeCall::Memcpy { blocking: true }
-            | RuntimeCall::Memset { blocking: true }
-    )
-}
-
-/// GPU stream key of a GPU event: (pid, stream).
-fn stream_key(e: &Event) -> (Id, i64) {
-    let s = e
-        .args
-        .stream
-        .or_else(|| e.tid.trailing_number())
-        .unwrap_or(0);
-    (e.pid.clone(), s)
 }
 
 /// The iteration windows of a trace, in time order.
@@ -254,7 +255,7 @@ pub fn steps(trace: &KinetoTrace) -> Vec<StepWindow> {
     out
 }
 
-fn launches_gpu(c: RuntimeCall) -> bool {
+pub(crate) fn launches_gpu(c: RuntimeCall) -> bool {
     matches!(
         c,
         RuntimeCall::LaunchKernel
@@ -316,38 +317,35 @@ pub fn pick_step(
             }),
     }
 }
-
 /// Phase implied by an event's name, if any.
-fn name_phase(name: &str) -> Option<Phase> {
-    if name.starts_with("Optimizer.step") || name.starts_with("Optimizer.zero_grad") {
+pub(crate) fn name_phase(name: &str) -> Option<Phase> {
+    if name.starts_with("Optimizer.step") {
         Some(Phase::Update)
+    } else if name.starts_with("Optimizer.zero_grad") {
+        // Before the forward, once per iteration: not the update (whose ops an optimizer pass
+        // fuses), nor part of a micro-step.
+        Some(Phase::Other)
     } else if name.starts_with("autograd::engine::evaluate_function") || name.contains("Backward") {
         Some(Phase::Bw)
     } else {
         None
     }
 }
-
-/// One flattened piece of a CPU thread: `[start, end)` of event `ev` (index into the trace).
-#[derive(Clone, Copy, Debug)]
-struct Seg {
-    start: i64,
-    end: i64,
-    ev: usize,
-    /// The last piece of its event.
-    last: bool,
-    phase: Phase,
-    layer: u32,
-}
-
-struct Builder {
-    local: LocalGraph,
+/// The job under construction, with what the stages need to know about its ops.
+#[derive(Default)]
+pub(crate) struct Builder {
+    pub local: LocalGraph,
     layer_ids: BTreeMap<String, u32>,
-    recorded: Vec<i64>,
+    /// Recorded start of each op (ns, the trace's clock).
+    pub recorded: Vec<i64>,
+    /// The trace event of each op.
+    pub op_event: Vec<Option<usize>>,
+    /// CPU event → its enclosing event (innermost first), for the events of the window.
+    pub parent: std::collections::HashMap<usize, usize>,
 }
 
 impl Builder {
-    fn layer(&mut self, name: &str) -> u32 {
+    pub fn layer(&mut self, name: &str) -> u32 {
         if let Some(&l) = self.layer_ids.get(name) {
             return l;
         }
@@ -356,79 +354,47 @@ impl Builder {
         self.layer_ids.insert(name.to_string(), id);
         id
     }
-    fn push(&mut self, spec: OpSpec, at: i64) -> OpId {
+    pub fn push(&mut self, spec: OpSpec, at: i64) -> OpId {
         self.local.ops.push(LocalOp { spec, work: None });
         self.recorded.push(at);
+        self.op_event.push(None);
         (self.local.ops.len() - 1) as OpId
+    }
+    pub fn set_event(&mut self, op: OpId, ev: usize) {
+        self.op_event[op as usize] = Some(ev);
     }
 }
 
-fn ns(v: i64) -> u64 {
+pub(crate) fn ns(v: i64) -> u64 {
     v.max(0) as u64
 }
 
-/// Flatten one thread's events (indices, any order) within `[lo, hi)`.
-fn flatten(ev: &[Event], idx: &mut [usize], lo: i64, hi: i64, b: &mut Builder) -> Vec<Seg> {
-    idx.sort_by_key(|&i| (ev[i].ts_ns, std::cmp::Reverse(ev[i].end_ns()), i));
-    // Open events: (index, clipped end, phase, layer).
-    let mut stack: Vec<(usize, i64, Phase, u32)> = Vec::new();
-    let mut out: Vec<Seg> = Vec::new();
-    let mut t = lo;
-    let emit = |out: &mut Vec<Seg>, s: i64, e: i64, top: &(usize, i64, Phase, u32), last: bool| {
-        if e > s || last {
-            out.push(Seg {
-                start: s,
-                end: e.max(s),
-                ev: top.0,
-                last,
-                phase: top.2,
-                layer: top.3,
-            });
-        }
-    };
-    let close_until =
-        |stack: &mut Vec<(usize, i64, Phase, u32)>, out: &mut Vec<Seg>, t: &mut i64, until: i64| {
-            while let Some(top) = stack.last().copied() {
-                if top.1 > until {
-                    break;
-                }
-                emit(out, *t, top.1, &top, true);
-                *t = (*t).max(top.1);
-                stack.pop();
-            }
-        };
-    for &i in idx.iter() {
-        let e = &ev[i];
-        let (s, mut end) = (e.ts_ns.max(lo), e.end_ns().min(hi));
-        if end < s {
-            continue;
-        }
-        close_until(&mut stack, &mut out, &mut t, s);
-        if let Some(top) = stack.last().copied() {
-            if t < s {
-                emit(&mut out, t, s, &top, false);
-            }
-            end = end.min(top.1);
-        }
-        t = t.max(s);
-        let parent_phase = stack.last().map_or(Phase::Fw, |p| p.2);
-        let phase = name_phase(&e.name).unwrap_or(parent_phase);
-        let layer = if e.cat == Category::CpuOp {
-            b.layer(&e.name)
-        } else {
-            stack.last().map_or(NONE, |p| p.3)
-        };
-        stack.push((i, end, phase, layer));
-    }
-    close_until(&mut stack, &mut out, &mut t, i64::MAX);
-    out
-}
-
-/// Build the job of one iteration (`step`: see [`pick_step`]) of a single-rank trace.
+/// Build the job of one iteration (`step`: see [`pick_step`]) of a single-rank trace: the
+/// stages of the module docs, then the work of every kernel ([`super::work`]), the memory
+/// ([`super::memory`]), the facts ([`super::facts`]) and, when the rank's peers are absent, the
+/// collectives' waits for them ([`super::peers`]).
 pub fn build_job(
     trace: &KinetoTrace,
     name: &str,
     step: Option<u64>,
+) -> Result<TraceJob, TraceGraphError> {
+    build(trace, name, step, Peers::Absent)
+}
+
+/// Whether the ranks a step's collectives wait for are in the same graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Peers {
+    /// One rank alone: its collectives wait for peers as recorded.
+    Absent,
+    /// Every rank's trace is built into one graph (`super::multi`): the barrier models them.
+    Present,
+}
+
+pub(crate) fn build(
+    trace: &KinetoTrace,
+    name: &str,
+    step: Option<u64>,
+    peers: Peers,
 ) -> Result<TraceJob, TraceGraphError> {
     trace
         .replayable()
@@ -439,580 +405,33 @@ pub fn build_job(
     let win = pick_step(trace, name, step)?;
     let (lo, hi) = (win.start_ns, win.end_ns);
     let ev = &trace.events;
-    let mut warnings = Vec::new();
-    let mut b = Builder {
-        local: LocalGraph::default(),
-        layer_ids: BTreeMap::new(),
-        recorded: Vec::new(),
-    };
-    b.local.devices.push(DeviceKind::Virtual);
+    let mut b = Builder::default();
+    b.local.devices.push(crate::graph::DeviceKind::Virtual);
 
-    // CPU threads with events in the window (only the step marker's process).
-    let mut threads: BTreeMap<Id, Vec<usize>> = BTreeMap::new();
-    for (i, e) in ev.iter().enumerate() {
-        if !is_cpu(e) || e.pid != win.pid || e.end_ns() <= lo || e.ts_ns >= hi {
-            continue;
-        }
-        if e.profiler_step().is_some() {
-            continue;
-        }
-        threads.entry(e.tid.clone()).or_default().push(i);
-    }
-    threads.entry(win.tid.clone()).or_default();
-    // Runtime calls in the window by correlation.
-    let mut launch_of: BTreeMap<i64, usize> = BTreeMap::new();
-    for idx in threads.values() {
-        for &i in idx {
-            if let (Some(_), Some(c)) = (ev[i].runtime_call(), ev[i].args.correlation) {
-                launch_of.insert(c, i);
-            }
-        }
-    }
-    // GPU ops in the window: launched from it, or uncorrelated and starting in it.
-    let corr_anywhere: std::collections::BTreeSet<i64> = ev
-        .iter()
-        .filter(|e| e.runtime_call().is_some())
-        .filter_map(|e| e.args.correlation)
-        .collect();
-    let mut streams: BTreeMap<(Id, i64), Vec<usize>> = BTreeMap::new();
-    for (i, e) in ev.iter().enumerate() {
-        if !is_gpu(e) {
-            continue;
-        }
-        let inside = match e.args.correlation {
-            Some(c) if launch_of.contains_key(&c) => true,
-            Some(c) if corr_anywhere.contains(&c) => false,
-            _ => e.ts_ns >= lo && e.ts_ns < hi,
-        };
-        if inside {
-            streams.entry(stream_key(e)).or_default().push(i);
-        }
-    }
-
-    // Per stream, the recorded end of work launched before the window that ran into it.
-    let launch_ts_any: BTreeMap<i64, i64> = ev
-        .iter()
-        .filter(|e| e.runtime_call().is_some())
-        .filter_map(|e| e.args.correlation.map(|c| (c, e.ts_ns)))
-        .collect();
-    let mut carry_in: BTreeMap<(Id, i64), Vec<usize>> = BTreeMap::new();
-    for (i, e) in ev.iter().enumerate() {
-        if !(is_gpu(e) && e.end_ns() > lo && e.ts_ns < hi) {
-            continue;
-        }
-        let Some(c) = e.args.correlation else {
-            continue;
-        };
-        if launch_of.contains_key(&c) || launch_ts_any.get(&c).is_none_or(|&t| t >= lo) {
-            continue;
-        }
-        let k = stream_key(e);
-        if streams.contains_key(&k) {
-            carry_in.entry(k).or_default().push(i);
-        }
-    }
-    // GPU ops carried in from the previous step (event, op): launch-queue slots they free.
-    let mut carried: Vec<(usize, OpId)> = Vec::new();
-    let mut gpu_by_corr: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
-    for &g in streams.values().flatten() {
-        if let Some(c) = ev[g].args.correlation {
-            gpu_by_corr.entry(c).or_default().push(g);
-        }
-    }
-    let mut waits: std::collections::BTreeSet<usize> = std::collections::BTreeSet::new();
-    // Launch back-pressure: a launch far slower than the thread's usual one, while the GPU is
-    // busy, was blocked on a full launch queue. Typical launch time: the median over the window.
-    let mut launch_durs: Vec<i64> = threads
-        .values()
-        .flatten()
-        .filter(|&&i| {
-            ev[i].runtime_call().is_some_and(launches_gpu)
-                && ev[i]
-                    .args
-                    .correlation
-                    .is_some_and(|c| gpu_by_corr.contains_key(&c))
-        })
-        .map(|&i| ev[i].dur_ns)
-        .collect();
-    launch_durs.sort_unstable();
-    let usual_launch = launch_durs.get(launch_durs.len() / 2).copied().unwrap_or(0);
-    let stall_threshold = (4 * usual_launch).max(30_000);
-    // (launch op, recorded start, recorded end, launch event)
-    let mut stalled: Vec<(OpId, i64, i64, usize)> = Vec::new();
-
-    // CPU ops.
-    let mut seg_op: BTreeMap<usize, OpId> = BTreeMap::new(); // event → op of its last piece
-    let mut issue_op: BTreeMap<usize, OpId> = BTreeMap::new(); // blocking event → issue op
-    let mut step_end = NONE;
-    for (thread_no, (tid, idx)) in threads.iter_mut().enumerate() {
-        let dev = b.local.devices.len() as u32;
-        b.local.devices.push(DeviceKind::CpuThread {
-            worker: 0,
-            thread: thread_no as u32,
-        });
-        let segs = flatten(ev, idx, lo, hi, &mut b);
-        let mut prev: Option<(OpId, i64)> = None; // op, recorded end
-        let mut chain = |b: &mut Builder, op: OpId, start: i64, end: i64| {
-            match prev {
-                Some((p, pend)) => {
-                    b.local.ops[p as usize].spec.gap_ns = ns(start - pend);
-                    b.local.edges.push((p, op));
-                }
-                None if start > lo => {
-                    let g = b.push(
-                        OpSpec::new(OpKind::Gap, Phase::Other, dev, ns(start - lo)),
-                        lo,
-                    );
-                    b.local.edges.push((g, op));
-                }
-                None => {}
-            }
-            prev = Some((op, end));
-        };
-        for s in &segs {
-            let e = &ev[s.ev];
-            let call = e.runtime_call();
-            let own: &[usize] = match (call, e.args.correlation) {
-                (Some(c), Some(corr)) if launches_gpu(c) => {
-                    gpu_by_corr.get(&corr).map_or(&[], Vec::as_slice)
-                }
-                _ => &[],
-            };
-            let launches = !own.is_empty();
-            let dur = s.end - s.start;
-            // Part of the call before its GPU work started (all of it when the work was queued).
-            let pre = own
-                .iter()
-                .map(|&g| ev[g].ts_ns)
-                .min()
-                .map_or(0, |t| (t - s.start).clamp(0, dur));
-            // Blocking by name, or in effect: its GPU work ended before it returned (a
-            // cudaMemcpyAsync from pageable memory).
-            let block = s.last
-                && (call.is_some_and(blocking)
-                    || launches && own.iter().all(|&g| ev[g].end_ns() <= s.end));
-            let split = s.last && launches && pre < dur;
-            if block || split {
-                let kind = if launches {
-                    OpKind::Launch
-                } else {
-                    OpKind::CpuOther
-                };
-                let issue = b.push(
-                    OpSpec {
-                        layer: s.layer,
-                        ..OpSpec::new(kind, s.phase, dev, ns(pre))
-                    },
-                    s.start,
-                );
-                chain(&mut b, issue, s.start, s.start + pre);
-                issue_op.insert(s.ev, issue);
-                if block {
-                    waits.insert(s.ev);
-                }
-            }
-            let kind = if launches && !block && !split {
-                OpKind::Launch
-            } else {
-                OpKind::CpuOther
-            };
-            let start = if block || split {
-                s.start + pre
-            } else {
-                s.start
-            };
-            let op = b.push(
-                OpSpec {
-                    layer: s.layer,
-                    ..OpSpec::new(kind, s.phase, dev, ns(s.end - start))
-                },
-                start,
-            );
-            chain(&mut b, op, start, s.end);
-            if s.last {
-                seg_op.insert(s.ev, op);
-                if kind == OpKind::Launch && s.end - start > stall_threshold {
-                    stalled.push((op, start, s.end, s.ev));
-                }
-            }
-        }
-        if *tid == win.tid {
-            let m = b.push(OpSpec::new(OpKind::Gap, Phase::Other, dev, 0), hi);
-            chain(&mut b, m, hi, hi);
-            step_end = m;
-        }
-    }
-
-    // GPU ops, per stream in recorded order.
-    let mut gpu_op: BTreeMap<usize, OpId> = BTreeMap::new();
-    let mut comm_taken = false;
-    let mut collectives: Vec<TraceCollective> = Vec::new();
-    let mut by_stream: BTreeMap<(Id, i64), Vec<(usize, OpId)>> = BTreeMap::new();
-    let mut stream_no = 0u32;
-    for (key, idx) in streams.iter_mut() {
-        idx.sort_by_key(|&i| (ev[i].ts_ns, i));
-        let all_nccl = idx.iter().all(|&i| is_nccl(&ev[i].name));
-        let dev = b.local.devices.len() as u32;
-        if all_nccl && !comm_taken {
-            comm_taken = true;
-            b.local.devices.push(DeviceKind::CommStream { worker: 0 });
-        } else {
-            b.local.devices.push(DeviceKind::GpuStream {
-                worker: 0,
-                stream: stream_no,
-            });
-            stream_no += 1;
-        }
-        let mut prev: Option<OpId> = None;
-        // Carry-in: the stream still runs the previous step's work when the window opens (the
-        // GPU lags the host). Those ops come first on the stream, each with its recorded duration
-        // (the part inside the window for the one running at its start) and the idle time between
-        // them as a Gap op, so that launches of this step blocked on a full queue can wait for them.
-        if let Some(list) = carry_in.get_mut(key) {
-            list.sort_by_key(|&i| (ev[i].ts_ns, i));
-            let mut t = lo;
-            for &i in list.iter() {
-                let e = &ev[i];
-                let start = e.ts_ns.max(t);
-                if start > t {
-                    let g = b.push(
-                        OpSpec::new(OpKind::Gap, Phase::Other, dev, ns(start - t)),
-                        t,
-                    );
-                    if let Some(p) = prev {
-                        b.local.edges.push((p, g));
-                    }
-                    prev = Some(g);
-                }
-                let kind = if is_nccl(&e.name) {
-                    OpKind::Collective
-                } else if e.cat == Category::Memcpy {
-                    OpKind::Memcpy
-                } else {
-                    OpKind::Compute
-                };
-                let phase = if kind == OpKind::Collective {
-                    Phase::Comm
-                } else {
-                    Phase::Other
-                };
-                let op = b.push(OpSpec::new(kind, phase, dev, ns(e.end_ns() - start)), start);
-                if let Some(p) = prev {
-                    b.local.edges.push((p, op));
-                }
-                prev = Some(op);
-                carried.push((i, op));
-                t = e.end_ns().max(t);
-            }
-        }
-        let list = by_stream.entry(key.clone()).or_default();
-        for &i in idx.iter() {
-            let e = &ev[i];
-            let launch = e.args.correlation.and_then(|c| launch_of.get(&c)).copied();
-            let (kind, phase, layer) = if is_nccl(&e.name) {
-                let l = b.layer(&e.name);
-                (OpKind::Collective, Phase::Comm, l)
-            } else {
-                let kind = match e.cat {
-                    Category::Memcpy => OpKind::Memcpy,
-                    _ => OpKind::Compute,
-                };
-                let (ph, l) = launch
-                    .and_then(|l| seg_op.get(&l).or_else(|| issue_op.get(&l)))
-                    .map_or((Phase::Other, NONE), |&o| {
-                        let s = &b.local.ops[o as usize].spec;
-                        (s.phase, s.layer)
-                    });
-                (kind, ph, l)
-            };
-            let op = b.push(
-                OpSpec {
-                    layer,
-                    ..OpSpec::new(kind, phase, dev, ns(e.dur_ns))
-                },
-                e.ts_ns,
-            );
-            if let Some(p) = prev {
-                b.local.edges.push((p, op));
-            }
-            prev = Some(op);
-            if let Some(l) = launch {
-                // A blocking call launches from its issue op.
-                if let Some(&from) = issue_op.get(&l).or_else(|| seg_op.get(&l)) {
-                    b.local.edges.push((from, op));
-                }
-            }
-            gpu_op.insert(i, op);
-            list.push((i, op));
-            if kind == OpKind::Collective {
-                collectives.push(TraceCollective {
-                    op,
-                    event: i,
-                    name: e.name.to_string(),
-                    start_ns: e.ts_ns,
-                    dur_ns: ns(e.dur_ns),
-                });
-            }
-        }
-    }
-
-    // Launch time of a GPU event (its launch's ts; its own ts when uncorrelated).
-    let launch_ts = |g: usize| -> i64 {
-        ev[g]
-            .args
-            .correlation
-            .and_then(|c| launch_of.get(&c))
-            .map_or(ev[g].ts_ns, |&l| ev[l].ts_ns)
-    };
-    // cuda_sync events by correlation.
-    let sync_ev: BTreeMap<i64, &Event> = ev
-        .iter()
-        .filter(|e| e.cat == Category::CudaSync)
-        .filter_map(|e| e.args.correlation.map(|c| (c, e)))
-        .collect();
-    // Runtime calls by correlation anywhere (for EventRecord lookups).
-    let call_by_corr: BTreeMap<i64, &Event> = ev
-        .iter()
-        .filter(|e| e.runtime_call().is_some())
-        .filter_map(|e| e.args.correlation.map(|c| (c, e)))
-        .collect();
-    let last_before = |stream: &[(usize, OpId)], t: i64| -> Option<(usize, OpId)> {
-        stream
-            .iter()
-            .rev()
-            .find(|&&(g, _)| launch_ts(g) < t)
-            .copied()
-    };
-    let streams_of_id = |s: i64| -> Vec<&Vec<(usize, OpId)>> {
-        by_stream
-            .iter()
-            .filter(|((_, k), _)| *k == s)
-            .map(|(_, v)| v)
-            .collect()
-    };
-
-    // Stalled launches wait for the GPU op whose end freed a slot in the launch queue: the last GPU
-    // op (not launched by this call) to end while the call was blocked. The launch then keeps only
-    // its recorded time after that end, so a faster GPU frees it earlier in a what-if.
-    if !stalled.is_empty() {
-        let mut ends: Vec<(i64, OpId, usize)> = gpu_op
-            .iter()
-            .map(|(&g, &op)| (g, op))
-            .chain(carried.iter().copied())
-            .map(|(g, op)| (ev[g].end_ns(), op, g))
-            .collect();
-        ends.sort_unstable();
-        let mut modelled = 0usize;
-        for &(op, start, end, le) in &stalled {
-            let corr = ev[le].args.correlation;
-            let hi = ends.partition_point(|&(t, _, _)| t <= end);
-            let freed = ends[..hi]
-                .iter()
-                .rev()
-                .take_while(|&&(t, _, _)| t > start)
-                .find(|&&(_, _, g)| corr.is_none() || ev[g].args.correlation != corr);
-            if let Some(&(t, gop, _)) = freed {
-                b.local.edges.push((gop, op));
-                b.local.ops[op as usize].spec.dur_ns = ns(end - t);
-                modelled += 1;
-            }
-        }
-        if modelled > 0 {
-            tracing::info!(
-                file = name,
-                stalled = modelled,
-                usual_launch_us = usual_launch as f64 / 1e3,
-                "launches blocked on a full launch queue: each waits for the GPU op that freed its slot"
-            );
-        }
-    }
-
-    // Blocking calls: waited-for GPU ops → wait op.
-    for (&ei, &wait) in seg_op.iter() {
-        let e = &ev[ei];
-        let Some(call) = e.runtime_call() else {
-            continue;
-        };
-        if !waits.contains(&ei) {
-            continue;
-        }
-        let mut waited: Vec<(usize, OpId)> = Vec::new();
-        if let Some(c) = e.args.correlation {
-            for &g in gpu_by_corr.get(&c).map_or(&[][..], Vec::as_slice) {
-                if let Some(&op) = gpu_op.get(&g) {
-                    waited.push((g, op));
-                }
-            }
-        }
-        if waited.is_empty() {
-            let se = e.args.correlation.and_then(|c| sync_ev.get(&c));
-            let rec = se
-                .and_then(|s| s.args.wait_on_cuda_event_record_corr_id)
-                .filter(|&c| c >= 0)
-                .and_then(|c| call_by_corr.get(&c));
-            let on_stream = se
-                .and_then(|s| s.args.wait_on_stream.filter(|&x| x >= 0))
-                .or_else(|| {
-                    se.and_then(|s| s.args.stream.filter(|&x| x >= 0))
-                        .filter(|_| call == RuntimeCall::StreamSynchronize)
-                });
-            let t = rec.map_or(e.ts_ns, |r| r.ts_ns);
-            let lists: Vec<&Vec<(usize, OpId)>> = match (call, on_stream) {
-                (RuntimeCall::DeviceSynchronize, _) | (_, None) => by_stream.values().collect(),
-                (_, Some(s)) => streams_of_id(s),
-            };
-            for l in lists {
-                waited.extend(last_before(l, t));
-            }
-        }
-        // Only GPU work that ended before the call returned was waited for.
-        waited.retain(|&(g, _)| ev[g].end_ns() <= e.end_ns() + 1_000);
-        if waited.is_empty() {
-            continue;
-        }
-        let g_end = waited
-            .iter()
-            .map(|&(g, _)| ev[g].end_ns())
-            .max()
-            .unwrap_or(0);
-        let from = issue_op.get(&ei).map_or(e.ts_ns, |&i| {
-            b.recorded[i as usize] + b.local.ops[i as usize].spec.dur_ns as i64
-        });
-        let tail = e.end_ns().min(hi) - g_end.max(from);
-        b.local.ops[wait as usize].spec.dur_ns = ns(tail);
-        for (_, op) in waited {
-            b.local.edges.push((op, wait));
-        }
-    }
-
-    // Stream waits (cuda_sync "Wait Event" records): recorded stream → waiting stream.
-    let mut stream_waits = 0usize;
-    let mut handled: std::collections::BTreeSet<i64> = std::collections::BTreeSet::new();
-    for s in ev.iter().filter(|e| e.cat == Category::CudaSync) {
-        let is_wait = s
-            .args
-            .sync_kind
-            .as_deref()
-            .or(Some(&*s.name))
-            .is_some_and(|k| k.contains("Wait Event"));
-        if !is_wait {
-            continue;
-        }
-        let (Some(a), Some(rec), Some(c)) = (
-            s.args.wait_on_stream.filter(|&x| x >= 0),
-            s.args
-                .wait_on_cuda_event_record_corr_id
-                .and_then(|c| call_by_corr.get(&c)),
-            s.args.correlation,
-        ) else {
-            continue;
-        };
-        let Some(call) = launch_of.get(&c).map(|&i| &ev[i]) else {
-            continue;
-        };
-        let waiting = s.args.stream.or_else(|| s.tid.trailing_number());
-        let Some(wb) = waiting else { continue };
-        let from = streams_of_id(a)
-            .into_iter()
-            .filter_map(|l| last_before(l, rec.ts_ns))
-            .max_by_key(|&(g, _)| ev[g].end_ns());
-        let to = streams_of_id(wb)
-            .into_iter()
-            .filter_map(|l| l.iter().find(|&&(g, _)| launch_ts(g) > call.ts_ns).copied())
-            .min_by_key(|&(g, _)| ev[g].ts_ns);
-        handled.insert(c);
-        if let (Some((_, f)), Some((_, t))) = (from, to)
-            && f != t
-        {
-            b.local.edges.push((f, t));
-            stream_waits += 1;
-        }
-    }
-    // Stream waits without a cuda_sync record: inferred from the launching thread's order. The
-    // waiting stream is the stream of the thread's next launch after the wait; the recorded stream
-    // is the stream of its last launch before the preceding cudaEventRecord on another stream
-    // (the pattern of c10d: record on the compute stream, wait on the NCCL stream, and back; when
-    // the trace has no cudaEventRecord, the wait's own time stands for the record).
-    // An inferred edge is kept only if the recorded times satisfy it.
-    // Per launching thread: (launch time, stream, GPU event, GPU op), in launch order.
-    type Launched = (i64, (Id, i64), usize, OpId);
-    let mut by_thread: BTreeMap<(Id, Id), Vec<Launched>> = BTreeMap::new();
-    for (key, list) in &by_stream {
-        for &(g, op) in list {
-            if let Some(&l) = ev[g].args.correlation.and_then(|c| launch_of.get(&c)) {
-                by_thread
-                    .entry((ev[l].pid.clone(), ev[l].tid.clone()))
-                    .or_default()
-                    .push((ev[l].ts_ns, key.clone(), g, op));
-            }
-        }
-    }
-    for v in by_thread.values_mut() {
-        v.sort_by_key(|&(t, _, g, _)| (t, g));
-    }
-    let mut records: BTreeMap<(Id, Id), Vec<i64>> = BTreeMap::new();
-    for e in ev.iter().filter(|e| {
-        e.runtime_call() == Some(RuntimeCall::EventRecord) && e.ts_ns < hi && e.pid == win.pid
-    }) {
-        records
-            .entry((e.pid.clone(), e.tid.clone()))
-            .or_default()
-            .push(e.ts_ns);
-    }
-    for v in records.values_mut() {
-        v.sort_unstable();
-    }
-    let (mut inferred, mut unmodelled) = (0usize, 0usize);
-    for e in ev.iter().filter(|e| {
-        e.runtime_call() == Some(RuntimeCall::StreamWaitEvent)
-            && e.ts_ns >= lo
-            && e.ts_ns < hi
-            && e.pid == win.pid
-            && e.args.correlation.is_none_or(|c| !handled.contains(&c))
-    }) {
-        let th = (e.pid.clone(), e.tid.clone());
-        let launches = by_thread.get(&th).map_or(&[][..], Vec::as_slice);
-        // Without a cudaEventRecord in the trace (some versions drop or mislabel it), the event
-        // is taken as recorded just before the wait, as c10d does.
-        let rec = records
-            .get(&th)
-            .and_then(|r| {
-                let i = r.partition_point(|&t| t < e.ts_ns);
-                i.checked_sub(1).map(|i| r[i])
-            })
-            .or(Some(e.ts_ns));
-        let next = launches.iter().find(|x| x.0 > e.ts_ns);
-        let edge = match (rec, next) {
-            (Some(rt), Some(to)) => launches
-                .iter()
-                .rev()
-                .find(|x| x.0 < rt && x.1 != to.1)
-                .map(|from| (from, to)),
-            _ => None,
-        };
-        match edge {
-            Some((from, to)) if ev[from.2].end_ns() <= ev[to.2].ts_ns + 1_000 => {
-                b.local.edges.push((from.3, to.3));
-                inferred += 1;
-            }
-            _ => unmodelled += 1,
-        }
-    }
-    if inferred + stream_waits > 0 {
+    let mut threads = threads::collect(ev, &win);
+    let mut gpu = streams::collect(ev, &win, &threads);
+    let mut carry = streams::carry_in(ev, &win, &gpu);
+    let mut cpu = threads::build(&mut b, ev, &mut threads, &win, &gpu.gpu_by_corr);
+    let gops = streams::build(&mut b, ev, &win, &mut gpu, &mut carry, &cpu);
+    let stalled = launches::stall_edges(&mut b, ev, &cpu, &gops);
+    if stalled > 0 {
         tracing::info!(
             file = name,
-            from_cuda_sync = stream_waits,
-            inferred,
-            "cudaStreamWaitEvent without cuda_sync records: stream → stream edges inferred from \
-             the launch order"
+            stalled,
+            usual_launch_us = cpu.usual_launch as f64 / 1e3,
+            "launches blocked on a full launch queue: each waits for the GPU op that freed its slot"
         );
     }
-    if unmodelled > 0 {
-        warnings.push(format!(
-            "{unmodelled} cudaStreamWaitEvent calls in the step have no cuda_sync record and no \
-             stream pair could be inferred from the launch order; their stream → stream edges are \
-             not modelled"
-        ));
+    waits::blocking(&mut b, ev, &win, &gpu, &cpu, &gops);
+    let mut warnings = waits::stream_waits(&mut b, ev, &win, &gpu, &gops, name);
+    let resumes = crossthread::cross_thread(&mut b, ev, &win, &mut cpu);
+    if !resumes.is_empty() {
+        tracing::info!(
+            file = name,
+            bursts = resumes.len(),
+            "the step's thread waits for work on another thread (the backward on autograd's \
+             thread): linked by edges"
+        );
     }
 
     if !b
@@ -1046,28 +465,54 @@ pub fn build_job(
     }
     b.local.edges.sort_unstable();
     b.local.edges.dedup();
-    let gpu =
-        crate::cost::config::load_gpu(gpu_name(trace)).map_err(|e| TraceGraphError::Invalid {
-            name: name.into(),
-            message: e.to_string(),
-        })?;
+    let (gpu_spec, mut facts) = super::facts::device(trace);
     let Builder {
-        local, recorded, ..
+        local,
+        recorded,
+        op_event,
+        parent,
+        ..
     } = b;
-    let job = one_worker_job(local, gpu, name);
+    let mut job = one_worker_job(local, gpu_spec, name);
+    job.math = job.framework.default_math(&job.gpu);
     job.local_dfg().map_err(|e| TraceGraphError::Invalid {
         name: name.into(),
         message: format!("the dependency graph of {} is invalid: {e}", win.label),
     })?;
-    let recorded_start_ns = recorded.into_iter().map(|t| t - lo).collect();
-    Ok(TraceJob {
+    let step_cx = super::work::StepContext::new(ev, &threads, &parent);
+    let (work_source, precision) =
+        super::work::attach(&mut job, ev, &op_event, &gpu.launch_of, &step_cx);
+    facts.precision = precision;
+    facts.work = super::work::coverage(&job, &work_source);
+    super::facts::describe(&mut facts, trace, &win, &job, &gops.collectives, &step_cx);
+    if let Some(b) = facts.batch {
+        job.meta.batch = b;
+    }
+    let recorded_start_ns: Vec<i64> = recorded.into_iter().map(|t| t - lo).collect();
+    facts.memory = super::memory::attach(
+        &mut job,
+        trace,
+        &win,
+        &cpu.timeline,
+        &step_cx,
+        facts.optimizer.as_deref(),
+    );
+    job.meta.trace = Some(Box::new(facts));
+    let mut built = TraceJob {
         job,
         window: win,
         recorded_start_ns,
-        step_end,
-        collectives,
-        warnings,
-    })
+        op_event,
+        work_source,
+        step_end: cpu.step_end,
+        collectives: gops.collectives,
+        peer_waits: 0,
+        warnings: std::mem::take(&mut warnings),
+    };
+    let _ = hi;
+    let resumes: Vec<(OpId, i64)> = resumes.into_iter().map(|(op, t)| (op, t - lo)).collect();
+    built.peer_waits = super::peers::calibrate(&mut built, peers == Peers::Absent, &resumes);
+    Ok(built)
 }
 
 /// The one-worker job of a recorded step: no gradient syncs to plan (the trace's collectives are
@@ -1109,6 +554,7 @@ pub(crate) fn one_worker_job(
             batch: 0,
             cluster: "trace".into(),
             source: "trace".into(),
+            trace: None,
         },
     }
 }
@@ -1171,39 +617,26 @@ pub fn replay_step(
     })
 }
 
-/// Built-in GPU closest to the trace's `deviceProperties` name (for re-costing only).
-fn gpu_name(trace: &KinetoTrace) -> &'static str {
-    let n = trace
-        .device_properties
-        .first()
-        .and_then(|d| d.name.clone())
-        .unwrap_or_default()
-        .to_ascii_uppercase();
-    if n.contains("H200") {
-        "h200"
-    } else if n.contains("H100") {
-        "h100-sxm"
-    } else if n.contains("MI") {
-        "mi300x"
-    } else if n.contains("A100") {
-        "a100-80gb"
-    } else {
-        "v100-32gb"
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::graph::DeviceKind;
     use crate::replay::replay;
     use std::path::{Path, PathBuf};
 
-    fn parse(json: &str) -> KinetoTrace {
+    pub(crate) fn parse(json: &str) -> KinetoTrace {
         crate::trace::parse_kineto(json.as_bytes(), "t.json").unwrap()
     }
 
     /// A complete CPU event (µs).
-    fn x(cat: &str, name: &str, tid: u32, ts: u64, dur: u64, corr: Option<u32>) -> String {
+    pub(crate) fn x(
+        cat: &str,
+        name: &str,
+        tid: u32,
+        ts: u64,
+        dur: u64,
+        corr: Option<u32>,
+    ) -> String {
         let args = corr.map_or(String::new(), |c| {
             format!(r#","args":{{"correlation":{c}}}"#)
         });
@@ -1213,7 +646,14 @@ mod tests {
     }
 
     /// A kernel on `stream` with its ac2g flow pair.
-    fn kernel(name: &str, stream: u32, ts: u64, dur: u64, corr: u32, launch_ts: u64) -> String {
+    pub(crate) fn kernel(
+        name: &str,
+        stream: u32,
+        ts: u64,
+        dur: u64,
+        corr: u32,
+        launch_ts: u64,
+    ) -> String {
         format!(
             r#"{{"ph":"X","cat":"kernel","name":"{name}","pid":0,"tid":{stream},"ts":{ts},"dur":{dur},"args":{{"correlation":{corr},"stream":{stream}}}}},
 {{"ph":"s","cat":"ac2g","name":"ac2g","id":{corr},"pid":100,"tid":1,"ts":{launch_ts}}},
@@ -1221,13 +661,13 @@ mod tests {
         )
     }
 
-    fn doc(events: &[String]) -> String {
+    pub(crate) fn doc(events: &[String]) -> String {
         format!(r#"{{"traceEvents":[{}]}}"#, events.join(",\n"))
     }
 
     /// Step 0–100 µs: aten::mm [10,40] with a launch [20,30] of a kernel [25,75], then
     /// cudaDeviceSynchronize [50,80].
-    fn sync_trace() -> String {
+    pub(crate) fn sync_trace() -> String {
         doc(&[
             x("user_annotation", "ProfilerStep#1", 1, 0, 100, None),
             x("cpu_op", "aten::mm", 1, 10, 30, None),
@@ -1262,7 +702,7 @@ mod tests {
                 (OpKind::CpuOther, 10, 0),
                 (OpKind::Gap, 10, 0),
                 (OpKind::Launch, 5, 0),
-                (OpKind::CpuOther, 5, 0),
+                (OpKind::Launch, 5, 0),
                 (OpKind::CpuOther, 10, 10),
                 (OpKind::CpuOther, 0, 0),
                 (OpKind::CpuOther, 5, 20),
@@ -1441,7 +881,10 @@ mod tests {
             .find(|o| o.spec.kind == OpKind::Collective)
             .unwrap();
         assert_eq!(c.spec.phase, Phase::Comm);
-        assert_eq!(c.spec.dur_ns, 20_000);
+        // Its peers are absent (one rank): it ends when it did, 40 µs, though the replay can
+        // start it at 17 (its launch's end): 23 µs (see `trace::peers`).
+        assert_eq!(c.spec.dur_ns, 23_000);
+        assert_eq!(t.peer_waits, 1);
         assert_eq!(
             l.devices[c.spec.device as usize],
             DeviceKind::CommStream { worker: 0 }
@@ -1553,7 +996,7 @@ mod tests {
     /// Step 1 is 100–300 µs. Kernel `prev`, launched in step 0, runs 60–250 (carried in). Three
     /// quick launches (5 µs) queue k2–k4 behind it; the fourth launch, 140–252, was blocked on the
     /// full queue until `prev` ended; a device synchronize 260–291 waits for k5 (280–290).
-    fn stall_trace() -> String {
+    pub(crate) fn stall_trace() -> String {
         doc(&[
             x("user_annotation", "ProfilerStep#1", 1, 100, 200, None),
             x("cuda_runtime", "cudaLaunchKernel", 1, 50, 5, Some(1)),
@@ -1601,7 +1044,7 @@ mod tests {
 
     /// Step 0–100 µs: k1, k2 on stream 7, then a cudaStreamWaitEvent (no cuda_sync record) and k3
     /// on stream 24, which starts `k3_ts` µs in.
-    fn wait_trace(k3_ts: u64) -> String {
+    pub(crate) fn wait_trace(k3_ts: u64) -> String {
         doc(&[
             x("user_annotation", "ProfilerStep#1", 1, 0, 100, None),
             x("cuda_runtime", "cudaLaunchKernel", 1, 10, 5, Some(1)),

@@ -1,0 +1,301 @@
+//! What-ifs on real traces (issue 15): kernels re-costed from their operators' shapes relative
+//! to their recorded times, memory from `[memory]` events, the facts a trace states about its
+//! job, every rank of a folder, the steady-state period, host-bound steps, and the gradient
+//! accumulation cycle that once broke on the DDP trace. Every test skips when
+//! `../shared/traces` is absent.
+
+use std::path::PathBuf;
+
+use trainplan::cost::kernel::OpClass;
+use trainplan::graph::OpKind;
+use trainplan::graph::job::Job;
+use trainplan::passes::{self, Evaluated};
+use trainplan::trace::graph::{TraceJob, build_job};
+
+use crate::cli::{run, run_json};
+use crate::trace_replay::traces;
+
+fn kineto(name: &str) -> Option<PathBuf> {
+    traces().map(|d| d.join(name))
+}
+
+fn built(name: &str) -> Option<TraceJob> {
+    let p = kineto(name)?;
+    let t = trainplan::trace::read_kineto(&p).unwrap();
+    Some(build_job(&t, name, None).unwrap())
+}
+
+/// `job` after one pass with its default knobs (or `knobs`).
+fn after(job: &Job, pass: &str, knobs: &[(&str, &str)]) -> (Evaluated, Evaluated) {
+    let reg = passes::registry();
+    let p = passes::find(&reg, pass).unwrap();
+    let given: Vec<(String, String)> = knobs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let k = passes::resolve_knobs(p, &given).unwrap();
+    let base = passes::evaluate(job.clone()).unwrap();
+    let patches = p.propose(&base, &k).unwrap();
+    let job = passes::apply_all(&base.job, &patches).unwrap();
+    (base, passes::evaluate(job).unwrap())
+}
+
+const SHAPES: &str = "resnet50_v100_2021fmt_shapes_memory.json.gz";
+const DDP: &str = "resnet50_ddp_a100_rank0of2.json.gz";
+
+#[test]
+fn a_gemm_is_recosted_from_its_shapes_relative_to_its_recorded_time() {
+    let Some(t) = built(SHAPES) else { return };
+    let job = &t.job;
+    // ResNet-50's classifier, aten::addmm(bias[1000], x[32, 2048], w[2048, 1000]): its forward
+    // kernel(s) carry a share of 2·32·1000·2048 FLOPs and the product's shape.
+    let fc: Vec<usize> = (0..job.local.ops.len())
+        .filter(|&i| {
+            let o = &job.local.ops[i];
+            o.spec.kind == OpKind::Compute
+                && o.work.is_some_and(|w| {
+                    w.class == OpClass::Gemm
+                        && (w.gemms[0].m, w.gemms[0].n, w.gemms[0].k) == (32.0, 1000.0, 2048.0)
+                })
+        })
+        .collect();
+    assert!(
+        !fc.is_empty(),
+        "the classifier's forward GEMM has its shape"
+    );
+    let total: f64 = fc
+        .iter()
+        .map(|&i| job.local.ops[i].work.unwrap().flops)
+        .sum();
+    // (Shares of one operator's work, summed back: equal up to rounding.)
+    assert!(
+        (total / (2.0 * 32.0 * 1000.0 * 2048.0) - 1.0).abs() < 1e-12,
+        "{total}"
+    );
+    // AMP re-costs each relative to itself: recorded × model(fp16) / model(fp32).
+    let (_, amp) = after(job, "amp", &[]);
+    let m = job.kernels();
+    for &i in &fc {
+        let o = &job.local.ops[i];
+        let w = o.work.unwrap();
+        let ratio = m.time_ns(&w, trainplan::cost::config::Dtype::Fp16, job.math)
+            / m.time_ns(&w, job.dtype, job.math);
+        let expect = (o.spec.dur_ns as f64 * ratio).round() as u64;
+        // AMP inserts no ops on a trace (no parameter tensors): ids are unchanged.
+        assert_eq!(amp.job.local.ops[i].spec.dur_ns, expect, "op {i}");
+        assert!(expect < o.spec.dur_ns);
+    }
+    // Most of the step's GPU time has shapes.
+    let f = job.meta.trace.as_deref().unwrap();
+    assert!(
+        f.work.shapes_ns > 9 * (f.work.names_ns + f.work.none_ns),
+        "{:?}",
+        f.work
+    );
+}
+
+#[test]
+fn the_memory_trace_reports_its_measured_peak_and_passes_lower_it() {
+    let Some(p) = kineto(SHAPES) else { return };
+    let trace = trainplan::trace::read_kineto(&p).unwrap();
+    let t = build_job(&trace, SHAPES, None).unwrap();
+    // The events' own maximum in the step: the running sum of the device's Bytes.
+    let (lo, hi) = (t.window.start_ns, t.window.end_ns);
+    let mut dev: Vec<_> = trace.memory.iter().filter(|m| m.on_device()).collect();
+    dev.sort_by_key(|m| (m.ts_ns, m.event));
+    let (mut sum, mut max) = (0i64, 0i64);
+    for m in dev {
+        sum += m.bytes;
+        if m.ts_ns < lo {
+            max = sum;
+        } else if m.ts_ns < hi {
+            max = max.max(sum);
+        }
+    }
+    let f = t.job.meta.trace.as_deref().unwrap();
+    let mem = f.memory.as_ref().unwrap();
+    let within = |x: u64| (x as f64 / max as f64 - 1.0).abs() < 0.01;
+    assert!(within(mem.peak_bytes), "{} vs {max}", mem.peak_bytes);
+    let base = passes::evaluate(t.job.clone()).unwrap();
+    assert!(
+        within(base.memory.peak_bytes),
+        "replayed {}",
+        base.memory.peak_bytes
+    );
+    // Recomputation, AMP and accumulation each predict a lower peak.
+    for (pass, knobs) in [
+        ("recompute", vec![]),
+        ("amp", vec![]),
+        ("grad-accumulation", vec![("k", "2")]),
+    ] {
+        let (b, a) = after(&t.job, pass, &knobs);
+        assert!(
+            a.memory.peak_bytes < b.memory.peak_bytes * 9 / 10,
+            "{pass}: {} → {}",
+            b.memory.peak_bytes,
+            a.memory.peak_bytes
+        );
+    }
+}
+
+#[test]
+fn facts_of_the_shared_traces() {
+    let Some(t) = built(SHAPES) else { return };
+    let f = t.job.meta.trace.as_deref().unwrap();
+    assert_eq!(f.batch, Some(32));
+    assert_eq!(f.gpu_config, "v100-32gb");
+    assert_eq!(f.optimizer.as_deref(), Some("SGD"));
+    assert_eq!(f.world_size, None);
+    assert_eq!(t.job.meta.batch, 32);
+    let Some(t) = built(DDP) else { return };
+    let f = t.job.meta.trace.as_deref().unwrap();
+    assert_eq!((f.rank, f.world_size), (Some(0), Some(2)));
+    assert_eq!(f.batch, None, "no Input Dims in this trace");
+    let b = f.bucketing.as_ref().unwrap();
+    assert_eq!(b.sizes_bytes.len(), 5);
+    // 25,557,032 ResNet-50 parameters in fp32, in DDP's default 25 MiB buckets.
+    assert_eq!(b.total_bytes, 25_557_032 * 4);
+    assert_eq!(b.cap_bytes, Some(25 << 20));
+    assert_eq!(f.collectives.get("AllReduce"), Some(&5));
+}
+
+#[test]
+fn the_steady_period_of_a_gpu_bound_trace_is_its_measured_step() {
+    // The GPU runs ~90 ms behind the host (the step's GPU work drains at 184 ms of a 96 ms
+    // step): the makespan is not the period; the step-to-step time is.
+    let Some(t) = built("resnet50_v100_1gpu_ns_timestamps.json.gz") else {
+        return;
+    };
+    let e = passes::evaluate(t.job.clone()).unwrap();
+    let measured = t.window.measured_ns() as f64;
+    assert!(e.makespan_ns() as f64 > 1.5 * measured);
+    let period = e.iteration_ns() as f64;
+    assert!(
+        (period / measured - 1.0).abs() < 0.01,
+        "{period} vs {measured}"
+    );
+}
+
+#[test]
+fn grad_accumulation_on_the_ddp_trace_has_no_cycle() {
+    // Regression (issue 15): "the graph has a cycle through op 22294 (FW cpu @w0.cpu.t1)".
+    let Some(p) = kineto(DDP) else { return };
+    let p = p.to_str().unwrap();
+    let v = run_json(&["whatif", "--trace", p, "--pass", "grad-accumulation:k=2"]);
+    let (b, a) = (
+        v["baseline_iteration_ms"].as_f64().unwrap(),
+        v["iteration_ms"].as_f64().unwrap(),
+    );
+    // A host-bound step: each micro-step runs the host side again.
+    assert!(a > b, "{b} → {a}");
+}
+
+#[test]
+fn plan_on_the_ddp_trace_explains_a_host_bound_step() {
+    let Some(p) = kineto(DDP) else { return };
+    let out = std::env::temp_dir().join(format!("trainplan-it-ddp-{}.yaml", std::process::id()));
+    let args = [
+        "plan",
+        "--trace",
+        p.to_str().unwrap(),
+        "--budget",
+        "30s",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (code, text, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("host-bound"), "{text}");
+    assert!(text.contains("rank 0 of 2"), "{text}");
+    assert!(
+        !text.contains("batch 0") && !text.contains("0.0 GB"),
+        "{text}"
+    );
+    let v = run_json(&args);
+    assert_eq!(v["host_bound"], true);
+    // A DDP trace's baseline is the job as recorded; no Horovod/BytePS/XLA defaults.
+    let names: Vec<&String> = v["baselines"].as_object().unwrap().keys().collect();
+    assert_eq!(names, vec!["as_recorded"]);
+    assert!(v["bound"]["critical_path_host_ms"].as_f64().unwrap() > 100.0);
+    let _ = std::fs::remove_file(&out);
+}
+
+#[test]
+fn a_single_gpu_trace_has_no_data_parallel_baselines_and_no_batch_0() {
+    let Some(p) = kineto("resnet50_v100_1gpu_ns_timestamps.json.gz") else {
+        return;
+    };
+    let out = std::env::temp_dir().join(format!("trainplan-it-1gpu-{}.yaml", std::process::id()));
+    let args = [
+        "plan",
+        "--trace",
+        p.to_str().unwrap(),
+        "--budget",
+        "20s",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (code, text, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !text.contains("batch 0") && !text.contains("0.0 GB"),
+        "{text}"
+    );
+    assert!(text.contains("1 GPU"), "{text}");
+    for dp in ["horovod", "byteps", "ddp_default", "xla_default"] {
+        assert!(!text.contains(dp), "{dp} in:\n{text}");
+    }
+    let _ = std::fs::remove_file(&out);
+}
+
+#[test]
+fn whatif_and_plan_on_the_dlrm_folder() {
+    let Some(d) = traces().map(|d| d.join("../multi-rank-dlrm")) else {
+        return;
+    };
+    let d = d.to_str().unwrap();
+    let v = run_json(&["whatif", "--trace", d, "--pass", "cuda-graphs"]);
+    assert_eq!(v["workers"], 8);
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 8);
+    let (b, a) = (
+        v["baseline_iteration_ms"].as_f64().unwrap(),
+        v["iteration_ms"].as_f64().unwrap(),
+    );
+    // The slowest rank's step as replayed with all ranks (19.9 ms measured), and launches
+    // removed on every rank make it shorter.
+    assert!((b - 19.9).abs() < 0.2, "{b}");
+    assert!(a < b, "{b} → {a}");
+    let out = std::env::temp_dir().join(format!("trainplan-it-dlrm-{}.yaml", std::process::id()));
+    let v = run_json(&[
+        "plan",
+        "--trace",
+        d,
+        "--budget",
+        "30s",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(out.exists());
+    assert_eq!(v["ranks"].as_array().unwrap().len(), 8);
+    assert!(
+        v["planned_iteration_ms"].as_f64().unwrap() <= v["baseline_iteration_ms"].as_f64().unwrap()
+    );
+    let _ = std::fs::remove_file(&out);
+}
+
+#[test]
+fn whatif_on_a_chakra_trace() {
+    let Some(d) = traces().map(|d| d.join("../execution-traces/resnet_ddp_rank0.chakra.et")) else {
+        return;
+    };
+    let v = run_json(&[
+        "whatif",
+        "--trace",
+        d.to_str().unwrap(),
+        "--pass",
+        "op-fusion",
+    ]);
+    assert!(v["baseline_iteration_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["iteration_ms"].as_f64().unwrap() <= v["baseline_iteration_ms"].as_f64().unwrap());
+}
