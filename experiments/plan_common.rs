@@ -65,6 +65,7 @@ pub fn plan(job: Job, speedups: Speedups, budget: Duration) -> Planned {
                     partitions: None,
                     knobs: Default::default(),
                     why: b.config.clone(),
+                    mechanism: String::new(),
                     effect_ms: 0.0,
                 },
             )

@@ -79,9 +79,11 @@
 //! **Knobs.** `scope` = `critical` | `all`; `max_ops` (default 8, 2..=1024); `coarsen` (default
 //! 1, 0..=1); `twins` (default 1, 0..=1). `coarsen` and `twins` apply to `scope=critical`.
 //!
-//! **Framework knobs** (DESIGN.md table): TF/XLA `TF_XLA_FLAGS=--tf_xla_auto_jit=2` plus a cluster
-//! file `<tf_node> <cluster_id>` (`XLA_CLUSTER_SPEC`, dPRO's TF fork; one id per patch); PyTorch
-//! `torch.compile` per region; JAX `jax.jit` boundaries.
+//! **Framework knobs** (DESIGN.md table): PyTorch `torch.compile` per region (the only export
+//! that applies a zoo plan's clusters). TF/XLA: the clusters would be a `<tf_node> <cluster_id>`
+//! file for dPRO's TF fork, but a zoo plan's layer names are not a Keras model's node names, so
+//! the TF export relies on XLA's own clustering (`jit_compile`, `--tf_xla_auto_jit=2`) and says
+//! so; JAX: `jax.jit` fuses by itself.
 
 use std::collections::BTreeSet;
 

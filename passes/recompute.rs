@@ -328,6 +328,7 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
             let op = &job.local.ops[f as usize];
             let mut spec = op.spec.clone();
             spec.phase = Phase::Fw;
+            // The original first: `search::describe` names the recomputed layers by it.
             let mut after_r = vec![f];
             match prev {
                 Some(p) => after_r.push(p),

@@ -19,6 +19,7 @@ pub(crate) mod output;
 pub(crate) mod plan;
 mod ranks;
 mod replay;
+mod show;
 mod traceinfo;
 mod whatif;
 
@@ -134,7 +135,7 @@ Examples:
   trainplan replay --trace traces/dlrm/ --timeline dlrm.json     (a folder: every Kineto file in it)")]
     Replay(ReplayArgs),
     /// List the optimization passes (built-in and declarative) with their knobs.
-    Passes(ListArgs),
+    Passes(PassesArgs),
     /// Apply passes and compare: iteration time, peak memory, ops that left or joined the
     /// critical path.
     #[command(after_help = "\
@@ -168,6 +169,13 @@ Examples:
 Frameworks: horovod, xla, byteps, pytorch, jax. An unknown one is a usage error (exit 2); a
 malformed plan or one of another schema version is bad input (exit 3).")]
     Export(ExportArgs),
+    /// Show a plan: what it changes, the predicted effect, what each framework's export does
+    /// with each decision, and what is left to you.
+    #[command(after_help = "\
+Examples:
+  trainplan show plan.yaml
+  trainplan show plan.yaml --json")]
+    Show(ShowArgs),
     /// Lower-bound latency of an ONNX model on a GPU (Benanza): sequential and parallel, fused and
     /// on tensor cores, the slowest layers, and how far a measured run or trace is from it.
     #[command(after_help = "\
@@ -191,6 +199,27 @@ pub struct ListArgs {
     /// Print one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The plan (YAML) `trainplan plan` wrote.
+    #[arg(value_name = "PLAN.yaml")]
+    pub plan: std::path::PathBuf,
+    /// Print one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PassesArgs {
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Register a declarative pass from a YAML file and list it with the others (checks the
+    /// file: a mistake is reported as file:line:column, exit 3). Repeatable.
+    #[arg(long = "pass-file", value_name = "F.yaml")]
+    pub pass_file: Vec<std::path::PathBuf>,
 }
 
 /// Where the iteration comes from: a zoo model on a cluster, or a recorded trace.
@@ -427,6 +456,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Whatif(a) => whatif::whatif_cmd(&a),
         Command::Plan(a) => plan::plan_cmd(&a),
         Command::Export(a) => export::export_cmd(&a),
+        Command::Show(a) => show::show_cmd(&a),
         Command::LowerBound(a) => lower_bound::lower_bound_cmd(&a),
         Command::Calibrate(a) => calibrate::calibrate_cmd(&a),
     }

@@ -1,24 +1,45 @@
-//! `trainplan plan`: run the baselines and the search, write the plan YAML atomically, print a
-//! summary (or one JSON object). Ctrl-C writes the best plan so far and exits 130.
+//! `trainplan plan`: the framework's baselines and the search, the plan YAML and its SVG
+//! written atomically, a summary (or one JSON object).
+//!
+//! **Time.** `--budget` bounds the whole run from the start of the command (input, baselines,
+//! search and the final replays). The work runs on a worker thread; the main thread watches the
+//! clock and Ctrl-C. The worker stops itself at the deadline or on Ctrl-C between replays; if it
+//! has not returned [`GRACE`] after either (a replay of a very large graph still running), the
+//! main thread writes the best plan evaluated so far — kept in a snapshot the worker updates at
+//! every improvement — and returns, which ends the process. A second Ctrl-C exits at once
+//! (130) without writing.
+//!
+//! **Which plan.** Baselines are the framework's own settings (`search::baselines::for_framework`;
+//! a trace has one, `as_recorded`); the search starts from the fastest and only makes moves the
+//! framework's export applies (`search::framework`), so `planned_iteration_ms` is what the
+//! export gives. The headline compares with the framework's default.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use super::output::gb;
-use super::replay::input_job;
+use super::replay::{Input, input_job};
 use super::whatif::all_passes;
 use super::{CliError, PlanArgs, exit, write_atomic};
+use crate::cost::framework::Framework;
+use crate::graph::job::Job;
 use crate::plan::{
     FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload, round3,
 };
-use crate::search::{self, Decision, SearchError, SearchOptions, Speedups, StopReason};
+use crate::search::framework::Names;
+use crate::search::{self, Advice, Decision, SearchError, SearchOptions, Speedups, StopReason};
 
-/// Set by the Ctrl-C handler.
+/// Set by the first Ctrl-C (`cli::atomic`'s handler; a second one exits at once).
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// How long the main thread waits for the worker to stop by itself after Ctrl-C or the
+/// deadline before it writes the snapshot.
+pub const GRACE: Duration = Duration::from_millis(400);
 
 /// Parse a byte size: `16GiB`, `16GB`, `16G` (= GiB), `512MiB`, `17000000000`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -96,6 +117,46 @@ pub fn parse_budget(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A baseline as the plan reports it.
+#[derive(Clone, Debug)]
+struct BaseRow {
+    name: &'static str,
+    job: Job,
+    ns: u64,
+    peak: u64,
+    config: String,
+    knobs: BTreeMap<String, String>,
+}
+
+/// The best plan evaluated so far, as the worker last reported it.
+#[derive(Clone, Debug, Default)]
+struct Snapshot {
+    baselines: Vec<BaseRow>,
+    best: Option<(Job, Vec<Decision>, u64, u64)>,
+    replays: u64,
+    rounds: usize,
+}
+
+/// What the worker hands back when it finishes.
+struct Finished {
+    outcome: search::Outcome,
+    lower_ns: Option<u64>,
+}
+
+/// The headline baseline of `fw` (its default), or `as_recorded` for a trace.
+fn default_name(fw: Framework, trace: bool) -> &'static str {
+    if trace {
+        return "as_recorded";
+    }
+    match fw {
+        Framework::Pytorch => "ddp_default",
+        Framework::Horovod => "horovod_default",
+        Framework::Byteps => "byteps_default",
+        Framework::Tf => "tf_default",
+        Framework::Jax => "jax_default",
+    }
+}
+
 /// Longest `--budget`: 30 days (the search converges in seconds to minutes; a longer budget is
 /// a typo, and `500000000000years` once passed).
 pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 86_400);
@@ -133,7 +194,9 @@ fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::Thre
 
 /// `trainplan plan`.
 pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
+    let t0 = Instant::now();
     let budget = parse_budget(&a.budget).map_err(|e| CliError::usage(format!("--budget: {e}")))?;
+    let deadline = t0 + budget;
     let memory_budget = a
         .memory_budget
         .as_deref()
@@ -155,8 +218,9 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             Some(names)
         }
     };
-    // Several ranks: the search runs on the slowest rank (collectives hold every rank to it);
-    // its decisions are then applied to every rank and all are replayed together.
+    // Several ranks (a folder of traces): the search runs on the slowest rank (collectives hold
+    // every rank to it); its decisions are then applied to every rank and all are replayed
+    // together.
     let files = if a.input.trace.is_empty() {
         Vec::new()
     } else {
@@ -197,6 +261,9 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         }
         None => input_job(&a.input)?,
     };
+    let fw = a.input.framework;
+    let is_trace = input.trace.is_some() || input.job.is_recorded();
+    let names = if is_trace { Names::Trace } else { Names::Zoo };
     let opts = SearchOptions {
         budget,
         memory_budget,
@@ -208,12 +275,14 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             partial_replay: !a.no_partial_replay,
             symmetry: !a.no_symmetry,
         },
+        framework: Some((fw, names)),
+        deadline: Some(deadline),
         ..SearchOptions::default()
     };
     // Ctrl-C stops the search, which then writes its best plan (a second Ctrl-C exits at once).
     super::atomic::interrupt_flag(&INTERRUPTED);
     let show = !a.json && std::io::stderr().is_terminal();
-    let bar = if show {
+    let bar = show.then(|| {
         let b = indicatif::ProgressBar::new(budget.as_millis() as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template(
@@ -222,68 +291,333 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         b.enable_steady_tick(Duration::from_millis(200));
-        Some(b)
-    } else {
-        None
+        b.set_message("baselines");
+        b
+    });
+
+    let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Finished, CliError>>();
+    let facts_world = input.job.meta.trace.as_deref().and_then(|f| f.world_size);
+    let world = match (&ranks, &input.trace) {
+        (Some((l, _)), _) => facts_world.unwrap_or(l.ranks.len() as u32),
+        (None, Some(t)) => facts_world.unwrap_or(t.world_size),
+        (None, None) => facts_world.unwrap_or(input.job.workers),
     };
-    let say = |msg: &str| {
-        if let Some(b) = &bar {
-            b.set_message(msg.to_string());
+    let job_meta = input.job.meta.clone();
+    let workers = input.job.workers;
+    {
+        let snapshot = Arc::clone(&snapshot);
+        let opts = opts.clone();
+        let bar = bar.clone();
+        std::thread::Builder::new()
+            .name("trainplan-search".into())
+            .spawn(move || {
+                let r = work(input, fw, &opts, all, &snapshot, bar.as_ref());
+                let _ = tx.send(r);
+            })
+            .map_err(|e| CliError::internal(format!("failed to start the search thread: {e}")))?;
+    }
+
+    // Watch: the result, Ctrl-C, or the deadline.
+    let mut stopped_at: Option<(Instant, StopReason)> = None;
+    let finished = loop {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(r) => break Some(r?),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(CliError::internal(
+                    "the search thread ended without a result",
+                ));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let now = Instant::now();
+        if stopped_at.is_none() {
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                stopped_at = Some((now, StopReason::Interrupted));
+            } else if now >= deadline {
+                stopped_at = Some((now, StopReason::Budget));
+            }
+        }
+        if let Some((at, _)) = stopped_at
+            && now.duration_since(at) >= GRACE
+        {
+            break None;
         }
     };
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let snap = snapshot.lock().map(|s| s.clone()).unwrap_or_default();
+    let default = default_name(fw, is_trace);
+    let headline = snap
+        .baselines
+        .iter()
+        .find(|b| b.name == default)
+        .or_else(|| snap.baselines.first())
+        .cloned();
+    let Some(headline) = headline else {
+        return Err(CliError {
+            code: exit::INTERRUPTED,
+            message: "interrupted before any plan was evaluated: nothing written".into(),
+        });
+    };
+    // A trace without memory events models no memory.
+    let memory_modelled = headline.peak > 0 && super::traceinfo::has_memory(&headline.job);
+    let peak = |b: u64| memory_modelled.then_some(b);
+    let ms3 = |ns: u64| round3(ns as f64 / 1e6);
+    // Several ranks: the decisions applied to every rank, all replayed together (when the
+    // search finished; an interrupted one reports the slowest rank).
+    let multi = match (&ranks, &finished) {
+        (Some((l, base)), Some(f)) => Some(ranks_plan(a, l, base, &f.outcome.decisions)?),
+        _ => None,
+    };
+    let extra = finished
+        .as_ref()
+        .map(|f| TraceExtra::of(&f.outcome, multi.as_ref()));
+    // The plan: the worker's outcome, or the snapshot.
+    let (best_job, decisions, best_ns, best_peak, advice, stop, replays, rounds, lower_ns) =
+        match finished {
+            Some(f) => {
+                let o = f.outcome;
+                (
+                    o.best.job.clone(),
+                    o.decisions,
+                    o.best.iteration_ns(),
+                    o.best.memory.peak_bytes,
+                    o.advice,
+                    o.stop,
+                    o.replays,
+                    o.rounds,
+                    f.lower_ns,
+                )
+            }
+            None => {
+                let stop = stopped_at.map_or(StopReason::Budget, |s| s.1);
+                let (j, d, ns, pk) = snap.best.clone().unwrap_or_else(|| {
+                    let b = snap
+                        .baselines
+                        .iter()
+                        .filter(|b| b.name != "none")
+                        .min_by_key(|b| b.ns)
+                        .unwrap_or(&headline);
+                    let d = start_decision(b, &snap.baselines, fw);
+                    (b.job.clone(), d.into_iter().collect(), b.ns, b.peak)
+                });
+                (
+                    j,
+                    d,
+                    ns,
+                    pk,
+                    Vec::<Advice>::new(),
+                    stop,
+                    snap.replays,
+                    snap.rounds,
+                    None,
+                )
+            }
+        };
+    let (base_ns, base_peak, best_ns, best_peak) = match &multi {
+        Some(m) => (m.baseline_ns, m.baseline_peak, m.planned_ns, m.planned_peak),
+        None => (headline.ns, headline.peak, best_ns, best_peak),
+    };
+    let cluster = if is_trace {
+        format!("the traced run ({world} ranks)")
+    } else {
+        job_meta.cluster.clone()
+    };
+    let plan = Plan {
+        trainplan: SCHEMA_VERSION,
+        workload: Workload {
+            source: job_meta.source.clone(),
+            ranks: if is_trace { world } else { workers },
+            model: job_meta.model.clone(),
+            batch: job_meta.batch,
+            cluster,
+            names: job_meta.source.clone(),
+            framework: fw,
+        },
+        predicted: Predicted {
+            baseline_name: headline.name.to_string(),
+            baseline: Point {
+                iteration_ms: ms3(base_ns),
+                peak_memory_bytes: peak(base_peak),
+            },
+            planned: Point {
+                iteration_ms: ms3(best_ns),
+                peak_memory_bytes: peak(best_peak),
+            },
+            speedup: round3(base_ns as f64 / best_ns.max(1) as f64),
+            lower_bound_ms: lower_ns.map(|l| ms3(l.min(best_ns))),
+        },
+        baselines: snap
+            .baselines
+            .iter()
+            .map(|x| {
+                let ns = match (&multi, x.name) {
+                    (Some(m), search::baselines::AS_RECORDED) => m.baseline_ns,
+                    _ => x.ns,
+                };
+                (x.name.to_string(), ms3(ns))
+            })
+            .collect(),
+        decisions: decisions
+            .iter()
+            .map(|d| Decision {
+                effect_ms: round3(d.effect_ms),
+                ..d.clone()
+            })
+            .collect(),
+        advice: advice
+            .into_iter()
+            .map(|x| Advice {
+                effect_ms: round3(x.effect_ms),
+                ..x
+            })
+            .collect(),
+        config: FinalConfig::of(&best_job, &decisions),
+        search: SearchStats {
+            strategy: opts.strategy,
+            budget_s: budget.as_secs_f64(),
+            replays,
+            rounds,
+            stop,
+            seed: opts.seed,
+        },
+    };
+    write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
+        CliError::output(format!(
+            "failed to write the plan to {}: {e}",
+            a.output.display()
+        ))
+    })?;
+    let svg_path = a.output.with_extension("svg");
+    write_atomic(&svg_path, |w| {
+        w.write_all(crate::plan::svg::waterfall(&plan).as_bytes())
+    })
+    .map_err(|e| {
+        CliError::bad_input(format!(
+            "failed to write the plan's picture to {}: {e}",
+            svg_path.display()
+        ))
+    })?;
+    let wall = t0.elapsed();
+    report(a, &plan, wall, &svg_path, extra.as_ref())?;
+    if stop == StopReason::Interrupted {
+        return Err(CliError {
+            code: exit::INTERRUPTED,
+            message: format!(
+                "interrupted: the best plan so far is in {}",
+                a.output.display()
+            ),
+        });
+    }
+    Ok(())
+}
 
-    say("baselines");
+/// The decision that records starting from baseline `b`.
+fn start_decision(b: &BaseRow, all: &[BaseRow], fw: Framework) -> Option<Decision> {
+    if b.name == "none" || b.name == "as_recorded" {
+        return None;
+    }
+    let none_ns = all.iter().find(|x| x.name == "none").map_or(b.ns, |x| x.ns);
+    let _ = fw;
+    Some(Decision {
+        pass: format!("baseline:{}", b.name),
+        tensors: Vec::new(),
+        ops: Vec::new(),
+        partitions: None,
+        knobs: b.knobs.clone(),
+        why: format!(
+            "start from the fastest setting of the framework: {} ({})",
+            b.name, b.config
+        ),
+        effect_ms: (b.ns as f64 - none_ns as f64) / 1e6,
+        mechanism: search::framework::baseline_mechanism(b.name)
+            .unwrap_or("")
+            .to_string(),
+    })
+}
+
+/// The worker: baselines, then the search, updating `snapshot` as it goes.
+fn work(
+    input: Input,
+    fw: Framework,
+    opts: &SearchOptions,
+    all: Vec<Box<dyn crate::passes::Pass>>,
+    snapshot: &Mutex<Snapshot>,
+    bar: Option<&indicatif::ProgressBar>,
+) -> Result<Finished, CliError> {
+    let stop = || {
+        INTERRUPTED.load(Ordering::Relaxed) || opts.deadline.is_some_and(|d| Instant::now() >= d)
+    };
     let eval = search::evaluator(opts.speedups.symmetry);
+    let trace = input.trace.is_some() || input.job.is_recorded();
     // The baselines rewrite the job with one collective per gradient tensor.
     let job = match &input.sync {
         Some((per_tensor, _)) => per_tensor.clone(),
         None => input.job.clone(),
     };
+    // Within the memory ceiling: a large job's baselines and candidates one at a time.
     let pool = eval_pool(&job, opts.speedups.symmetry)?;
-    // Baselines stop early on Ctrl-C: the plan so far is then the unoptimised job.
-    let eval_or_stop = |j: crate::graph::job::Job| -> Result<_, crate::graph::job::JobError> {
-        if INTERRUPTED.load(Ordering::Relaxed) {
-            return Err(crate::graph::job::JobError::Invalid("interrupted".into()));
-        }
-        eval(j)
+    let rows: Vec<search::baselines::Baseline> = if trace {
+        // A trace is one recorded run: its own synchronisation is the only baseline.
+        pool.install(|| search::baselines::recorded(&job, &eval))
+            .map_err(CliError::bad_input)?
+    } else {
+        pool.install(|| search::baselines::for_framework(&job, fw, &eval, &stop))
+            .map_err(CliError::bad_input)?
     };
-    let recorded = job.is_recorded();
-    let made = pool.install(|| {
-        if recorded {
-            search::baselines::recorded(&job, &eval_or_stop)
-        } else {
-            search::baselines::baselines(&job, &eval_or_stop)
-        }
-    });
-    let baselines = match made {
-        Ok(b) => b,
-        Err(_) if INTERRUPTED.load(Ordering::Relaxed) => Vec::new(),
-        Err(e) => return Err(CliError::bad_input(e)),
-    };
-    let best_baseline = baselines
+    let rows: Vec<(BaseRow, search::baselines::Baseline)> = rows
+        .into_iter()
+        .map(|b| {
+            (
+                BaseRow {
+                    name: b.name,
+                    job: b.job.clone(),
+                    ns: b.eval.iteration_ns(),
+                    peak: b.eval.memory.peak_bytes,
+                    config: b.config.clone(),
+                    knobs: b.knobs.clone(),
+                },
+                b,
+            )
+        })
+        .collect();
+    let table: Vec<BaseRow> = rows.iter().map(|r| r.0.clone()).collect();
+    if let Ok(mut s) = snapshot.lock() {
+        s.baselines = table.clone();
+        s.replays = table.len() as u64;
+    }
+    // Start from the fastest setting the export can write (`none` is a reference only).
+    let start = rows
         .iter()
-        .min_by_key(|b| b.eval.iteration_ns())
-        .filter(|b| b.name != "none" && b.name != search::baselines::AS_RECORDED);
-    let none_ns = baselines.first().map_or(0, |b| b.eval.iteration_ns());
-    let start = best_baseline.map(|b| {
-        (
-            b.job.clone(),
-            Decision {
-                pass: format!("baseline:{}", b.name),
-                tensors: Vec::new(),
-                ops: Vec::new(),
-                partitions: None,
-                knobs: BTreeMap::new(),
-                why: format!(
-                    "start from the fastest framework default: {} ({})",
-                    b.name, b.config
-                ),
-                effect_ms: (b.eval.iteration_ns() as f64 - none_ns as f64) / 1e6,
-            },
-        )
-    });
+        .filter(|(r, _)| r.name != "none")
+        .min_by_key(|(r, _)| r.ns)
+        .or_else(|| rows.first())
+        .ok_or_else(|| CliError::internal("no baseline was evaluated"))?;
+    let prefix: Vec<Decision> = start_decision(&start.0, &table, fw).into_iter().collect();
+    // PyTorch: DDP rebuilds its buckets in autograd's order, which AMP changes; every job the
+    // search evaluates is regrouped the way DDP will group it.
+    let mut opts = opts.clone();
+    if fw == Framework::Pytorch && !trace {
+        opts.ddp = search::baselines::DdpLayout::caps(start.0.name, &start.0.knobs)
+            .and_then(|(first, cap)| search::baselines::DdpLayout::of(&job, first, cap));
+    }
+    let opts = &opts;
+    let start_eval = start.1.eval.clone();
+    drop(rows);
     let progress = |p: &search::Progress| {
-        if let Some(b) = &bar {
+        if let Ok(mut s) = snapshot.lock() {
+            s.best = Some((
+                p.best_job.clone(),
+                p.decisions.to_vec(),
+                p.best_ns,
+                p.best_peak_bytes,
+            ));
+            s.replays = p.replays;
+            s.rounds = p.round;
+        }
+        if let Some(b) = bar {
             b.set_position(p.elapsed.as_millis() as u64);
             b.set_message(format!(
                 "best {:.1} ms · {} replays · round {}",
@@ -294,13 +628,10 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         }
     };
     let outcome = match pool
-        .install(|| search::search(job.clone(), start, &opts, &all, &INTERRUPTED, &progress))
+        .install(|| search::search_from(start_eval, prefix, opts, &all, &INTERRUPTED, &progress))
     {
         Ok(o) => o,
         Err(e @ SearchError::Infeasible { .. }) => {
-            if let Some(b) = &bar {
-                b.finish_and_clear();
-            }
             return Err(CliError {
                 code: exit::INFEASIBLE,
                 message: e.to_string(),
@@ -308,136 +639,19 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         }
         Err(e) => return Err(CliError::bad_input(e)),
     };
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    let lower =
-        search::comm_free_bound_ns(&outcome.best.job, &eval).map_err(CliError::bad_input)?;
-    let ms3 = |ns: u64| round3(ns as f64 / 1e6);
-    let (b, p) = (&outcome.baseline, &outcome.best);
-    // Several ranks: the decisions applied to every rank, all replayed together.
-    let multi = match &ranks {
-        Some((l, base)) => {
-            let mut seen = std::collections::BTreeSet::new();
-            let mut args = Vec::new();
-            for d in &outcome.decisions {
-                if d.pass.starts_with("baseline:") {
-                    continue;
-                }
-                let knobs: Vec<String> = d.knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let arg = if knobs.is_empty() {
-                    d.pass.clone()
-                } else {
-                    format!("{}:{}", d.pass, knobs.join(","))
-                };
-                if seen.insert(arg.clone()) {
-                    args.push(arg);
-                }
-            }
-            let plan = super::whatif::resolve(&all, &args)?;
-            let (after, evals, _) = super::ranks::apply_to_ranks(&l.ranks, &plan)?;
-            let planned =
-                crate::trace::multi::predict(&after, &l.offsets).map_err(CliError::bad_input)?;
-            let peak = |f: fn(&(crate::passes::Evaluated, crate::passes::Evaluated)) -> u64| {
-                evals.iter().map(f).max().unwrap_or(0)
-            };
-            Some(RanksPlan {
-                baseline_ns: base.step_ns,
-                planned_ns: planned.step_ns,
-                baseline_peak: peak(|e| e.0.memory.peak_bytes),
-                planned_peak: peak(|e| e.1.memory.peak_bytes),
-                per_rank: l
-                    .ranks
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| (r.rank, base.predicted_ns[i], planned.predicted_ns[i]))
-                    .collect(),
-            })
-        }
-        None => None,
+    let lower_ns = if outcome.stop == StopReason::Converged && !trace {
+        Some(
+            search::comm_free_bound_ns(&outcome.best.job, &search::evaluator(true))
+                .map_err(CliError::bad_input)?,
+        )
+    } else if outcome.stop == StopReason::Converged {
+        Some(outcome.best.iteration_ns())
+    } else {
+        None
     };
-    let (b_ns, p_ns, b_mem, p_mem) = match &multi {
-        Some(m) => (m.baseline_ns, m.planned_ns, m.baseline_peak, m.planned_peak),
-        None => (
-            b.iteration_ns(),
-            p.iteration_ns(),
-            b.memory.peak_bytes,
-            p.memory.peak_bytes,
-        ),
-    };
-    let facts = job.meta.trace.as_deref();
-    let plan = Plan {
-        trainplan: SCHEMA_VERSION,
-        workload: Workload {
-            source: job.meta.source.clone(),
-            ranks: match (&ranks, facts) {
-                (Some((l, _)), f) => f.and_then(|f| f.world_size).unwrap_or(l.ranks.len() as u32),
-                (None, Some(f)) => f.world_size.unwrap_or(1),
-                (None, None) => job.workers,
-            },
-            model: job.meta.model.clone(),
-            batch: job.meta.batch,
-            cluster: job.meta.cluster.clone(),
-            names: job.meta.source.clone(),
-        },
-        predicted: Predicted {
-            baseline: Point {
-                iteration_ms: ms3(b_ns),
-                peak_memory_bytes: b_mem,
-            },
-            planned: Point {
-                iteration_ms: ms3(p_ns),
-                peak_memory_bytes: p_mem,
-            },
-            speedup: round3(b_ns as f64 / p_ns.max(1) as f64),
-            lower_bound_ms: ms3(lower.min(p_ns)),
-        },
-        baselines: baselines
-            .iter()
-            .map(|x| {
-                let ns = match (&multi, x.name) {
-                    (Some(m), search::baselines::AS_RECORDED) => m.baseline_ns,
-                    _ => x.eval.iteration_ns(),
-                };
-                (x.name.to_string(), ms3(ns))
-            })
-            .collect(),
-        decisions: outcome
-            .decisions
-            .iter()
-            .map(|d| Decision {
-                effect_ms: round3(d.effect_ms),
-                ..d.clone()
-            })
-            .collect(),
-        config: FinalConfig::of(&p.job, &outcome.decisions),
-        search: SearchStats {
-            strategy: opts.strategy,
-            budget_s: budget.as_secs_f64(),
-            replays: outcome.replays,
-            rounds: outcome.rounds,
-            stop: outcome.stop,
-            seed: opts.seed,
-        },
-    };
-    write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
-        CliError::output(format!(
-            "failed to write the plan to {}: {e}",
-            a.output.display()
-        ))
-    })?;
-    let extra = TraceExtra::of(&outcome, multi.as_ref());
-    report(a, &plan, &outcome, &extra)?;
-    if outcome.stop == StopReason::Interrupted {
-        return Err(CliError {
-            code: exit::INTERRUPTED,
-            message: format!(
-                "interrupted: the best plan so far is in {}",
-                a.output.display()
-            ),
-        });
-    }
-    Ok(())
+    let mut outcome = outcome;
+    outcome.replays += table.len() as u64;
+    Ok(Finished { outcome, lower_ns })
 }
 
 /// Several ranks planned together.
@@ -450,12 +664,54 @@ struct RanksPlan {
     per_rank: Vec<(u32, u64, u64)>,
 }
 
+/// The plan's decisions (the slowest rank's) applied to every rank, all replayed together.
+fn ranks_plan(
+    a: &PlanArgs,
+    l: &super::ranks::Loaded,
+    base: &crate::trace::multi::RanksPrediction,
+    decisions: &[Decision],
+) -> Result<RanksPlan, CliError> {
+    let all = all_passes(&a.pass_file)?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut args = Vec::new();
+    for d in decisions {
+        if d.pass.starts_with("baseline:") {
+            continue;
+        }
+        let knobs: Vec<String> = d.knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let arg = if knobs.is_empty() {
+            d.pass.clone()
+        } else {
+            format!("{}:{}", d.pass, knobs.join(","))
+        };
+        if seen.insert(arg.clone()) {
+            args.push(arg);
+        }
+    }
+    let plan = super::whatif::resolve(&all, &args)?;
+    let (after, evals, _) = super::ranks::apply_to_ranks(&l.ranks, &plan)?;
+    let planned = crate::trace::multi::predict(&after, &l.offsets).map_err(CliError::bad_input)?;
+    let peak = |f: fn(&(crate::passes::Evaluated, crate::passes::Evaluated)) -> u64| {
+        evals.iter().map(f).max().unwrap_or(0)
+    };
+    Ok(RanksPlan {
+        baseline_ns: base.step_ns,
+        planned_ns: planned.step_ns,
+        baseline_peak: peak(|e| e.0.memory.peak_bytes),
+        planned_peak: peak(|e| e.1.memory.peak_bytes),
+        per_rank: l
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.rank, base.predicted_ns[i], planned.predicted_ns[i]))
+            .collect(),
+    })
+}
+
 /// What a plan on a trace adds to its report.
 struct TraceExtra {
     facts: Option<String>,
     facts_json: serde_json::Value,
-    /// Whether the trace has memory figures.
-    memory: bool,
     lines: Vec<String>,
     bound: serde_json::Value,
     host_bound: bool,
@@ -481,7 +737,6 @@ impl TraceExtra {
         TraceExtra {
             facts: super::traceinfo::facts(job).map(super::traceinfo::facts_line),
             facts_json: super::traceinfo::facts_json(job),
-            memory: super::traceinfo::has_memory(job),
             lines,
             bound: super::traceinfo::bound_json(&bb, Some(&pb)),
             host_bound: job.is_recorded() && bb.share.host_bound(),
@@ -504,109 +759,177 @@ impl TraceExtra {
 fn report(
     a: &PlanArgs,
     plan: &Plan,
-    outcome: &search::Outcome,
-    extra: &TraceExtra,
+    wall: Duration,
+    svg: &std::path::Path,
+    extra: Option<&TraceExtra>,
 ) -> Result<(), CliError> {
     let mut o = super::output::stdout();
-    let mem = |v: u64| extra.memory.then_some(v);
+    let p = &plan.predicted;
     if a.json {
         let v = json!({
-            "baseline_iteration_ms": plan.predicted.baseline.iteration_ms,
-            "planned_iteration_ms": plan.predicted.planned.iteration_ms,
-            "speedup": plan.predicted.speedup,
+            "baseline_iteration_ms": p.baseline.iteration_ms,
+            "baseline_name": p.baseline_name,
+            "planned_iteration_ms": p.planned.iteration_ms,
+            "speedup": p.speedup,
             "baselines": plan.baselines,
-            "lower_bound_ms": plan.predicted.lower_bound_ms,
-            "search_wall_s": outcome.wall.as_secs_f64(),
-            "replays": outcome.replays,
-            "stop_reason": outcome.stop,
+            "lower_bound_ms": p.lower_bound_ms,
+            "search_wall_s": wall.as_secs_f64(),
+            "replays": plan.search.replays,
+            "stop_reason": plan.search.stop,
             "decisions": plan.decisions,
+            "advice": plan.advice,
             "plan_path": a.output.display().to_string(),
-            "baseline_peak_memory_bytes": mem(plan.predicted.baseline.peak_memory_bytes),
-            "planned_peak_memory_bytes": mem(plan.predicted.planned.peak_memory_bytes),
-            "rounds": outcome.rounds,
+            "svg_path": svg.display().to_string(),
+            "framework": plan.workload.framework,
+            "baseline_peak_memory_bytes": p.baseline.peak_memory_bytes,
+            "planned_peak_memory_bytes": p.planned.peak_memory_bytes,
+            "rounds": plan.search.rounds,
             "config": plan.config,
-            "trace_facts": extra.facts_json,
-            "host_bound": extra.host_bound,
-            "bound": extra.bound,
-            "baseline_makespan_ms": extra.makespan.map(|m| m.0 as f64 / 1e6),
-            "planned_makespan_ms": extra.makespan.map(|m| m.1 as f64 / 1e6),
-            "ranks": extra.ranks,
+            "trace_facts": extra.map(|e| e.facts_json.clone()),
+            "host_bound": extra.is_some_and(|e| e.host_bound),
+            "bound": extra.map(|e| e.bound.clone()),
+            "baseline_makespan_ms": extra.and_then(|e| e.makespan).map(|m| m.0 as f64 / 1e6),
+            "planned_makespan_ms": extra.and_then(|e| e.makespan).map(|m| m.1 as f64 / 1e6),
+            "ranks": extra.and_then(|e| e.ranks.clone()),
         });
         return writeln!(o, "{v}").map_err(super::CliError::stdout);
     }
-    let w = &plan.workload;
-    let head = match &extra.facts {
-        Some(_) => format!(
-            "{} (trace, {}): planned {:.1} ms per step, {:.2}x faster than as recorded",
-            w.model,
-            if w.ranks > 1 {
-                format!("{} ranks", w.ranks)
-            } else {
-                "1 GPU".into()
-            },
-            plan.predicted.planned.iteration_ms,
-            plan.predicted.speedup
-        ),
-        None => format!(
-            "{} (batch {}/GPU) on {} ({} GPUs): planned {:.1} ms, {:.2}x faster than no optimisation",
-            w.model,
-            w.batch,
-            w.cluster,
-            w.ranks,
-            plan.predicted.planned.iteration_ms,
-            plan.predicted.speedup
-        ),
-    };
-    let mut lines = vec![head];
-    if let Some(f) = &extra.facts {
-        lines.push(f.clone());
+    let mut lines = summary(plan);
+    if let Some(e) = extra {
+        // A trace's facts under the headline; its makespan and what bounds it after the
+        // memory line.
+        let mut at = lines
+            .iter()
+            .position(|l| l.starts_with("peak memory"))
+            .map_or(lines.len(), |i| i + 1);
+        if let Some(f) = &e.facts {
+            lines.insert(1, f.clone());
+            at += 1;
+        }
+        let mut more = Vec::new();
+        if let Some((b, p)) = e.makespan {
+            more.push(format!(
+                "makespan           {:.1} ms → {:.1} ms   (one step until its GPU work drains; the \
+                 iteration above is the steady-state period)",
+                b as f64 / 1e6,
+                p as f64 / 1e6
+            ));
+        }
+        if !e.lines.is_empty() {
+            more.push(String::new());
+            more.extend(e.lines.iter().cloned());
+        }
+        lines.splice(at..at, more);
     }
-    lines.extend([String::new(), format!("{:<18} {:>10}", "", "iteration")]);
+    lines.push(format!(
+        "search: {:?}, {} replays in {} rounds, {:.1} s ({:?}); plan written to {}, picture to {}",
+        plan.search.strategy,
+        plan.search.replays,
+        plan.search.rounds,
+        wall.as_secs_f64(),
+        plan.search.stop,
+        a.output.display(),
+        svg.display()
+    ));
+    lines.push(format!(
+        "next: trainplan show {0}   ·   trainplan export {0} --to {1}",
+        a.output.display(),
+        crate::plan::emit::Framework::of(plan.workload.framework)
+    ));
+    for l in lines {
+        writeln!(o, "{l}").map_err(CliError::stdout)?;
+    }
+    Ok(())
+}
+
+/// "1.23x faster than ddp_default", "as fast as …" — never "0.99x faster".
+pub fn versus(speedup: f64, name: &str) -> String {
+    if speedup >= 1.005 {
+        format!("{speedup:.2}x faster than {name}")
+    } else if speedup > 0.995 {
+        format!("as fast as {name}: it is already the best setting found")
+    } else {
+        format!("{:.2}x slower than {name}", 1.0 / speedup.max(1e-9))
+    }
+}
+
+/// The human summary of a plan (shared with `trainplan show`).
+pub fn summary(plan: &Plan) -> Vec<String> {
+    let w = &plan.workload;
+    let p = &plan.predicted;
+    let who = if w.source == "trace" {
+        let batch = if w.batch == 0 {
+            "batch not recorded".to_string()
+        } else {
+            format!("batch {}/GPU", w.batch)
+        };
+        if w.ranks > 1 {
+            format!("{} ({batch}), {} ranks as traced", w.model, w.ranks)
+        } else {
+            format!("{} ({batch}), 1 GPU as traced", w.model)
+        }
+    } else {
+        format!(
+            "{} (batch {}/GPU) on {} ({} GPUs)",
+            w.model, w.batch, w.cluster, w.ranks
+        )
+    };
+    let mut lines = vec![
+        format!(
+            "{who}, --framework {}: planned {:.1} ms, {}",
+            w.framework,
+            p.planned.iteration_ms,
+            versus(p.speedup, &p.baseline_name)
+        ),
+        String::new(),
+        format!("{:<18} {:>10}", "", "iteration"),
+    ];
+    for (name, v) in &plan.baselines {
+        let tag = match name.as_str() {
+            "as_recorded" => "   (the traced run)",
+            n if n == p.baseline_name => "   (the framework's default)",
+            _ => "",
+        };
+        lines.push(format!("{name:<18} {v:>7.1} ms{tag}"));
+    }
     let best_base = plan
         .baselines
-        .values()
-        .cloned()
+        .iter()
+        .filter(|(n, _)| n.as_str() != "none")
+        .map(|(_, v)| *v)
         .fold(f64::INFINITY, f64::min);
-    for (name, v) in &plan.baselines {
-        lines.push(format!("{name:<18} {v:>7.1} ms"));
-    }
-    lines.push(format!(
-        "{:<18} {:>7.1} ms   {:+.1} % vs the best baseline",
-        "trainplan",
-        plan.predicted.planned.iteration_ms,
-        100.0 * (plan.predicted.planned.iteration_ms / best_base - 1.0)
-    ));
-    lines.push(format!(
-        "{:<18} {:>7.1} ms   (the plan if synchronisation were free)",
-        "lower bound", plan.predicted.lower_bound_ms
-    ));
-    if extra.memory {
-        lines.push(format!(
-            "peak memory        {} → {}",
-            gb(plan.predicted.baseline.peak_memory_bytes),
-            gb(plan.predicted.planned.peak_memory_bytes)
-        ));
+    let vs = if best_base.is_finite() && best_base > 0.0 {
+        format!(
+            "   {:+.1} % vs the best baseline",
+            100.0 * (p.planned.iteration_ms / best_base - 1.0)
+        )
     } else {
-        lines.push(
-            "peak memory        not in the trace (record with profile_memory=True, or \
-             record_shapes=True for an estimate)"
-                .into(),
-        );
-    }
-    if let Some((b, p)) = extra.makespan {
+        String::new()
+    };
+    lines.push(format!(
+        "{:<18} {:>7.1} ms{vs}",
+        "trainplan", p.planned.iteration_ms
+    ));
+    if let Some(lb) = p.lower_bound_ms {
         lines.push(format!(
-            "makespan           {:.1} ms → {:.1} ms   (one step until its GPU work drains; the \
-             iteration above is the steady-state period)",
-            b as f64 / 1e6,
-            p as f64 / 1e6
+            "{:<18} {lb:>7.1} ms   (the plan if synchronisation were free)",
+            "lower bound"
         ));
     }
-    if !extra.lines.is_empty() {
-        lines.push(String::new());
-        lines.extend(extra.lines.iter().cloned());
+    match (p.baseline.peak_memory_bytes, p.planned.peak_memory_bytes) {
+        (Some(b), Some(a)) => lines.push(format!("peak memory        {} → {}", gb(b), gb(a))),
+        _ => lines.push(
+            "peak memory        not modelled: not in the trace (record with profile_memory=True, \
+             or record_shapes=True for an estimate)"
+                .into(),
+        ),
     }
     lines.push(String::new());
-    lines.push(format!("{} decisions:", plan.decisions.len()));
+    lines.push(format!(
+        "{} decisions, each applied by the {} export:",
+        plan.decisions.len(),
+        w.framework
+    ));
     for d in plan.decisions.iter().take(12) {
         let what = if !d.tensors.is_empty() {
             format!("{} tensors", d.tensors.len())
@@ -633,24 +956,21 @@ fn report(
             plan.decisions.len() - 12
         ));
     }
-    lines.push(String::new());
-    lines.push(format!(
-        "search: {:?}, {} replays in {} rounds, {:.1} s ({:?}); plan written to {}",
-        plan.search.strategy,
-        outcome.replays,
-        outcome.rounds,
-        outcome.wall.as_secs_f64(),
-        outcome.stop,
-        a.output.display()
-    ));
-    lines.push(format!(
-        "next: trainplan export {} --to pytorch",
-        a.output.display()
-    ));
-    for l in lines {
-        writeln!(o, "{l}").map_err(CliError::stdout)?;
+    if !plan.advice.is_empty() {
+        lines.push(String::new());
+        lines.push(format!(
+            "advice, not counted ({} cannot apply it):",
+            w.framework
+        ));
+        for x in &plan.advice {
+            lines.push(format!(
+                "  {:>+8.2} ms  {:<18} {}",
+                x.effect_ms, x.pass, x.why_not
+            ));
+        }
     }
-    Ok(())
+    lines.push(String::new());
+    lines
 }
 
 #[cfg(test)]
@@ -667,6 +987,20 @@ mod tests {
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("16 parsecs").is_err());
         assert!(parse_bytes("0").is_err());
+    }
+
+    /// Finding 8: a plan as fast as its baseline is never "0.99x faster".
+    #[test]
+    fn speed_words() {
+        assert_eq!(
+            versus(1.234, "ddp_default"),
+            "1.23x faster than ddp_default"
+        );
+        assert_eq!(
+            versus(0.996, "ddp_default"),
+            "as fast as ddp_default: it is already the best setting found"
+        );
+        assert_eq!(versus(0.5, "none"), "2.00x slower than none");
     }
 
     #[test]

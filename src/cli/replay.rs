@@ -114,6 +114,8 @@ pub struct TraceInput {
     pub step_end: crate::graph::OpId,
     /// Set when the rank was extrapolated to a cluster (`--trace FILE --cluster C`).
     pub extrapolated: Option<Extrapolation>,
+    /// World size of the recorded run (`distributedInfo`; 1 when the trace has none).
+    pub world_size: u32,
     /// How each local op's work is known (for the uncertainty `whatif` states).
     pub work_source: Vec<crate::trace::work::WorkSource>,
     /// Collectives re-derived to wait for the rank's absent peers.
@@ -174,6 +176,12 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     for w in &trace.warnings {
         tracing::warn!(file = %file, "{w}");
     }
+    let world_size = trace
+        .distributed
+        .as_ref()
+        .and_then(|d| d.world_size)
+        .unwrap_or(1)
+        .clamp(1, 1 << 20) as u32;
     let mut built =
         crate::trace::graph::build_job(&trace, &file, i.step).map_err(CliError::bad_input)?;
     for w in &built.warnings {
@@ -234,6 +242,7 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
             window: built.window,
             step_end: built.step_end,
             extrapolated,
+            world_size,
             work_source: built.work_source,
             peer_waits: built.peer_waits,
         }),

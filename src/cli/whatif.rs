@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::output::{gb, ms};
 use super::replay::input_job;
-use super::{CliError, ListArgs, WhatifArgs};
+use super::{CliError, PassesArgs, WhatifArgs};
 use crate::passes::{self, Evaluated, KnobKind, Pass, PassError};
 use crate::replay::breakdown::critical_path_items;
 
@@ -41,8 +41,8 @@ pub fn all_passes(files: &[std::path::PathBuf]) -> Result<Vec<Box<dyn Pass>>, Cl
 }
 
 /// `trainplan passes`.
-pub fn passes_cmd(a: &ListArgs) -> Result<(), CliError> {
-    let list = all_passes(&[])?;
+pub fn passes_cmd(a: &PassesArgs) -> Result<(), CliError> {
+    let list = all_passes(&a.pass_file)?;
     let mut o = out();
     if a.json {
         let v: Vec<_> = list

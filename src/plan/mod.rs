@@ -34,10 +34,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::config::Dtype;
+use crate::cost::framework::Framework;
 use crate::graph::job::Job;
-use crate::search::{Decision, StopReason, Strategy};
+use crate::search::{Advice, Decision, StopReason, Strategy};
 
 pub mod emit;
+pub mod svg;
 
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -55,6 +57,10 @@ pub struct Workload {
     /// Whose names the plan uses: `zoo` (the zoo's PyTorch-style names) or `trace` (the
     /// trace's own operator and parameter names).
     pub names: String,
+    /// The framework the plan is for: every counted decision is applied by its export
+    /// (`plan --framework`; plans without the key were made for `pytorch`).
+    #[serde(default)]
+    pub framework: Framework,
 }
 
 /// One predicted point.
@@ -62,19 +68,26 @@ pub struct Workload {
 #[serde(deny_unknown_fields)]
 pub struct Point {
     pub iteration_ms: f64,
-    pub peak_memory_bytes: u64,
+    /// Peak memory per GPU; `null` when the input does not model memory (a trace without
+    /// memory events).
+    pub peak_memory_bytes: Option<u64>,
 }
 
 /// Predictions before and after.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Predicted {
+    /// Which baseline `baseline` is: the framework's default (`ddp_default`, …,
+    /// `as_recorded` for a trace), or `none` when the run stopped before it was evaluated.
+    #[serde(default)]
+    pub baseline_name: String,
     pub baseline: Point,
     pub planned: Point,
     pub speedup: f64,
     /// The planned job's iteration time if synchronisation cost nothing: what no further
     /// communication-side change (fusion, partition, scheduling, compression) can beat.
-    pub lower_bound_ms: f64,
+    /// `null` when an interrupt or the budget left no time to replay it.
+    pub lower_bound_ms: Option<f64>,
 }
 
 /// The end state of the planned job, in the terms the framework emitters need.
@@ -131,6 +144,10 @@ pub struct Plan {
     /// What each framework default would take, ms.
     pub baselines: BTreeMap<String, f64>,
     pub decisions: Vec<Decision>,
+    /// Moves the framework's export cannot apply, with their predicted effect on the planned
+    /// job: not counted in `predicted.planned`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advice: Vec<Advice>,
     pub config: FinalConfig,
     pub search: SearchStats,
 }
@@ -186,7 +203,15 @@ impl FinalConfig {
             .map(|t| (t.name.clone(), t.bytes))
             .collect();
         let mut passes = Vec::new();
-        let fused_ops: Vec<Vec<String>> = job.local.fused.values().cloned().collect();
+        // Op fusion's clusters (compute kernels of the forward or backward), not fused-adam's
+        // merged optimizer updates, which no compiler region stands for.
+        let fused_ops: Vec<Vec<String>> = job
+            .local
+            .fused
+            .values()
+            .filter(|m| !m.iter().any(|x| x.ends_with(" UPDATE")))
+            .cloned()
+            .collect();
         let (mut k, mut recompute) = (1, Vec::<String>::new());
         for d in decisions {
             match d.pass.as_str() {

@@ -69,6 +69,8 @@
 //! with the caller's evaluator (the full graph, or the symmetric form). Deterministic: syncs are
 //! ordered by (ready time, index), grid points by index, and nothing depends on thread count.
 
+use std::collections::BTreeMap;
+
 use rayon::prelude::*;
 
 use crate::cost::framework::{Framework, SyncDefault};
@@ -111,6 +113,9 @@ pub struct Baseline {
     pub eval: Evaluated,
     /// One line: what was set and what it gave.
     pub config: String,
+    /// The framework setting that gives it, for the export (`bucket_cap_bytes`,
+    /// `threshold_bytes`, `cycle_ms`, `partition_bytes`, `combine_threshold_bytes`, `auto_jit`).
+    pub knobs: BTreeMap<String, String>,
 }
 
 /// A job evaluator (the full graph, or the symmetric form).
@@ -174,6 +179,7 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
                         job: j,
                         eval,
                         config,
+                        knobs: BTreeMap::new(),
                     }))
                 })
                 .collect::<Result<Vec<Option<Baseline>>, PassError>>()
@@ -191,6 +197,7 @@ pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassE
             job.syncs.len()
         ),
         eval: none,
+        knobs: BTreeMap::new(),
     });
     out.extend(fixed);
     out.push(tuned);
@@ -225,6 +232,7 @@ pub fn recorded(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassEr
         job: job.clone(),
         eval,
         config,
+        knobs: BTreeMap::new(),
     }])
 }
 
@@ -238,11 +246,24 @@ pub fn framework_default(
     fw: Framework,
     evaluate: &Evaluator,
 ) -> Result<(Job, String), PassError> {
+    let ready = match fw.default_sync() {
+        SyncDefault::PerTensor | SyncDefault::Partitions { .. } => Vec::new(),
+        _ => ready_times(&evaluate(job.clone()).map_err(edit_err(fw.name()))?),
+    };
+    default_from_ready(job, fw, &ready)
+}
+
+/// [`framework_default`] with the per-tensor job's ready times already known (`plan`'s
+/// baselines have them from the `none` row). PyTorch's buckets follow autograd's order
+/// ([`autograd_order`], as `plan` and the export do), else the ready order.
+pub fn default_from_ready(
+    job: &Job,
+    fw: Framework,
+    ready_ns: &[u64],
+) -> Result<(Job, String), PassError> {
     let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
     let name = fw.name();
-    let ready = || -> Result<Vec<u64>, PassError> {
-        Ok(ready_times(&evaluate(job.clone()).map_err(edit_err(name))?))
-    };
+    let ready = || -> Result<Vec<u64>, PassError> { Ok(ready_ns.to_vec()) };
     let n = job.syncs.len();
     match fw.default_sync() {
         SyncDefault::PerTensor => {
@@ -252,7 +273,9 @@ pub fn framework_default(
             first_bytes,
             bytes: cap,
         } => {
-            let order = ready_order(&ready()?);
+            let order = autograd_order(job, is_half(job.dtype))
+                .filter(|_| fw == Framework::Pytorch)
+                .map_or_else(|| ready().map(|r| ready_order(&r)), Ok)?;
             let buckets = buckets_by_size(&bytes, &order, first_bytes, cap);
             let cfg = format!(
                 "DDP buckets of {} MiB (first {} MiB) in gradient-ready order: {} buckets for {n} tensors",
@@ -459,6 +482,300 @@ pub fn ready_times(e: &Evaluated) -> Vec<u64> {
                 .unwrap_or(0)
         })
         .collect()
+}
+
+/// The order PyTorch's autograd makes the gradients of a zoo job ready, as sync indices (one
+/// tensor per sync), or `None` when the job is not shaped so (a trace, fused syncs).
+///
+/// Autograd runs the backward nodes that are ready by their sequence number, highest first: the
+/// node created last in the forward pass runs first. So where the backward branches (a
+/// residual block's downsample and main path, attention's query, key and value), the branch
+/// computed last in the forward finishes its gradients first — not the one the replay's GPU
+/// stream happens to start first. The bucket boundaries of DDP follow this order (checked
+/// against real PyTorch in `tests/frameworks/torch_ddp.py`): a topological order of the BW ops,
+/// the ready op with the highest layer index first (zoo layers are in forward order); within a
+/// layer in the order its backward returns them: a convolution or normalisation the weight
+/// first; a linear layer (`addmm`) in fp32 the bias first (its gradient goes straight to its
+/// accumulator while the weight's passes `t()` first), under `autocast` the weight first (both
+/// pass a cast node, the bias's created first, so run last). Measured on real PyTorch 2.9.
+pub fn autograd_order(job: &Job, autocast: bool) -> Option<Vec<usize>> {
+    let l = &job.local;
+    let mut bw_of_layer = std::collections::BTreeMap::new();
+    let mut linear = std::collections::BTreeSet::new();
+    for (i, op) in l.ops.iter().enumerate() {
+        if op.spec.phase == Phase::Bw && op.spec.kind == OpKind::Compute {
+            if bw_of_layer.insert(op.spec.layer, i).is_some() {
+                return None;
+            }
+            if op
+                .work
+                .is_some_and(|w| w.class == crate::cost::kernel::OpClass::Gemm)
+            {
+                linear.insert(op.spec.layer);
+            }
+        }
+    }
+    let mut indeg: BTreeMap<usize, usize> = bw_of_layer.values().map(|&i| (i, 0)).collect();
+    let mut succ: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for &(a, b) in &l.edges {
+        let (a, b) = (a as usize, b as usize);
+        if indeg.contains_key(&a) && indeg.contains_key(&b) {
+            *indeg.get_mut(&b)? += 1;
+            succ.entry(a).or_default().push(b);
+        }
+    }
+    let mut heap: std::collections::BinaryHeap<(u32, usize)> = indeg
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(&i, _)| (l.ops[i].spec.layer, i))
+        .collect();
+    let mut pos_of_layer = BTreeMap::new();
+    while let Some((layer, i)) = heap.pop() {
+        let n = pos_of_layer.len();
+        pos_of_layer.insert(layer, n);
+        for &s in succ.get(&i).map(Vec::as_slice).unwrap_or(&[]) {
+            let d = indeg.get_mut(&s)?;
+            *d -= 1;
+            if *d == 0 {
+                heap.push((l.ops[s].spec.layer, s));
+            }
+        }
+    }
+    let mut keyed = Vec::with_capacity(job.syncs.len());
+    for (i, s) in job.syncs.iter().enumerate() {
+        let [t] = s.tensors.as_slice() else {
+            return None;
+        };
+        let tensor = l.tensors.get(*t as usize)?;
+        let pos = *pos_of_layer.get(&tensor.layer)?;
+        let first = if linear.contains(&tensor.layer) {
+            tensor
+                .name
+                .ends_with(if autocast { ".weight" } else { ".bias" })
+        } else {
+            tensor.name.ends_with(".weight")
+        };
+        keyed.push(((pos, !first, *t), i));
+    }
+    keyed.sort();
+    Some(keyed.into_iter().map(|(_, i)| i).collect())
+}
+
+/// fp16 or bf16: the dtypes `torch.autocast` runs in.
+pub fn is_half(d: crate::cost::config::Dtype) -> bool {
+    matches!(
+        d,
+        crate::cost::config::Dtype::Fp16 | crate::cost::config::Dtype::Bf16
+    )
+}
+
+/// How DDP lays out a PyTorch plan's buckets: it fills them in the order autograd makes the
+/// gradients ready, closing one at `first_bytes` (the first) or `cap_bytes`, and that order
+/// depends on the dtype ([`autograd_order`]: autocast puts a linear layer's weight before its
+/// bias). The search evaluates every job through [`DdpLayout::apply`], so a move that turns
+/// AMP on is priced with the buckets DDP will really build, and the plan's groups are those
+/// buckets (issue 13, finding 2). Orders are tensor ids, fixed on the unoptimised job (compiled
+/// regions run eagerly until DDP has rebuilt its buckets, so fusion does not change them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DdpLayout {
+    pub first_bytes: u64,
+    pub cap_bytes: u64,
+    /// Gradient-ready order in fp32, as tensor ids.
+    pub fp32: Vec<u32>,
+    /// The same under autocast.
+    pub autocast: Vec<u32>,
+}
+
+impl DdpLayout {
+    /// The layout of `job` (one collective per tensor, as the baselines see it) with these
+    /// caps; `None` when its autograd order is unknown (a trace, fused syncs).
+    pub fn of(job: &Job, first_bytes: u64, cap_bytes: u64) -> Option<DdpLayout> {
+        let ids = |order: Vec<usize>| -> Option<Vec<u32>> {
+            order
+                .into_iter()
+                .map(|i| match job.syncs[i].tensors.as_slice() {
+                    [t] => Some(*t),
+                    _ => None,
+                })
+                .collect()
+        };
+        Some(DdpLayout {
+            first_bytes,
+            cap_bytes,
+            fp32: ids(autograd_order(job, false)?)?,
+            autocast: ids(autograd_order(job, true)?)?,
+        })
+    }
+
+    /// The caps of a PyTorch baseline (`ddp_default`: first bucket 1 MiB, then 25 MiB;
+    /// `ddp_tuned`: its `bucket_cap_bytes` for all), or `None` for another baseline.
+    pub fn caps(name: &str, knobs: &BTreeMap<String, String>) -> Option<(u64, u64)> {
+        match name {
+            "ddp_default" => Some((DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)),
+            "ddp_tuned" => {
+                let c: u64 = knobs.get("bucket_cap_bytes")?.parse().ok()?;
+                Some((c, c))
+            }
+            _ => None,
+        }
+    }
+
+    /// `job` with its collectives regrouped into the buckets DDP builds for its dtype: every
+    /// collective is split into its tensors (each keeps the op that makes it ready and the op
+    /// that waits for it) and the tensors are bucketed in this layout's order. The job is
+    /// returned unchanged when that grouping is already its own, or when a collective cannot be
+    /// split so (partitioned, or not one ready op per tensor).
+    ///
+    /// A job with DDP's bucket copies (`ddp_default`: [`with_buffer_copies`]) is regrouped
+    /// without them — each tensor's ready and waiting ops are its `Out` and `In` — and gets the
+    /// copies of its new buckets back.
+    pub fn apply(&self, job: Job) -> Job {
+        let Some(plain) = without_bucket_copies(&job) else {
+            return self.apply_plain(job);
+        };
+        let regrouped = self.apply_plain(plain.clone());
+        if regrouped.syncs.len() == job.syncs.len()
+            && regrouped
+                .syncs
+                .iter()
+                .zip(&job.syncs)
+                .all(|(a, b)| a.tensors == b.tensors)
+        {
+            return job;
+        }
+        with_buffer_copies(regrouped, 4.0, 2.0, true).unwrap_or(job)
+    }
+
+    fn apply_plain(&self, job: Job) -> Job {
+        let order = if is_half(job.dtype) {
+            &self.autocast
+        } else {
+            &self.fp32
+        };
+        let mut split: Vec<Sync> = Vec::new();
+        let mut pos_of_tensor: BTreeMap<u32, usize> = BTreeMap::new();
+        for s in &job.syncs {
+            let n = s.tensors.len();
+            let whole: u64 = s
+                .tensors
+                .iter()
+                .map(|&t| job.local.tensors[t as usize].bytes)
+                .sum();
+            if s.partitions != 1 || s.ready.len() != n || (s.done.len() != n && !s.done.is_empty())
+            {
+                return job;
+            }
+            let mut left = s.bytes;
+            for (k, &t) in s.tensors.iter().enumerate() {
+                let b = if k + 1 == n || whole == 0 {
+                    left
+                } else {
+                    let tb = job.local.tensors[t as usize].bytes as u128;
+                    ((s.bytes as u128 * tb) / whole as u128) as u64
+                };
+                left -= b.min(left);
+                pos_of_tensor.insert(t, split.len());
+                split.push(Sync {
+                    tensors: vec![t],
+                    bytes: b,
+                    partitions: 1,
+                    ready: vec![s.ready[k]],
+                    done: if s.done.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![s.done[k]]
+                    },
+                });
+            }
+        }
+        let Some(idx): Option<Vec<usize>> = order
+            .iter()
+            .map(|t| pos_of_tensor.get(t).copied())
+            .collect()
+        else {
+            return job;
+        };
+        if idx.len() != split.len() {
+            return job;
+        }
+        let bytes: Vec<u64> = split.iter().map(|s| s.bytes).collect();
+        let groups = buckets_by_size(&bytes, &idx, self.first_bytes, self.cap_bytes);
+        let same = groups.len() == job.syncs.len()
+            && groups.iter().zip(&job.syncs).all(|(g, s)| {
+                g.len() == s.tensors.len()
+                    && g.iter()
+                        .zip(&s.tensors)
+                        .all(|(&i, t)| split[i].tensors[0] == *t)
+            });
+        if same {
+            return job;
+        }
+        let mut per_tensor = job.clone();
+        per_tensor.syncs = split;
+        fused_job(&per_tensor, &groups, &[]).unwrap_or(job)
+    }
+}
+
+/// `job` without the bucket copies [`with_buffer_copies`] inserted (the copy ops and their
+/// launches removed, each sync's ready and waiting ops back to its tensors' `Out` and `In`), or
+/// `None` when it has none.
+fn without_bucket_copies(job: &Job) -> Option<Job> {
+    let ops = &job.local.ops;
+    let is_copy = |o: OpId| {
+        let op = &ops[o as usize];
+        op.spec.kind == OpKind::Compute
+            && op.spec.phase == Phase::Comm
+            && op
+                .work
+                .is_some_and(|w| w.class == crate::cost::kernel::OpClass::Copy)
+    };
+    if !job
+        .syncs
+        .iter()
+        .any(|s| s.ready.iter().chain(&s.done).any(|&o| is_copy(o)))
+        && !job
+            .local
+            .edges
+            .iter()
+            .any(|&(a, b)| is_copy(a) && ops[b as usize].spec.phase == Phase::Update)
+    {
+        return None;
+    }
+    let mut out_of = BTreeMap::new();
+    let mut in_of = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        if op.spec.phase != Phase::Comm {
+            continue;
+        }
+        match op.spec.kind {
+            OpKind::Out => {
+                out_of.insert(op.spec.tensor, i as OpId);
+            }
+            OpKind::In => {
+                in_of.insert(op.spec.tensor, i as OpId);
+            }
+            _ => {}
+        }
+    }
+    let copies: Vec<OpId> = (0..ops.len() as OpId).filter(|&o| is_copy(o)).collect();
+    let launches: Vec<OpId> = job
+        .local
+        .edges
+        .iter()
+        .filter(|&&(a, b)| is_copy(b) && ops[a as usize].spec.kind == OpKind::Launch)
+        .map(|&(a, _)| a)
+        .collect();
+    let mut ed = job.edit();
+    for s in ed.job_mut().syncs.iter_mut() {
+        let ready: Option<Vec<OpId>> = s.tensors.iter().map(|t| out_of.get(t).copied()).collect();
+        let done: Option<Vec<OpId>> = s.tensors.iter().map(|t| in_of.get(t).copied()).collect();
+        s.ready = ready?;
+        s.done = done?;
+    }
+    // The copies first (their launches then bridge only the host's program order).
+    ed.remove(&copies).ok()?;
+    ed.remove(&launches).ok()?;
+    ed.finish().ok()
 }
 
 /// Sync indices sorted by (ready time, index).
@@ -737,7 +1054,239 @@ fn horovod_autotune(
         job: best.1,
         eval: best.2,
         config: best.3,
+        knobs: BTreeMap::new(),
     })
+}
+
+/// `bucket_cap_mb` values `ddp_tuned` tries (MiB). With an explicit cap, DDP closes every bucket
+/// at the cap, the first included (`first_bucket_bytes_cap` = `bucket_bytes_cap` unless the cap
+/// is left at its default).
+pub const DDP_CAPS_MIB: [u64; 10] = [1, 2, 4, 8, 16, 25, 50, 100, 200, 400];
+/// `BYTEPS_PARTITION_BYTES` values `byteps_tuned` tries (MiB; 1,024 MiB cuts nothing).
+pub const BYTEPS_PARTITION_MIB: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 256, 1024];
+/// `--xla_gpu_all_reduce_combine_threshold_bytes` values `jax_tuned` tries (MiB; 0: no combining).
+pub const JAX_THRESHOLDS_MIB: [u64; 10] = [0, 1, 2, 4, 8, 16, 30, 64, 128, 256];
+
+/// One grid point of a tuned baseline: its job, what it set, and the knobs the export needs.
+type Point = (Job, String, BTreeMap<String, String>);
+
+fn knobs(kv: &[(&str, String)]) -> BTreeMap<String, String> {
+    kv.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+/// The fastest of `points` (ties: the first), evaluated in parallel; points not started when
+/// `stop()` turns true are skipped. `None` when none was evaluated.
+fn best_point(
+    name: &'static str,
+    points: Vec<Point>,
+    evaluate: &Evaluator,
+    stop: &(dyn Fn() -> bool + std::marker::Sync),
+) -> Result<Option<Baseline>, PassError> {
+    let n = points.len();
+    let evaluated: Vec<Option<(usize, Baseline)>> = points
+        .into_par_iter()
+        .enumerate()
+        .map(|(i, (job, config, knobs))| {
+            if stop() {
+                return Ok(None);
+            }
+            let mut eval = evaluate(job.clone()).map_err(edit_err(name))?;
+            super::lean(&mut eval);
+            let config = if n > 1 {
+                format!("{config} (best of {n} settings)")
+            } else {
+                config
+            };
+            Ok(Some((
+                i,
+                Baseline {
+                    name,
+                    job,
+                    eval,
+                    config,
+                    knobs,
+                },
+            )))
+        })
+        .collect::<Result<_, PassError>>()?;
+    Ok(evaluated
+        .into_iter()
+        .flatten()
+        .min_by_key(|(i, b)| (b.eval.iteration_ns(), *i))
+        .map(|(_, b)| b))
+}
+
+/// The baselines a user of `fw` would otherwise get, evaluated on `job` (one collective per
+/// gradient tensor), `none` first: its default and the best setting of its own
+/// synchronisation knob — every one a setting `fw`'s export can write, so the search may start
+/// from it. Stops early (returning what it has) when `stop()` turns true.
+///
+/// | framework | baselines after `none` |
+/// |---|---|
+/// | pytorch | `ddp_default` (25 MiB, first 1 MiB), `ddp_tuned` (best `bucket_cap_mb` of [`DDP_CAPS_MIB`]) |
+/// | horovod | `horovod_default` (128 MiB, 1 ms), `horovod_autotune` (threshold × cycle grid) |
+/// | byteps | `byteps_default` (4,096,000 B), `byteps_tuned` (best of [`BYTEPS_PARTITION_MIB`]) |
+/// | tf | `tf_default` (one pack), `xla_default` (the same with XLA auto-clustering) |
+/// | jax | `jax_default` (30 MiB combiner), `jax_tuned` (best of [`JAX_THRESHOLDS_MIB`]) |
+pub fn for_framework(
+    job: &Job,
+    fw: Framework,
+    evaluate: &Evaluator,
+    stop: &(dyn Fn() -> bool + std::marker::Sync),
+) -> Result<Vec<Baseline>, PassError> {
+    let mut none = evaluate(job.clone()).map_err(edit_err("none"))?;
+    let ready = ready_times(&none);
+    super::lean(&mut none);
+    let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+    let order = match fw {
+        Framework::Pytorch => {
+            autograd_order(job, is_half(job.dtype)).unwrap_or_else(|| ready_order(&ready))
+        }
+        _ => ready_order(&ready),
+    };
+    let n = job.syncs.len();
+    let mut out = vec![Baseline {
+        name: "none",
+        job: job.clone(),
+        config: format!("one collective per gradient tensor in ready order: {n} syncs"),
+        eval: none,
+        knobs: BTreeMap::new(),
+    }];
+    let bucketed = |first: u64, cap: u64| -> Result<(Job, usize), PassError> {
+        let groups = buckets_by_size(&bytes, &order, first, cap);
+        let len = groups.len();
+        Ok((
+            fused_job(job, &groups, &[]).map_err(edit_err(fw.name()))?,
+            len,
+        ))
+    };
+    let mib = |b: u64| format!("{}", b >> 20);
+    // The framework's default: the same rewrite `replay` and `whatif` start from.
+    let (default_name, default_knobs) = match fw {
+        Framework::Pytorch => ("ddp_default", BTreeMap::new()),
+        Framework::Horovod => {
+            let SyncDefault::Fusion {
+                threshold_bytes,
+                cycle_ns,
+            } = fw.default_sync()
+            else {
+                unreachable!("Horovod's default is tensor fusion")
+            };
+            (
+                "horovod_default",
+                knobs(&[
+                    ("threshold_bytes", threshold_bytes.to_string()),
+                    ("cycle_ms", format!("{}", cycle_ns as f64 / 1e6)),
+                ]),
+            )
+        }
+        Framework::Byteps => (
+            "byteps_default",
+            knobs(&[("partition_bytes", BYTEPS_PARTITION_BYTES.to_string())]),
+        ),
+        Framework::Tf => ("tf_default", BTreeMap::new()),
+        Framework::Jax => ("jax_default", BTreeMap::new()),
+    };
+    let (dj, dcfg) = default_from_ready(job, fw, &ready)?;
+    let default_job = dj.clone();
+    out.extend(best_point(
+        default_name,
+        vec![(dj, dcfg, default_knobs)],
+        evaluate,
+        stop,
+    )?);
+    let mut push = |b: Option<Baseline>| out.extend(b);
+    match fw {
+        Framework::Pytorch => {
+            let mut points = Vec::new();
+            for c in DDP_CAPS_MIB {
+                let (j, len) = bucketed(c << 20, c << 20)?;
+                let cfg = format!("bucket_cap_mb {c}: {len} buckets for {n} tensors");
+                points.push((
+                    j,
+                    cfg,
+                    knobs(&[("bucket_cap_bytes", (c << 20).to_string())]),
+                ));
+            }
+            push(best_point("ddp_tuned", points, evaluate, stop)?);
+        }
+        Framework::Horovod => {
+            let mut points = Vec::new();
+            for t in AUTOTUNE_THRESHOLDS_MIB {
+                for c in AUTOTUNE_CYCLES_US {
+                    let ticks = horovod_groups(&bytes, &ready, t << 20, c * 1000);
+                    let j = horovod_job(job, &ticks).map_err(edit_err("horovod_autotune"))?;
+                    let cfg = horovod_config(t << 20, c * 1000, &ticks);
+                    let k = knobs(&[
+                        ("threshold_bytes", (t << 20).to_string()),
+                        ("cycle_ms", format!("{}", c as f64 / 1000.0)),
+                    ]);
+                    points.push((j, cfg, k));
+                }
+            }
+            push(best_point("horovod_autotune", points, evaluate, stop)?);
+        }
+        Framework::Byteps => {
+            let cut = |piece: u64| -> Result<Point, PassError> {
+                let edits: Vec<Edit> = job
+                    .syncs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let k = u32::try_from(s.bytes.div_ceil(piece).max(1)).unwrap_or(u32::MAX);
+                        (k > 1).then_some(Edit::PartitionSync { sync: i, k })
+                    })
+                    .collect();
+                let cut = edits.len();
+                let j = passes::apply(
+                    job,
+                    &Patch {
+                        pass: "byteps".into(),
+                        why: format!("BYTEPS_PARTITION_BYTES={piece}"),
+                        edits,
+                    },
+                )?;
+                let cfg = format!("partition bytes {piece}: {cut} of {n} tensors cut");
+                Ok((j, cfg, knobs(&[("partition_bytes", piece.to_string())])))
+            };
+            let points = BYTEPS_PARTITION_MIB
+                .iter()
+                .map(|&m| cut(m << 20))
+                .collect::<Result<Vec<_>, _>>()?;
+            push(best_point("byteps_tuned", points, evaluate, stop)?);
+        }
+        Framework::Tf => {
+            if !stop() {
+                let packed = evaluate(default_job).map_err(edit_err("xla_default"))?;
+                let (xj, xcfg) = xla_default(&packed)?;
+                let k = knobs(&[("auto_jit", "2".into())]);
+                push(best_point(
+                    "xla_default",
+                    vec![(xj, xcfg, k)],
+                    evaluate,
+                    stop,
+                )?);
+            }
+        }
+        Framework::Jax => {
+            let mut points = Vec::new();
+            for m in JAX_THRESHOLDS_MIB {
+                // Threshold 0: every gradient its own all-reduce.
+                let (j, len) = bucketed((m << 20).max(1), (m << 20).max(1))?;
+                let cfg = format!(
+                    "combine threshold {} MiB: {len} collectives for {n} tensors",
+                    mib(m << 20)
+                );
+                points.push((
+                    j,
+                    cfg,
+                    knobs(&[("combine_threshold_bytes", (m << 20).to_string())]),
+                ));
+            }
+            push(best_point("jax_tuned", points, evaluate, stop)?);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -1095,5 +1644,103 @@ mod tests {
             assert_eq!(a.eval.iteration_ns(), b.eval.iteration_ns());
             assert_eq!(a.config, b.config);
         }
+    }
+
+    /// Finding 2 after AMP: autocast makes a linear layer's weight gradient ready before its
+    /// bias (fp32: the bias first), and DDP's buckets follow; `DdpLayout::apply` regroups a job
+    /// into exactly those buckets for its dtype and leaves a job already so grouped alone.
+    #[test]
+    fn ddp_layout_follows_the_dtype() {
+        let job = zoo_job("resnet50", "dpro-16xv100-tcp", 8);
+        let name = |j: &Job, i: usize| j.local.tensors[j.syncs[i].tensors[0] as usize].name.clone();
+        let pos =
+            |order: &[usize], n: &str| order.iter().position(|&i| name(&job, i) == n).unwrap();
+        let fp32 = autograd_order(&job, false).unwrap();
+        let amp = autograd_order(&job, true).unwrap();
+        assert!(pos(&fp32, "fc.bias") < pos(&fp32, "fc.weight"));
+        assert!(pos(&amp, "fc.weight") < pos(&amp, "fc.bias"));
+        // Convolutions and batch norms keep their order: only fc's two tensors swap.
+        let strip = |o: &[usize]| -> Vec<String> {
+            o.iter()
+                .map(|&i| name(&job, i))
+                .filter(|n| !n.starts_with("fc."))
+                .collect()
+        };
+        assert_eq!(strip(&fp32), strip(&amp));
+
+        let cap = 8 << 20;
+        let layout = DdpLayout::of(&job, cap, cap).unwrap();
+        let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+        let planned = fused_job(&job, &buckets_by_size(&bytes, &fp32, cap, cap), &[]).unwrap();
+        // Already DDP's fp32 buckets: unchanged.
+        assert_eq!(layout.apply(planned.clone()).syncs, planned.syncs);
+        // The same job under AMP: regrouped in the autocast order, every bucket closed where
+        // DDP closes it (at the first tensor that takes it to the cap).
+        let mut half = planned.clone();
+        half.dtype = crate::cost::config::Dtype::Fp16;
+        let re = layout.apply(half);
+        assert_ne!(re.syncs, planned.syncs);
+        let flat: Vec<String> = re
+            .syncs
+            .iter()
+            .flat_map(|s| {
+                s.tensors
+                    .iter()
+                    .map(|&t| job.local.tensors[t as usize].name.clone())
+            })
+            .collect();
+        let want: Vec<String> = amp.iter().map(|&i| name(&job, i)).collect();
+        assert_eq!(flat, want);
+        assert_eq!(flat[0], "fc.weight");
+        for s in &re.syncs[..re.syncs.len() - 1] {
+            let last = job.local.tensors[*s.tensors.last().unwrap() as usize].bytes;
+            assert!(s.bytes >= cap && s.bytes - last < cap, "{} B", s.bytes);
+            assert_eq!(s.ready.len(), s.tensors.len());
+        }
+        let total = |j: &Job| j.syncs.iter().map(|s| s.bytes).sum::<u64>();
+        assert_eq!(total(&re), total(&job));
+    }
+
+    /// The same with DDP's bucket copies (the `ddp_default` job the search starts from): the
+    /// job is regrouped in the autocast order and every new bucket has its two copies, as many
+    /// copy ops as buckets before and after.
+    #[test]
+    fn ddp_layout_regroups_a_job_with_bucket_copies() {
+        let job = zoo_job("resnet50", "dpro-16xv100-tcp", 8);
+        let (first, cap) = (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES);
+        let layout = DdpLayout::of(&job, first, cap).unwrap();
+        let (ddp, _) =
+            framework_default(&job, Framework::Pytorch, &|j| passes::evaluate(j)).unwrap();
+        let copies = |j: &Job| {
+            j.local
+                .ops
+                .iter()
+                .filter(|o| {
+                    o.spec.phase == Phase::Comm
+                        && o.work
+                            .is_some_and(|w| w.class == crate::cost::kernel::OpClass::Copy)
+                })
+                .count()
+        };
+        assert_eq!(copies(&ddp), 2 * ddp.syncs.len());
+        // fp32: already DDP's buckets, unchanged.
+        assert_eq!(layout.apply(ddp.clone()), ddp);
+        let name = |j: &Job, t: u32| j.local.tensors[t as usize].name.clone();
+        assert_eq!(name(&ddp, ddp.syncs[0].tensors[0]), "fc.bias");
+        let mut half = ddp.clone();
+        half.dtype = crate::cost::config::Dtype::Fp16;
+        let re = layout.apply(half);
+        // fc.weight (8 MB) alone fills the 1 MiB first bucket; fc.bias opens the second.
+        let first_bucket: Vec<String> = re.syncs[0].tensors.iter().map(|&t| name(&re, t)).collect();
+        assert_eq!(first_bucket, ["fc.weight"]);
+        assert_eq!(name(&re, re.syncs[1].tensors[0]), "fc.bias");
+        assert_eq!(copies(&re), 2 * re.syncs.len());
+        for s in &re.syncs {
+            // Ready when its pack copy ends; every tensor's `In` waits for it.
+            assert_eq!(s.ready.len(), 1);
+            assert_eq!(s.done.len(), s.tensors.len());
+        }
+        assert!(re.local_dfg().is_ok());
+        passes::evaluate(re).unwrap();
     }
 }

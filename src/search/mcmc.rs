@@ -39,8 +39,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::{
-    Ctx, Decision, Move, Progress, SearchError, StopReason, Walk, decision, in_full, lean_clone,
-    lean_from,
+    Ctx, Decision, Move, SearchError, StopReason, Walk, decision, in_full, lean_clone, lean_from,
 };
 use crate::passes::Evaluated;
 
@@ -168,12 +167,7 @@ pub(crate) fn run(ctx: &Ctx, start: Evaluated, mut replays: u64) -> Result<Walk,
             }
             moves = ctx.moves(&cur.eval, &cur.used)?;
         }
-        (ctx.progress)(&Progress {
-            best_ns: best.eval.iteration_ns(),
-            replays,
-            elapsed: ctx.start.elapsed(),
-            round: batches,
-        });
+        ctx.report(&best.eval, &best.path, replays, batches);
     };
     Ok(Walk {
         best: best.eval,

@@ -27,6 +27,7 @@
 //! **Invariant:** the search does no IO; progress goes through a callback.
 
 pub mod baselines;
+pub mod framework;
 pub mod mcmc;
 #[cfg(test)]
 mod quality;
@@ -38,6 +39,7 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use crate::cost::config::SyncScheme;
+use crate::cost::framework::Framework;
 use crate::graph::job::{Job, JobError};
 use crate::passes::{self, Edit, Evaluated, Pass, PassError, Patch};
 
@@ -98,6 +100,19 @@ pub struct SearchOptions {
     pub converge_rounds: usize,
     /// Relative gain below which those rounds count as converged (0.001 = 0.1 %).
     pub converge_gain: f64,
+    /// The framework whose export must apply every counted move, and whose names the plan
+    /// uses (`None`: every allowed pass counts, as for `whatif`-style studies).
+    pub framework: Option<(Framework, framework::Names)>,
+    /// Smallest relative gain an on/off move (AMP, fused Adam, a declarative pass) must bring to
+    /// be taken (0.001 = 0.1 % of the iteration): such a move changes how the user trains, and a
+    /// gain inside the model's noise is not worth recommending.
+    pub min_onoff_gain: f64,
+    /// When the budget ends (default: `budget` after the search starts). The CLI sets it from
+    /// the start of the whole run, so that baselines count against the budget too.
+    pub deadline: Option<Instant>,
+    /// PyTorch: the DDP bucket layout every evaluated job is regrouped into (set by the CLI
+    /// from the `ddp_*` start point; `None`: collectives as the moves leave them).
+    pub ddp: Option<baselines::DdpLayout>,
     /// Evaluations of graphs with at least this many ops are kept lean (default [`LEAN_OPS`];
     /// 0: always, `usize::MAX`: never — the plan is the same either way, tested).
     pub lean_ops: usize,
@@ -114,6 +129,10 @@ impl Default for SearchOptions {
             speedups: Speedups::default(),
             converge_rounds: 5,
             converge_gain: 0.001,
+            framework: None,
+            min_onoff_gain: 0.001,
+            deadline: None,
+            ddp: None,
             lean_ops: LEAN_OPS,
         }
     }
@@ -149,15 +168,35 @@ pub struct Decision {
     pub why: String,
     /// Change of the predicted iteration time, ms (negative = faster).
     pub effect_ms: f64,
+    /// How the plan's framework applies it (`search::framework::mechanism`); empty in plans
+    /// made without a framework.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mechanism: String,
 }
 
-/// What the search reports as it goes.
+/// A move the plan's framework cannot apply: its predicted effect on the planned job, and why
+/// it is not in the export. Never counted in `planned_iteration_ms`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Advice {
+    pub pass: String,
+    /// Change of the planned iteration time if it were applied too, ms (negative = faster).
+    pub effect_ms: f64,
+    /// Why the framework's export does not apply it.
+    pub why_not: String,
+}
+
+/// What the search reports as it goes: enough to write the best plan so far.
 #[derive(Clone, Copy, Debug)]
-pub struct Progress {
+pub struct Progress<'a> {
     pub best_ns: u64,
     pub replays: u64,
     pub elapsed: Duration,
     pub round: usize,
+    /// The best job so far and its peak memory per GPU, bytes.
+    pub best_job: &'a Job,
+    pub best_peak_bytes: u64,
+    /// The decisions from the search's start to it (the start's own decisions included).
+    pub decisions: &'a [Decision],
 }
 
 /// Why the search could not run or finish.
@@ -182,9 +221,12 @@ pub enum SearchError {
 pub struct Outcome {
     /// The unoptimised job, fully evaluated.
     pub baseline: Evaluated,
-    /// The best job found, fully evaluated.
+    /// The best job found, fully evaluated (with the search's evaluator when the budget or an
+    /// interrupt left no time for a full replay).
     pub best: Evaluated,
     pub decisions: Vec<Decision>,
+    /// Passes the framework cannot apply, evaluated on the best job (empty without a framework).
+    pub advice: Vec<Advice>,
     pub replays: u64,
     pub wall: Duration,
     pub stop: StopReason,
@@ -338,6 +380,20 @@ fn describe(job: &Job, patch: &Patch) -> (Vec<String>, Vec<String>, Option<u32>)
                 parts = Some(*k);
             }
             Edit::Merge { ops: m, .. } => ops.extend(m.iter().flat_map(|&o| job.local.members(o))),
+            // Recomputation inserts a copy of each dropped forward op right after the
+            // original (`after[0]`, see passes/recompute.rs): the plan names the originals, so
+            // that `config.recompute` lists the layers the export checkpoints.
+            Edit::Insert { spec, after, .. }
+                if patch.pass == "recompute" && spec.phase == crate::graph::Phase::Fw =>
+            {
+                if let Some(&f) = after.first() {
+                    for m in job.local.members(f) {
+                        if m.ends_with(" FW") && !ops.contains(&m) {
+                            ops.push(m);
+                        }
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -359,6 +415,12 @@ pub(crate) struct Ctx<'a> {
     pub(crate) interrupt: &'a AtomicBool,
     pub(crate) progress: &'a (dyn Fn(&Progress) + Sync),
     pub(crate) start: Instant,
+    /// When the budget ends.
+    pub(crate) deadline: Instant,
+    /// Peak memory the moves must keep to (None: unconstrained).
+    pub(crate) memory_budget: Option<u64>,
+    /// Decisions taken before the strategy started (baseline, memory step), for the reports.
+    pub(crate) prefix: Vec<Decision>,
 }
 
 /// Where a strategy ended: its best job, the decisions from its start to it, and the replays
@@ -376,7 +438,7 @@ impl Ctx<'_> {
     pub(crate) fn should_stop(&self) -> Option<StopReason> {
         if self.interrupt.load(Ordering::Relaxed) {
             Some(StopReason::Interrupted)
-        } else if self.start.elapsed() >= self.opts.budget {
+        } else if Instant::now() >= self.deadline {
             Some(StopReason::Budget)
         } else {
             None
@@ -385,9 +447,32 @@ impl Ctx<'_> {
 
     /// Within the memory budget (if any).
     pub(crate) fn fits(&self, e: &Evaluated) -> bool {
-        self.opts
-            .memory_budget
-            .is_none_or(|b| e.memory.peak_bytes <= b)
+        self.memory_budget.is_none_or(|b| e.memory.peak_bytes <= b)
+    }
+
+    /// Whether `next` is worth taking over `cur` with move `m`: faster, and for an on/off pass
+    /// by at least [`SearchOptions::min_onoff_gain`].
+    pub(crate) fn worth(&self, m: &Move, cur: &Evaluated, next: &Evaluated) -> bool {
+        let (c, n) = (cur.iteration_ns() as f64, next.iteration_ns() as f64);
+        if n >= c {
+            return false;
+        }
+        is_granular(&self.allowed, &m.pass) || (c - n) >= self.opts.min_onoff_gain * c
+    }
+
+    /// Tell the caller where the walk stands.
+    pub(crate) fn report(&self, best: &Evaluated, walk: &[Decision], replays: u64, round: usize) {
+        let mut all = self.prefix.clone();
+        all.extend_from_slice(walk);
+        (self.progress)(&Progress {
+            best_ns: best.iteration_ns(),
+            replays,
+            elapsed: self.start.elapsed(),
+            round,
+            best_job: &best.job,
+            best_peak_bytes: best.memory.peak_bytes,
+            decisions: &all,
+        });
     }
 
     /// Every move of this round from `cur` (see [`candidate_moves`]).
@@ -407,12 +492,10 @@ impl Ctx<'_> {
         cur: &Evaluated,
         moves: &[&Move],
     ) -> Vec<Option<Evaluated>> {
-        let deadline = self.opts.budget.saturating_sub(self.start.elapsed());
-        let t0 = Instant::now();
         moves
             .par_iter()
             .map(|m| {
-                if self.interrupt.load(Ordering::Relaxed) || t0.elapsed() > deadline {
+                if self.interrupt.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
                     return None;
                 }
                 let job = passes::apply_all(&cur.job, &m.patches).ok()?;
@@ -457,6 +540,7 @@ pub(crate) fn decision(cur: &Evaluated, m: &Move, next: &Evaluated) -> Decision 
         knobs: Default::default(),
         why,
         effect_ms: (next.iteration_ns() as f64 - cur.iteration_ns() as f64) / 1e6,
+        mechanism: String::new(),
     }
 }
 
@@ -474,57 +558,259 @@ pub fn search(
     progress: &(dyn Fn(&Progress) + Sync),
 ) -> Result<Outcome, SearchError> {
     let start = Instant::now();
+    let baseline = evaluate_full(job.clone(), report_symmetric(&job), opts.lean_ops)?;
+    let eval = evaluator(opts.speedups.symmetry);
+    let (cur, prefix) = match from {
+        Some((j, d)) => (eval(j)?, vec![d]),
+        None => (eval(job)?, Vec::new()),
+    };
+    let mut out = search_from(cur, prefix, opts, all, interrupt, progress)?;
+    out.baseline = baseline;
+    out.replays += 1;
+    out.wall = start.elapsed();
+    Ok(out)
+}
+
+/// The passes a search may use (`opts.passes`, else [`default_passes`]) split into those the
+/// framework's export applies and those it does not (all apply without a framework).
+pub fn split_passes(opts: &SearchOptions, all: &[Box<dyn Pass>]) -> (Vec<String>, Vec<String>) {
     let names = opts.passes.clone().unwrap_or_else(|| default_passes(all));
+    match opts.framework {
+        None => (names, Vec::new()),
+        Some((fw, n)) => names
+            .into_iter()
+            .partition(|p| framework::mechanism(fw, p, n).is_ok()),
+    }
+}
+
+/// The search from an evaluated start (`start`, reached by the decisions `prefix`). The
+/// outcome's `baseline` is `start` itself; [`search`] puts the unoptimised job there.
+///
+/// Memory (`opts.memory_budget`): when the start is over it, the strategy first runs without
+/// the constraint (moves such as AMP may bring the peak under it at no cost); if its best fits,
+/// that is the plan. Otherwise each memory option the passes allow (recomputation, gradient
+/// accumulation k = 2, 4, 8, 16) is tried on that best job and on the start, the strategy
+/// continues under the constraint from the fastest fitting one of each, and the faster result
+/// is the plan; none fitting is [`SearchError::Infeasible`].
+pub fn search_from(
+    start: Evaluated,
+    prefix: Vec<Decision>,
+    opts: &SearchOptions,
+    all: &[Box<dyn Pass>],
+    interrupt: &AtomicBool,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> Result<Outcome, SearchError> {
+    let started = Instant::now();
+    let (names, not_exported) = split_passes(opts, all);
     let mut allowed: Vec<&dyn Pass> = Vec::new();
     for n in &names {
         allowed.push(passes::find(all, n)?);
     }
-    let eval = evaluator(opts.speedups.symmetry);
-    let symmetric_report = report_symmetric(&job);
-    let baseline = evaluate_full(job.clone(), symmetric_report, opts.lean_ops)?;
-    let mut replays = 1u64;
-    let mut decisions = Vec::new();
-
-    // 1. Memory step.
-    let mut cur = match from {
-        Some((j, d)) => {
-            decisions.push(d);
-            eval(j)?
-        }
-        None => eval(job)?,
+    let memory_options: Vec<&str> = ["recompute", "grad-accumulation"]
+        .into_iter()
+        .filter(|p| match &opts.passes {
+            Some(list) => list.iter().any(|l| l == p),
+            None => true,
+        })
+        .filter(|p| {
+            opts.framework
+                .is_none_or(|(fw, n)| framework::mechanism(fw, p, n).is_ok())
+        })
+        .collect();
+    let plain = evaluator(opts.speedups.symmetry);
+    let eval = |job: Job| match &opts.ddp {
+        Some(layout) => plain(layout.apply(job)),
+        None => plain(job),
     };
-    replays += 1;
-    if let Some(budget) = opts.memory_budget.filter(|&b| cur.memory.peak_bytes > b) {
-        let (fit, step_replays, decision) = memory_step(&cur, budget, all, &eval, opts.lean_ops)?;
-        replays += step_replays;
-        decisions.push(decision);
-        cur = fit;
-    }
-
-    // 2. The strategy.
-    let ctx = Ctx {
+    let deadline = opts.deadline.unwrap_or(started + opts.budget);
+    let mut ctx = Ctx {
         allowed,
         opts,
         eval: &eval,
         interrupt,
         progress,
-        start,
+        start: started,
+        deadline,
+        memory_budget: opts.memory_budget,
+        prefix: prefix.clone(),
     };
-    let walk = match opts.strategy {
-        Strategy::CriticalPath => critical_path_rounds(&ctx, cur, replays)?,
-        Strategy::Mcmc => mcmc::run(&ctx, cur, replays)?,
+    let run = |ctx: &Ctx, cur: Evaluated, replays: u64| -> Result<Walk, SearchError> {
+        ctx.report(&cur, &[], replays, 0);
+        match opts.strategy {
+            Strategy::CriticalPath => critical_path_rounds(ctx, cur, replays),
+            Strategy::Mcmc => mcmc::run(ctx, cur, replays),
+        }
     };
-    decisions.extend(walk.decisions);
-    let best = evaluate_full(walk.best.job, symmetric_report, opts.lean_ops)?;
+    let over = |e: &Evaluated| opts.memory_budget.is_some_and(|b| e.memory.peak_bytes > b);
+    let (walk, decisions) = if !over(&start) {
+        let w = run(&ctx, start.clone(), 1)?;
+        let mut d = prefix.clone();
+        d.extend(w.decisions.iter().cloned());
+        (w, d)
+    } else {
+        let budget = opts.memory_budget.unwrap_or(u64::MAX);
+        // A. Unconstrained.
+        ctx.memory_budget = None;
+        let free = run(&ctx, start.clone(), 1)?;
+        ctx.memory_budget = opts.memory_budget;
+        let mut replays = free.replays;
+        if !over(&free.best) || free.stop != StopReason::Converged {
+            let mut d = prefix.clone();
+            d.extend(free.decisions.iter().cloned());
+            if over(&free.best) {
+                // Stopped early over the budget: the start plus the memory step is the plan.
+                let (fit, n, step) =
+                    memory_step(&start, budget, &memory_options, all, &eval, opts.lean_ops)?;
+                let mut d = prefix.clone();
+                d.push(step);
+                let w = Walk {
+                    best: fit,
+                    decisions: Vec::new(),
+                    replays: replays + n,
+                    stop: free.stop,
+                    rounds: free.rounds,
+                };
+                (w, d)
+            } else {
+                (free, d)
+            }
+        } else {
+            // B. A memory option on the unconstrained best and on the start, then constrained
+            // rounds from each; the faster wins.
+            let mut tries: Vec<(Walk, Vec<Decision>)> = Vec::new();
+            let mut smallest: Option<SearchError> = None;
+            let bases = [
+                (free.best.clone(), free.decisions.clone()),
+                (start.clone(), Vec::new()),
+            ];
+            for (base, path) in bases {
+                match memory_step(&base, budget, &memory_options, all, &eval, opts.lean_ops) {
+                    Ok((fit, n, step)) => {
+                        replays += n;
+                        let mut pre = prefix.clone();
+                        pre.extend(path);
+                        pre.push(step);
+                        ctx.prefix = pre.clone();
+                        let w = run(&ctx, fit, replays)?;
+                        replays = w.replays;
+                        pre.extend(w.decisions.iter().cloned());
+                        tries.push((w, pre));
+                    }
+                    Err(e @ SearchError::Infeasible { .. }) => {
+                        let keep = match (&smallest, &e) {
+                            (
+                                Some(SearchError::Infeasible { smallest_gb: a, .. }),
+                                SearchError::Infeasible { smallest_gb: b, .. },
+                            ) => b < a,
+                            _ => true,
+                        };
+                        if keep {
+                            smallest = Some(e);
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            match tries.into_iter().min_by_key(|(w, _)| w.best.iteration_ns()) {
+                Some((mut w, d)) => {
+                    w.replays = replays;
+                    (w, d)
+                }
+                None => return Err(smallest.expect("an infeasible option was recorded")),
+            }
+        }
+    };
+    let mut decisions = decisions;
+    if let Some((fw, n)) = opts.framework {
+        for d in &mut decisions {
+            let m = match d.pass.strip_prefix("baseline:") {
+                Some(b) => framework::baseline_mechanism(b),
+                None => framework::mechanism(fw, &d.pass, n),
+            };
+            if let Ok(m) = m {
+                d.mechanism = m.to_string();
+            }
+        }
+    }
+    let stop = walk.stop;
+    let out_of_time = stop != StopReason::Converged;
+    let mut replays = walk.replays;
+    let best = if out_of_time {
+        walk.best
+    } else {
+        replays += 1;
+        let symmetric_report = report_symmetric(&walk.best.job);
+        evaluate_full(walk.best.job, symmetric_report, opts.lean_ops)?
+    };
+    let advice = if out_of_time {
+        Vec::new()
+    } else {
+        advise(&best, &not_exported, opts, all, &eval)?
+    };
+    replays += advice.len() as u64;
     Ok(Outcome {
-        baseline,
+        baseline: start,
         best,
         decisions,
-        replays: walk.replays + 1,
-        wall: start.elapsed(),
-        stop: walk.stop,
+        advice,
+        replays,
+        wall: started.elapsed(),
+        stop,
         rounds: walk.rounds,
     })
+}
+
+/// Each pass of `names` (not exported by the plan's framework) applied on its own to the best
+/// job, as `whatif` would: its effect, and why the export does not apply it. Passes that
+/// propose nothing or fail are left out.
+fn advise(
+    best: &Evaluated,
+    names: &[String],
+    opts: &SearchOptions,
+    all: &[Box<dyn Pass>],
+    eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
+) -> Result<Vec<Advice>, SearchError> {
+    let Some((fw, n)) = opts.framework else {
+        return Ok(Vec::new());
+    };
+    let tried: Vec<Result<Option<Advice>, SearchError>> = names
+        .par_iter()
+        .map(|name| {
+            let p = passes::find(all, name)?;
+            let knobs = passes::resolve_knobs(p, &speedup_knobs(p, &opts.speedups))?;
+            // As in the search: a pass that cannot apply is skipped, one that proposes
+            // something out of range (a user's pass file) is an error, named.
+            let patches = match p.propose(best, &knobs) {
+                Ok(v) => v,
+                Err(PassError::NotApplicable { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            if patches.is_empty() {
+                return Ok(None);
+            }
+            let Some(e) = passes::apply_all(&best.job, &patches)
+                .ok()
+                .and_then(|job| eval(job).ok())
+            else {
+                return Ok(None);
+            };
+            let effect = (e.iteration_ns() as f64 - best.iteration_ns() as f64) / 1e6;
+            let worth = -effect * 1e6 >= opts.min_onoff_gain * best.iteration_ns() as f64;
+            Ok((effect < 0.0 && worth).then(|| Advice {
+                pass: name.clone(),
+                effect_ms: effect,
+                why_not: framework::mechanism(fw, name, n)
+                    .err()
+                    .unwrap_or("")
+                    .to_string(),
+            }))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tried {
+        out.extend(t?);
+    }
+    Ok(out)
 }
 
 /// dPRO Algorithm 1: every round, evaluate every candidate move and take the best, by
@@ -562,9 +848,12 @@ fn critical_path_rounds(
         let best = results
             .into_iter()
             .enumerate()
-            .filter_map(|(i, r)| r.filter(|e| ctx.fits(e)).map(|e| (i, e)))
+            .filter_map(|(i, r)| {
+                r.filter(|e| ctx.fits(e) && ctx.worth(&moves[i], &cur, e))
+                    .map(|e| (i, e))
+            })
             .min_by_key(|(i, e)| (e.iteration_ns(), *i));
-        let Some((i, next)) = best.filter(|(_, e)| e.iteration_ns() < cur.iteration_ns()) else {
+        let Some((i, next)) = best else {
             // No improvement among what was evaluated: converged, unless the budget or an
             // interrupt cut the round's evaluations short.
             if let Some(s) = ctx.should_stop() {
@@ -577,12 +866,7 @@ fn critical_path_rounds(
         ctx.mark_used(m, &mut used);
         cur = next;
         history.push(cur.iteration_ns());
-        (ctx.progress)(&Progress {
-            best_ns: cur.iteration_ns(),
-            replays,
-            elapsed: ctx.start.elapsed(),
-            round,
-        });
+        ctx.report(&cur, &decisions, replays, round);
         let r = opts.converge_rounds;
         if history.len() > r {
             let old = history[history.len() - 1 - r] as f64;
@@ -670,16 +954,29 @@ type Tried = (
 fn memory_step(
     cur: &Evaluated,
     budget: u64,
+    allowed: &[&str],
     all: &[Box<dyn Pass>],
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
     lean_ops: usize,
 ) -> Result<(Evaluated, u64, Decision), SearchError> {
-    let mut options: Vec<KnobbedPass> = vec![("recompute".into(), vec![])];
-    for k in [2, 4, 8, 16] {
-        options.push((
-            "grad-accumulation".into(),
-            vec![("k".into(), k.to_string())],
-        ));
+    let mut options: Vec<KnobbedPass> = Vec::new();
+    if allowed.contains(&"recompute") {
+        options.push(("recompute".into(), vec![]));
+    }
+    if allowed.contains(&"grad-accumulation") {
+        for k in [2, 4, 8, 16] {
+            options.push((
+                "grad-accumulation".into(),
+                vec![("k".into(), k.to_string())],
+            ));
+        }
+    }
+    if options.is_empty() {
+        return Err(SearchError::Infeasible {
+            budget_gb: budget as f64 / 1e9,
+            smallest_gb: cur.memory.peak_bytes as f64 / 1e9,
+            how: "no memory option allowed: --passes and the framework's export leave neither recompute nor grad-accumulation".into(),
+        });
     }
     let tried: Vec<Tried> = options
         .par_iter()
@@ -746,6 +1043,7 @@ fn memory_step(
             e.memory.peak_bytes as f64 / 1e9
         ),
         effect_ms: (e.iteration_ns() as f64 - cur.iteration_ns() as f64) / 1e6,
+        mechanism: String::new(),
     };
     Ok((e, replays, decision))
 }

@@ -7,6 +7,9 @@
 //! * [`whatif`]: `trainplan passes` and `trainplan whatif`.
 //! * [`plan`]: `trainplan plan`: fields, determinism, errors, Ctrl-C.
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
+//! * [`show`]: `trainplan show`: a plan's decisions per framework export, what is left to do.
+//! * [`frameworks`]: exported modules run on real PyTorch, JAX/optax, TensorFlow/Keras and a
+//!   stub of Horovod's documented API.
 //! * [`hostile_input`]: FIFOs, devices and folders at every file input, amplifying traces,
 //!   copies of one rank: exit 3 with one line, never a hang or an abort.
 //! * [`messages`]: nothing echoed from a file of another format, control characters escaped,
@@ -31,6 +34,7 @@
 mod cli;
 mod exec_traces;
 mod export;
+mod frameworks;
 mod fuzz_inputs;
 mod fuzz_traces;
 mod hostile_export;
@@ -40,6 +44,7 @@ mod messages;
 mod plan;
 mod properties;
 mod safe_output;
+mod show;
 mod trace_bad_input;
 mod trace_fuzz;
 mod trace_multi;

@@ -54,17 +54,8 @@ fn json_has_the_design_fields_and_the_plan_beats_every_baseline() {
     let baselines = v["baselines"].as_object().unwrap();
     let mut names: Vec<&str> = baselines.keys().map(|k| k.as_str()).collect();
     names.sort();
-    assert_eq!(
-        names,
-        [
-            "byteps_default",
-            "ddp_default",
-            "horovod_autotune",
-            "horovod_default",
-            "none",
-            "xla_default"
-        ]
-    );
+    // --framework pytorch (the default): DDP's own settings, and `none` for reference.
+    assert_eq!(names, ["ddp_default", "ddp_tuned", "none"]);
     let planned = v["planned_iteration_ms"].as_f64().unwrap();
     for (name, ms) in baselines {
         assert!(
@@ -73,13 +64,38 @@ fn json_has_the_design_fields_and_the_plan_beats_every_baseline() {
         );
     }
     let base = v["baseline_iteration_ms"].as_f64().unwrap();
-    assert_eq!(base, baselines["none"].as_f64().unwrap());
+    assert_eq!(v["baseline_name"], "ddp_default");
+    assert_eq!(base, baselines["ddp_default"].as_f64().unwrap());
+    // Finding 1: every counted decision is one the PyTorch export applies, with its mechanism.
+    for d in v["decisions"].as_array().unwrap() {
+        let pass = d["pass"].as_str().unwrap();
+        assert!(
+            !d["mechanism"].as_str().unwrap_or("").is_empty(),
+            "{pass} has no mechanism"
+        );
+        if let Some(p) = pass.strip_prefix("baseline:") {
+            assert!(p.starts_with("ddp_"), "{pass}");
+        } else {
+            assert!(
+                trainplan::search::framework::mechanism(
+                    trainplan::cost::framework::Framework::Pytorch,
+                    pass,
+                    trainplan::search::framework::Names::Zoo
+                )
+                .is_ok(),
+                "{pass} is counted but the PyTorch export does not apply it"
+            );
+        }
+    }
+    // The picture sits next to the plan.
+    let svg = std::fs::read_to_string(out.with_extension("svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("planned"), "{svg}");
     let speedup = v["speedup"].as_f64().unwrap();
     assert!(
         (speedup - base / planned).abs() < 0.01,
         "{speedup} vs {base}/{planned}"
     );
-    assert!(v["lower_bound_ms"].as_f64().unwrap() <= planned);
+    assert!(v["lower_bound_ms"].as_f64().unwrap() <= planned + 1e-9);
     assert_eq!(v["stop_reason"], "converged");
     assert!(v["replays"].as_u64().unwrap() > 1);
     assert!(!v["decisions"].as_array().unwrap().is_empty());
@@ -200,4 +216,226 @@ fn ctrl_c_writes_the_best_plan_so_far_and_exits_130() {
     let plan = trainplan::plan::Plan::from_yaml(&text, "p.yaml").expect("the plan parses");
     assert_eq!(plan.search.stop, trainplan::search::StopReason::Interrupted);
     assert!(plan.predicted.planned.iteration_ms <= plan.predicted.baseline.iteration_ms);
+}
+
+/// Finding 5: two Ctrl-Cs in a row exit at once with 130 (no waiting for the search).
+#[test]
+fn a_second_ctrl_c_exits_at_once() {
+    let d = scratch("twice");
+    let out = d.join("p.yaml");
+    let child = Command::new(env!("CARGO_BIN_EXE_trainplan"))
+        .args([
+            "plan",
+            "--model",
+            "bert-base",
+            "--cluster",
+            "dpro-16xv100-rdma",
+            "--no-symmetry",
+            "--budget",
+            "10m",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("trainplan starts");
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = child.id().to_string();
+    for _ in 0..2 {
+        assert!(
+            Command::new("kill")
+                .args(["-INT", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&got.stderr);
+    assert_eq!(got.status.code(), Some(130), "stderr: {stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+}
+
+/// Finding 5: a budget far shorter than the search still writes a plan (stop: budget), never
+/// slower than the framework's default.
+#[test]
+fn a_short_budget_writes_the_best_plan_so_far() {
+    let d = scratch("budget");
+    let out = d.join("p.yaml");
+    let (code, _, stderr) = run(&[
+        "plan",
+        "--model",
+        "bert-base",
+        "--cluster",
+        "dpro-16xv100-rdma",
+        "--no-symmetry",
+        "--budget",
+        "2s",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let plan = trainplan::plan::Plan::from_yaml(&read(&out), "p.yaml").unwrap();
+    assert_eq!(plan.search.stop, trainplan::search::StopReason::Budget);
+    assert!(plan.predicted.planned.iteration_ms <= plan.predicted.baseline.iteration_ms);
+}
+
+/// Finding 4: the memory step picks the fastest plan that fits: when the unconstrained plan
+/// fits the budget no memory option is taken; `--passes recompute` never plans accumulation.
+#[test]
+fn the_memory_step_keeps_the_fastest_fitting_plan_and_respects_passes() {
+    let d = scratch("memstep");
+    let out = d.join("p.yaml");
+    let o = out.to_str().unwrap();
+    let base = [
+        "plan",
+        "--model",
+        "bert-base",
+        "--batch",
+        "64",
+        "--cluster",
+        "dpro-16xv100-rdma",
+    ];
+    let free = {
+        let mut a = base.to_vec();
+        a.extend(["--budget", "120s", "-o", o]);
+        run_json(&a)
+    };
+    let budget = free["planned_peak_memory_bytes"].as_u64().unwrap();
+    let start = free["baseline_peak_memory_bytes"].as_u64().unwrap();
+    assert!(
+        budget < start,
+        "the unconstrained plan needs less memory than the default"
+    );
+    let limit = format!("{}", (budget + start) / 2);
+    let mut a = base.to_vec();
+    a.extend(["--budget", "120s", "--memory-budget", &limit, "-o", o]);
+    let v = run_json(&a);
+    let passes: Vec<&str> = v["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["pass"].as_str().unwrap())
+        .collect();
+    assert!(
+        !passes.contains(&"grad-accumulation") && !passes.contains(&"recompute"),
+        "{passes:?}"
+    );
+    assert_eq!(v["planned_iteration_ms"], free["planned_iteration_ms"]);
+    // Only recomputation allowed, and a budget below the default's peak.
+    let tight = format!("{}", start * 7 / 10);
+    let mut a = base.to_vec();
+    a.extend([
+        "--budget",
+        "120s",
+        "--passes",
+        "recompute",
+        "--memory-budget",
+        &tight,
+        "-o",
+        o,
+    ]);
+    let v = run_json(&a);
+    let passes: Vec<&str> = v["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["pass"].as_str().unwrap())
+        .collect();
+    assert!(passes.contains(&"recompute"), "{passes:?}");
+    assert!(!passes.contains(&"grad-accumulation"), "{passes:?}");
+    assert!(v["planned_peak_memory_bytes"].as_u64().unwrap() <= start * 7 / 10);
+    // The recompute decision names the forward ops it re-runs, and the plan's config lists
+    // their layers for the export (what `torch.utils.checkpoint` wraps).
+    let rec = v["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["pass"] == "recompute")
+        .unwrap();
+    let ops = rec["ops"].as_array().unwrap();
+    assert!(!ops.is_empty(), "{rec}");
+    assert!(
+        ops.iter().all(|o| o.as_str().unwrap().ends_with(" FW")),
+        "{rec}"
+    );
+    let plan = trainplan::plan::Plan::from_yaml(&read(&out), o).unwrap();
+    assert_eq!(plan.config.recompute.len(), ops.len());
+    assert!(
+        plan.config
+            .recompute
+            .iter()
+            .all(|l| ["bert.", "cls.", "loss."].iter().any(|p| l.starts_with(p))),
+        "{:?}",
+        plan.config.recompute
+    );
+}
+
+/// Finding 7: a plan from a one-rank trace of a 2-rank DDP run: one `as_recorded` baseline (no
+/// data-parallel rows), the ranks from the trace, memory `null` (not modelled), no fused-Adam
+/// cluster exported as a compile target.
+#[test]
+fn a_trace_plan_fits_the_trace() {
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/traces/pytorch-kineto/resnet50_ddp_a100_rank0of2.json.gz");
+    if !trace.exists() {
+        eprintln!("../shared/traces absent: skipping the trace plan test");
+        return;
+    }
+    let d = scratch("trace");
+    let out = d.join("p.yaml");
+    let v = run_json(&[
+        "plan",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--budget",
+        "60s",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let names: Vec<&String> = v["baselines"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["as_recorded"]);
+    assert_eq!(v["baseline_name"], "as_recorded");
+    assert!(v["planned_peak_memory_bytes"].is_null(), "{v}");
+    let plan = trainplan::plan::Plan::from_yaml(&read(&out), "p.yaml").unwrap();
+    assert_eq!(plan.workload.ranks, 2);
+    assert!(
+        plan.config
+            .fused_ops
+            .iter()
+            .flatten()
+            .all(|m| !m.ends_with(" UPDATE")),
+        "{:?}",
+        plan.config.fused_ops
+    );
+    for d in &plan.decisions {
+        // No on/off move below 0.1 % of the iteration.
+        if d.pass == "amp" {
+            assert!(
+                -d.effect_ms >= 0.001 * plan.predicted.baseline.iteration_ms,
+                "{d:?}"
+            );
+        }
+        assert_ne!(
+            d.pass, "op-fusion",
+            "op fusion on ATen names cannot be exported"
+        );
+    }
+    let (code, text, _) = run(&[
+        "plan",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--budget",
+        "60s",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("not modelled") && text.contains("2 ranks"),
+        "{text}"
+    );
+    assert!(!text.contains("ddp_default"), "{text}");
 }

@@ -153,7 +153,11 @@ fn a_failed_export_leaves_the_old_files_and_modes_are_kept() {
         assert_eq!(&std::fs::read(out.join(n)).unwrap(), bytes, "{n} changed");
     }
     assert_eq!(entries(&out), ["horovod.env", "trainplan_horovod.py"]);
-    assert_eq!(entries(&d), ["out", "p.yaml"], "no temporary folder left");
+    assert_eq!(
+        entries(&d),
+        ["out", "p.svg", "p.yaml"],
+        "no temporary folder left (the plan's picture sits beside it)"
+    );
     // Without the limit the new plan replaces both, the env file keeping its mode.
     let o = trainplan(&d).args(export).output().unwrap();
     assert!(o.status.success());

@@ -190,6 +190,18 @@ fn pass_files_from_users() {
     // bert-base batch 8 on 16 V100s is communication-bound: a faster backward helps a little.
     assert!(v["speedup"].as_f64().unwrap() > 1.0, "{v}");
     assert_eq!(v["passes"][0]["pass"], "halve-bw");
+    // Finding 8: `passes --pass-file` lists the user's pass with the built-in ones.
+    let listed = run_json(&["passes", "--pass-file", &good]);
+    let names: Vec<&str> = listed["passes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"halve-bw") && names.contains(&"amp"),
+        "{names:?}"
+    );
     let typo = write(
         "typo.yaml",
         "name: typo\ndoc: x\nrules:\n  - select: {phase: bw}\n    scael: 0.5\n",

@@ -1,15 +1,15 @@
 //! Emitters: a [`Plan`] turned into the files a user applies to one framework (`trainplan
 //! export PLAN --to FRAMEWORK`), one module per column of the DESIGN.md knob table.
 //!
-//! | plan (config / decisions) | horovod | byteps | xla | pytorch | jax |
+//! | plan (config / decisions) | horovod | byteps | xla (tf) | pytorch | jax |
 //! |---|---|---|---|---|---|
-//! | `tensor_groups` | `groups=`, `HOROVOD_DISABLE_GROUP_FUSION=1`, `HOROVOD_FUSION_THRESHOLD` ≥ largest group | group id column of `byteps_partitions.txt` | combine threshold | `bucket_cap_mb_list` / `bucket_cap_mb` | `--xla_gpu_all_reduce_combine_threshold_bytes` |
+//! | `tensor_groups` | `groups=`, `HOROVOD_DISABLE_GROUP_FUSION=1`, `HOROVOD_FUSION_THRESHOLD` ≥ largest group | group id column of `byteps_partitions.txt` | — (not applied, said) | `bucket_cap_mb` of the start point | combine threshold of the start point |
 //! | cycle of a Horovod baseline | `HOROVOD_CYCLE_TIME` | — | — | — | — |
 //! | `partitions` | — | `BYTEPS_PARTITION_BYTES`, `BYTEPS_SCHEDULING_CREDIT`, per-tensor file | — | — | — |
-//! | `fused_ops` | — | — | `TF_XLA_FLAGS`, `XLA_CLUSTER_SPEC` file, `_XlaCompile`/`_XlaScope` | `torch.compile` per module | `jax.jit` regions (listed) |
-//! | `dtype`, `amp` | `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy | autocast + GradScaler | dtype policy |
-//! | `recompute` | — | — | `tf.recompute_grad` (listed) | `torch.utils.checkpoint` per module | `jax.checkpoint` policy |
-//! | `grad_accumulation` k | `backward_passes_per_step` | same | — | `no_sync()` for k−1 micro-steps | `optax.MultiSteps(k)` |
+//! | `fused_ops` | — | — | `jit_compile` / `TF_XLA_FLAGS` (XLA's own clusters; zoo names not targeted, said) | `torch.compile` per module | — (`jax.jit` fuses; said) |
+//! | `dtype`, `amp` | autocast + GradScaler, `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy + loss scaling | autocast + GradScaler | compute dtype + dynamic loss scaling (fp16) |
+//! | `recompute` | — | — | — (not applied, said) | `torch.utils.checkpoint` per module | `jax.checkpoint` per layer (`remat`) |
+//! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
 //!
 //! **Invariant:** emitters are pure: no IO, the same plan gives byte-identical files (every map
 //! is ordered). Every Python file they produce compiles (`python3 -m py_compile`, tested) and
@@ -47,7 +47,9 @@ pub(crate) use escape::{comment_text, env_line, py_str};
 pub enum Framework {
     /// Horovod (PyTorch or TensorFlow): env file + `groups=` module.
     Horovod,
-    /// TensorFlow with XLA: env file, dPRO cluster file, stock-TF scope module.
+    /// TensorFlow with XLA: env file, dPRO cluster file, stock-TF scope module (`tf` is the
+    /// same).
+    #[value(alias = "tf")]
     Xla,
     /// BytePS: env file + per-tensor partition file.
     Byteps,
@@ -58,6 +60,30 @@ pub enum Framework {
 }
 
 impl Framework {
+    /// The export of a plan made with `--framework fw` (`tf` → `xla`).
+    pub fn of(fw: crate::cost::framework::Framework) -> Framework {
+        use crate::cost::framework::Framework as F;
+        match fw {
+            F::Pytorch => Framework::Pytorch,
+            F::Horovod => Framework::Horovod,
+            F::Byteps => Framework::Byteps,
+            F::Tf => Framework::Xla,
+            F::Jax => Framework::Jax,
+        }
+    }
+
+    /// The `--framework` this export serves (`xla` → `tf`).
+    pub fn planned_as(self) -> crate::cost::framework::Framework {
+        use crate::cost::framework::Framework as F;
+        match self {
+            Framework::Pytorch => F::Pytorch,
+            Framework::Horovod => F::Horovod,
+            Framework::Byteps => F::Byteps,
+            Framework::Xla => F::Tf,
+            Framework::Jax => F::Jax,
+        }
+    }
+
     /// Every framework, in the order they are listed.
     pub const ALL: [Framework; 5] = [
         Framework::Horovod,
@@ -91,7 +117,7 @@ impl std::str::FromStr for Framework {
         let t = s.trim().to_ascii_lowercase();
         Framework::ALL
             .into_iter()
-            .find(|f| f.name() == t || (t == "tensorflow" && *f == Framework::Xla))
+            .find(|f| f.name() == t || ((t == "tensorflow" || t == "tf") && *f == Framework::Xla))
             .ok_or_else(|| EmitError::UnknownFramework {
                 name: s.to_string(),
                 known: Framework::ALL.map(|f| f.name()).join(", "),
@@ -224,7 +250,13 @@ impl Facts {
             .decisions
             .iter()
             .find(|d| d.pass.starts_with("baseline:horovod"))
-            .and_then(|d| cycle_ms(&d.why));
+            .and_then(|d| {
+                d.knobs
+                    .get("cycle_ms")
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .or_else(|| cycle_ms(&d.why))
+            });
         Ok(Facts {
             groups: c.tensor_groups.clone(),
             group_bytes,
@@ -469,6 +501,7 @@ pub(crate) mod tests {
                 .collect(),
             why: why.into(),
             effect_ms: -1.0,
+            mechanism: String::new(),
         }
     }
 
@@ -500,18 +533,20 @@ pub(crate) mod tests {
                 batch: 4,
                 cluster: "8xh200".into(),
                 names: "zoo".into(),
+                framework: Default::default(),
             },
             predicted: Predicted {
+                baseline_name: "ddp_default".into(),
                 baseline: Point {
                     iteration_ms: 10.0,
-                    peak_memory_bytes: 1 << 30,
+                    peak_memory_bytes: Some(1 << 30),
                 },
                 planned: Point {
                     iteration_ms: 8.0,
-                    peak_memory_bytes: 1 << 29,
+                    peak_memory_bytes: Some(1 << 29),
                 },
                 speedup: 1.25,
-                lower_bound_ms: 7.0,
+                lower_bound_ms: Some(7.0),
             },
             baselines: BTreeMap::from([("none".to_string(), 10.0)]),
             decisions: vec![
@@ -523,6 +558,7 @@ pub(crate) mod tests {
                 decision("grad-accumulation", &[("k", "2")], "memory step"),
                 decision("amp", &[("fp16_allreduce", "1")], "fp16"),
             ],
+            advice: Vec::new(),
             config: FinalConfig {
                 dtype: "fp16".into(),
                 tensor_groups: groups,
@@ -638,6 +674,25 @@ pub(crate) mod tests {
                 )
             })
             .1
+    }
+
+    /// Plan text (model, cluster, names) reaches comments and docstrings only through
+    /// `one_line` / `py_doc`: a hostile model name cannot end a docstring or a comment line.
+    #[test]
+    fn plan_text_cannot_break_out_of_comments_or_docstrings() {
+        let mut p = tiny_plan();
+        p.workload.model = "m\"\"\"\nimport os; os.system('boom')\n\"\"\"\\".into();
+        p.workload.cluster = "c\nEVIL=1".into();
+        for fw in Framework::ALL {
+            let e = emit(&p, fw).unwrap();
+            check_files(&e);
+            for (name, text) in &e.files {
+                for line in text.lines() {
+                    assert!(!line.starts_with("import os"), "{fw} {name}: {line}");
+                    assert!(!line.starts_with("EVIL="), "{fw} {name}: {line}");
+                }
+            }
+        }
     }
 
     #[test]

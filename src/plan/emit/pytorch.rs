@@ -1,24 +1,39 @@
 //! PyTorch: `trainplan_patch.py`, a module with `apply_plan(model, optimizer=None, *,
 //! ddp_kwargs=None)` and helpers.
 //!
-//! * exact tensor groups → DDP buckets: `bucket_cap_mb_list` (one cap per planned group, MiB)
-//!   where the installed `DistributedDataParallel.__init__` has it (checked with
-//!   `inspect.signature`), else one `bucket_cap_mb` = the largest group in MiB and the first
-//!   bucket's cap (`dist._DEFAULT_FIRST_BUCKET_BYTES`) = the first group's bytes. DDP fills
-//!   buckets in gradient-ready order = reverse parameter registration order, so a plan group is
-//!   one bucket only when its tensors are contiguous in that order: checked, with a warning;
+//! * tensor groups → DDP buckets. DDP fills buckets in gradient-ready order and closes one when
+//!   it reaches `bucket_cap_mb` (the first at 1 MiB only while the cap is left at its default),
+//!   and rebuilds them from the order it observed in the first synchronised backward. A plan
+//!   made with `--framework pytorch` chose its groups that way: the cap of the `ddp_tuned`
+//!   start point (decision knob `bucket_cap_bytes`) is written as `BUCKET_CAP_BYTES`; `None`
+//!   keeps DDP's default (`ddp_default`). A plan made for another framework has arbitrary
+//!   groups: the cap is then the largest group and a note says the buckets will differ;
+//! * compiled regions and buckets: compiling a module changes the order its gradients become
+//!   ready (the compiled backward hands them over together), and DDP would rebuild different
+//!   buckets. `apply_plan` therefore runs the compiled regions eagerly until DDP has rebuilt its
+//!   buckets (`_has_rebuilt_buckets`, after the first synchronised step) and compiled from then
+//!   on: the buckets are the plan's, compile on or off (tested against real PyTorch);
 //! * AMP → `autocast_context()` (`torch.autocast("cuda", dtype)`) and `make_grad_scaler()`
 //!   (`torch.amp.GradScaler`, enabled for fp16 only);
 //! * recomputation → the planned modules' `forward` wrapped in
-//!   `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (training only);
+//!   `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (training only); a planned
+//!   in-place module (torchvision's `ReLU(inplace=True)`) runs out of place, else it would
+//!   overwrite the input the checkpoint keeps for the re-run (found on real ResNet-50);
 //! * op fusion → `module.compile()` (or `torch.compile(module.forward)`) on the modules of each
 //!   fused cluster: the longest common module prefix of its layers, resolved at run time to the
 //!   nearest module the user's model has (`layer3.5.add`, a functional op, → `layer3.5`);
 //! * names: every planned parameter must exist (else `PlanMismatch` listing a few missing);
 //!   planned modules without any counterpart are skipped with a warning;
 //! * gradient accumulation k → `accumulate(model, step)`: `model.no_sync()` for k−1 micro-steps,
-//!   and `is_update_step(step)`;
-//! * `fused-adam` → `optimizer_kwargs()` = `{"fused": True}`.
+//!   `is_update_step(step)`, `scale_loss(loss)` = loss / k, and `MICRO_BATCH` = batch / k: each
+//!   micro-step must be fed batch/k samples (keeping the loader's batch would double the
+//!   effective batch and save no memory);
+//! * `fused-adam` → `optimizer_kwargs()` = `{"fused": True}` for `torch.optim.Adam`/`AdamW`;
+//!   `apply_plan(model, optimizer)` warns when a given optimizer is not fused;
+//! * layers that are not modules of the user's model (the zoo's `loss.*`: the criterion lives
+//!   outside it) are left out of the module lists, so `apply_plan` does not warn about them;
+//! * a plan from a trace names ATen operators: no compile or checkpoint regions are written,
+//!   and a note says what could not be mapped.
 
 use super::horovod::names_doc;
 use super::{
@@ -58,29 +73,98 @@ pub fn compile_modules(f: &Facts) -> Vec<String> {
     out
 }
 
+/// Layers of a zoo plan that are not modules of the user's model (the criterion).
+fn is_module(layer: &str) -> bool {
+    layer != "loss" && !layer.starts_with("loss.")
+}
+
+/// `bucket_cap_bytes` of the plan's start point, and whether the plan's groups are DDP's
+/// (made with `--framework pytorch`).
+pub fn bucket_cap(plan: &Plan) -> (Option<u64>, bool) {
+    let start = plan
+        .decisions
+        .iter()
+        .find(|d| d.pass.starts_with("baseline:"));
+    let cap = start
+        .and_then(|d| d.knobs.get("bucket_cap_bytes"))
+        .and_then(|v| v.parse().ok());
+    let ddp = plan.workload.framework == crate::cost::framework::Framework::Pytorch
+        && start.is_some_and(|d| d.pass.starts_with("baseline:ddp_"));
+    (cap, ddp)
+}
+
 pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
-    let compile = compile_modules(f);
-    let bytes = f.group_bytes.clone().unwrap_or_default();
+    let trace = plan.workload.names == "trace";
+    let compile: Vec<String> = if trace {
+        Vec::new()
+    } else {
+        compile_modules(f)
+            .into_iter()
+            .filter(|m| is_module(m))
+            .collect()
+    };
+    let recompute: Vec<String> = if trace {
+        Vec::new()
+    } else {
+        f.recompute
+            .iter()
+            .filter(|m| is_module(m))
+            .cloned()
+            .collect()
+    };
+    let (cap, ddp_groups) = bucket_cap(plan);
+    let cap = match (cap, ddp_groups) {
+        (Some(c), _) => Some(c),
+        (None, true) => None,
+        (None, false) => {
+            if f.fuses_tensors() {
+                notes.push(format!(
+                    "the plan was made for --framework {}: its tensor groups are not DDP buckets; bucket_cap_mb is set to the largest group and DDP's buckets will differ (plan with --framework pytorch)",
+                    plan.workload.framework
+                ));
+            }
+            f.largest_group_bytes().filter(|_| f.fuses_tensors())
+        }
+    };
+    let batch = plan.workload.batch;
+    let micro = if f.k > 1 && batch > 0 {
+        format!("{}", batch as f64 / f.k as f64)
+    } else if batch > 0 {
+        batch.to_string()
+    } else {
+        "None".into()
+    };
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import apply_plan, autocast_context, make_grad_scaler, accumulate\n    model = apply_plan(model)          # after init_process_group, before training\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):\n        with accumulate(model, step), autocast_context():\n            loss = model(batch)\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nThe plan (model, cluster, predicted times) and whose names it uses are in the comments below.\n\"\"\"\n\n{}# names: {}\nimport contextlib\nimport inspect\nimport warnings\n\n",
+        "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import (apply_plan, autocast_context, make_grad_scaler, accumulate,\n                                 is_update_step, scale_loss, optimizer_kwargs, MICRO_BATCH)\n    model = apply_plan(model)          # after init_process_group, instead of DistributedDataParallel(model)\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **optimizer_kwargs())\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):   # a loader of MICRO_BATCH samples per step\n        with accumulate(model, step), autocast_context():\n            loss = scale_loss(loss_fn(model(batch)))\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nThe plan (model, cluster, --framework, predicted times) and whose names it uses are in the\ncomments below.\n\"\"\"\n\n{}# names: {}\n# planned with --framework {}\nimport contextlib\nimport warnings\n\n",
         header(plan, "PyTorch patch"),
-        comment_text(&names_doc(plan))
+        comment_text(&names_doc(plan)),
+        plan.workload.framework
     );
     py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));
     py.push_str(&format!(
-        "# DDP buckets = the plan's collectives, in gradient-ready order, as parameter names.\nTENSOR_GROUPS = {}\n",
+        "# The plan's collectives (DDP buckets), in gradient-ready order, as parameter names.\nTENSOR_GROUPS = {}\n",
         py_groups(&f.groups)
     ));
-    py.push_str(&format!("GROUP_BYTES = {}\n", py_ints(&bytes)));
+    py.push_str(&format!(
+        "GROUP_BYTES = {}\n",
+        py_ints(&f.group_bytes.clone().unwrap_or_default())
+    ));
+    py.push_str(&format!(
+        "# DistributedDataParallel(bucket_cap_mb=BUCKET_CAP_BYTES / 2**20); None: DDP's default (25 MiB, first bucket 1 MiB).\nBUCKET_CAP_BYTES = {}\n",
+        cap.map_or("None".to_string(), |c| c.to_string())
+    ));
     py.push_str(&format!(
         "DTYPE = {}  # compute dtype under autocast; \"fp32\": no AMP\n",
         py_str(f.half.as_deref().unwrap_or("fp32"))
     ));
     py.push_str(&format!("GRAD_ACCUMULATION = {}\n", f.k));
     py.push_str(&format!(
+        "# Samples per micro-step (the planned batch per GPU divided by GRAD_ACCUMULATION).\nMICRO_BATCH = {micro}\n"
+    ));
+    py.push_str(&format!(
         "# Modules whose activations are recomputed in the backward (torch.utils.checkpoint).\nRECOMPUTE_MODULES = {}\n",
-        py_list(&f.recompute, "")
+        py_list(&recompute, "")
     ));
     py.push_str(&format!(
         "# Modules compiled as one region each (planned op fusion).\nCOMPILE_MODULES = {}\n",
@@ -94,9 +178,12 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             "False"
         }
     ));
+    py.push_str(TORCH_HELPERS_PY);
     py.push_str(PYTORCH_PY);
-    if f.group_bytes.is_none() {
-        notes.push("the plan has no tensor_bytes: DDP keeps its default bucket sizes".into());
+    if trace && (!f.clusters.is_empty() || !f.recompute.is_empty()) {
+        notes.push(
+            "the plan comes from a trace, whose names are ATen operators, not modules: its op-fusion and recomputation sites cannot be mapped to modules and are not applied".into(),
+        );
     }
     if f.half.is_some() {
         notes.push(format!(
@@ -106,21 +193,26 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     }
     if f.k > 1 {
         notes.push(format!(
-            "gradient accumulation k = {}: wrap each micro-step in accumulate(model, step) and step the optimizer when is_update_step(step)",
+            "gradient accumulation k = {}: feed MICRO_BATCH = {micro} samples per micro-step (not the full batch), divide the loss with scale_loss(loss), wrap each micro-step in accumulate(model, step) and step the optimizer when is_update_step(step)",
             f.k
         ));
     }
-    if !f.recompute.is_empty() {
+    if !recompute.is_empty() {
         notes.push(format!(
             "activation checkpointing of {} module(s), applied by apply_plan",
-            f.recompute.len()
+            recompute.len()
         ));
     }
     if !compile.is_empty() {
         notes.push(format!(
-            "torch.compile of {} module(s) where op fusion was planned, applied by apply_plan (compile=False to skip)",
+            "torch.compile of {} module(s) where op fusion was planned, applied by apply_plan once DDP has fixed its buckets (compile=False to skip)",
             compile.len()
         ));
+    }
+    if f.passes.iter().any(|p| p == "fused-adam") {
+        notes.push(
+            "fused Adam: build the optimizer with **optimizer_kwargs() ({\"fused\": True})".into(),
+        );
     }
     notes.extend(unmapped_passes(f, &["amp", "fused-adam"], "PyTorch"));
     notes.push("call apply_plan(model) after torch.distributed.init_process_group and before wrapping in DistributedDataParallel: it wraps the model itself".into());
@@ -129,6 +221,48 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         notes,
     })
 }
+
+/// Helpers the PyTorch and Horovod modules share (they read `DTYPE`, `GRAD_ACCUMULATION` and
+/// `FUSED_ADAM`): autocast, the GradScaler, fused-Adam keyword arguments, accumulation windows.
+pub(super) const TORCH_HELPERS_PY: &str = r#"
+
+def autocast_context(device_type="cuda"):
+    """`torch.autocast` in the planned dtype, or a no-op context without AMP."""
+    if DTYPE == "fp32":
+        return contextlib.nullcontext()
+    import torch
+
+    dtype = torch.float16 if DTYPE == "fp16" else torch.bfloat16
+    return torch.autocast(device_type, dtype=dtype)
+
+
+def make_grad_scaler(device_type="cuda"):
+    """A GradScaler, enabled for fp16 (bf16 and fp32 need none: it is then a pass-through)."""
+    import torch
+
+    enabled = DTYPE == "fp16"
+    try:
+        return torch.amp.GradScaler(device_type, enabled=enabled)
+    except (AttributeError, TypeError):
+        return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
+def optimizer_kwargs():
+    """Extra keyword arguments for torch.optim.Adam / AdamW that the plan asks for:
+    {"fused": True} when it planned fused Adam, else {}."""
+    return {"fused": True} if FUSED_ADAM else {}
+
+
+def is_update_step(step):
+    """True on the micro-step that ends an accumulation window (always without accumulation)."""
+    return (step + 1) % GRAD_ACCUMULATION == 0
+
+
+def scale_loss(loss):
+    """The micro-step's loss divided by GRAD_ACCUMULATION, so the accumulated gradient is the
+    mean over the whole batch (the loss as is without accumulation)."""
+    return loss / GRAD_ACCUMULATION if GRAD_ACCUMULATION > 1 else loss
+"#;
 
 const PYTORCH_PY: &str = r#"
 
@@ -144,7 +278,8 @@ def _missing_error(kind, missing, total):
 
 
 def check_names(model):
-    """Raise PlanMismatch when `model` lacks a planned parameter or module."""
+    """Raise PlanMismatch when `model` lacks a planned parameter; warn about planned modules
+    without any counterpart."""
     params = dict(model.named_parameters())
     planned = [n for g in TENSOR_GROUPS for n in g]
     missing = [n for n in planned if n not in params]
@@ -181,74 +316,16 @@ def _resolved(model, names):
     return [m for m in out if not any(m.startswith(p + ".") for p in out)]
 
 
-def _ready_order(model):
-    """Parameter names in gradient-ready order (DDP's: reverse registration order)."""
-    return [n for n, p in reversed(list(model.named_parameters())) if p.requires_grad]
-
-
-def contiguous_groups(model):
-    """True when every planned group is a contiguous run of the gradient-ready order (DDP
-    buckets can only be such runs); warns naming the first group that is not."""
-    position = {n: i for i, n in enumerate(_ready_order(model))}
-    for i, g in enumerate(TENSOR_GROUPS):
-        idx = sorted(position[n] for n in g if n in position)
-        if idx and idx[-1] - idx[0] + 1 != len(idx):
-            warnings.warn(
-                "planned group %d (%s, ...) is not contiguous in gradient-ready order: "
-                "DDP buckets will differ from the plan" % (i, g[0])
-            )
-            return False
-    return True
-
-
-def bucket_kwargs(model=None):
+def bucket_kwargs():
     """DDP keyword arguments that make its buckets the plan's groups."""
-    if not GROUP_BYTES:
+    if BUCKET_CAP_BYTES is None:
         return {}
-    from torch.nn.parallel import DistributedDataParallel
-
-    mib = [b / float(1 << 20) for b in GROUP_BYTES]
-    if model is not None:
-        contiguous_groups(model)
-    params = inspect.signature(DistributedDataParallel.__init__).parameters
-    if "bucket_cap_mb_list" in params:
-        return {"bucket_cap_mb_list": mib}
-    # One cap for every bucket: the largest planned group. DDP closes a bucket once it reaches
-    # the cap, so smaller groups may merge; the first bucket has its own cap.
-    try:
-        import torch.distributed as dist
-
-        if hasattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES"):
-            dist._DEFAULT_FIRST_BUCKET_BYTES = int(GROUP_BYTES[0])
-    except ImportError:
-        pass
-    return {"bucket_cap_mb": max(mib)}
+    return {"bucket_cap_mb": BUCKET_CAP_BYTES / float(1 << 20)}
 
 
-def autocast_context(device_type="cuda"):
-    """`torch.autocast` in the planned dtype, or a no-op context without AMP."""
-    if DTYPE == "fp32":
-        return contextlib.nullcontext()
-    import torch
-
-    dtype = torch.float16 if DTYPE == "fp16" else torch.bfloat16
-    return torch.autocast(device_type, dtype=dtype)
-
-
-def make_grad_scaler(device_type="cuda"):
-    """A GradScaler, enabled for fp16 (bf16 and fp32 need none: it is then a pass-through)."""
-    import torch
-
-    enabled = DTYPE == "fp16"
-    try:
-        return torch.amp.GradScaler(device_type, enabled=enabled)
-    except (AttributeError, TypeError):
-        return torch.cuda.amp.GradScaler(enabled=enabled)
-
-
-def optimizer_kwargs():
-    """Extra optimizer arguments the plan asks for (fused Adam)."""
-    return {"fused": True} if FUSED_ADAM else {}
+def planned_buckets():
+    """The plan's buckets as parameter names, in the order DDP all-reduces them."""
+    return [list(g) for g in TENSOR_GROUPS]
 
 
 def apply_checkpointing(model):
@@ -267,39 +344,60 @@ def apply_checkpointing(model):
             return _original(*args, **kwargs)
 
         module.forward = forward
+        module._trainplan_checkpointed = True
+        # An in-place module (torchvision's ReLU(inplace=True)) would overwrite the input the
+        # checkpoint keeps for its re-run: computed out of place, the values are the same.
+        if getattr(module, "inplace", False) is True:
+            module.inplace = False
     return model
 
 
-def apply_compile(model, **compile_kwargs):
-    """Compile each planned fusion region (parameter names are unchanged)."""
+class _Ready:
+    """Whether compiled regions may run compiled: after DDP has rebuilt its buckets from the
+    eager gradient order (or at once without DDP)."""
+
+    def __init__(self):
+        self.ddp = None
+
+    def __call__(self):
+        return self.ddp is None or getattr(self.ddp, "_has_rebuilt_buckets", True)
+
+
+def apply_compile(model, ready=None, **compile_kwargs):
+    """Compile each planned fusion region (parameter names are unchanged). With `ready`, a
+    region runs eagerly while ready() is false."""
     import torch
 
     modules = dict(model.named_modules())
     for name in _resolved(model, COMPILE_MODULES):
         module = modules[name]
-        if hasattr(module, "compile"):
-            module.compile(**compile_kwargs)
-        else:
-            module.forward = torch.compile(module.forward, **compile_kwargs)
+        eager = module.forward
+        compiled = torch.compile(eager, **compile_kwargs)
+
+        def forward(*args, _eager=eager, _compiled=compiled, **kwargs):
+            if ready is None or ready():
+                return _compiled(*args, **kwargs)
+            return _eager(*args, **kwargs)
+
+        module.forward = forward
+        module._trainplan_compiled = True
     return model
 
 
-def is_update_step(step):
-    """True on the micro-step that ends an accumulation window (always without accumulation)."""
-    return (step + 1) % GRAD_ACCUMULATION == 0
-
-
 def accumulate(model, step):
-    """`model.no_sync()` on the first k-1 micro-steps of each window, else a no-op context."""
+    """`model.no_sync()` on the first k-1 micro-steps of each window, else a no-op context.
+    Feed MICRO_BATCH samples per micro-step and divide the loss with scale_loss()."""
     if GRAD_ACCUMULATION > 1 and not is_update_step(step) and hasattr(model, "no_sync"):
         return model.no_sync()
     return contextlib.nullcontext()
 
 
-def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointing=True, compile=True):
+def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointing=True, compile=True, compile_kwargs=None):
     """Apply the plan to `model` (not yet wrapped in DistributedDataParallel) and return the
     model to train: checked names, checkpointing, compiled regions, and, when a process group
-    is initialised (or ddp=True), DDP with the planned buckets. `optimizer` is only checked."""
+    is initialised (or ddp=True), DDP with the planned buckets. Compiled regions run eagerly
+    until DDP has fixed its buckets (after the first synchronised step). `optimizer` is only
+    checked (that it updates every planned parameter and is fused when the plan says so)."""
     inner = getattr(model, "module", None)
     if inner is not None and type(model).__name__ == "DistributedDataParallel":
         raise ValueError(
@@ -313,10 +411,8 @@ def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointin
         lost = [n for n, p in model.named_parameters() if n in planned and id(p) not in owned]
         if lost:
             warnings.warn("the optimizer does not update %d planned parameters, e.g. %s" % (len(lost), lost[0]))
-    if checkpointing:
-        apply_checkpointing(model)
-    if compile:
-        apply_compile(model)
+        if FUSED_ADAM and not all(g.get("fused") for g in optimizer.param_groups):
+            warnings.warn("the plan counts fused Adam: build the optimizer with **optimizer_kwargs()")
     if ddp is None:
         try:
             import torch.distributed as dist
@@ -324,12 +420,18 @@ def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointin
             ddp = dist.is_available() and dist.is_initialized()
         except ImportError:
             ddp = False
+    ready = _Ready()
+    if checkpointing:
+        apply_checkpointing(model)
+    if compile:
+        apply_compile(model, ready if ddp else None, **(compile_kwargs or {}))
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
 
-        kwargs = bucket_kwargs(model)
+        kwargs = bucket_kwargs()
         kwargs.update(ddp_kwargs or {})
         model = DistributedDataParallel(model, **kwargs)
+        ready.ddp = model
     return model
 "#;
 
@@ -359,9 +461,68 @@ mod tests {
         );
         assert!(py.contains("FUSED_ADAM = True\n"));
         assert!(py.contains("def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None"));
-        assert!(py.contains("\"bucket_cap_mb_list\" in params"));
+        // Started from a Horovod baseline: the groups are not DDP's; the cap is the largest
+        // group (4 MiB + 2 KiB) and a note says the buckets will differ.
+        assert!(py.contains("BUCKET_CAP_BYTES = 4196352\n"), "{py}");
+        assert!(e.notes.iter().any(|n| n.contains("not DDP buckets")));
+        // Batch 4 in k = 2 micro-steps.
+        assert!(py.contains("MICRO_BATCH = 2\n"));
+        assert!(py.contains("def scale_loss(loss)"));
+        assert!(
+            e.notes
+                .iter()
+                .any(|n| n.contains("MICRO_BATCH = 2") && n.contains("scale_loss"))
+        );
+        // Finding 8: the docstring's import line names every helper it uses.
+        let doc = py.split("\"\"\"").nth(1).unwrap();
+        for helper in [
+            "is_update_step",
+            "scale_loss",
+            "optimizer_kwargs",
+            "MICRO_BATCH",
+        ] {
+            assert!(doc.contains(helper), "{helper} missing from the docstring");
+        }
         assert!(e.notes.iter().any(|n| n.contains("blueconnect")));
         assert!(e.notes[0].contains("zoo"));
+    }
+
+    #[test]
+    fn a_ddp_plan_writes_its_tuned_cap_and_skips_non_modules() {
+        let mut p = tiny_plan();
+        p.decisions[0] = super::super::tests::decision(
+            "baseline:ddp_tuned",
+            &[("bucket_cap_bytes", "8388608")],
+            "start",
+        );
+        p.config.fused_ops = vec![vec!["loss.total FW".into(), "loss.total BW".into()]];
+        p.config.recompute = vec!["loss.total".into(), "net.1".into()];
+        let e = emit(&p, Framework::Pytorch).unwrap();
+        let py = file(&e, "trainplan_patch.py");
+        assert!(py.contains("BUCKET_CAP_BYTES = 8388608\n"), "{py}");
+        assert!(!e.notes.iter().any(|n| n.contains("not DDP buckets")));
+        assert!(py.contains("COMPILE_MODULES = []\n"), "{py}");
+        assert!(py.contains("RECOMPUTE_MODULES = [\"net.1\"]\n"), "{py}");
+        // The default start keeps DDP's defaults.
+        p.decisions[0] = super::super::tests::decision("baseline:ddp_default", &[], "start");
+        let py = file(&emit(&p, Framework::Pytorch).unwrap(), "trainplan_patch.py").to_string();
+        assert!(py.contains("BUCKET_CAP_BYTES = None\n"));
+    }
+
+    #[test]
+    fn a_trace_plan_compiles_no_aten_op() {
+        let mut p = tiny_plan();
+        p.workload.names = "trace".into();
+        p.workload.source = "trace".into();
+        p.config.fused_ops = vec![vec![
+            "aten::_foreach_mul_ FW".into(),
+            "aten::_foreach_add_ FW".into(),
+        ]];
+        let e = emit(&p, Framework::Pytorch).unwrap();
+        let py = file(&e, "trainplan_patch.py");
+        assert!(py.contains("COMPILE_MODULES = []\n"), "{py}");
+        assert!(!py.contains("aten::_foreach_mul_\","));
+        assert!(e.notes.iter().any(|n| n.contains("ATen operators")));
     }
 
     #[test]

@@ -1,23 +1,30 @@
-//! TensorFlow / XLA: `xla.env`, `xla_clusters.txt` (dPRO's `XLA_CLUSTER_SPEC`) and
-//! `trainplan_xla.py` (the stock-TF alternative).
+//! TensorFlow / Keras (with or without XLA): `xla.env` and `trainplan_xla.py`.
 //!
-//! * op fusion → `TF_XLA_FLAGS=--tf_xla_auto_jit=2`, and one cluster per fused op group in
-//!   `xla_clusters.txt`, `<tf_node> <cluster_id>` per line, for dPRO's TF fork
-//!   (`XLA_CLUSTER_SPEC=xla_clusters.txt`). Node names: a forward member `L FW` is the node `L`,
-//!   a backward member `L BW` is `gradients/L_grad` (TF's gradient name scope), an update
-//!   `L UPDATE` is `L/update`. Clusters must be acyclic: the planner checked that on the op graph
-//!   when it fused (the op-fusion pass refuses a merge that closes a cycle); the plan holds
-//!   names only, so here each node is put in one cluster — clusters sharing a node are merged,
-//!   duplicates dropped ([`super::merge_clusters`]) — and the file has no node twice (tested);
-//!   a node name is one field ([`super::escape::record_field`]);
-//! * stock TF → `trainplan_xla.py`: `apply_to_graph(graph)` sets `_XlaCompile=True` and
-//!   `_XlaScope=trainplan_cluster_N` on each cluster's ops; `jit_scope()` for eager code;
-//! * exact tensor groups → `XLA_FLAGS=--xla_gpu_all_reduce_combine_threshold_bytes=<largest
-//!   group>` when the plan fuses tensors;
-//! * AMP → the Keras mixed-precision policy (`mixed_float16` / `mixed_bfloat16`) in the module;
-//!   recomputation → the module lists the modules for `tf.recompute_grad`.
+//! What a plan made with `--framework tf` counts, and how the export applies it:
+//!
+//! * the `xla_default` start point (XLA auto-clustering, every fusible op fused) →
+//!   `compile_kwargs()` = `{"jit_compile": True}` for `model.compile` (Keras 3 turns XLA off by
+//!   itself under a distribution strategy, so it is set explicitly, `False` for `tf_default`) and
+//!   `TF_XLA_FLAGS=--tf_xla_auto_jit=2` in `xla.env` for `tf.function` code outside Keras;
+//! * AMP → `set_precision_policy()` (`mixed_float16` / `mixed_bfloat16`, before the model is
+//!   built); fp16 needs loss scaling: `compile_kwargs()` keeps Keras' `auto_scale_loss=True`, and
+//!   `wrap_optimizer(opt)` gives a `LossScaleOptimizer` for custom training loops;
+//! * gradient accumulation k → `make_optimizer(cls, **kwargs)` builds the Keras optimizer with
+//!   `gradient_accumulation_steps=k` (gradients averaged over the k micro-steps, weights updated on
+//!   the k-th) fed `MICRO_BATCH` = batch / k samples per micro-step.
+//!
+//! **What a zoo plan cannot target** (finding 6). The plan names layers the zoo's way
+//! (torchvision / Hugging Face: `layer1.0.conv1`); a Keras model names them otherwise
+//! (`conv2_block1_1_conv` in `tf.keras.applications.ResNet50`), and its TF graph nodes are named
+//! after those. So no op-fusion cluster or recomputation site of a zoo plan can be aimed at a
+//! Keras model's nodes, and none is written (no `XLA_CLUSTER_SPEC` file naming nodes that do not
+//! exist): the planner does not count op fusion or recomputation for TF (`search::framework`),
+//! XLA's own clustering stands for fusion, and the module says so in `NOT_APPLIED` (tested
+//! against the real Keras ResNet-50: none of the plan's layer names is a Keras layer name).
+//! Exact tensor groups are not TF's either (MirroredStrategy packs gradients by its own rule).
+//!
+//! Checked against real TensorFlow / Keras on CPU in `tests/frameworks/tf_keras.py`.
 
-use super::escape::record_field;
 use super::horovod::names_doc;
 use super::{
     EmitError, Emitted, Facts, comment_text, env_line, header, py_list, py_str, split_member,
@@ -25,27 +32,27 @@ use super::{
 };
 use crate::plan::Plan;
 
-/// The TF node name of a `layer PHASE` member.
-pub fn tf_node(member: &str) -> String {
-    let (layer, phase) = split_member(member);
-    let l = layer.replace(' ', "_");
-    match phase {
-        "BW" => format!("gradients/{l}_grad"),
-        "UPDATE" => format!("{l}/update"),
-        _ => l,
+/// Whether the plan runs with XLA auto-clustering: it started from `xla_default`, or (a plan
+/// made for another framework) it fuses ops.
+pub fn auto_jit(plan: &Plan, f: &Facts) -> bool {
+    let start = plan
+        .decisions
+        .iter()
+        .find(|d| d.pass.starts_with("baseline:"));
+    match start {
+        Some(d) if d.pass == "baseline:xla_default" => true,
+        Some(d) if d.pass == "baseline:tf_default" => false,
+        _ => !f.clusters.is_empty(),
     }
 }
 
-/// `xla_clusters.txt` lines: `(node, cluster id)`, each node once.
-pub fn cluster_lines(f: &Facts) -> Vec<(String, usize)> {
-    let mut seen = std::collections::BTreeSet::new();
-    let mut out = Vec::new();
-    for (id, c) in f.clusters.iter().enumerate() {
-        for m in c {
-            let n = tf_node(m);
-            if seen.insert(n.clone()) {
-                out.push((n, id));
-            }
+/// Zoo layer names the plan fuses or recomputes: what a Keras model cannot be matched against.
+fn untargeted_layers(f: &Facts, plan: &Plan) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let members = f.clusters.iter().flatten().map(|m| split_member(m).0);
+    for l in members.chain(plan.config.recompute.iter().map(String::as_str)) {
+        if !out.iter().any(|o| o == l) {
+            out.push(l.to_string());
         }
     }
     out
@@ -53,59 +60,53 @@ pub fn cluster_lines(f: &Facts) -> Vec<(String, usize)> {
 
 pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
-    let mut files = Vec::new();
-    let lines = cluster_lines(f);
+    let jit = auto_jit(plan, f);
     let mut env = header(
         plan,
         "TensorFlow/XLA environment — `set -a; . ./xla.env; set +a`",
     );
-    let mut xla_flags = Vec::new();
-    if !lines.is_empty() {
-        env.push_str("# the planned op fusion: XLA auto-clustering with the plan's clusters\n");
+    if jit {
+        env.push_str("# XLA auto-clustering (the plan's fusion is XLA's own), for tf.function code; Keras: compile_kwargs()\n");
         env.push_str(&env_line("TF_XLA_FLAGS", "--tf_xla_auto_jit=2")?);
-        env.push_str("# dPRO's TF fork reads the clusters from this file (make the path absolute if you run elsewhere)\n");
-        env.push_str(&env_line("XLA_CLUSTER_SPEC", "xla_clusters.txt")?);
+    } else {
+        env.push_str("# the plan runs without XLA: nothing to set\n");
+    }
+    let fp16 = f.half.as_deref() == Some("fp16");
+    let batch = plan.workload.batch;
+    let micro = if batch == 0 {
+        "None".to_string()
+    } else if f.k > 1 {
+        format!("{}", batch as f64 / f.k as f64)
+    } else {
+        batch.to_string()
+    };
+    let untargeted = untargeted_layers(f, plan);
+    let mut not_applied: Vec<String> = Vec::new();
+    if !f.clusters.is_empty() {
+        not_applied.push(format!(
+            "op fusion: {} fused op group(s) named by the {} names of {}; a Keras model's nodes are named otherwise, so no cluster can be targeted — XLA clusters by itself{}",
+            f.clusters.len(),
+            plan.workload.names,
+            plan.workload.model,
+            if jit { " (jit_compile=True)" } else { " when jit_compile is on" }
+        ));
+    }
+    if !plan.config.recompute.is_empty() {
+        not_applied.push(format!(
+            "recomputation of {} layer(s): not applied (the names are not Keras layers; wrap the matching layers' calls in tf.recompute_grad by hand)",
+            plan.config.recompute.len()
+        ));
     }
     if f.fuses_tensors() {
-        match f.largest_group_bytes() {
-            Some(b) => xla_flags.push(format!("--xla_gpu_all_reduce_combine_threshold_bytes={b}")),
-            None => notes.push("the plan has no tensor_bytes: set --xla_gpu_all_reduce_combine_threshold_bytes to the largest group's bytes".into()),
-        }
+        not_applied
+            .push("exact tensor groups: MirroredStrategy packs gradients by its own rule".into());
     }
-    if !xla_flags.is_empty() {
-        env.push_str(
-            "# planned tensor fusion: all-reduces combined up to the largest planned group\n",
-        );
-        env.push_str(&env_line("XLA_FLAGS", &xla_flags.join(" "))?);
-    }
-    files.push(("xla.env".to_string(), env));
-    if !lines.is_empty() {
-        let mut txt = header(plan, "XLA cluster spec: `<tf_node> <cluster_id>` per line");
-        txt.push_str("# one cluster per planned fused op group; acyclicity was checked by the planner when it fused\n");
-        txt.push_str("# a node name is one field: whitespace, backslashes, control and non-ASCII characters as \\ escapes (\\x20, \\n, \\xe9)\n");
-        for (n, id) in &lines {
-            txt.push_str(&format!("{} {id}\n", record_field(n)));
-        }
-        files.push(("xla_clusters.txt".to_string(), txt));
-        notes.push(format!(
-            "{} XLA clusters over {} nodes: with dPRO's TF fork set XLA_CLUSTER_SPEC; with stock TF call trainplan_xla.apply_to_graph(graph) before the session runs",
-            f.clusters.len(),
-            lines.len()
-        ));
-    } else {
-        notes.push("the plan fuses no ops: no cluster file".into());
-    }
-
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan's op fusion and precision to stock TensorFlow.\n\n    import trainplan_xla\n    trainplan_xla.apply_to_graph(tf.compat.v1.get_default_graph())   # graph mode\n    trainplan_xla.set_precision_policy()                                # Keras\n\nThe plan and whose names it uses are in the comments below.\n\"\"\"\n\n{}# names: {}\n",
-        header(plan, "stock-TF XLA scopes"),
+        "\"\"\"Apply a trainplan plan to TensorFlow / Keras: precision policy and loss scaling, gradient\naccumulation, XLA.\n\n    import keras, trainplan_xla as tp\n    tp.set_precision_policy()                                  # before building the model\n    model = build_model()\n    optimizer = tp.make_optimizer(keras.optimizers.AdamW, learning_rate=1e-4)\n    model.compile(optimizer=optimizer, loss=loss, **tp.compile_kwargs())\n    model.fit(dataset.batch(int(tp.MICRO_BATCH)), ...)       # MICRO_BATCH samples per micro-step\n\nCustom loops: optimizer = tp.wrap_optimizer(optimizer) (LossScaleOptimizer for fp16).\nNOT_APPLIED lists what the plan names that no Keras model can be matched against.\n\nThe plan and whose names it uses are in the comments below.\n\"\"\"\n\n{}# names: {}\n",
+        header(plan, "TensorFlow / Keras"),
         comment_text(&names_doc(plan))
     );
-    py.push_str("# Node name -> cluster id (the plan's fused op groups).\nCLUSTERS = {\n");
-    for (n, id) in &lines {
-        py.push_str(&format!("    {}: {id},\n", py_str(n)));
-    }
-    py.push_str("}\n");
+    py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));
     py.push_str(&format!(
         "PRECISION_POLICY = {}\n",
         py_str(match f.half.as_deref() {
@@ -115,121 +116,156 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         })
     ));
     py.push_str(&format!(
-        "# Wrap these in tf.recompute_grad (the planned recomputation).\nRECOMPUTE_MODULES = {}\n",
-        py_list(&f.recompute, "")
+        "# fp16 only (bf16 keeps fp32's exponent range).\nLOSS_SCALING = {}\n",
+        if fp16 { "True" } else { "False" }
+    ));
+    py.push_str(&format!(
+        "# XLA: the plan's fusion is XLA's own clustering (xla_default), or no XLA (tf_default).\nJIT_COMPILE = {}\n",
+        if jit { "True" } else { "False" }
     ));
     py.push_str(&format!("GRAD_ACCUMULATION = {}\n", f.k));
+    py.push_str(&format!(
+        "# Samples per micro-step (the planned batch per replica divided by GRAD_ACCUMULATION).\nMICRO_BATCH = {micro}\n"
+    ));
+    py.push_str(&format!(
+        "# What the plan names that the export cannot aim at a Keras model, and why.\nNOT_APPLIED = {}\n",
+        py_list(&not_applied, "")
+    ));
+    py.push_str(&format!(
+        "# The plan's layer names behind NOT_APPLIED (the zoo's; no Keras layer carries them).\nUNTARGETED_LAYERS = {}\n",
+        py_list(&untargeted, "")
+    ));
     py.push_str(XLA_PY);
-    files.push(("trainplan_xla.py".to_string(), py));
+    files_notes(f, &mut notes, &micro, jit);
+    notes.extend(not_applied.iter().map(|n| format!("not applied: {n}")));
+    notes.extend(unmapped_passes(f, &["amp"], "TensorFlow/XLA"));
+    Ok(Emitted {
+        files: vec![("xla.env".into(), env), ("trainplan_xla.py".into(), py)],
+        notes,
+    })
+}
+
+/// What the user does to apply the counted decisions.
+fn files_notes(f: &Facts, notes: &mut Vec<String>, micro: &str, jit: bool) {
+    if jit {
+        notes.push("XLA: model.compile(..., **trainplan_xla.compile_kwargs()) sets jit_compile=True; TF_XLA_FLAGS in xla.env for other tf.function code".into());
+    }
+    match f.half.as_deref() {
+        Some("fp16") => notes.push("AMP fp16: trainplan_xla.set_precision_policy() before building the model; Keras scales the loss (auto_scale_loss), custom loops wrap the optimizer with wrap_optimizer".into()),
+        Some(h) => notes.push(format!("AMP {h}: trainplan_xla.set_precision_policy() before building the model; no loss scaling needed")),
+        None => {}
+    }
     if f.k > 1 {
         notes.push(format!(
-            "gradient accumulation: apply gradients every {} micro-batches (gradient_accumulation_steps={})",
+            "gradient accumulation k = {}: build the optimizer with trainplan_xla.make_optimizer (gradient_accumulation_steps={}) and feed MICRO_BATCH = {micro} samples per micro-step (gradients are averaged: do not divide the loss)",
             f.k, f.k
         ));
     }
-    notes.extend(unmapped_passes(f, &["amp"], "TensorFlow/XLA"));
-    Ok(Emitted { files, notes })
 }
 
 const XLA_PY: &str = r#"
 
-def cluster_of(node_name):
-    """The planned cluster of a node (by exact name or name scope), or None."""
-    name = node_name
-    while name:
-        if name in CLUSTERS:
-            return CLUSTERS[name]
-        if "/" not in name:
-            return None
-        name = name.rsplit("/", 1)[0]
-    return None
-
-
-def apply_to_graph(graph=None):
-    """Mark every op of a planned cluster with _XlaCompile/_XlaScope; returns the count."""
-    import tensorflow as tf
-    from tensorflow.core.framework import attr_value_pb2
-
-    graph = graph or tf.compat.v1.get_default_graph()
-    marked = 0
-    for op in graph.get_operations():
-        cid = cluster_of(op.name)
-        if cid is None:
-            continue
-        op._set_attr("_XlaCompile", attr_value_pb2.AttrValue(b=True))
-        op._set_attr("_XlaScope", attr_value_pb2.AttrValue(s=("trainplan_cluster_%d" % cid).encode()))
-        marked += 1
-    if CLUSTERS and not marked:
-        raise ValueError("no op of the graph is in a planned cluster, e.g. %s" % next(iter(CLUSTERS)))
-    return marked
-
-
-def jit_scope():
-    """An XLA JIT scope for code built eagerly inside it."""
-    import tensorflow as tf
-
-    return tf.xla.experimental.jit_scope(compile_ops=True, separate_compiled_gradients=True)
-
-
 def set_precision_policy():
-    """The planned Keras mixed-precision policy."""
-    import tensorflow as tf
+    """The planned Keras mixed-precision policy (call it before the model is built)."""
+    import keras
 
-    tf.keras.mixed_precision.set_global_policy(PRECISION_POLICY)
+    keras.mixed_precision.set_global_policy(PRECISION_POLICY)
+
+
+def make_optimizer(cls, **kwargs):
+    """A Keras optimizer `cls(**kwargs)` that accumulates GRAD_ACCUMULATION micro-steps."""
+    if GRAD_ACCUMULATION > 1:
+        kwargs["gradient_accumulation_steps"] = GRAD_ACCUMULATION
+    return cls(**kwargs)
+
+
+def wrap_optimizer(optimizer):
+    """A LossScaleOptimizer around `optimizer` when the plan computes in fp16 (for custom
+    training loops; model.compile does it itself with auto_scale_loss)."""
+    if not LOSS_SCALING:
+        return optimizer
+    import keras
+
+    if isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+        return optimizer
+    return keras.mixed_precision.LossScaleOptimizer(optimizer)
+
+
+def compile_kwargs():
+    """Keyword arguments for model.compile: XLA as planned, Keras' loss scaling on."""
+    return {"jit_compile": JIT_COMPILE, "auto_scale_loss": True}
+
+
+def check_model(model):
+    """Raise ValueError when `model` was not built under the planned policy (call
+    set_precision_policy() first)."""
+    want = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[PRECISION_POLICY]
+    wrong = [
+        layer.name
+        for layer in model.layers
+        if layer.weights and getattr(layer, "compute_dtype", want) not in (want, "float32")
+    ]
+    built = {getattr(layer, "compute_dtype", None) for layer in model.layers if layer.weights}
+    if wrong or (want != "float32" and want not in built):
+        raise ValueError(
+            "the model was built without the planned policy %s (set_precision_policy() first), e.g. %s"
+            % (PRECISION_POLICY, (wrong or [model.name])[0])
+        )
+    return model
 "#;
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{check_env, check_files, file, tiny_plan};
-    use super::super::{Framework, emit};
+    use super::super::tests::{check_env, check_files, decision, file, tiny_plan};
+    use super::super::{Facts, Framework, emit};
+    use super::*;
 
     #[test]
-    fn tiny_plan_env_clusters_and_module() {
+    fn tiny_plan_env_and_module() {
         let e = emit(&tiny_plan(), Framework::Xla).unwrap();
         check_files(&e);
+        // The tiny plan (made for pytorch) fuses ops: XLA auto-clustering, no cluster file.
         let env = check_env(file(&e, "xla.env"));
         assert_eq!(env["TF_XLA_FLAGS"], "--tf_xla_auto_jit=2");
-        assert_eq!(env["XLA_CLUSTER_SPEC"], "xla_clusters.txt");
-        // Largest group 4 MiB + 2 KiB.
-        assert_eq!(
-            env["XLA_FLAGS"],
-            "--xla_gpu_all_reduce_combine_threshold_bytes=4196352"
-        );
-        let txt = file(&e, "xla_clusters.txt");
-        let body: Vec<&str> = txt.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(
-            body,
-            vec![
-                "net.1 0",
-                "act.1 0",
-                "gradients/net.3_grad 1",
-                "gradients/act.3_grad 1"
-            ]
-        );
-        let nodes: std::collections::BTreeSet<&str> =
-            body.iter().map(|l| l.split(' ').next().unwrap()).collect();
-        assert_eq!(nodes.len(), body.len(), "a node in two clusters");
+        assert!(!env.contains_key("XLA_CLUSTER_SPEC"));
+        assert!(e.files.iter().all(|(n, _)| n != "xla_clusters.txt"));
         let py = file(&e, "trainplan_xla.py");
-        assert!(py.contains("    \"gradients/net.3_grad\": 1,\n"));
         assert!(py.contains("PRECISION_POLICY = \"mixed_float16\""));
+        assert!(py.contains("LOSS_SCALING = True\n"));
+        assert!(py.contains("JIT_COMPILE = True\n"));
+        assert!(py.contains("GRAD_ACCUMULATION = 2\n"), "{py}");
+        assert!(py.contains("MICRO_BATCH = 2\n"), "{py}");
+        // What cannot be targeted is said, with the names behind it.
+        assert!(py.contains("op fusion: 2 fused op group(s)"), "{py}");
+        assert!(
+            py.contains("\"net.1\", \"act.1\", \"net.3\", \"act.3\""),
+            "{py}"
+        );
+        assert!(
+            e.notes
+                .iter()
+                .any(|n| n.starts_with("not applied: op fusion"))
+        );
     }
 
     #[test]
-    fn no_fusion_no_cluster_file() {
+    fn the_start_point_decides_xla() {
         let mut p = tiny_plan();
-        p.config.fused_ops.clear();
-        p.config.tensor_groups = p
-            .config
-            .tensor_groups
-            .iter()
-            .flatten()
-            .map(|t| vec![t.clone()])
-            .collect();
-        p.config.partitions.clear();
+        p.decisions[0] = decision("baseline:tf_default", &[], "start");
+        let f = Facts::of(&p).unwrap();
+        assert!(!auto_jit(&p, &f));
         let e = emit(&p, Framework::Xla).unwrap();
-        assert!(e.files.iter().all(|(n, _)| n != "xla_clusters.txt"));
-        let env = check_env(file(&e, "xla.env"));
-        assert!(env.is_empty(), "{env:?}");
-        check_files(&e);
+        assert!(check_env(file(&e, "xla.env")).is_empty());
+        assert!(file(&e, "trainplan_xla.py").contains("JIT_COMPILE = False\n"));
+        p.decisions[0] = decision("baseline:xla_default", &[("auto_jit", "2")], "start");
+        p.config.fused_ops.clear();
+        let f = Facts::of(&p).unwrap();
+        assert!(auto_jit(&p, &f));
+        let py = file(&emit(&p, Framework::Xla).unwrap(), "trainplan_xla.py").to_string();
+        assert!(
+            py.contains("NOT_APPLIED = [\n") || py.contains("NOT_APPLIED = [\""),
+            "{py}"
+        );
+        assert!(!py.contains("op fusion:"), "{py}");
     }
 }

@@ -1,0 +1,225 @@
+//! What each framework's exported files apply: the planner's contract with `trainplan export`.
+//!
+//! `plan --framework F` searches only the moves F's export applies, and every decision of the
+//! plan records the mechanism that applies it, so the plan's `planned_iteration_ms` is the replay
+//! of exactly what the export changes. A pass the export cannot apply may still be evaluated and
+//! reported as *advice* (with its predicted effect and why it is not exported), never counted.
+//!
+//! | pass | pytorch | horovod | byteps | tf | jax |
+//! |---|---|---|---|---|---|
+//! | `tensor-fusion` (any contiguous groups) | — (DDP has one bucket cap) | `groups=` | — (fork only) | — | — (one threshold) |
+//! | bucket / threshold grid (a baseline) | `bucket_cap_mb` | fusion threshold + cycle | `BYTEPS_PARTITION_BYTES` | — | combine threshold |
+//! | `tensor-partition` (per tensor) | — | — | — (one size for all) | — | — |
+//! | `op-fusion` | `torch.compile` per module (zoo names) | — | — | — (zoo names are not TF nodes) | — (`jax.jit` fuses already) |
+//! | `amp` | autocast + GradScaler | autocast + GradScaler | — | Keras policy + loss scale | dtype + loss scale |
+//! | `fused-adam` | `fused=True` | `fused=True` | — | — | — |
+//! | `recompute` | `torch.utils.checkpoint` | — | — | — | `jax.checkpoint` policy |
+//! | `grad-accumulation` | `no_sync()`, loss ÷ k | `backward_passes_per_step` | `backward_passes_per_step` | `gradient_accumulation_steps` | `optax.MultiSteps` |
+//! | `blueconnect` | — | `HOROVOD_HIERARCHICAL_ALLREDUCE` | — | — | — |
+//! | `p3`, `reconstruct-batchnorm`, `vdnn`, `dgc`, pass files | — | — | — | — | — |
+//!
+//! A plan from a trace names ATen operators, not modules, so `op-fusion` is never exported for
+//! it; AMP on a trace is priced for kernels whose class the trace does not record, so it is
+//! exported like on a zoo job but must clear the search's minimum gain.
+//!
+//! **Invariant:** this table is the only place that says what an export applies; the search, the
+//! plan's `mechanism` fields, `trainplan show` and the emitters' notes all read it.
+
+use crate::cost::framework::Framework;
+
+/// Whether a plan from a trace or from the zoo (their names differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Names {
+    /// The zoo's torchvision / Hugging Face module and parameter names.
+    Zoo,
+    /// A trace's ATen operator and kernel names.
+    Trace,
+}
+
+impl Names {
+    /// `zoo` or `trace`, as in the plan's `workload.names`.
+    pub fn of(source: &str) -> Names {
+        if source == "trace" {
+            Names::Trace
+        } else {
+            Names::Zoo
+        }
+    }
+}
+
+/// How `fw`'s exported files apply `pass`: `Ok(mechanism)`, or `Err(why not)`.
+pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str, &'static str> {
+    use Framework::*;
+    let torch_like = matches!(fw, Pytorch | Horovod);
+    match pass {
+        "tensor-fusion" => match fw {
+            Horovod => Ok(
+                "hvd.DistributedOptimizer(groups=...) with HOROVOD_DISABLE_GROUP_FUSION=1 and HOROVOD_FUSION_THRESHOLD >= the largest group (trainplan_horovod.distributed_optimizer, horovod.env)",
+            ),
+            Pytorch => Err(
+                "DDP fills buckets by one size cap in gradient-ready order: arbitrary groups cannot be set (the plan tunes bucket_cap_mb instead)",
+            ),
+            Jax => Err(
+                "XLA combines all-reduces by one size threshold: arbitrary groups cannot be set (the plan tunes the threshold instead)",
+            ),
+            Byteps => {
+                Err("stock BytePS synchronises tensor by tensor: groups need dPRO's BytePS fork")
+            }
+            Tf => Err(
+                "MirroredStrategy packs gradients by its own rule: arbitrary groups cannot be set",
+            ),
+        },
+        "tensor-partition" => Err(
+            "per-tensor partition numbers need dPRO's BytePS fork: stock BytePS cuts every tensor by one BYTEPS_PARTITION_BYTES (the plan tunes it for --framework byteps)",
+        ),
+        "op-fusion" => match (fw, names) {
+            (Pytorch, Names::Zoo) => Ok(
+                "torch.compile of each fused region's module (trainplan_patch.apply_plan, compile=True)",
+            ),
+            (Pytorch, Names::Trace) => Err(
+                "a trace names ATen operators, not modules: torch.compile cannot be aimed at them",
+            ),
+            (Tf, _) => Err(
+                "the plan names torchvision / Hugging Face layers or ATen operators, not TF graph nodes: no cluster of a Keras model can be targeted (XLA auto-clustering, the xla_default baseline, is TF's own switch)",
+            ),
+            (Jax, _) => Err("jax.jit compiles the whole step already: XLA chooses the fusion"),
+            (Horovod | Byteps, _) => Err(
+                "the Horovod and BytePS exports set communication only; compile regions come with --framework pytorch",
+            ),
+        },
+        "amp" => match fw {
+            Pytorch => Ok(
+                "torch.autocast in the planned dtype, torch.amp.GradScaler for fp16 (trainplan_patch.autocast_context, make_grad_scaler)",
+            ),
+            Horovod => Ok(
+                "torch.autocast in the planned dtype, GradScaler stepped the Horovod way (trainplan_horovod.autocast_context, make_grad_scaler, step)",
+            ),
+            Tf => Ok(
+                "Keras mixed-precision policy; loss scaling for fp16 (trainplan_xla.set_precision_policy, compile_kwargs auto_scale_loss, wrap_optimizer)",
+            ),
+            Jax => Ok(
+                "compute dtype inside the loss; fp16: dynamic loss scaling and overflowed steps skipped (trainplan_jax.cast_params, scaled_value_and_grad, make_optimizer)",
+            ),
+            Byteps => Err("the BytePS export sets communication only (no precision module)"),
+        },
+        "fused-adam" => {
+            if torch_like {
+                Ok("torch.optim.Adam/AdamW(fused=True): pass optimizer_kwargs() to the optimizer")
+            } else {
+                Err("the optimizer update is compiled with the step (XLA): no separate switch")
+            }
+        }
+        "recompute" => match fw {
+            Pytorch => Ok(
+                "torch.utils.checkpoint on the planned modules (trainplan_patch.apply_plan, checkpointing=True)",
+            ),
+            Jax => Ok(
+                "jax.checkpoint (nothing saved inside) around each planned layer's function (trainplan_jax.remat(name, fn))",
+            ),
+            _ => Err("the export has no recomputation switch for this framework"),
+        },
+        "grad-accumulation" => Ok(match fw {
+            Pytorch => {
+                "DDP no_sync() for k-1 micro-steps of batch/k, loss divided by k (trainplan_patch.accumulate, scale_loss, MICRO_BATCH)"
+            }
+            Horovod => {
+                "hvd.DistributedOptimizer(backward_passes_per_step=k), micro-batches of batch/k, loss divided by k (trainplan_horovod.distributed_optimizer, scale_loss, MICRO_BATCH)"
+            }
+            Byteps => {
+                "bps.DistributedOptimizer(backward_passes_per_step=k), micro-batches of batch/k, loss divided by k"
+            }
+            Tf => {
+                "Keras optimizer gradient_accumulation_steps=k (trainplan_xla.make_optimizer), micro-batches of batch/k"
+            }
+            Jax => {
+                "optax.MultiSteps(every_k_schedule=k) (trainplan_jax.make_optimizer), micro-batches of batch/k"
+            }
+        }),
+        "blueconnect" => match fw {
+            Horovod => Ok("HOROVOD_HIERARCHICAL_ALLREDUCE=1 (horovod.env)"),
+            _ => Err("no hierarchical all-reduce switch in this framework's export"),
+        },
+        _ => Err(
+            "a what-if of a technique the framework does not switch on (p3, reconstruct-batchnorm, vdnn, dgc, pass files): nothing in the export applies it",
+        ),
+    }
+}
+
+/// The names of `all` that `fw`'s export applies, in the given order.
+pub fn applicable<'a>(fw: Framework, names: Names, all: &'a [String]) -> Vec<&'a String> {
+    all.iter()
+        .filter(|p| mechanism(fw, p, names).is_ok())
+        .collect()
+}
+
+/// The mechanism of a start-point baseline (`baseline:NAME`), or why it is not exported.
+pub fn baseline_mechanism(name: &str) -> Result<&'static str, &'static str> {
+    Ok(match name {
+        "ddp_default" => "DistributedDataParallel defaults (bucket_cap_mb=25, first bucket 1 MiB)",
+        "ddp_tuned" => "DistributedDataParallel(bucket_cap_mb=...) (trainplan_patch.apply_plan)",
+        "horovod_default" => "HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME at their defaults",
+        "horovod_autotune" => {
+            "HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME set to the tuned point (horovod.env)"
+        }
+        "byteps_default" => "BYTEPS_PARTITION_BYTES=4096000 (the default)",
+        "byteps_tuned" => "BYTEPS_PARTITION_BYTES set to the tuned size (byteps.env)",
+        "tf_default" => {
+            "MirroredStrategy's default all-reduce (one pack), no XLA (trainplan_xla.compile_kwargs: jit_compile=False)"
+        }
+        "xla_default" => {
+            "XLA clustering: model.compile(jit_compile=True) (trainplan_xla.compile_kwargs), TF_XLA_FLAGS=--tf_xla_auto_jit=2 (xla.env)"
+        }
+        "jax_default" => "XLA's all-reduce combiner at its default threshold",
+        "jax_tuned" => "XLA_FLAGS=--xla_gpu_all_reduce_combine_threshold_bytes=... (jax.env)",
+        "as_recorded" => "the traced run as it was recorded",
+        "none" => return Err("one collective per tensor: a reference, not a framework setting"),
+        _ => return Err("not a setting of this framework"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_framework_applies_accumulation_and_only_horovod_arbitrary_groups() {
+        for fw in Framework::ALL {
+            assert!(
+                mechanism(fw, "grad-accumulation", Names::Zoo).is_ok(),
+                "{fw}"
+            );
+            assert_eq!(
+                mechanism(fw, "tensor-fusion", Names::Zoo).is_ok(),
+                fw == Framework::Horovod,
+                "{fw}"
+            );
+            assert!(mechanism(fw, "tensor-partition", Names::Zoo).is_err());
+            assert!(mechanism(fw, "dgc", Names::Zoo).is_err());
+            assert!(mechanism(fw, "my-pass-from-a-file", Names::Zoo).is_err());
+        }
+    }
+
+    #[test]
+    fn op_fusion_only_for_pytorch_zoo_plans() {
+        for fw in Framework::ALL {
+            for names in [Names::Zoo, Names::Trace] {
+                assert_eq!(
+                    mechanism(fw, "op-fusion", names).is_ok(),
+                    fw == Framework::Pytorch && names == Names::Zoo,
+                    "{fw} {names:?}"
+                );
+            }
+        }
+        let all: Vec<String> = ["amp", "op-fusion", "recompute", "tensor-fusion"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            applicable(Framework::Pytorch, Names::Trace, &all),
+            vec!["amp", "recompute"]
+        );
+        assert_eq!(
+            applicable(Framework::Jax, Names::Zoo, &all),
+            vec!["amp", "recompute"]
+        );
+    }
+}

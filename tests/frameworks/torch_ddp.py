@@ -1,0 +1,202 @@
+"""Run an exported trainplan_patch.py against real PyTorch: DDP with gloo, 2 processes, on CPU.
+
+    python torch_ddp.py PATCH_DIR resnet50|bert [--steps N]
+
+Checks, on rank 0, and prints one JSON line with what it saw:
+* DDP's buckets, once it has rebuilt them (from the second synchronised step on), are the
+  plan's TENSOR_GROUPS: same parameters, same order (read with a comm hook);
+* compiled regions (COMPILE_MODULES) really run compiled after the rebuild, eagerly before;
+* autocast is on in the planned dtype (the first layer's output dtype) and a GradScaler steps;
+* the planned modules are checkpointed (torch.utils.checkpoint runs for each of them);
+* with GRAD_ACCUMULATION = k: the optimizer steps once every k micro-steps, on micro-batches of
+  MICRO_BATCH samples, and the accumulated gradient with scale_loss equals the whole batch's;
+* the optimizer is fused when the plan counts fused Adam.
+
+The models are built without downloading weights (torchvision `weights=None`, Hugging Face
+`BertForPreTraining(BertConfig())`). Inputs are small (64x64 images, 16-token sequences) to
+keep the run short; the checks do not depend on the input size. Compiled regions use the
+`aot_eager` backend (dynamo + AOTAutograd, which is what changes the gradient order) instead of
+inductor, which would compile C++ for minutes on a CI machine.
+"""
+
+import json
+import os
+
+# transformers would import TensorFlow too (same venv): not needed here.
+os.environ.setdefault("USE_TF", "0")
+os.environ.setdefault("TRANSFORMERS_NO_TF", "1")
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+warnings.filterwarnings("ignore")
+
+
+def build(name):
+    torch.manual_seed(0)
+    if name == "resnet50":
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None)
+
+        def batch(n, seed):
+            g = torch.Generator().manual_seed(seed)
+            return torch.randn(n, 3, 64, 64, generator=g)
+
+        def loss_fn(model, x):
+            return model(x).float().square().mean()
+
+        first = model.conv1
+    else:
+        from transformers import BertConfig, BertForPreTraining
+
+        cfg = BertConfig()
+        cfg.hidden_dropout_prob = 0.0
+        cfg.attention_probs_dropout_prob = 0.0
+        model = BertForPreTraining(cfg)
+
+        def batch(n, seed):
+            g = torch.Generator().manual_seed(seed)
+            return torch.randint(0, cfg.vocab_size, (n, 16), generator=g)
+
+        def loss_fn(model, x):
+            out = model(input_ids=x)
+            return out.prediction_logits.float().square().mean() * 1e-3 + out.seq_relationship_logits.float().square().mean()
+
+        first = model.bert.embeddings.word_embeddings
+        # A Linear sees autocast; the embedding does not.
+        first = model.bert.encoder.layer[0].attention.self.query
+    return model, batch, loss_fn, first
+
+
+def run(rank, patch_dir, name, steps, port, out_q):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    sys.path.insert(0, patch_dir)
+    import trainplan_patch as tp
+
+    model, batch, loss_fn, first = build(name)
+    names = {p: n for n, p in model.named_parameters()}
+    seen = {"checkpoint_calls": 0, "first_dtype": None, "buckets": [], "compiled_calls": 0}
+
+    import torch.utils.checkpoint as cp
+
+    real_checkpoint = cp.checkpoint
+
+    def counting_checkpoint(*a, **k):
+        seen["checkpoint_calls"] += 1
+        return real_checkpoint(*a, **k)
+
+    cp.checkpoint = counting_checkpoint
+    first.register_forward_hook(lambda m, i, o: seen.__setitem__("first_dtype", str(o.dtype)))
+    ddp = tp.apply_plan(model, compile_kwargs={"backend": "aot_eager"})
+    assert type(ddp).__name__ == "DistributedDataParallel", type(ddp)
+    cur = []
+
+    def hook(state, bucket):
+        cur.append([names[p] for p in bucket.parameters()])
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0] / 2)
+
+    ddp.register_comm_hook(None, hook)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, **tp.optimizer_kwargs())
+    scaler = tp.make_grad_scaler("cpu")
+    # Optimizer steps as the loop asks for them (GradScaler may skip an fp16 step with inf
+    # gradients, which is its job, not the plan's).
+    step_calls = [0]
+    real_step = scaler.step
+
+    def counting_step(*a, **k):
+        step_calls[0] += 1
+        return real_step(*a, **k)
+
+    scaler.step = counting_step
+    k = tp.GRAD_ACCUMULATION
+    micro = int(tp.MICRO_BATCH) if tp.MICRO_BATCH else 2
+    micro = max(1, min(micro, 2))
+    rounds = []
+    micro_steps = steps * k
+    for step in range(micro_steps):
+        cur.clear()
+        with tp.accumulate(ddp, step), tp.autocast_context("cpu"):
+            loss = tp.scale_loss(loss_fn(ddp, batch(micro, 1000 * rank + step)))
+        scaler.scale(loss).backward()
+        if tp.is_update_step(step):
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            rounds.append([list(b) for b in cur])
+    seen["optimizer_steps"] = step_calls[0]
+    seen["micro_steps"] = micro_steps
+    seen["buckets"] = rounds
+    seen["fused"] = all(bool(g.get("fused")) for g in opt.param_groups)
+    seen["has_rebuilt_buckets"] = bool(getattr(ddp, "_has_rebuilt_buckets", False))
+    # Accumulation arithmetic on one process, without DDP: k micro-batches with scale_loss give
+    # the gradient of the whole batch.
+    if k > 1 and rank == 0:
+        torch.manual_seed(1)
+        lin = torch.nn.Linear(4, 3)
+        x = torch.randn(2 * k, 4)
+        lin(x).square().mean().backward()
+        whole = lin.weight.grad.clone()
+        lin.weight.grad = None
+        for part in x.chunk(k):
+            tp.scale_loss(lin(part).square().mean()).backward()
+        seen["accumulated_grad_error"] = float((lin.weight.grad - whole).abs().max())
+    if rank == 0:
+        seen["planned"] = tp.planned_buckets()
+        seen["recompute_modules"] = tp.RECOMPUTE_MODULES
+        # The modules they resolve to in the real model (a planned layer that is no module of
+        # it, such as the zoo's relu1, is covered by its enclosing module).
+        seen["resolved_recompute"] = sorted(tp._resolved(model, tp.RECOMPUTE_MODULES))
+        seen["compile_modules"] = tp.COMPILE_MODULES
+        seen["compiled"] = sorted(
+            n for n, m in model.named_modules() if getattr(m, "_trainplan_compiled", False)
+        )
+        seen["checkpointed"] = sorted(
+            n for n, m in model.named_modules() if getattr(m, "_trainplan_checkpointed", False)
+        )
+        seen["dtype"] = tp.DTYPE
+        seen["k"] = k
+        seen["torch"] = torch.__version__
+        out_q.put(seen)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    patch_dir, name = sys.argv[1], sys.argv[2]
+    steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 3
+    port = 29500 + (os.getpid() % 2000)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=run, args=(r, patch_dir, name, steps, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    # Wait for rank 0's report, but not for a rank that died (its traceback is on stderr).
+    import queue
+
+    while True:
+        try:
+            seen = q.get(timeout=5)
+            break
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise SystemExit("a rank exited with %s" % dead[0])
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise SystemExit("rank exited with %s" % p.exitcode)
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main()
