@@ -235,3 +235,88 @@ pub fn line_chart(
     out.push_str("</svg>\n");
     out
 }
+
+/// One group of points of a scatter plot: (x, y) pairs with a hover label each.
+pub struct Points {
+    pub name: String,
+    pub points: Vec<(f64, f64, String)>,
+}
+
+/// Predicted against measured on log₁₀ axes (both the same range), with the diagonal and the
+/// ±`band` lines (e.g. 0.1 for ±10 %): one colour per group.
+pub fn scatter(title: &str, x_label: &str, y_label: &str, groups: &[Points], band: f64) -> String {
+    let vals: Vec<f64> = groups
+        .iter()
+        .flat_map(|g| g.points.iter().flat_map(|p| [p.0, p.1]))
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .collect();
+    let max = vals.iter().copied().fold(f64::MIN, f64::max).max(1e-9);
+    let min = vals.iter().copied().fold(f64::MAX, f64::min).min(max);
+    let axis = Axis {
+        lo: min.log10().floor(),
+        hi: max.log10().ceil().max(min.log10().floor() + 1.0),
+        log: true,
+    };
+    let plot_w = W - LEFT - RIGHT;
+    let x = |v: f64| {
+        let t = (v.max(1e-12).log10() - axis.lo) / (axis.hi - axis.lo);
+        LEFT + plot_w * t.clamp(0.0, 1.0)
+    };
+    let mut out = String::new();
+    frame(&mut out, title, y_label, &axis);
+    for (v, label) in axis.ticks() {
+        let _ = writeln!(
+            out,
+            r##"<line x1="{:.1}" x2="{:.1}" y1="{TOP}" y2="{}" stroke="#eee"/><text x="{:.1}" y="{}" text-anchor="middle">{}</text>"##,
+            x(v),
+            x(v),
+            H - BOTTOM,
+            x(v),
+            H - BOTTOM + 18.0,
+            esc(&label)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+        LEFT + plot_w / 2.0,
+        H - BOTTOM + 40.0,
+        esc(x_label)
+    );
+    let (a, b) = (10f64.powf(axis.lo), 10f64.powf(axis.hi));
+    for (f, dash) in [(1.0, ""), (1.0 + band, "4 4"), (1.0 - band, "4 4")] {
+        let _ = writeln!(
+            out,
+            r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#555" stroke-dasharray="{dash}"/>"##,
+            x(a),
+            axis.y(a * f),
+            x(b),
+            axis.y(b * f)
+        );
+    }
+    for (i, g) in groups.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        for (px, py, label) in &g.points {
+            if !(px.is_finite() && py.is_finite() && *px > 0.0 && *py > 0.0) {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}" fill-opacity="0.7"><title>{}</title></circle>"#,
+                x(*px),
+                axis.y(*py),
+                esc(label)
+            );
+        }
+    }
+    let legend_series: Vec<Series> = groups
+        .iter()
+        .map(|g| Series {
+            name: g.name.clone(),
+            values: Vec::new(),
+        })
+        .collect();
+    legend(&mut out, &legend_series);
+    out.push_str("</svg>\n");
+    out
+}

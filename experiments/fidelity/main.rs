@@ -9,7 +9,10 @@
 //! reports). dPRO's tables are never fitted on.
 //!
 //! Run: `cargo run --release --example fidelity` → `experiments/results/fidelity.{md,csv,svg}`;
-//! `-- --fit` also fits the architecture constants on the fit half (argmin) and prints them.
+//! `-- --fit` also fits the architecture constants on the fit half (argmin) and prints them;
+//! `-- --check N` predicts every Nth case again and compares it with the committed
+//! `fidelity.csv` (exit 1 on a difference; writes nothing): the test that pins the results to
+//! the code (`tests/it/fidelity.rs`).
 
 #[path = "../svg.rs"]
 mod svg;
@@ -129,6 +132,13 @@ fn main() {
             println!("{name:45} {before:10.4} → {after:10.4}");
         }
         return;
+    }
+    if let Some(every) = std::env::args()
+        .skip_while(|a| a != "--check")
+        .nth(1)
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        std::process::exit(check(root, &cases, every.max(1)));
     }
     let predicted: Vec<(Case, Result<predict::Prediction, String>)> = cases
         .into_par_iter()
@@ -254,6 +264,76 @@ fn main() {
     report(root, &results, &skipped, &failed);
 }
 
+/// Predicts every `every`th case and compares its iteration time and memory with the committed
+/// `fidelity.csv` (4 decimals, as written); returns the exit code.
+fn check(root: &Path, cases: &[Case], every: usize) -> i32 {
+    let path = root.join("experiments/results/fidelity.csv");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cannot read {}: {e}", path.display());
+            return 1;
+        }
+    };
+    let mut committed: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        // kind,split,family,"id","setting",measured,predicted,…: the id has no quote or comma.
+        let f: Vec<&str> = line.splitn(5, ',').collect();
+        let (Some(kind), Some(id)) = (f.first(), f.get(3)) else {
+            continue;
+        };
+        let rest = f.get(4).copied().unwrap_or("");
+        // After the quoted setting: measured, predicted.
+        let Some(after) = rest.find("\",").map(|i| &rest[i + 2..]) else {
+            continue;
+        };
+        let nums: Vec<&str> = after.split(',').collect();
+        if let Some(p) = nums.get(1).and_then(|x| x.parse::<f64>().ok()) {
+            committed.insert((kind.to_string(), id.trim_matches('"').to_string()), p);
+        }
+    }
+    let picked: Vec<&Case> = cases.iter().step_by(every).collect();
+    let mut bad = 0;
+    let mut compared = 0;
+    for c in &picked {
+        let p = match predict::predict(c, &predict::Overrides::default()) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("{}: prediction failed: {e}", c.id);
+                bad += 1;
+                continue;
+            }
+        };
+        for (kind, now, has) in [
+            ("iteration", p.iteration_ms, c.measured_ms.is_some()),
+            ("memory", p.memory_gb, c.measured_gb.is_some()),
+        ] {
+            if !has {
+                continue;
+            }
+            compared += 1;
+            let key = (kind.to_string(), c.id.clone());
+            match committed.get(&key) {
+                Some(&was) if (was - now).abs() <= 1e-4 + 1e-6 * was.abs() => {}
+                Some(&was) => {
+                    eprintln!("{} {kind}: committed {was:.4}, now {now:.4}", c.id);
+                    bad += 1;
+                }
+                None => {
+                    eprintln!("{} {kind}: not in {}", c.id, path.display());
+                    bad += 1;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "checked {compared} figures of {} cases against {}: {bad} differ",
+        picked.len(),
+        path.display()
+    );
+    i32::from(bad > 0)
+}
+
 /// Writes `experiments/results/fidelity.{md,csv,svg}` and prints the summary.
 fn report(
     root: &Path,
@@ -318,7 +398,41 @@ fn report(
         let _ = writeln!(md, "| prediction failed for {id}: {why} | 1 |");
     }
     std::fs::write(dir.join("fidelity.md"), &md).expect("write fidelity.md");
+    std::fs::write(dir.join("fidelity.svg"), scatter(results)).expect("write fidelity.svg");
     print!("{summary}");
+}
+
+/// Predicted against measured iteration time, one colour per source (hover: the row).
+fn scatter(results: &[Result_]) -> String {
+    let mut groups: BTreeMap<String, Vec<(f64, f64, String)>> = BTreeMap::new();
+    for r in results.iter().filter(|r| r.kind == "iteration") {
+        groups.entry(r.family.to_string()).or_default().push((
+            r.measured,
+            r.predicted,
+            format!(
+                "{} [{}]: measured {:.1} ms, predicted {:.1} ms ({:+.1} %)",
+                r.setting,
+                r.split.name(),
+                r.measured,
+                r.predicted,
+                r.error_pct()
+            ),
+        ));
+    }
+    let groups: Vec<svg::Points> = groups
+        .into_iter()
+        .map(|(name, points)| svg::Points {
+            name: format!("{name} ({})", points.len()),
+            points,
+        })
+        .collect();
+    svg::scatter(
+        "Iteration time: predicted against published (dashed: ±10 %)",
+        "measured iteration, ms",
+        "predicted iteration, ms",
+        &groups,
+        0.1,
+    )
 }
 
 /// The error a row is judged by: % for times, memory and speed-ups; points for efficiency.

@@ -48,6 +48,7 @@ pub fn cluster(c: &Case) -> Result<Cluster, String> {
 pub struct Overrides {
     pub arch: BTreeMap<String, ArchSpec>,
     pub host_speed: Option<f64>,
+    pub host_micro_step_us: Option<f64>,
 }
 
 /// The prediction of `c`, with the configs' constants replaced by `o`'s (the fit).
@@ -57,9 +58,13 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     if let Some(a) = o.arch.get(&cl.gpu.arch) {
         cl.gpu.kernels = a.clone();
     }
-    let host = o.host_speed.map(|s| HostSpec {
-        speed: s,
-        ..HostSpec::builtin(c.framework.exec())
+    let host = (o.host_speed.is_some() || o.host_micro_step_us.is_some()).then(|| {
+        let b = HostSpec::builtin(c.framework.exec());
+        HostSpec {
+            speed: o.host_speed.unwrap_or(b.speed),
+            micro_step_us: o.host_micro_step_us.unwrap_or(b.micro_step_us),
+            ..b
+        }
     });
     let (mut job, flat, _) = baselines::zoo_baseline(
         &model,

@@ -309,8 +309,10 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
 }
 
 /// dPRO (MLSys'22) Tables 2 and 4: TensorFlow + Horovod on 2 × 8 V100 with 100 Gb/s RDMA,
-/// FP32. Table 4's memory is TensorFlow's peak in use (the `Real` column; Table 3 fixes which
-/// column is which, see `published_whatifs.rs`).
+/// FP32. Table 4's memory is TensorFlow's peak in use (the `Real` column: the extracted text
+/// prints `Est. | Real`, and Table 3's BERT-base at batch 32 — real 9.96 GB, est. 10.25 GB — fixes
+/// which is which). The paper does not print Table 4's accumulation `k`; its memory row (9.96 GB)
+/// is exactly Table 3's BERT-base at batch 32, so the run used 2 micro-batches of 32.
 pub fn dpro() -> Vec<Case> {
     let base = |id: &str, model: &str, batch: u32, ms: f64| Case {
         id: id.to_string(),

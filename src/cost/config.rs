@@ -1043,12 +1043,18 @@ mod tests {
             .find(|(p, _)| *p == "arch/volta.yaml")
             .unwrap()
             .1;
-        let e = parse_arch(
-            &volta.replace("memory_efficiency: 0.85", "memory_efficiency: 1.5"),
-            "v.yaml",
-        )
-        .unwrap_err()
-        .to_string();
+        let out_of_range: String = volta
+            .lines()
+            .map(|l| {
+                if l.starts_with("memory_efficiency:") {
+                    "memory_efficiency: 1.5"
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let e = parse_arch(&out_of_range, "v.yaml").unwrap_err().to_string();
         assert!(
             e.contains("field memory_efficiency: must be between 0.001 and 1, got 1.5"),
             "{e}"

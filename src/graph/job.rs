@@ -381,7 +381,8 @@ impl Job {
         if self.symmetric {
             b.set_represents(n);
         }
-        if n > 1 {
+        // Recorded durations already contain the contention their run had.
+        if n > 1 && !self.is_recorded() {
             b.set_contention_ppm((self.gpu.kernels.overlap_slowdown * 1e6).round() as u32);
         }
         let per = l.ops.len() as u32;

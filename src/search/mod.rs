@@ -1078,7 +1078,15 @@ mod tests {
         )
         .unwrap();
         let c = crate::cost::config::load_cluster("8xh200").unwrap();
-        crate::zoo::build::job(&m, &c, &Default::default()).unwrap()
+        // A compiled step (the graph host): bound by the GPU and the all-reduces, so tensor
+        // fusion and partition have moves to make.
+        let opts = crate::zoo::BuildOptions {
+            host: Some(crate::cost::host::HostSpec::builtin(
+                crate::cost::framework::Exec::Graph,
+            )),
+            ..Default::default()
+        };
+        crate::zoo::build::job(&m, &c, &opts).unwrap()
     }
 
     /// Issue 14: lean evaluations (graphs dropped once scored, the move taken evaluated again)

@@ -303,7 +303,8 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
     g.edges.push((bw_done, all_synced));
     let step = push(
         &mut g,
-        OpSpec::new(OpKind::CpuOther, Phase::Update, cpu, ns(host.step_ns())),
+        // Phase Other (as a trace's zero_grad): a fused optimizer keeps this fixed work.
+        OpSpec::new(OpKind::CpuOther, Phase::Other, cpu, ns(host.step_ns())),
         None,
     );
     if let Some(p) = last_launch {

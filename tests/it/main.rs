@@ -18,6 +18,7 @@
 //! * [`hostile_export`]: plans whose every name is hostile, exported for every framework, then
 //!   compiled, imported and sourced: nothing runs, every value comes back.
 //! * [`exec_traces`]: `trainplan replay` on Chakra execution traces.
+//! * [`fidelity`]: the committed `experiments/fidelity` results are the code's and the README's.
 //! * [`fuzz_inputs`]: proptest mutations of configs, pass files, plans (then every emitter), the
 //!   performance database and nccl-tests tables: no panics, errors name the file, what is
 //!   accepted is in range.
@@ -34,6 +35,7 @@
 mod cli;
 mod exec_traces;
 mod export;
+mod fidelity;
 mod frameworks;
 mod fuzz_inputs;
 mod fuzz_traces;
