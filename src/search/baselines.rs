@@ -325,15 +325,7 @@ pub fn default_from_ready(
             Ok((j, cfg))
         }
         SyncDefault::Partitions { bytes: piece } => {
-            let edits: Vec<Edit> = job
-                .syncs
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    let k = u32::try_from(s.bytes.div_ceil(piece).max(1)).unwrap_or(u32::MAX);
-                    (k > 1).then_some(Edit::PartitionSync { sync: i, k })
-                })
-                .collect();
+            let edits = partition_edits(job, piece);
             let cut = edits.len();
             let out = passes::apply(
                 job,
@@ -814,15 +806,7 @@ fn xla_default(none: &Evaluated) -> Result<(Job, String), PassError> {
 }
 
 fn byteps_default(job: &Job) -> Result<(Job, String), PassError> {
-    let edits: Vec<Edit> = job
-        .syncs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            let k = byteps_pieces(s.bytes);
-            (k > 1).then_some(Edit::PartitionSync { sync: i, k })
-        })
-        .collect();
+    let edits = partition_edits(job, BYTEPS_PARTITION_BYTES);
     let cut = edits.len();
     let pieces: u64 = job
         .syncs
@@ -847,6 +831,18 @@ fn byteps_default(job: &Job) -> Result<(Job, String), PassError> {
 }
 
 /// BytePS's piece count for a tensor of `bytes`: `⌈bytes / 4,096,000⌉`, at least 1.
+/// BytePS' cuts: every sync over `piece` bytes partitioned into pieces of at most `piece`.
+fn partition_edits(job: &Job, piece: u64) -> Vec<Edit> {
+    job.syncs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let k = u32::try_from(s.bytes.div_ceil(piece).max(1)).unwrap_or(u32::MAX);
+            (k > 1).then_some(Edit::PartitionSync { sync: i, k })
+        })
+        .collect()
+}
+
 pub fn byteps_pieces(bytes: u64) -> u32 {
     u32::try_from(bytes.div_ceil(BYTEPS_PARTITION_BYTES).max(1)).unwrap_or(u32::MAX)
 }
@@ -1228,15 +1224,7 @@ pub fn for_framework(
         }
         Framework::Byteps => {
             let cut = |piece: u64| -> Result<Point, PassError> {
-                let edits: Vec<Edit> = job
-                    .syncs
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, s)| {
-                        let k = u32::try_from(s.bytes.div_ceil(piece).max(1)).unwrap_or(u32::MAX);
-                        (k > 1).then_some(Edit::PartitionSync { sync: i, k })
-                    })
-                    .collect();
+                let edits = partition_edits(job, piece);
                 let cut = edits.len();
                 let j = passes::apply(
                     job,
