@@ -56,7 +56,7 @@ fn apply(
     let p = passes::find(reg, &name).map_err(|e| e.to_string())?;
     let k = passes::resolve_knobs(p, &given).map_err(|e| e.to_string())?;
     let base = passes::evaluate(job.clone()).map_err(|e| e.to_string())?;
-    let patches = p.propose(&base, &k).map_err(|e| e.to_string())?;
+    let patches = trainplan::passes::propose(p, &base, &k).map_err(|e| e.to_string())?;
     if patches.is_empty() {
         return Err("nothing to change".into());
     }

@@ -141,6 +141,10 @@ pub enum PassError {
     NotApplicable { pass: String, why: String },
     #[error("{0}")]
     File(String),
+    /// A bug, not bad input: a pass was shown a lean evaluation (its graph and replay dropped,
+    /// see `search::LEAN_OPS`). Every caller goes through [`propose`], which refuses one.
+    #[error("internal error: pass {pass} was shown an evaluation without its graph and replay")]
+    Lean { pass: String },
 }
 
 /// One edit of a patch. Op ids as described in the module docs; sync indices into `job.syncs`.
@@ -245,6 +249,14 @@ pub struct Evaluated {
 }
 
 impl Evaluated {
+    /// Whether the graph, replay and critical path were dropped once scored (a real
+    /// evaluation always has ops; see `search::lean_from`).
+    pub fn is_lean(&self) -> bool {
+        self.graph.op_count() == 0
+    }
+}
+
+impl Evaluated {
     /// The iteration time passes and the search compare: a recorded step's steady-state
     /// period (the step-to-step time a training loop sees), else the replay's latest end.
     pub fn iteration_ns(&self) -> u64 {
@@ -337,6 +349,21 @@ pub trait Pass: Send + Sync {
     fn granular(&self) -> bool {
         false
     }
+}
+
+/// Ask `pass` for its patches on `cx`: the one way the search, the baselines and the commands
+/// call [`Pass::propose`]. A pass reads the replay and the critical path of the graph it is
+/// shown; an evaluation made lean (`search::lean_from`) has neither, so it is refused here
+/// with [`PassError::Lean`] instead of letting a pass index an empty replay (issue 20: the
+/// advice step showed `tensor-fusion` the lean final evaluation of every job above
+/// `search::LEAN_OPS` ops, and the search panicked).
+pub fn propose(pass: &dyn Pass, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
+    if cx.is_lean() {
+        return Err(PassError::Lean {
+            pass: pass.name().to_string(),
+        });
+    }
+    pass.propose(cx, knobs)
 }
 
 /// Every built-in pass, sorted by name.

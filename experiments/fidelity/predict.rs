@@ -94,7 +94,7 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     for (name, knobs) in steps {
         let p = passes::find(&reg, name).map_err(|e| e.to_string())?;
         let k = passes::resolve_knobs(p, &knobs).map_err(|e| e.to_string())?;
-        let patches = p.propose(&cur, &k).map_err(|e| e.to_string())?;
+        let patches = trainplan::passes::propose(p, &cur, &k).map_err(|e| e.to_string())?;
         let j = passes::apply_all(&cur.job, &patches).map_err(|e| e.to_string())?;
         cur = passes::evaluate(j).map_err(|e| e.to_string())?;
     }

@@ -341,9 +341,14 @@ pub struct WhatifArgs {
 pub struct PlanArgs {
     #[command(flatten)]
     pub input: InputArgs,
-    /// Wall-clock budget for the search (1h, 90s, 2m30s, 1.5h).
+    /// Wall-clock budget for the search (1h, 90s, 2m30s, 1.5h). A plan cut by the budget is
+    /// the best one so far, with the same report as a converged one.
     #[arg(long, default_value = "1h", value_name = "DURATION")]
     pub budget: String,
+    /// Stop the search after N rounds (critical-path rounds or MCMC batches): a cut by work, not
+    /// time, so the same input gives the same plan on any machine (stop reason `round_limit`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_rounds: Option<u32>,
     /// Peak memory per GPU the plan must fit (16GiB, 80GB, 512MiB, bytes); over it the planner
     /// first chooses recomputation or gradient accumulation; exit 4 when nothing fits.
     #[arg(long, value_name = "SIZE")]

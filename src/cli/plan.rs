@@ -1,13 +1,17 @@
 //! `trainplan plan`: the framework's baselines and the search, the plan YAML and its SVG
 //! written atomically, a summary (or one JSON object).
 //!
-//! **Time.** `--budget` bounds the whole run from the start of the command (input, baselines,
-//! search and the final replays). The work runs on a worker thread; the main thread watches the
-//! clock and Ctrl-C. The worker stops itself at the deadline or on Ctrl-C between replays; if it
-//! has not returned [`GRACE`] after either (a replay of a very large graph still running), the
-//! main thread writes the best plan evaluated so far — kept in a snapshot the worker updates at
-//! every improvement — and returns, which ends the process. A second Ctrl-C exits at once
-//! (130) without writing.
+//! **Time.** `--budget` bounds the search from the start of the command (input, baselines and
+//! search); `--max-rounds` bounds it by work instead, the same on every machine. The work runs
+//! on a worker thread; the main thread watches the clock and Ctrl-C. The worker stops itself at
+//! the deadline or on Ctrl-C between replays. A plan cut by the budget carries the same report
+//! as a converged one (the final replay in the report's form, the bound, the advice, the lower
+//! bound): the worker computes it after the search, or — if it has not returned [`GRACE`] after
+//! the deadline (a replay of a very large graph still running) — the main thread computes it
+//! from the snapshot of the best plan so far that the worker updates at every improvement, then
+//! returns, which ends the process. The deadline counts only once the first baselines exist (a
+//! plan needs a start). After Ctrl-C the snapshot is written as it is, and a second Ctrl-C
+//! exits at once (130) without writing.
 //!
 //! **Which plan.** Baselines are the framework's own settings (`search::baselines::for_framework`;
 //! a trace has one, `as_recorded`); the search starts from the fastest and only makes moves the
@@ -135,6 +139,16 @@ struct Snapshot {
     best: Option<(Job, Vec<Decision>, u64, u64)>,
     replays: u64,
     rounds: usize,
+    /// The options the search runs with (the DDP layout included), for the report of a plan
+    /// written from the snapshot.
+    opts: Option<SearchOptions>,
+}
+
+/// How the worker thread ended.
+enum WorkerEnd {
+    Done(Result<Finished, CliError>),
+    /// It panicked (a bug): the panic's message.
+    Panicked(String),
 }
 
 /// What the worker hands back when it finishes.
@@ -277,6 +291,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         },
         framework: Some((fw, names)),
         deadline: Some(deadline),
+        max_rounds: a.max_rounds.map(|n| n as usize),
         ..SearchOptions::default()
     };
     // Ctrl-C stops the search, which then writes its best plan (a second Ctrl-C exits at once).
@@ -296,7 +311,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     });
 
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
-    let (tx, rx) = std::sync::mpsc::channel::<Result<Finished, CliError>>();
+    let (tx, rx) = std::sync::mpsc::channel::<WorkerEnd>();
     let facts_world = input.job.meta.trace.as_deref().and_then(|f| f.world_size);
     let world = match (&ranks, &input.trace) {
         (Some((l, _)), _) => facts_world.unwrap_or(l.ranks.len() as u32),
@@ -312,8 +327,15 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         std::thread::Builder::new()
             .name("trainplan-search".into())
             .spawn(move || {
-                let r = work(input, fw, &opts, all, &snapshot, bar.as_ref());
-                let _ = tx.send(r);
+                // A panic is a bug; it still ends the command with a message naming it, not
+                // with "the search thread ended without a result" (issue 20).
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    work(input, fw, &opts, all, &snapshot, bar.as_ref())
+                }));
+                let _ = tx.send(match r {
+                    Ok(r) => WorkerEnd::Done(r),
+                    Err(p) => WorkerEnd::Panicked(panic_message(p.as_ref())),
+                });
             })
             .map_err(|e| CliError::internal(format!("failed to start the search thread: {e}")))?;
     }
@@ -322,7 +344,12 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     let mut stopped_at: Option<(Instant, StopReason)> = None;
     let finished = loop {
         match rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(r) => break Some(r?),
+            Ok(WorkerEnd::Done(r)) => break Some(r?),
+            Ok(WorkerEnd::Panicked(m)) => {
+                return Err(CliError::internal(format!(
+                    "the search failed (a bug in trainplan; please report it with the command): {m}"
+                )));
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(CliError::internal(
                     "the search thread ended without a result",
@@ -334,7 +361,9 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         if stopped_at.is_none() {
             if INTERRUPTED.load(Ordering::SeqCst) {
                 stopped_at = Some((now, StopReason::Interrupted));
-            } else if now >= deadline {
+            } else if now >= deadline && searching(&snapshot) {
+                // A budget shorter than the baselines: the worker stops after the first ones
+                // (it checks the deadline between them), and the plan starts from those.
                 stopped_at = Some((now, StopReason::Budget));
             }
         }
@@ -365,10 +394,21 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     let memory_modelled = headline.peak > 0 && super::traceinfo::has_memory(&headline.job);
     let peak = |b: u64| memory_modelled.then_some(b);
     let ms3 = |ns: u64| round3(ns as f64 / 1e6);
-    // Several ranks: the decisions applied to every rank, all replayed together (when the
-    // search finished; an interrupted one reports the slowest rank).
+    // The worker did not return within GRACE of the deadline: the best plan so far gets the
+    // same report a finished search gives (issue 20), evaluated here; after Ctrl-C the user
+    // asked to stop, so the snapshot is written as it is.
+    let finished = match finished {
+        None if stopped_at.is_some_and(|s| s.1 == StopReason::Budget) => {
+            snapshot_report(&snap, all_passes(&a.pass_file)?, is_trace)?
+        }
+        f => f,
+    };
+    // Several ranks: the decisions applied to every rank, all replayed together (unless
+    // interrupted: then the slowest rank is reported).
     let multi = match (&ranks, &finished) {
-        (Some((l, base)), Some(f)) => Some(ranks_plan(a, l, base, &f.outcome.decisions)?),
+        (Some((l, base)), Some(f)) if f.outcome.stop != StopReason::Interrupted => {
+            Some(ranks_plan(a, l, base, &f.outcome.decisions)?)
+        }
         _ => None,
     };
     let extra = finished
@@ -603,6 +643,11 @@ fn work(
         opts.ddp = search::baselines::DdpLayout::caps(start.0.name, &start.0.knobs)
             .and_then(|(first, cap)| search::baselines::DdpLayout::of(&job, first, cap));
     }
+    if let Ok(mut s) = snapshot.lock() {
+        s.opts = Some(opts.clone());
+    }
+    // Tests wait for this line (RUST_LOG=trainplan=info) before they send Ctrl-C.
+    tracing::info!(baselines = table.len(), "baselines evaluated, searching");
     let opts = &opts;
     let start_eval = start.1.eval.clone();
     drop(rows);
@@ -639,19 +684,81 @@ fn work(
         }
         Err(e) => return Err(CliError::bad_input(e)),
     };
-    let lower_ns = if outcome.stop == StopReason::Converged && !trace {
-        Some(
-            search::comm_free_bound_ns(&outcome.best.job, &search::evaluator(true))
-                .map_err(CliError::bad_input)?,
-        )
-    } else if outcome.stop == StopReason::Converged {
-        Some(outcome.best.iteration_ns())
-    } else {
-        None
-    };
+    let lower_ns = lower_bound_ns(&outcome, trace)?;
     let mut outcome = outcome;
     outcome.replays += table.len() as u64;
     Ok(Finished { outcome, lower_ns })
+}
+
+/// The plan's lower bound (the plan with free synchronisation; a trace's own step), unless the
+/// search was interrupted.
+fn lower_bound_ns(outcome: &search::Outcome, trace: bool) -> Result<Option<u64>, CliError> {
+    Ok(match outcome.stop {
+        StopReason::Interrupted => None,
+        _ if trace => Some(outcome.best.iteration_ns()),
+        _ => Some(
+            search::comm_free_bound_ns(&outcome.best.job, &search::evaluator(true))
+                .map_err(CliError::bad_input)?,
+        ),
+    })
+}
+
+/// A finished search's outcome for the best plan of the snapshot, when the worker did not
+/// stop within [`GRACE`] of the deadline: the start (the fastest baseline, as the worker
+/// starts from) evaluated in the search's form, the best job in the report's form, the advice
+/// and the lower bound, as the worker computes them. `None` when nothing was evaluated.
+fn snapshot_report(
+    snap: &Snapshot,
+    all: Vec<Box<dyn crate::passes::Pass>>,
+    trace: bool,
+) -> Result<Option<Finished>, CliError> {
+    let Some(opts) = &snap.opts else {
+        return Ok(None);
+    };
+    let Some(start) = snap
+        .baselines
+        .iter()
+        .filter(|b| b.name != "none")
+        .min_by_key(|b| b.ns)
+        .or_else(|| snap.baselines.first())
+    else {
+        return Ok(None);
+    };
+    let (job, decisions) = match &snap.best {
+        Some((j, d, _, _)) => (j.clone(), d.clone()),
+        None => (start.job.clone(), Vec::new()),
+    };
+    let eval = search::evaluator(opts.speedups.symmetry);
+    let baseline = eval(start.job.clone()).map_err(CliError::bad_input)?;
+    let best = search::evaluate_full(job.clone(), search::report_symmetric(&job), opts.lean_ops)
+        .map_err(CliError::bad_input)?;
+    let (advice, n) = search::advice_for(&best, opts, &all).map_err(CliError::bad_input)?;
+    let outcome = search::Outcome {
+        baseline,
+        best,
+        decisions,
+        advice,
+        replays: snap.replays + 2 + n,
+        wall: Duration::ZERO,
+        stop: StopReason::Budget,
+        rounds: snap.rounds,
+    };
+    let lower_ns = lower_bound_ns(&outcome, trace)?;
+    Ok(Some(Finished { outcome, lower_ns }))
+}
+
+/// Whether the worker has evaluated its baselines and started the search (so a plan can be
+/// written from the snapshot).
+fn searching(snapshot: &Mutex<Snapshot>) -> bool {
+    snapshot.lock().is_ok_and(|s| s.opts.is_some())
+}
+
+/// The text of a panic's payload.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Several ranks planned together.

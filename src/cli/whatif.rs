@@ -131,7 +131,7 @@ pub(super) fn run_passes(
     let mut cur = base.clone();
     let mut applied = Vec::new();
     for (p, knobs) in plan {
-        let patches = p.propose(&cur, knobs).map_err(pass_error)?;
+        let patches = crate::passes::propose(*p, &cur, knobs).map_err(pass_error)?;
         if patches.is_empty() && warn {
             tracing::warn!(pass = p.name(), "the pass found nothing to change");
         }

@@ -76,7 +76,7 @@ use rayon::prelude::*;
 use crate::cost::framework::{Framework, SyncDefault};
 use crate::graph::job::{Job, JobError, LocalOp, Sync};
 use crate::graph::{DeviceKind, OpId, OpKind, OpSpec, Phase};
-use crate::passes::{self, Edit, Evaluated, Pass, PassError, Patch};
+use crate::passes::{self, Edit, Evaluated, PassError, Patch};
 
 /// Names as in `--json`, in report order.
 pub const NAMES: [&str; 6] = [
@@ -786,7 +786,7 @@ fn xla_default(none: &Evaluated) -> Result<(Job, String), PassError> {
             ("max_ops".to_string(), XLA_MAX_OPS.to_string()),
         ],
     )?;
-    let patches = pass.propose(none, &knobs)?;
+    let patches = passes::propose(&pass, none, &knobs)?;
     let job = passes::apply_all(&none.job, &patches)?;
     let fused: usize = patches
         .iter()

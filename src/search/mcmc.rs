@@ -97,6 +97,9 @@ pub(crate) fn run(ctx: &Ctx, start: Evaluated, mut replays: u64) -> Result<Walk,
         if since_best >= PATIENCE {
             break StopReason::Converged;
         }
+        if ctx.opts.max_rounds.is_some_and(|m| batches >= m) {
+            break StopReason::RoundLimit;
+        }
         if moves.is_empty() {
             if cur.eval.iteration_ns() == best.eval.iteration_ns() && cur.path == best.path {
                 break StopReason::Converged;

@@ -83,6 +83,9 @@ pub enum StopReason {
     Budget,
     /// Ctrl-C.
     Interrupted,
+    /// The round limit (`plan --max-rounds N`) was reached: a deterministic cut, unlike the
+    /// budget, so tests and reproducible runs can bound a search by work instead of time.
+    RoundLimit,
 }
 
 /// How to search.
@@ -116,6 +119,9 @@ pub struct SearchOptions {
     /// Evaluations of graphs with at least this many ops are kept lean (default [`LEAN_OPS`];
     /// 0: always, `usize::MAX`: never — the plan is the same either way, tested).
     pub lean_ops: usize,
+    /// Stop after this many rounds (critical-path rounds, or MCMC batches) with
+    /// [`StopReason::RoundLimit`]; `None`: until convergence, the budget or Ctrl-C.
+    pub max_rounds: Option<usize>,
 }
 
 impl Default for SearchOptions {
@@ -134,6 +140,7 @@ impl Default for SearchOptions {
             deadline: None,
             ddp: None,
             lean_ops: LEAN_OPS,
+            max_rounds: None,
         }
     }
 }
@@ -292,7 +299,7 @@ pub(crate) fn lean_clone(e: &Evaluated, threshold: usize) -> Evaluated {
 
 /// Whether `e` was made lean (a real evaluation always has ops).
 pub fn is_lean(e: &Evaluated) -> bool {
-    e.graph.op_count() == 0
+    e.is_lean()
 }
 
 /// `e` in full: evaluated again with `eval` when it is lean.
@@ -733,21 +740,25 @@ pub fn search_from(
         }
     }
     let stop = walk.stop;
-    let out_of_time = stop != StopReason::Converged;
+    // A plan cut by the budget or the round limit carries the same report as a converged one
+    // (issue 20: a budget-cut plan on a trace lost its host-bound explanation); only Ctrl-C
+    // skips it, since the user asked to stop now.
+    let interrupted = stop == StopReason::Interrupted;
     let mut replays = walk.replays;
-    let best = if out_of_time {
+    let best = if interrupted {
         walk.best
     } else {
         replays += 1;
         let symmetric_report = report_symmetric(&walk.best.job);
         evaluate_full(walk.best.job, symmetric_report, opts.lean_ops)?
     };
-    let advice = if out_of_time {
+    let advice = if interrupted {
         Vec::new()
     } else {
-        advise(&best, &not_exported, opts, all, &eval)?
+        let (advice, n) = advise(&best, &not_exported, opts, all, &eval)?;
+        replays += n;
+        advice
     };
-    replays += advice.len() as u64;
     Ok(Outcome {
         baseline: start,
         best,
@@ -760,57 +771,88 @@ pub fn search_from(
     })
 }
 
+/// The advice for a plan whose best job is `best` (any form, lean or not): each pass the
+/// options allow but the framework's export does not apply, on its own (see [`advise`]), with
+/// the number of replays it took. What `plan` reports when the search thread did not finish
+/// in time and the plan is written from its snapshot.
+pub fn advice_for(
+    best: &Evaluated,
+    opts: &SearchOptions,
+    all: &[Box<dyn Pass>],
+) -> Result<(Vec<Advice>, u64), SearchError> {
+    let (_, not_exported) = split_passes(opts, all);
+    let plain = evaluator(opts.speedups.symmetry);
+    let eval = |job: Job| match &opts.ddp {
+        Some(layout) => plain(layout.apply(job)),
+        None => plain(job),
+    };
+    advise(best, &not_exported, opts, all, &eval)
+}
+
 /// Each pass of `names` (not exported by the plan's framework) applied on its own to the best
-/// job, as `whatif` would: its effect, and why the export does not apply it. Passes that
-/// propose nothing or fail are left out.
+/// job, as `whatif` would: its effect, and why the export does not apply it, with the number
+/// of replays it took. Passes that propose nothing or fail are left out. The passes are shown
+/// the best job evaluated the way the search evaluates (`eval`), and each effect is measured
+/// against that evaluation: `best` itself may be lean or in the report's form (issue 20: the
+/// lean final evaluation of a large job reached `tensor-fusion`, which panicked).
 fn advise(
     best: &Evaluated,
     names: &[String],
     opts: &SearchOptions,
     all: &[Box<dyn Pass>],
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
-) -> Result<Vec<Advice>, SearchError> {
+) -> Result<(Vec<Advice>, u64), SearchError> {
     let Some((fw, n)) = opts.framework else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     };
-    let tried: Vec<Result<Option<Advice>, SearchError>> = names
+    if names.is_empty() {
+        return Ok((Vec::new(), 0));
+    }
+    let best = &eval(best.job.clone())?;
+    // Each pass: its advice if any, and whether it was replayed.
+    let tried: Vec<Result<(Option<Advice>, bool), SearchError>> = names
         .par_iter()
         .map(|name| {
             let p = passes::find(all, name)?;
             let knobs = passes::resolve_knobs(p, &speedup_knobs(p, &opts.speedups))?;
             // As in the search: a pass that cannot apply is skipped, one that proposes
             // something out of range (a user's pass file) is an error, named.
-            let patches = match p.propose(best, &knobs) {
+            let patches = match passes::propose(p, best, &knobs) {
                 Ok(v) => v,
-                Err(PassError::NotApplicable { .. }) => return Ok(None),
+                Err(PassError::NotApplicable { .. }) => return Ok((None, false)),
                 Err(e) => return Err(e.into()),
             };
             if patches.is_empty() {
-                return Ok(None);
+                return Ok((None, false));
             }
-            let Some(e) = passes::apply_all(&best.job, &patches)
-                .ok()
-                .and_then(|job| eval(job).ok())
-            else {
-                return Ok(None);
+            let Ok(job) = passes::apply_all(&best.job, &patches) else {
+                return Ok((None, false));
+            };
+            let Ok(e) = eval(job) else {
+                return Ok((None, true));
             };
             let effect = (e.iteration_ns() as f64 - best.iteration_ns() as f64) / 1e6;
             let worth = -effect * 1e6 >= opts.min_onoff_gain * best.iteration_ns() as f64;
-            Ok((effect < 0.0 && worth).then(|| Advice {
+            let advice = (effect < 0.0 && worth).then(|| Advice {
                 pass: name.clone(),
                 effect_ms: effect,
                 why_not: framework::mechanism(fw, name, n)
                     .err()
                     .unwrap_or("")
                     .to_string(),
-            }))
+            });
+            Ok((advice, true))
         })
         .collect();
+    // The best job once, then each pass whose patches were replayed.
+    let mut replays = 1;
     let mut out = Vec::new();
     for t in tried {
-        out.extend(t?);
+        let (advice, replayed) = t?;
+        replays += u64::from(replayed);
+        out.extend(advice);
     }
-    Ok(out)
+    Ok((out, replays))
 }
 
 /// dPRO Algorithm 1: every round, evaluate every candidate move and take the best, by
@@ -830,6 +872,10 @@ fn critical_path_rounds(
     loop {
         if let Some(s) = ctx.should_stop() {
             stop = s;
+            break;
+        }
+        if opts.max_rounds.is_some_and(|m| round >= m) {
+            stop = StopReason::RoundLimit;
             break;
         }
         round += 1;
@@ -902,7 +948,7 @@ fn candidate_moves(
             continue;
         }
         let knobs = passes::resolve_knobs(*p, &speedup_knobs(*p, &opts.speedups))?;
-        let patches = match p.propose(cur, &knobs) {
+        let patches = match passes::propose(*p, cur, &knobs) {
             Ok(v) => v,
             Err(PassError::NotApplicable { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -989,7 +1035,7 @@ fn memory_step(
             let r = (|| {
                 let p = passes::find(all, name)?;
                 let k = passes::resolve_knobs(p, knobs)?;
-                let patches = p.propose(cur, &k)?;
+                let patches = passes::propose(p, cur, &k)?;
                 let job = passes::apply_all(&cur.job, &patches)?;
                 let mut e = eval(job)?;
                 lean_from(&mut e, lean_ops);
@@ -1114,6 +1160,73 @@ mod tests {
             // The lean run replayed the moves it took once more; its outcome holds no graph.
             assert!(lean.replays > full.replays, "{strategy:?}");
             assert!(is_lean(&lean.best) && !is_lean(&full.best));
+        }
+    }
+
+    /// Issue 20: with a framework, the passes its export cannot apply become advice, proposed
+    /// on the final evaluation — lean above `LEAN_OPS` ops, where `tensor-fusion` indexed an
+    /// empty replay and the search panicked (`plan --model resnet50 --cluster 128xv100-rdma`).
+    /// Lean or not, the advice is the same, and a lean evaluation shown to a pass is refused.
+    #[test]
+    fn advice_on_a_lean_best_is_the_advice_on_a_full_one() {
+        let all = crate::passes::registry();
+        let run = |lean_ops: usize| {
+            let opts = SearchOptions {
+                passes: Some(vec![
+                    "tensor-fusion".into(),
+                    "tensor-partition".into(),
+                    "op-fusion".into(),
+                ]),
+                framework: Some((Framework::Pytorch, framework::Names::Zoo)),
+                lean_ops,
+                ..SearchOptions::default()
+            };
+            search(job(), None, &opts, &all, &AtomicBool::new(false), &|_| {}).unwrap()
+        };
+        let (lean, full) = (run(0), run(usize::MAX));
+        assert!(is_lean(&lean.best));
+        // tensor-fusion and tensor-partition are not in PyTorch's export: advice, if anything.
+        assert_eq!(lean.advice, full.advice);
+        assert_eq!(lean.decisions, full.decisions);
+        for p in &all {
+            let k = passes::resolve_knobs(p.as_ref(), &[]).unwrap();
+            assert!(
+                matches!(
+                    passes::propose(p.as_ref(), &lean.best, &k),
+                    Err(PassError::Lean { .. })
+                ),
+                "{}",
+                p.name()
+            );
+        }
+    }
+
+    /// `max_rounds` cuts the search by work: the same rounds and plan on every run, and the
+    /// stop reason says so.
+    #[test]
+    fn the_round_limit_stops_the_search_deterministically() {
+        let all = crate::passes::registry();
+        for strategy in [Strategy::CriticalPath, Strategy::Mcmc] {
+            let run = |max_rounds| {
+                let opts = SearchOptions {
+                    strategy,
+                    passes: Some(vec!["tensor-fusion".into(), "tensor-partition".into()]),
+                    max_rounds,
+                    ..SearchOptions::default()
+                };
+                search(job(), None, &opts, &all, &AtomicBool::new(false), &|_| {}).unwrap()
+            };
+            let free = run(None);
+            assert!(free.rounds > 1, "{strategy:?}: {} rounds", free.rounds);
+            let cut = run(Some(1));
+            assert_eq!(cut.stop, StopReason::RoundLimit, "{strategy:?}");
+            assert_eq!(cut.rounds, 1, "{strategy:?}");
+            assert!(cut.decisions.len() <= 1, "{strategy:?}");
+            assert_eq!(run(Some(1)).decisions, cut.decisions, "{strategy:?}");
+            // A limit the search never reaches changes nothing.
+            let loose = run(Some(free.rounds + 10));
+            assert_eq!(loose.stop, free.stop, "{strategy:?}");
+            assert_eq!(loose.decisions, free.decisions, "{strategy:?}");
         }
     }
 

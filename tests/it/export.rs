@@ -27,8 +27,8 @@ fn make_plan(dir: &std::path::Path) -> PathBuf {
         "2",
         "--cluster",
         "dpro-16xv100-tcp",
-        "--budget",
-        "20s",
+        "--max-rounds",
+        "100",
         "-o",
         p.to_str().unwrap(),
     ]);

@@ -214,8 +214,8 @@ fn pytorch_resnet50_plan_runs_as_planned_on_ddp_gloo() {
             "128",
             "--cluster",
             "dpro-16xv100-tcp",
-            "--budget",
-            "120s",
+            "--max-rounds",
+            "100",
         ],
         "pytorch",
     );
@@ -248,8 +248,8 @@ fn pytorch_bert_plan_runs_as_planned_on_ddp_gloo() {
             "bert-base",
             "--cluster",
             "dpro-16xv100-rdma",
-            "--budget",
-            "120s",
+            "--max-rounds",
+            "100",
         ],
         "pytorch",
     );
@@ -281,8 +281,8 @@ fn pytorch_memory_plans_accumulate_and_checkpoint_for_real() {
                 pass,
                 "--memory-budget",
                 "2.5GB",
-                "--budget",
-                "120s",
+                "--max-rounds",
+                "100",
             ],
             "pytorch",
         );
@@ -442,8 +442,8 @@ fn jax_plans_run_as_planned_on_jax_and_optax() {
             "dpro-16xv100-tcp",
             "--framework",
             "jax",
-            "--budget",
-            "120s",
+            "--max-rounds",
+            "100",
         ];
         args.extend(extra);
         let (out, plan) = plan_and_export(&dir, &args, "jax");
@@ -560,8 +560,8 @@ fn tf_plans_run_as_planned_on_keras() {
             "dpro-16xv100-tcp",
             "--framework",
             "tf",
-            "--budget",
-            "120s",
+            "--max-rounds",
+            "100",
         ];
         args.extend(extra);
         let (out, plan) = plan_and_export(&dir, &args, "tf");
@@ -687,8 +687,8 @@ fn horovod_plans_call_horovod_as_documented() {
             cluster,
             "--framework",
             "horovod",
-            "--budget",
-            "120s",
+            "--max-rounds",
+            "100",
         ];
         args.extend(extra);
         let (out, plan) = plan_and_export(&dir, &args, "horovod");

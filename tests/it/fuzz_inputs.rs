@@ -122,7 +122,7 @@ fn plan_seed() -> String {
             "--cluster",
             "8xh200",
         ])
-        .args(["--budget", "5s", "-o"])
+        .args(["--max-rounds", "100", "-o"])
         .arg(&p)
         .output()
         .unwrap();

@@ -560,7 +560,7 @@ fn trainplan(dir: &Path, args: &[&std::ffi::OsStr]) -> (i32, String) {
 fn plan_and_export_inert(dir: &Path, input: &[&std::ffi::OsStr]) {
     let mut args: Vec<&std::ffi::OsStr> = vec!["plan".as_ref()];
     args.extend_from_slice(input);
-    args.extend(["--budget", "10s", "-o", "p.yaml", "--json"].map(std::ffi::OsStr::new));
+    args.extend(["--max-rounds", "100", "-o", "p.yaml", "--json"].map(std::ffi::OsStr::new));
     let (code, err) = trainplan(dir, &args);
     assert_eq!(code, 0, "{err}");
     let plan = Plan::from_yaml(&std::fs::read_to_string(dir.join("p.yaml")).unwrap(), "p").unwrap();

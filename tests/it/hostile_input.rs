@@ -344,8 +344,8 @@ fn out_of_range_factors_rates_and_sums_are_refused_not_saturated() {
             "chain.yaml",
             "--passes",
             "chain,amp",
-            "--budget",
-            "10s",
+            "--max-rounds",
+            "100",
             "-o",
             "p.yaml",
         ]

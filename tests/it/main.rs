@@ -23,6 +23,8 @@
 //!   performance database and nccl-tests tables: no panics, errors name the file, what is
 //!   accepted is in range.
 //! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
+//! * [`pass_props`]: every pass's `propose` on random zoo jobs, full and lean: patches or "does
+//!   not apply", never a panic; a lean evaluation is refused.
 //! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 //! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
@@ -43,6 +45,7 @@ mod hostile_export;
 mod hostile_input;
 mod lower_bound;
 mod messages;
+mod pass_props;
 mod plan;
 mod properties;
 mod safe_output;

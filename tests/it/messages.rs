@@ -190,8 +190,8 @@ fn output_errors_have_their_own_code() {
             "2",
             "--cluster",
             "8xh200",
-            "--budget",
-            "5s",
+            "--max-rounds",
+            "100",
             "-o",
             "/nonexistent/dir/p.yaml",
         ])),
@@ -212,7 +212,7 @@ fn one_exit_code_per_kind_of_mistake() {
     for cmd in [
         &["replay"][..],
         &["whatif", "--pass", "amp"],
-        &["plan", "--budget", "5s"],
+        &["plan", "--max-rounds", "100"],
     ] {
         let mut a: Vec<&str> = cmd.to_vec();
         a.extend(zoo);

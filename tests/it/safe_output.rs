@@ -112,7 +112,7 @@ fn with_file_limit(c: &mut Command, bytes: u64) {
 #[test]
 fn a_failed_export_leaves_the_old_files_and_modes_are_kept() {
     let d = scratch("export");
-    let mut plan = vec!["plan", "-o", "p.yaml", "--budget", "10s"];
+    let mut plan = vec!["plan", "-o", "p.yaml", "--max-rounds", "100"];
     plan.extend(ZOO);
     let o = trainplan(&d).args(&plan).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -29,8 +29,8 @@ fn plan(dir: &std::path::Path, fw: &str) -> (PathBuf, trainplan::plan::Plan) {
         "8xh200",
         "--framework",
         fw,
-        "--budget",
-        "60s",
+        "--max-rounds",
+        "100",
         "-o",
         out.to_str().unwrap(),
     ]);

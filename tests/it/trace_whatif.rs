@@ -35,7 +35,7 @@ fn after(job: &Job, pass: &str, knobs: &[(&str, &str)]) -> (Evaluated, Evaluated
         .collect();
     let k = passes::resolve_knobs(p, &given).unwrap();
     let base = passes::evaluate(job.clone()).unwrap();
-    let patches = p.propose(&base, &k).unwrap();
+    let patches = trainplan::passes::propose(p, &base, &k).unwrap();
     let job = passes::apply_all(&base.job, &patches).unwrap();
     (base, passes::evaluate(job).unwrap())
 }
@@ -198,8 +198,8 @@ fn plan_on_the_ddp_trace_explains_a_host_bound_step() {
         "plan",
         "--trace",
         p.to_str().unwrap(),
-        "--budget",
-        "30s",
+        "--max-rounds",
+        "100",
         "-o",
         out.to_str().unwrap(),
     ];
@@ -220,6 +220,33 @@ fn plan_on_the_ddp_trace_explains_a_host_bound_step() {
     let _ = std::fs::remove_file(&out);
 }
 
+/// Issue 20: a plan cut by the budget carries the same report as one that ran its course —
+/// here a budget that ends before the search starts. Whether the search thread or the main
+/// thread (after the grace period) writes it, the host-bound explanation is there.
+#[test]
+fn a_budget_cut_plan_on_the_ddp_trace_keeps_its_explanation() {
+    let Some(p) = kineto(DDP) else { return };
+    let out =
+        std::env::temp_dir().join(format!("trainplan-it-ddp-cut-{}.yaml", std::process::id()));
+    let v = run_json(&[
+        "plan",
+        "--trace",
+        p.to_str().unwrap(),
+        "--budget",
+        "1ns",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(v["stop_reason"], "budget");
+    assert_eq!(v["host_bound"], true, "{v}");
+    assert!(
+        v["bound"]["critical_path_host_ms"].as_f64().unwrap() > 100.0,
+        "{v}"
+    );
+    assert!(v["lower_bound_ms"].as_f64().is_some(), "{v}");
+    let _ = std::fs::remove_file(&out);
+}
+
 #[test]
 fn a_single_gpu_trace_has_no_data_parallel_baselines_and_no_batch_0() {
     let Some(p) = kineto("resnet50_v100_1gpu_ns_timestamps.json.gz") else {
@@ -230,8 +257,8 @@ fn a_single_gpu_trace_has_no_data_parallel_baselines_and_no_batch_0() {
         "plan",
         "--trace",
         p.to_str().unwrap(),
-        "--budget",
-        "20s",
+        "--max-rounds",
+        "100",
         "-o",
         out.to_str().unwrap(),
     ];
@@ -271,8 +298,8 @@ fn whatif_and_plan_on_the_dlrm_folder() {
         "plan",
         "--trace",
         d,
-        "--budget",
-        "30s",
+        "--max-rounds",
+        "100",
         "-o",
         out.to_str().unwrap(),
     ]);
