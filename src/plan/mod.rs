@@ -258,7 +258,8 @@ impl Plan {
         struct Head {
             trainplan: Option<u64>,
         }
-        let head: Result<Head, _> = crate::cost::config::parse_yaml::<Head>(text, file);
+        let head: Result<Head, _> =
+            crate::cost::config::parse_yaml_as::<Head>(text, file, crate::limits::InputKind::Plan);
         match head {
             Ok(Head { trainplan: None }) => {
                 return Err(PlanError::NotAPlan {
@@ -273,7 +274,11 @@ impl Plan {
             }
             _ => {}
         }
-        Ok(crate::cost::config::parse_yaml(text, file)?)
+        Ok(crate::cost::config::parse_yaml_as(
+            text,
+            file,
+            crate::limits::InputKind::Plan,
+        )?)
     }
 }
 
