@@ -52,7 +52,11 @@ pub struct Workload {
     pub source: String,
     pub ranks: u32,
     pub model: String,
-    pub batch: u32,
+    /// Samples per GPU per iteration; `null` when the input does not say (a trace without
+    /// shapes), never a made-up 0. (Plans written before issue 20 may say 0 for unknown: read
+    /// it through [`Workload::batch`].)
+    #[serde(default)]
+    pub batch: Option<u32>,
     pub cluster: String,
     /// Whose names the plan uses: `zoo` (the zoo's PyTorch-style names) or `trace` (the
     /// trace's own operator and parameter names).
@@ -61,6 +65,13 @@ pub struct Workload {
     /// (`plan --framework`; plans without the key were made for `pytorch`).
     #[serde(default)]
     pub framework: Framework,
+}
+
+impl Workload {
+    /// The batch per GPU, when known (a 0 in an old plan is unknown).
+    pub fn batch(&self) -> Option<u32> {
+        self.batch.filter(|&b| b > 0)
+    }
 }
 
 /// One predicted point.

@@ -430,3 +430,27 @@ fn a_kernel_that_starts_before_its_launch_is_counted() {
         "{err}"
     );
 }
+
+/// A plan from a trace that records no shapes does not know the batch: its file says
+/// `batch: null` (once `batch: 0`), `show` says "batch not recorded", and the exports write no
+/// made-up micro-batch.
+#[test]
+fn a_plan_from_a_trace_without_shapes_does_not_make_up_a_batch() {
+    let t = write_tmp("noshapes.json", GOOD.as_bytes());
+    let out = t.with_file_name("noshapes_plan.yaml");
+    let (code, _, err) = run(&[
+        "plan",
+        "--trace",
+        t.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("\n  batch: null\n"), "{text}");
+    assert!(!text.contains("batch: 0"), "{text}");
+    let (code, shown, err) = run(&["show", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(shown.contains("(batch not recorded)"), "{shown}");
+    assert!(!shown.contains("batch 0"), "{shown}");
+}
