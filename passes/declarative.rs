@@ -464,7 +464,8 @@ fn at(file: &str, loc: &serde_saphyr::Location, msg: impl fmt::Display) -> PassE
 /// Parse and check a pass file's text; `file` names it in errors.
 pub fn parse(text: &str, file: &str) -> Result<DeclarativePass, PassError> {
     let f: PassFile =
-        crate::cost::config::parse_yaml(text, file).map_err(|e| PassError::File(e.to_string()))?;
+        crate::cost::config::parse_yaml_as(text, file, crate::limits::InputKind::PassFile)
+            .map_err(|e| PassError::File(e.to_string()))?;
     let top = |msg: String| PassError::File(format!("{file}: {msg}"));
     let ok_name = |s: &str| {
         !s.is_empty()
@@ -527,6 +528,17 @@ pub fn parse(text: &str, file: &str) -> Result<DeclarativePass, PassError> {
     }
     if f.rules.is_empty() {
         return Err(top("field rules: a pass needs at least one rule".into()));
+    }
+    if let Some(r) = f.rules.get(crate::limits::MAX_PASS_RULES) {
+        return Err(at(
+            file,
+            &r.referenced,
+            format!(
+                "field rules: {} rules, more than the limit of {} rules in a pass file (README, Limits)",
+                crate::cli::output::thousands(f.rules.len() as u64),
+                crate::cli::output::thousands(crate::limits::MAX_PASS_RULES as u64)
+            ),
+        ));
     }
     let mut rules = Vec::new();
     for (i, r) in f.rules.iter().enumerate() {
@@ -918,6 +930,9 @@ struct Ctx<'a> {
     next_id: OpId,
     preds: Vec<Vec<OpId>>,
     succs: Vec<Vec<OpId>>,
+    /// Edges the pass's `add_edge` rules have added so far (at most
+    /// [`crate::limits::MAX_PASS_EDGES`]).
+    edges_added: u64,
 }
 
 impl<'a> Ctx<'a> {
@@ -1222,6 +1237,25 @@ impl<'a> Ctx<'a> {
             }
             Action::AddEdge(to) => {
                 let targets = self.select(to);
+                // Counted before a single edge is made: n × m edges from two lines of YAML.
+                let max = crate::limits::MAX_PASS_EDGES;
+                let total = (n as u64)
+                    .saturating_mul(targets.len() as u64)
+                    .saturating_add(self.edges_added);
+                if total > max {
+                    return Err(self.err(
+                        r,
+                        format!(
+                            "joins {} ops to {} ops: {} edges in this pass, more than the limit of {} \
+                             edges a pass may add (README, Limits); select fewer ops",
+                            crate::cli::output::thousands(n as u64),
+                            crate::cli::output::thousands(targets.len() as u64),
+                            crate::cli::output::thousands(total),
+                            crate::cli::output::thousands(max)
+                        ),
+                    ));
+                }
+                self.edges_added = total;
                 for &a in &ops {
                     for &b in &targets {
                         if a != b {
@@ -1555,6 +1589,7 @@ impl Pass for DeclarativePass {
             next_id: job.local.ops.len() as OpId,
             preds,
             succs,
+            edges_added: 0,
         };
         let mut per_rule: Vec<(&CheckedRule, Vec<Edit>, String)> = Vec::new();
         for r in &self.rules {

@@ -14,10 +14,21 @@
 //!   what they are about to allocate before they do, so an input that would need more becomes a
 //!   one-line "would need N GB" error (exit 3) instead of an abort.
 //!
+//! * **Address space** ([`set_address_space_limit`]; `ulimit -v`, `RLIMIT_AS`): virtual memory
+//!   counts what the process has *mapped* (thread stacks, the allocator's arenas, reserved but
+//!   untouched pages), not what is resident. When the limit is finite, [`check`] also compares the
+//!   mapped size (`VmSize`) plus the allocation plus [`ADDRESS_SPACE_HEADROOM`] with it, and the
+//!   CLI caps glibc's malloc arenas ([`limit_malloc_arenas`]: each reserves 64 MiB of address
+//!   space per thread that allocates), so an allocation the limit would refuse — an abort,
+//!   "memory allocation of N bytes failed" — becomes the same one-line exit 3 first.
+//!
 //! **Invariant:** the ceiling is process-wide and set once, by the CLI, before any work; the
 //! library's default is no ceiling (tests and benches run unbounded unless they set one).
+//! The default ceiling is the smallest of 75 % of RAM, 75 % of the cgroup's limit and the
+//! address-space limit.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use crate::cost::config::MAX_WORKERS;
 
@@ -89,6 +100,15 @@ impl InputKind {
         }
     }
 
+    /// Most YAML values (scalars, lists and maps: the parser's nodes) in a YAML file of this
+    /// kind. A plan names every tensor and op it groups, so it may hold many more than a config.
+    pub fn max_yaml_nodes(self) -> usize {
+        match self {
+            InputKind::Plan => MAX_PLAN_YAML_NODES,
+            _ => MAX_YAML_NODES,
+        }
+    }
+
     /// Largest decompressed stream accepted for a gzip file of this kind, bytes; None when the
     /// kind is never compressed.
     pub fn max_decompressed_bytes(self) -> Option<u64> {
@@ -100,6 +120,19 @@ impl InputKind {
     }
 }
 
+/// Most YAML values in a config or pass file (the YAML parser's default).
+pub const MAX_YAML_NODES: usize = 250_000;
+
+/// Most YAML values in a plan (a plan that groups 100,000 tensors holds ~0.5 M).
+pub const MAX_PLAN_YAML_NODES: usize = 8_000_000;
+
+/// Most rules in one declarative pass file.
+pub const MAX_PASS_RULES: usize = 1_000;
+
+/// Most edges one application of a declarative pass may add: `add_edge` joins every op it
+/// selects to every op `to` selects, n × m edges from two lines of YAML.
+pub const MAX_PASS_EDGES: u64 = 100_000;
+
 /// Longest JSON string accepted in a trace, bytes (names, kernel names, shapes as text).
 pub const MAX_JSON_STRING_BYTES: u64 = 16 * MIB;
 
@@ -110,9 +143,64 @@ pub const DEFAULT_CEILING_PERCENT: u64 = 75;
 /// The ceiling in bytes; `u64::MAX` = none.
 static CEILING: AtomicU64 = AtomicU64::new(u64::MAX);
 
+/// The address-space limit enforced by [`check`], bytes; `u64::MAX` = none.
+static ADDRESS_SPACE: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Address space kept free under a finite `RLIMIT_AS` for what the process maps without asking
+/// (thread stacks, the allocator's arenas, the buffers of a reader), bytes.
+pub const ADDRESS_SPACE_HEADROOM: u64 = 256 * MIB;
+
 /// Set the process's memory ceiling (bytes; None: no ceiling).
 pub fn set_ceiling(bytes: Option<u64>) {
     CEILING.store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// Set the address-space limit [`check`] compares the mapped size with (bytes; None: none).
+/// The CLI sets it to [`address_space_limit`], and says whether the ceiling it set is that limit
+/// (so that a message names `ulimit -v`, not `--max-memory`).
+pub fn set_address_space_limit(bytes: Option<u64>, ceiling_is_it: bool) {
+    ADDRESS_SPACE.store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    CEILING_FROM_ULIMIT.store(ceiling_is_it, Ordering::Relaxed);
+}
+
+/// Whether the ceiling is the address-space limit (for messages).
+static CEILING_FROM_ULIMIT: AtomicBool = AtomicBool::new(false);
+
+/// The address-space limit [`check`] enforces, when one is set.
+pub fn enforced_address_space() -> Option<u64> {
+    let a = ADDRESS_SPACE.load(Ordering::Relaxed);
+    (a != u64::MAX).then_some(a)
+}
+
+/// The process's soft `RLIMIT_AS` (`ulimit -v`), bytes; None when unlimited or unreadable.
+pub fn address_space_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit through a valid pointer.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur as u64)
+}
+
+/// Cap glibc's malloc arenas at `n`: each thread that allocates may otherwise get its own arena,
+/// and each arena reserves 64 MiB of address space — 16 on two cores, 1 GiB of `VmSize` that a
+/// `ulimit -v` counts. No-op on other C libraries.
+pub fn limit_malloc_arenas(n: i32) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes a tunable; called before the worker threads start.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, n);
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = n;
+}
+
+/// Mapped size of this process (`VmSize`: the first field of `/proc/self/statm`), bytes.
+pub fn mapped_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().next()?.parse().ok()?;
+    Some(pages.saturating_mul(page_size()))
 }
 
 /// The memory ceiling in bytes, when one is set.
@@ -121,8 +209,9 @@ pub fn ceiling() -> Option<u64> {
     (c != u64::MAX).then_some(c)
 }
 
-/// [`DEFAULT_CEILING_PERCENT`] of the RAM this process may use: the smaller of `MemTotal` and the
-/// cgroup (v2 or v1) memory limit. None where neither can be read (not Linux).
+/// [`DEFAULT_CEILING_PERCENT`] of the RAM this process may use (the smaller of `MemTotal` and the
+/// cgroup (v2 or v1) memory limit), or the address-space limit (`ulimit -v`) when that is lower.
+/// None where none can be read.
 pub fn default_ceiling() -> Option<u64> {
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
@@ -138,10 +227,14 @@ pub fn default_ceiling() -> Option<u64> {
     .filter_map(|t| t.trim().parse::<u64>().ok())
     .min();
     let ram = match (total, cgroup) {
-        (Some(t), Some(c)) => t.min(c),
-        (t, c) => t.or(c)?,
+        (Some(t), Some(c)) => Some(t.min(c)),
+        (t, c) => t.or(c),
     };
-    Some(ram / 100 * DEFAULT_CEILING_PERCENT)
+    let of_ram = ram.map(|r| r / 100 * DEFAULT_CEILING_PERCENT);
+    match (of_ram, address_space_limit()) {
+        (Some(r), Some(a)) => Some(r.min(a)),
+        (r, a) => r.or(a),
+    }
 }
 
 /// Memory one evaluation (expanded graph, replay, critical path, memory report) needs per op
@@ -149,20 +242,26 @@ pub fn default_ceiling() -> Option<u64> {
 /// 680 MB, ~100 bytes an op with the process; 120 leaves room.
 pub const EVAL_BYTES_PER_OP: u64 = 120;
 
-/// Whether `bytes` more fit under the ceiling now (always, without one).
+/// Whether `bytes` more fit under the ceiling (and the address-space limit) now.
 pub fn fits(bytes: u64) -> bool {
-    match ceiling() {
-        None => true,
-        Some(c) => resident_bytes().unwrap_or(0).saturating_add(bytes) <= c,
-    }
+    bytes <= available()
 }
 
-/// Bytes the ceiling leaves now (`u64::MAX` without one).
+/// Bytes the ceiling and the address-space limit leave now (`u64::MAX` without either).
 pub fn available() -> u64 {
-    match ceiling() {
+    let rss = match ceiling() {
         None => u64::MAX,
         Some(c) => c.saturating_sub(resident_bytes().unwrap_or(0)),
-    }
+    };
+    let mapped = match enforced_address_space() {
+        None => u64::MAX,
+        Some(a) => a.saturating_sub(
+            mapped_bytes()
+                .unwrap_or(0)
+                .saturating_add(ADDRESS_SPACE_HEADROOM),
+        ),
+    };
+    rss.min(mapped)
 }
 
 /// Resident memory of this process, bytes (`/proc/self/statm`); None where unavailable.
@@ -178,20 +277,53 @@ fn page_size() -> u64 {
     if p > 0 { p as u64 } else { 4096 }
 }
 
+/// Which limit a [`MemoryError`] hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Limit {
+    /// Resident memory against the ceiling (`--max-memory`).
+    #[default]
+    Ceiling,
+    /// Mapped memory against the address-space limit (`ulimit -v`).
+    AddressSpace,
+}
+
 /// More memory than the ceiling allows.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error(
-    "{what} would need {} of memory, more than the ceiling of {} (--max-memory; default {DEFAULT_CEILING_PERCENT} % of RAM)",
-    gb(*need),
-    gb(*ceiling)
-)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MemoryError {
     /// What was being done (`reading r0.json`, `building the 65,536-worker graph`).
     pub what: String,
-    /// Bytes it would have needed in all (resident + about to allocate).
+    /// Bytes it would have needed in all (resident + about to allocate; or mapped + about to
+    /// allocate + [`ADDRESS_SPACE_HEADROOM`]).
     pub need: u64,
     pub ceiling: u64,
+    pub limit: Limit,
 }
+
+impl fmt::Display for MemoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (what, need, ceiling) = (&self.what, gb(self.need), gb(self.ceiling));
+        match self.limit {
+            Limit::Ceiling if CEILING_FROM_ULIMIT.load(Ordering::Relaxed) => write!(
+                f,
+                "{what} would need {need} of memory, more than the ceiling of {ceiling} \
+                 (ulimit -v, lower than {DEFAULT_CEILING_PERCENT} % of RAM; --max-memory)"
+            ),
+            Limit::Ceiling => write!(
+                f,
+                "{what} would need {need} of memory, more than the ceiling of {ceiling} \
+                 (--max-memory; default {DEFAULT_CEILING_PERCENT} % of RAM)"
+            ),
+            Limit::AddressSpace => write!(
+                f,
+                "{what} would need {need} of address space, more than the limit of {ceiling} \
+                 (ulimit -v; {} of it kept for threads and the allocator)",
+                gb(ADDRESS_SPACE_HEADROOM)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MemoryError {}
 
 /// A number as a message shows it: plainly in the usual range, in scientific notation when it
 /// is huge or tiny (`1e308`, not 309 digits; `1e-320`, not 320 zeros).
@@ -209,19 +341,33 @@ pub fn gb(bytes: u64) -> String {
 }
 
 /// Check that the process's resident memory plus `extra` bytes it is about to allocate stays
-/// under the ceiling. Cheap (one read of `/proc/self/statm`); call it every few MB of input or
+/// under the ceiling, and its mapped size plus `extra` under the address-space limit. Cheap (one read of `/proc/self/statm`); call it every few MB of input or
 /// before a bulk allocation, not per item.
 pub fn check(what: impl FnOnce() -> String, extra: u64) -> Result<(), MemoryError> {
-    let Some(ceiling) = ceiling() else {
-        return Ok(());
-    };
-    let need = resident_bytes().unwrap_or(0).saturating_add(extra);
-    if need > ceiling {
-        return Err(MemoryError {
-            what: what(),
-            need,
-            ceiling,
-        });
+    if let Some(ceiling) = ceiling() {
+        let need = resident_bytes().unwrap_or(0).saturating_add(extra);
+        if need > ceiling {
+            return Err(MemoryError {
+                what: what(),
+                need,
+                ceiling,
+                limit: Limit::Ceiling,
+            });
+        }
+    }
+    if let Some(limit) = enforced_address_space() {
+        let need = mapped_bytes()
+            .unwrap_or(0)
+            .saturating_add(extra)
+            .saturating_add(ADDRESS_SPACE_HEADROOM);
+        if need > limit {
+            return Err(MemoryError {
+                what: what(),
+                need,
+                ceiling: limit,
+                limit: Limit::AddressSpace,
+            });
+        }
     }
     Ok(())
 }
@@ -285,6 +431,17 @@ mod tests {
         let ops = crate::cli::output::thousands(crate::graph::job::MAX_OPS);
         assert!(row("ops in an expanded graph").contains(&ops));
         assert!(row("memory ceiling").contains(&format!("{DEFAULT_CEILING_PERCENT} % of RAM")));
+        assert!(row("memory ceiling").contains("ulimit -v"));
+        assert!(row("address space").contains(&human(ADDRESS_SPACE_HEADROOM)));
+        let t = |n: u64| crate::cli::output::thousands(n);
+        assert!(row("YAML values in a config or pass file").contains(&t(MAX_YAML_NODES as u64)));
+        for k in [InputKind::Config, InputKind::PassFile] {
+            assert_eq!(k.max_yaml_nodes(), MAX_YAML_NODES);
+        }
+        assert_eq!(InputKind::Plan.max_yaml_nodes(), MAX_PLAN_YAML_NODES);
+        assert!(row("YAML values in a plan").contains(&t(MAX_PLAN_YAML_NODES as u64)));
+        assert!(row("rules in a pass file").contains(&t(MAX_PASS_RULES as u64)));
+        assert!(row("edges a pass may add").contains(&t(MAX_PASS_EDGES)));
         use crate::graph::bounds;
         assert_eq!(bounds::MAX_OP_NS, 1 << 50);
         assert!(row("one op's duration").contains("2^50 ns"));
@@ -318,6 +475,7 @@ mod tests {
             what: "reading r0.json".into(),
             need: 9_100_000_000,
             ceiling: 8_000_000_000,
+            limit: Limit::Ceiling,
         };
         assert_eq!(
             e.to_string(),

@@ -101,7 +101,8 @@ pub struct Cli {
     pub command: Command,
     /// Memory ceiling for trainplan itself (16GiB, 8GB, 512MiB, bytes): an input or a job that
     /// would need more stops with exit 3 and the amount it would need. Default: 75 % of the
-    /// machine's RAM (or of its cgroup limit when lower).
+    /// machine's RAM (or of its cgroup limit, or the address-space limit of `ulimit -v`, when
+    /// lower); a `ulimit -v` is enforced on the mapped size whatever this says.
     #[arg(long, global = true, value_name = "SIZE")]
     pub max_memory: Option<String>,
 }
@@ -453,6 +454,15 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         None => crate::limits::default_ceiling(),
     };
     crate::limits::set_ceiling(ceiling);
+    // `ulimit -v` counts mappings, not residence: compare the mapped size with it, and keep the
+    // allocator from reserving 64 MiB of it per thread.
+    let address_space = crate::limits::address_space_limit();
+    if address_space.is_some() {
+        crate::limits::limit_malloc_arenas(2);
+    }
+    let ceiling_is_it =
+        cli.max_memory.is_none() && address_space.is_some() && ceiling == address_space;
+    crate::limits::set_address_space_limit(address_space, ceiling_is_it);
     match cli.command {
         Command::Models(a) => replay::models(&a),
         Command::Clusters(a) => replay::clusters(&a),

@@ -390,6 +390,13 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             message: "interrupted before any plan was evaluated: nothing written".into(),
         });
     };
+    if headline.name != default {
+        tracing::warn!(
+            "the budget ended before the framework's default ({default}) was evaluated: the plan \
+             is compared with {}, not with the default",
+            headline.name
+        );
+    }
     // A trace without memory events models no memory.
     let memory_modelled = headline.peak > 0 && super::traceinfo::has_memory(&headline.job);
     let peak = |b: u64| memory_modelled.then_some(b);
@@ -471,7 +478,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             source: job_meta.source.clone(),
             ranks: if is_trace { world } else { workers },
             model: job_meta.model.clone(),
-            batch: job_meta.batch,
+            batch: (job_meta.batch > 0).then_some(job_meta.batch),
             cluster,
             names: job_meta.source.clone(),
             framework: fw,
@@ -965,11 +972,9 @@ pub fn summary(plan: &Plan) -> Vec<String> {
     let w = &plan.workload;
     let p = &plan.predicted;
     let who = if w.source == "trace" {
-        let batch = if w.batch == 0 {
-            "batch not recorded".to_string()
-        } else {
-            format!("batch {}/GPU", w.batch)
-        };
+        let batch = w.batch().map_or("batch not recorded".to_string(), |b| {
+            format!("batch {b}/GPU")
+        });
         if w.ranks > 1 {
             format!("{} ({batch}), {} ranks as traced", w.model, w.ranks)
         } else {
@@ -977,8 +982,14 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         }
     } else {
         format!(
-            "{} (batch {}/GPU) on {} ({} GPUs)",
-            w.model, w.batch, w.cluster, w.ranks
+            "{} ({}) on {} ({} GPUs)",
+            w.model,
+            w.batch()
+                .map_or("batch not recorded".to_string(), |b| format!(
+                    "batch {b}/GPU"
+                )),
+            w.cluster,
+            w.ranks
         )
     };
     let mut lines = vec![
@@ -991,10 +1002,16 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         String::new(),
         format!("{:<18} {:>10}", "", "iteration"),
     ];
+    // The headline is the framework's default only when that was evaluated: a budget that ends
+    // before it leaves another baseline (`none`) as the headline, and says so.
+    let default = default_name(w.framework, w.source == "trace");
     for (name, v) in &plan.baselines {
         let tag = match name.as_str() {
             "as_recorded" => "   (the traced run)",
-            n if n == p.baseline_name => "   (the framework's default)",
+            n if n == p.baseline_name && n == default => "   (the framework's default)",
+            n if n == p.baseline_name => {
+                "   (compared with: the framework's default was not evaluated before the budget ended)"
+            }
             _ => "",
         };
         lines.push(format!("{name:<18} {v:>7.1} ms{tag}"));
@@ -1094,6 +1111,34 @@ mod tests {
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("16 parsecs").is_err());
         assert!(parse_bytes("0").is_err());
+    }
+
+    /// Issue 20, class 7: a plan cut by its budget before the framework's default was evaluated
+    /// compares with `none`, and never labels `none` as the framework's default.
+    #[test]
+    fn only_the_framework_default_is_labelled_so() {
+        let mut plan = crate::plan::emit::tests::tiny_plan();
+        plan.baselines = std::collections::BTreeMap::from([
+            ("ddp_default".to_string(), 10.0),
+            ("none".to_string(), 11.0),
+        ]);
+        let tagged = |plan: &Plan| -> Vec<String> {
+            summary(plan)
+                .into_iter()
+                .filter(|l| l.contains("the framework's default"))
+                .collect()
+        };
+        let t = tagged(&plan);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert!(t[0].starts_with("ddp_default ") && t[0].ends_with("(the framework's default)"));
+        plan.baselines = std::collections::BTreeMap::from([("none".to_string(), 11.0)]);
+        plan.predicted.baseline_name = "none".into();
+        let t = tagged(&plan);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert!(
+            t[0].starts_with("none ") && t[0].contains("was not evaluated before the budget ended"),
+            "{t:?}"
+        );
     }
 
     /// Finding 8: a plan as fast as its baseline is never "0.99x faster".

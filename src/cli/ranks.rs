@@ -112,6 +112,16 @@ pub fn load_ranks(input: &InputArgs, files: &[PathBuf]) -> Result<Loaded, CliErr
         }
     }
     let n = ranks.len();
+    // The global graph and its replay: checked against the ceiling before they are built.
+    let ops: u64 = ranks
+        .iter()
+        .map(|r| r.built.job.local.ops.len() as u64 + 2)
+        .sum();
+    crate::limits::check(
+        || format!("the {n} ranks' global graph of {} ops", thousands(ops)),
+        ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP),
+    )
+    .map_err(|e| CliError::bad_input(format!("{e}: give it more memory or fewer ranks")))?;
     let g = global_graph(&ranks).map_err(CliError::bad_input)?;
     let (offsets, alignment) = if input.no_align || g.matched.is_empty() {
         if g.matched.is_empty() && !input.no_align {

@@ -337,6 +337,7 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
         trace,
         ..
     } = input_job(i)?;
+    check_graph_memory(&job)?;
     let t = Instant::now();
     let graph = job
         .expand()
@@ -350,6 +351,26 @@ pub fn build_input(i: &InputArgs) -> Result<Built, CliError> {
         cluster,
         trace,
         build_ms,
+    })
+}
+
+/// Refuse, before it is built, a graph whose evaluation (expansion, replay, critical path,
+/// memory: [`crate::graph::bounds::expanded_ops`] × [`crate::limits::EVAL_BYTES_PER_OP`]) would
+/// not fit the memory ceiling, saying what it needs and what would help.
+pub fn check_graph_memory(job: &crate::graph::job::Job) -> Result<(), CliError> {
+    let ops = crate::graph::bounds::expanded_ops(job);
+    let need = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
+    crate::limits::check(
+        || format!("the job's graph of {} ops", thousands(ops)),
+        need,
+    )
+    .map_err(|e| {
+        let hint = if job.symmetric || job.workers <= 1 {
+            "give it more memory"
+        } else {
+            "try --symmetric (one worker and the quotient ring) or give it more memory"
+        };
+        CliError::bad_input(format!("{e}: {hint}"))
     })
 }
 

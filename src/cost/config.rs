@@ -391,20 +391,65 @@ pub fn builtins(dir: &str) -> Vec<&'static str> {
     builtin_names(dir)
 }
 
-/// Parse YAML text into `T`, turning errors into one line naming file, line, column and field.
+/// Parse YAML text of a config file into `T`, turning errors into one line naming file, line,
+/// column and field.
 pub fn parse_yaml<T: serde::de::DeserializeOwned>(
     text: &str,
     file: &str,
 ) -> Result<T, ConfigError> {
-    serde_saphyr::from_str::<T>(text).map_err(|e| {
+    parse_yaml_as(text, file, crate::limits::InputKind::Config)
+}
+
+/// Parse YAML text of a file of `kind` into `T`, within the kind's YAML limits
+/// ([`crate::limits::InputKind::max_yaml_nodes`]: values, and as many parser events and bytes of
+/// text as such a file can hold); a file beyond them is refused naming the limit.
+pub fn parse_yaml_as<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &str,
+    kind: crate::limits::InputKind,
+) -> Result<T, ConfigError> {
+    let nodes = kind.max_yaml_nodes();
+    let mut budget = serde_saphyr::budget::Budget::default();
+    budget.max_nodes = nodes;
+    budget.max_events = nodes.saturating_mul(2).saturating_add(64);
+    budget.max_total_scalar_bytes = budget
+        .max_total_scalar_bytes
+        .max(kind.max_file_bytes() as usize);
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    serde_saphyr::from_str_with_options::<T>(text, options).map_err(|e| {
         let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+        let message = match e.without_snippet() {
+            serde_saphyr::Error::Budget { breach, .. } => budget_message(breach, kind),
+            _ => one_line_message(&e.to_string()),
+        };
         ConfigError::At {
             file: file.to_string(),
             line,
             column,
-            message: one_line_message(&e.to_string()),
+            message,
         }
     })
+}
+
+/// A YAML limit a file broke, as a user reads it.
+fn budget_message(
+    breach: &serde_saphyr::budget::BudgetBreach,
+    kind: crate::limits::InputKind,
+) -> String {
+    use serde_saphyr::budget::BudgetBreach as B;
+    let what = kind.what();
+    let nodes = crate::cli::output::thousands(kind.max_yaml_nodes() as u64);
+    match breach {
+        B::Nodes { .. } | B::Events { .. } => format!(
+            "more than {nodes} YAML values (keys, values, lists, maps), the limit for a {what} (README, Limits)"
+        ),
+        B::Depth { .. } => format!("YAML nested too deeply for a {what}"),
+        B::ScalarBytes { .. } => {
+            format!("more text in values than a {what} may hold (README, Limits)")
+        }
+        _ => format!("too many YAML documents, anchors, aliases or merge keys for a {what}"),
+    }
 }
 
 /// serde-saphyr renders a snippet under a first line `error: line L column C: message`; keep
@@ -845,6 +890,27 @@ pub fn load_gpu(name_or_path: &str) -> Result<GpuSpec, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file over its kind's YAML limit is refused naming the limit and the kind, not with the
+    /// parser's "budget breached: Nodes { nodes: 250001 }"; a plan may hold far more.
+    #[test]
+    fn yaml_limits_are_per_kind_and_named() {
+        use crate::limits::{InputKind, MAX_YAML_NODES};
+        let list = |n: usize| format!("[{}]", vec!["1"; n].join(","));
+        let over = list(MAX_YAML_NODES + 10);
+        let e = parse_yaml_as::<Vec<u32>>(&over, "c.yaml", InputKind::Config).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with("c.yaml:1:")
+                && m.contains("more than 250,000 YAML values")
+                && m.contains("the limit for a config file (README, Limits)"),
+            "{m}"
+        );
+        let v = parse_yaml_as::<Vec<u32>>(&over, "p.yaml", InputKind::Plan).unwrap();
+        assert_eq!(v.len(), MAX_YAML_NODES + 10);
+        let e = parse_yaml_as::<Vec<u32>>(&over, "f.yaml", InputKind::PassFile).unwrap_err();
+        assert!(e.to_string().contains("the limit for a pass file"), "{e}");
+    }
 
     #[test]
     fn parser_messages_never_echo_what_is_not_a_config_value() {

@@ -52,7 +52,11 @@ pub struct Workload {
     pub source: String,
     pub ranks: u32,
     pub model: String,
-    pub batch: u32,
+    /// Samples per GPU per iteration; `null` when the input does not say (a trace without
+    /// shapes), never a made-up 0. (Plans written before issue 20 may say 0 for unknown: read
+    /// it through [`Workload::batch`].)
+    #[serde(default)]
+    pub batch: Option<u32>,
     pub cluster: String,
     /// Whose names the plan uses: `zoo` (the zoo's PyTorch-style names) or `trace` (the
     /// trace's own operator and parameter names).
@@ -61,6 +65,13 @@ pub struct Workload {
     /// (`plan --framework`; plans without the key were made for `pytorch`).
     #[serde(default)]
     pub framework: Framework,
+}
+
+impl Workload {
+    /// The batch per GPU, when known (a 0 in an old plan is unknown).
+    pub fn batch(&self) -> Option<u32> {
+        self.batch.filter(|&b| b > 0)
+    }
 }
 
 /// One predicted point.
@@ -258,7 +269,8 @@ impl Plan {
         struct Head {
             trainplan: Option<u64>,
         }
-        let head: Result<Head, _> = crate::cost::config::parse_yaml::<Head>(text, file);
+        let head: Result<Head, _> =
+            crate::cost::config::parse_yaml_as::<Head>(text, file, crate::limits::InputKind::Plan);
         match head {
             Ok(Head { trainplan: None }) => {
                 return Err(PlanError::NotAPlan {
@@ -273,7 +285,11 @@ impl Plan {
             }
             _ => {}
         }
-        Ok(crate::cost::config::parse_yaml(text, file)?)
+        Ok(crate::cost::config::parse_yaml_as(
+            text,
+            file,
+            crate::limits::InputKind::Plan,
+        )?)
     }
 }
 

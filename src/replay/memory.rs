@@ -1,8 +1,16 @@
 //! Peak memory per worker from a replay: static bytes (weights, gradients, optimizer state) plus
 //! the running sum of the graph's allocation and free events placed at the replayed times.
 //!
-//! At equal times frees are applied before allocations (the caching allocator hands a freed block
-//! to the next request), so a buffer freed exactly when another is allocated is not counted twice.
+//! At equal times the frees of ops that ended then (having started earlier) are applied first (the
+//! caching allocator hands a freed block to the next request), so a buffer freed exactly when
+//! another is allocated is not counted twice. The other events at that time — ops starting then,
+//! and ops that take no time — follow the graph's dependencies (its topological order; an op's
+//! allocations before its frees), not the order of their numbers: a pass that scales durations to
+//! 0 puts an activation's allocation and its free at one instant, and the free must still come
+//! after the allocation it depends on.
+//!
+//! **Invariant:** memory follows dependencies: replays that differ only in when ops run, not in
+//! what depends on what, see each buffer allocated before it is freed.
 
 use crate::graph::{Dfg, MemWhen};
 
@@ -24,16 +32,26 @@ pub struct MemoryReport {
 /// Compute the peak memory of every worker.
 pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
     let workers = g.workers().max(1) as usize;
-    // (worker, time, 0 = free / 1 = alloc, bytes)
-    let mut events: Vec<(u32, u64, u8, u64)> = Vec::with_capacity(g.mem_effects().len());
+    // Each op's position in the topological order: the order of events at one instant.
+    let mut pos = vec![0u32; g.op_count()];
+    for (i, &op) in g.topo_order().iter().enumerate() {
+        pos[op as usize] = i as u32;
+    }
+    // (worker, time, 0 = a free of an op that started earlier / 1 = the rest, topological
+    // position, 0 = at its start / 1 = at its end, 0 = free / 1 = alloc, bytes)
+    type Ev = (u32, u64, u8, u32, u8, u8, u64);
+    let mut events: Vec<Ev> = Vec::with_capacity(g.mem_effects().len());
     for m in g.mem_effects() {
-        let (s, e) = (r.start_ns[m.op as usize], r.end_ns[m.op as usize]);
+        let op = m.op as usize;
+        let (s, e) = (r.start_ns[op], r.end_ns[op]);
+        let p = pos[op];
+        let free_class = u8::from(s == e);
         match m.when {
-            MemWhen::AllocAtStart => events.push((m.worker, s, 1, m.bytes)),
-            MemWhen::FreeAtEnd => events.push((m.worker, e, 0, m.bytes)),
+            MemWhen::AllocAtStart => events.push((m.worker, s, 1, p, 0, 1, m.bytes)),
+            MemWhen::FreeAtEnd => events.push((m.worker, e, free_class, p, 1, 0, m.bytes)),
             MemWhen::During => {
-                events.push((m.worker, s, 1, m.bytes));
-                events.push((m.worker, e, 0, m.bytes));
+                events.push((m.worker, s, 1, p, 0, 1, m.bytes));
+                events.push((m.worker, e, free_class, p, 1, 0, m.bytes));
             }
         }
     }
@@ -45,7 +63,7 @@ pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
     let mut peak_at = vec![0u64; workers];
     let mut cur: i128 = 0;
     let mut cur_worker = u32::MAX;
-    for &(w, t, kind, bytes) in &events {
+    for &(w, t, _, _, _, kind, bytes) in &events {
         if w != cur_worker {
             cur_worker = w;
             cur = 0;

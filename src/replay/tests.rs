@@ -279,3 +279,49 @@ fn memory_peaks_between_forward_and_backward() {
     assert_eq!(m.peak_bytes, 1150);
     assert_eq!(m.peak_at_ns, 1);
 }
+
+/// Issue 20, class 7: memory follows dependencies, not timestamps. The same chain as
+/// `memory_peaks_between_forward_and_backward` with every duration 0 (what a pass that scales
+/// durations to 0 makes): every event is at t = 0, and the peak is still the forward's
+/// activations on top of the static memory, because each free comes after the allocation it
+/// depends on. (Sorted by time then free-before-alloc, the frees of bw2 and bw1 came first and
+/// the peak fell to the static 1,000 bytes plus the workspace.) Numbering the ops against the
+/// dependency order changes nothing.
+#[test]
+fn memory_follows_dependencies_when_ops_take_no_time() {
+    use crate::graph::{MemEffect, MemWhen};
+    for reversed in [false, true] {
+        let mut b = DfgBuilder::new();
+        let d = gpu(&mut b, 0);
+        let ids: Vec<OpId> = (0..4).map(|_| op(&mut b, d, 0)).collect();
+        // fw1 → fw2 → bw2 → bw1, numbered in that order or backwards.
+        let [fw1, fw2, bw2, bw1] = if reversed {
+            [ids[3], ids[2], ids[1], ids[0]]
+        } else {
+            [ids[0], ids[1], ids[2], ids[3]]
+        };
+        for (x, y) in [(fw1, fw2), (fw2, bw2), (bw2, bw1)] {
+            b.add_edge(x, y);
+        }
+        for (o, bytes, when) in [
+            (fw1, 100, MemWhen::AllocAtStart),
+            (fw2, 50, MemWhen::AllocAtStart),
+            (bw2, 50, MemWhen::FreeAtEnd),
+            (bw1, 100, MemWhen::FreeAtEnd),
+            (bw1, 50, MemWhen::AllocAtStart),
+        ] {
+            b.add_mem(MemEffect {
+                op: o,
+                worker: 0,
+                bytes,
+                when,
+            });
+        }
+        b.set_static_memory(0, 1000);
+        let g = b.build().unwrap();
+        let r = replay(&g);
+        assert_eq!(r.iteration_ns, 0);
+        let m = peak_memory(&g, &r);
+        assert_eq!(m.peak_bytes, 1150, "reversed ids: {reversed}");
+    }
+}

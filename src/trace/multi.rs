@@ -191,7 +191,39 @@ pub fn rank_steps(
         }
     }
     check_matching(&out)?;
+    warnings.extend(gpu_models(&out));
     Ok((out, warnings))
+}
+
+/// A warning when the ranks were recorded on different GPU models (`deviceProperties`), with
+/// how many ranks ran each and the first rank of each: the job is not homogeneous.
+fn gpu_models(ranks: &[RankStep]) -> Option<String> {
+    let mut by: BTreeMap<&str, (usize, &RankStep)> = BTreeMap::new();
+    for r in ranks {
+        let gpu = r
+            .built
+            .job
+            .meta
+            .trace
+            .as_ref()
+            .and_then(|f| f.gpu.as_deref())
+            .unwrap_or("an unrecorded GPU");
+        by.entry(gpu).or_insert((0, r)).0 += 1;
+    }
+    if by.len() < 2 {
+        return None;
+    }
+    let list: Vec<String> = by
+        .iter()
+        .map(|(gpu, (n, r))| format!("{n} on {gpu} (first: rank {}, {})", r.rank, r.file))
+        .collect();
+    Some(format!(
+        "the ranks were recorded on {} different GPU models: {}. Each rank replays its own \
+         recorded times and is re-costed on its own GPU, but the job is not homogeneous: a \
+         collective runs at the pace of its slowest rank",
+        by.len(),
+        list.join("; ")
+    ))
 }
 
 /// Every rank has the same collectives, group by group, position by position.

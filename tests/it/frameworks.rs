@@ -393,7 +393,7 @@ fn check_jax(seen: &Value, plan: &trainplan::plan::Plan, export: &Path) {
     );
     assert_eq!(
         seen["micro_batch"].as_f64().unwrap(),
-        f64::from(plan.workload.batch) / k as f64
+        f64::from(plan.workload.batch().expect("a zoo plan knows its batch")) / k as f64
     );
     // jax.env: XLA accepts its flags; the threshold is the start point's.
     assert_eq!(seen["xla_flags_accepted"], true, "{seen}");

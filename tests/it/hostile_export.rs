@@ -111,7 +111,7 @@ fn plan_of(n: &Names) -> Plan {
             source: n.workload[0].clone(),
             ranks: 8,
             model: n.workload[1].clone(),
-            batch: 4,
+            batch: Some(4),
             cluster: n.workload[2].clone(),
             names: n.workload[3].clone(),
             framework: Default::default(),

@@ -23,15 +23,37 @@ fn scratch(name: &str) -> PathBuf {
 /// Run the binary in `dir` with a 60 s deadline: (exit code, stdout, stderr). A run past the
 /// deadline is killed and fails the test (a hang).
 fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trainplan"))
-        .args(args)
+    run_limited(dir, args, None)
+}
+
+/// [`run_in`] under an address-space limit of `address_space` bytes (`ulimit -v`,
+/// `prlimit --as`), set in the child before it runs.
+fn run_limited(dir: &Path, args: &[&str], address_space: Option<u64>) -> (i32, String, String) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainplan"));
+    cmd.args(args)
         .current_dir(dir)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    if let Some(bytes) = address_space {
+        let limit = libc::rlimit {
+            rlim_cur: bytes as libc::rlim_t,
+            rlim_max: bytes as libc::rlim_t,
+        };
+        // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
     let start = Instant::now();
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -54,7 +76,17 @@ fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
 
 /// Exit 3, nothing on stdout, one `error: …` line holding every piece of `expect`.
 fn bad_input(dir: &Path, args: &[&str], expect: &[&str]) -> String {
-    let (code, out, err) = run_in(dir, args);
+    bad_input_limited(dir, args, None, expect)
+}
+
+/// [`bad_input`] under an address-space limit.
+fn bad_input_limited(
+    dir: &Path,
+    args: &[&str],
+    address_space: Option<u64>,
+    expect: &[&str],
+) -> String {
+    let (code, out, err) = run_limited(dir, args, address_space);
     assert_eq!(code, 3, "{args:?}: {err}");
     assert_eq!(out, "", "{args:?}");
     assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
@@ -391,5 +423,221 @@ fn out_of_range_factors_rates_and_sums_are_refused_not_saturated() {
             "got 1e-320",
         ],
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory limits (issue 20, class 3): `ulimit -v`, `--max-memory` on every command, pass files and
+// plans that amplify.
+// ---------------------------------------------------------------------------------------------
+
+/// A cluster of `nodes` × 8 V100 over RDMA, written into `dir`.
+fn v100_cluster(dir: &Path, nodes: u32) -> String {
+    let name = format!("v100x{nodes}.yaml");
+    std::fs::write(
+        dir.join(&name),
+        format!(
+            "name: v100x{nodes}\ngpu: v100-32gb\nnodes: {nodes}\ngpus_per_node: 8\n\
+             intra: nvlink-v100\ninter: rdma-100g\nnics_per_node: 1\nsync: ring\n"
+        ),
+    )
+    .unwrap();
+    name
+}
+
+#[test]
+fn an_address_space_limit_stops_with_exit_3_not_an_abort() {
+    const MB: u64 = 1_000_000;
+    let dir = scratch("ulimit");
+    // 24 M tiny events (~330 KB of gzip): under `ulimit -v` 500 MB and no --max-memory, the
+    // importer stops on the mapped size before an allocation the limit would refuse.
+    gzip(
+        &dir.join("tiny_events.json.gz"),
+        std::iter::once(b"{\"traceEvents\":[".to_vec())
+            .chain((0..24).map(|_| b"{},".repeat(1 << 20)))
+            .chain(std::iter::once(b"{}]}".to_vec())),
+    );
+    let args = ["replay", "--trace", "tiny_events.json.gz"];
+    let err = bad_input_limited(
+        &dir,
+        &args,
+        Some(500 * MB),
+        &["tiny_events.json.gz", "would need", "ulimit -v"],
+    );
+    assert!(!err.contains("memory allocation"), "{err}");
+    // An explicit --max-memory below the limit is the binding one, and says so.
+    let mut capped = args.to_vec();
+    capped.extend(["--max-memory", "300MB"]);
+    bad_input_limited(
+        &dir,
+        &capped,
+        Some(1_000 * MB),
+        &[
+            "would need",
+            "more than the ceiling of 0.3 GB",
+            "--max-memory",
+        ],
+    );
+    // A large replay: refused before the graph is built, with what it needs and what helps.
+    let cluster = v100_cluster(&dir, 64);
+    let replay = [
+        "replay",
+        "--model",
+        "bert-base",
+        "--cluster",
+        cluster.as_str(),
+    ];
+    bad_input_limited(
+        &dir,
+        &replay,
+        Some(1_000 * MB),
+        &["graph of", "ops would need", "GB", "--symmetric"],
+    );
+    // ... and its symmetric form fits.
+    let mut symmetric = replay.to_vec();
+    symmetric.extend(["--symmetric", "--json"]);
+    let (code, out, err) = run_limited(&dir, &symmetric, Some(1_000 * MB));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with('{'), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn replay_honours_max_memory() {
+    let dir = scratch("replay-ceiling");
+    let cluster = v100_cluster(&dir, 64);
+    // 512 V100s, ~15.6 M ops: ~1.9 GB to evaluate; it once used that under a 300 MiB ceiling.
+    let err = bad_input(
+        &dir,
+        &[
+            "replay",
+            "--model",
+            "bert-base",
+            "--cluster",
+            &cluster,
+            "--max-memory",
+            "300MiB",
+        ],
+        &[
+            "the job's graph of 15,",
+            "would need 1.9 GB of memory, more than the ceiling of 0.3 GB",
+            "try --symmetric",
+        ],
+    );
+    assert!(err.len() < 400, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pass_files_that_amplify_are_refused_naming_the_file_rule_and_limit() {
+    let dir = scratch("pass-amplify");
+    let w = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+    let whatif = |file: &str, pass: &str| {
+        let (f, p) = (file.to_string(), pass.to_string());
+        move |dir: &Path, expect: &[&str]| {
+            bad_input(
+                dir,
+                &[
+                    "whatif",
+                    "--model",
+                    "bert-base",
+                    "--cluster",
+                    "8xv100",
+                    "--pass-file",
+                    &f,
+                    "--pass",
+                    &p,
+                ],
+                expect,
+            )
+        }
+    };
+    // Every forward op to every backward op: 443 × 443 edges from five lines.
+    w(
+        "edges.yaml",
+        "name: all-edges\ndoc: x\nrules:\n  - select: {phase: fw}\n    add_edge: {to: {phase: bw}}\n",
+    );
+    whatif("edges.yaml", "all-edges")(
+        &dir,
+        &[
+            "edges.yaml:4: rule 1 (add_edge)",
+            "196,249 edges",
+            "more than the limit of 100,000 edges a pass may add",
+            "Limits",
+        ],
+    );
+    // 15,000 rules in 600 KB.
+    let mut many = String::from("name: many\ndoc: x\nrules:\n");
+    for _ in 0..15_000 {
+        many.push_str("  - select: {phase: fw}\n    scale: 0.99\n");
+    }
+    w("many.yaml", &many);
+    whatif("many.yaml", "many")(
+        &dir,
+        &[
+            "many.yaml:2004:",
+            "15,000 rules, more than the limit of 1,000 rules in a pass file",
+            "Limits",
+        ],
+    );
+    // 1.3 MB of YAML holding 270,000 values: the parser's limit, named as a user reads it.
+    let mut big = String::from("name: big\ndoc: x\nrules:\n");
+    let names: Vec<String> = (0..300).map(|j| format!("a{j}")).collect();
+    for _ in 0..900 {
+        big.push_str(&format!(
+            "  - select: {{name: [{}]}}\n    scale: 0.99\n",
+            names.join(",")
+        ));
+    }
+    w("big.yaml", &big);
+    let err = whatif("big.yaml", "big")(
+        &dir,
+        &[
+            "big.yaml:",
+            "more than 250,000 YAML values",
+            "the limit for a pass file",
+            "Limits",
+        ],
+    );
+    assert!(!err.contains("budget breached"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_plan_over_the_yaml_parsers_default_is_read() {
+    // (A plan beyond its own limit is refused naming it: `cost::config`'s
+    // `yaml_limits_are_per_kind_and_named`.)
+    let dir = scratch("big-plan");
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "plan",
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            "8xv100",
+            "--passes",
+            "tensor-fusion",
+            "-o",
+            "p.yaml",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let plan = std::fs::read_to_string(dir.join("p.yaml")).unwrap();
+    // One more tensor group of 400,000 names (~7 MB): over the parser's default of 250,000
+    // values, which once refused it as "budget breached: Nodes { nodes: 250001 }".
+    let at = plan.find("  tensor_groups:\n").expect("tensor groups") + "  tensor_groups:\n".len();
+    let mut group = String::from("  - - extra0\n");
+    for i in 1..400_000 {
+        group.push_str(&format!("    - extra{i}\n"));
+    }
+    let big = format!("{}{group}{}", &plan[..at], &plan[at..]);
+    assert!(big.len() > 6_000_000);
+    std::fs::write(dir.join("big.yaml"), &big).unwrap();
+    let (code, out, err) = run_in(&dir, &["show", "big.yaml"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("`extra0`"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }

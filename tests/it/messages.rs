@@ -246,3 +246,54 @@ fn one_exit_code_per_kind_of_mistake() {
     assert_eq!(code, 2);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Issue 20, class 7: whatever a budget cuts, the row labelled "the framework's default" is the
+/// framework's default (`ddp_default` for PyTorch); when the budget ends before it was evaluated
+/// the plan compares with what was, says so on stderr, and labels nothing as the default. (The
+/// budget decides which case a run hits; the test checks the rule in both.)
+#[test]
+fn a_budget_cut_never_labels_another_baseline_the_frameworks_default() {
+    let dir = std::env::temp_dir().join(format!("trainplan-msg-budget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for budget in ["1ns", "1h"] {
+        let args = os(&[
+            "plan",
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            "8xv100",
+            "--budget",
+            budget,
+            "-o",
+            "p.yaml",
+        ]);
+        let (code, out, err) = run(&dir, &refs(&args));
+        let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+        assert_eq!(code, 0, "{err}");
+        let plan = std::fs::read_to_string(dir.join("p.yaml")).unwrap();
+        let headline_is_default = plan.contains("baseline_name: ddp_default");
+        for l in out
+            .lines()
+            .filter(|l| l.contains("the framework's default"))
+        {
+            if l.contains("(the framework's default)") {
+                assert!(l.starts_with("ddp_default "), "{budget}: {l}");
+            } else {
+                assert!(l.contains("was not evaluated"), "{budget}: {l}");
+            }
+        }
+        assert_eq!(
+            out.contains("(the framework's default)"),
+            headline_is_default,
+            "{budget}: {out}"
+        );
+        assert_eq!(
+            err.contains("before the framework's default (ddp_default) was evaluated"),
+            !headline_is_default,
+            "{budget}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

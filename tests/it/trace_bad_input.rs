@@ -380,3 +380,77 @@ fn other_trace_formats_are_named() {
     );
     assert!(msg.contains("no compute"), "{msg}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Odd traces that once gave silent wrong answers (issue 20, class 7): warned about with counts.
+// ---------------------------------------------------------------------------------------------
+
+/// `replay --trace` on `text`: exit 0, and stderr.
+fn replay_warnings(name: &str, text: &str) -> String {
+    let p = write_tmp(name, text.as_bytes());
+    let (code, out, err) = run(&["replay", "--trace", p.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with('{'), "{out}");
+    err
+}
+
+#[test]
+fn two_gpu_events_on_one_launch_are_counted() {
+    // A second kernel with the launch's correlation id (a merged or corrupt trace).
+    let text = edit(
+        r#"{"ph":"s","cat":"ac2g""#,
+        r#"{"ph":"X","cat":"kernel","name":"gemm2","pid":0,"tid":7,"ts":76,"dur":4,"args":{"correlation":1,"stream":7}},
+{"ph":"s","cat":"ac2g""#,
+    );
+    let err = replay_warnings("shared_corr.json", &text);
+    assert!(
+        err.contains(
+            "1 launch(es) have more than one GPU event with their correlation id (1 extra"
+        ) && err.contains("correlation 1, \"gemm\" event #2 and \"gemm2\" event #3"),
+        "{err}"
+    );
+    // The good fixture says nothing of the kind.
+    let err = replay_warnings("good_corr.json", GOOD);
+    assert!(!err.contains("correlation id"), "{err}");
+    assert!(!err.contains("before their launch"), "{err}");
+}
+
+#[test]
+fn a_kernel_that_starts_before_its_launch_is_counted() {
+    // The kernel at 12 µs, its launch at 20 µs.
+    let text = edit(
+        r#""name":"gemm","pid":0,"tid":7,"ts":25"#,
+        r#""name":"gemm","pid":0,"tid":7,"ts":12"#,
+    );
+    let err = replay_warnings("early.json", &text);
+    assert!(
+        err.contains(
+            "1 GPU event(s) start before their launch (by up to 8.000 µs; first: \"gemm\" event #2)"
+        ),
+        "{err}"
+    );
+}
+
+/// A plan from a trace that records no shapes does not know the batch: its file says
+/// `batch: null` (once `batch: 0`), `show` says "batch not recorded", and the exports write no
+/// made-up micro-batch.
+#[test]
+fn a_plan_from_a_trace_without_shapes_does_not_make_up_a_batch() {
+    let t = write_tmp("noshapes.json", GOOD.as_bytes());
+    let out = t.with_file_name("noshapes_plan.yaml");
+    let (code, _, err) = run(&[
+        "plan",
+        "--trace",
+        t.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("\n  batch: null\n"), "{text}");
+    assert!(!text.contains("batch: 0"), "{text}");
+    let (code, shown, err) = run(&["show", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(shown.contains("(batch not recorded)"), "{shown}");
+    assert!(!shown.contains("batch 0"), "{shown}");
+}

@@ -268,3 +268,48 @@ fn one_rank_stands_for_a_cluster() {
         "{msg}"
     );
 }
+
+/// Issue 20, class 7: ranks recorded on different GPU models are not one homogeneous job; the
+/// replay says so, with how many ranks ran each model.
+#[test]
+fn ranks_on_different_gpu_models_are_counted() {
+    let props = |name: &str| format!(r#""deviceProperties":[{{"id":0,"name":"{name}"}}],"#);
+    let with = |text: String, gpu: &str| text.replacen('{', &format!("{{{}", props(gpu)), 1);
+    let a = write_tmp(
+        "gpus_r0.json",
+        &with(rank(0, 2, 0, 100, 15, 95, AR), "NVIDIA A100-SXM4-80GB"),
+    );
+    let b = write_tmp(
+        "gpus_r1.json",
+        &with(rank(1, 2, 60, 40, 75, 95, AR), "Tesla V100-SXM2-32GB"),
+    );
+    let (code, out, err) = crate::cli::run(&[
+        "replay",
+        "--trace",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with('{'), "{out}");
+    assert!(
+        err.contains("the ranks were recorded on 2 different GPU models")
+            && err.contains("1 on NVIDIA A100-SXM4-80GB (first: rank 0")
+            && err.contains("1 on Tesla V100-SXM2-32GB (first: rank 1"),
+        "{err}"
+    );
+    // The same model on both: nothing to say.
+    let c = write_tmp(
+        "gpus_r1b.json",
+        &with(rank(1, 2, 60, 40, 75, 95, AR), "NVIDIA A100-SXM4-80GB"),
+    );
+    let (code, _, err) = crate::cli::run(&[
+        "replay",
+        "--trace",
+        a.to_str().unwrap(),
+        c.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("GPU models"), "{err}");
+}

@@ -364,3 +364,42 @@ fn whatif_json_says_what_bounds_the_iteration() {
     assert_eq!(v["memory_over_capacity"], true, "{v}");
     assert!(err.contains("would not fit"), "{err}");
 }
+
+/// Issue 20, class 7: memory follows dependencies, not timestamps. A pass that makes every GPU
+/// op take no time changes when ops run but not what depends on what, so the peak stays (it once
+/// fell 539.0 → 535.8 MB: frees at an instant were applied before the allocations they follow).
+#[test]
+fn scaling_durations_to_zero_does_not_change_peak_memory() {
+    let dir = std::env::temp_dir().join(format!("trainplan-zero-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("zero.yaml");
+    std::fs::write(
+        &f,
+        "name: zero\ndoc: x\nrules:\n  - select: {device: gpu}\n    scale: 0\n",
+    )
+    .unwrap();
+    let v = run_json(&[
+        "whatif",
+        "--model",
+        "resnet50",
+        "--batch",
+        "2",
+        "--cluster",
+        "8xv100",
+        "--pass-file",
+        f.to_str().unwrap(),
+        "--pass",
+        "zero",
+    ]);
+    let (before, after) = (
+        v["baseline_peak_memory_bytes"].as_u64().unwrap(),
+        v["peak_memory_bytes"].as_u64().unwrap(),
+    );
+    assert!(before > 100_000_000, "{v}");
+    assert_eq!(after, before, "{v}");
+    assert!(
+        v["iteration_ms"].as_f64() < v["baseline_iteration_ms"].as_f64(),
+        "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -93,7 +93,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         "BACKWARD_PASSES_PER_STEP = {}\nGRAD_ACCUMULATION = BACKWARD_PASSES_PER_STEP\n",
         f.k
     ));
-    let batch = plan.workload.batch;
+    let batch = plan.workload.batch().unwrap_or(0);
     let micro = if batch == 0 {
         "None".to_string()
     } else if f.k > 1 {

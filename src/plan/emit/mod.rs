@@ -454,9 +454,12 @@ pub(crate) fn py_ints(v: &[u64]) -> String {
 pub(crate) fn header(plan: &Plan, what: &str) -> String {
     let w = &plan.workload;
     format!(
-        "# trainplan export: {what}\n# plan: {} (batch {}/GPU) on {} ({} ranks), names: {}; predicted {:.1} ms → {:.1} ms ({:.2}x)\n",
+        "# trainplan export: {what}\n# plan: {} ({}) on {} ({} ranks), names: {}; predicted {:.1} ms → {:.1} ms ({:.2}x)\n",
         comment_text(&w.model),
-        w.batch,
+        w.batch()
+            .map_or("batch not recorded".to_string(), |b| format!(
+                "batch {b}/GPU"
+            )),
         comment_text(&w.cluster),
         w.ranks,
         comment_text(&w.names),
@@ -530,7 +533,7 @@ pub(crate) mod tests {
                 source: "zoo".into(),
                 ranks: 8,
                 model: "tiny".into(),
-                batch: 4,
+                batch: Some(4),
                 cluster: "8xh200".into(),
                 names: "zoo".into(),
                 framework: Default::default(),

@@ -127,7 +127,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             f.largest_group_bytes().filter(|_| f.fuses_tensors())
         }
     };
-    let batch = plan.workload.batch;
+    let batch = plan.workload.batch().unwrap_or(0);
     let micro = if f.k > 1 && batch > 0 {
         format!("{}", batch as f64 / f.k as f64)
     } else if batch > 0 {

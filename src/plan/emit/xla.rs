@@ -72,7 +72,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         env.push_str("# the plan runs without XLA: nothing to set\n");
     }
     let fp16 = f.half.as_deref() == Some("fp16");
-    let batch = plan.workload.batch;
+    let batch = plan.workload.batch().unwrap_or(0);
     let micro = if batch == 0 {
         "None".to_string()
     } else if f.k > 1 {

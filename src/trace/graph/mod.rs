@@ -423,7 +423,8 @@ pub(crate) fn build(
         );
     }
     waits::blocking(&mut b, ev, &win, &gpu, &cpu, &gops);
-    let mut warnings = waits::stream_waits(&mut b, ev, &win, &gpu, &gops, name);
+    let mut warnings = streams::oddities(ev, &gpu);
+    warnings.extend(waits::stream_waits(&mut b, ev, &win, &gpu, &gops, name));
     let resumes = crossthread::cross_thread(&mut b, ev, &win, &mut cpu);
     if !resumes.is_empty() {
         tracing::info!(

@@ -80,6 +80,59 @@ pub(super) fn collect(
     out
 }
 
+/// GPU events whose link to their launch cannot be trusted, as warnings with counts: several
+/// GPU events on one correlation id of a launch that starts one (every call but a graph launch),
+/// and GPU events that start before their launch did (the replay starts them after it, so the
+/// step may replay longer than it was measured).
+pub(super) fn oddities(ev: &[Event], gpu: &GpuWork) -> Vec<String> {
+    let mut out = Vec::new();
+    let (mut shared, mut extra) = (0usize, 0usize);
+    let mut first_shared: Option<(i64, usize, usize)> = None;
+    let (mut early, mut lead_ns) = (0usize, 0i64);
+    let mut first_early: Option<usize> = None;
+    for (&c, list) in &gpu.gpu_by_corr {
+        let Some(&l) = gpu.launch_of.get(&c) else {
+            continue;
+        };
+        let graph = matches!(
+            ev[l].runtime_call(),
+            Some(super::super::kineto::RuntimeCall::GraphLaunch)
+        );
+        if list.len() > 1 && !graph {
+            shared += 1;
+            extra += list.len() - 1;
+            first_shared.get_or_insert((c, list[0], list[1]));
+        }
+        for &g in list {
+            let lead = ev[l].ts_ns - ev[g].ts_ns;
+            if lead > 0 {
+                early += 1;
+                lead_ns = lead_ns.max(lead);
+                first_early.get_or_insert(g);
+            }
+        }
+    }
+    if let Some((c, a, b)) = first_shared {
+        out.push(format!(
+            "{shared} launch(es) have more than one GPU event with their correlation id ({extra} \
+             extra; first: correlation {c}, \"{}\" event #{a} and \"{}\" event #{b}): each is \
+             placed after the launch, but a launch starts one kernel — the trace may be merged or \
+             corrupt",
+            ev[a].name, ev[b].name
+        ));
+    }
+    if let Some(g) = first_early {
+        out.push(format!(
+            "{early} GPU event(s) start before their launch (by up to {:.3} µs; first: \"{}\" \
+             event #{g}): the replay starts them after it, so the step may replay longer than \
+             measured (CPU and GPU clocks disagree)",
+            lead_ns as f64 / 1e3,
+            ev[g].name
+        ));
+    }
+    out
+}
+
 /// Stage *carry-in* (selection): per stream of the step, the GPU work launched before the window
 /// that still runs when it opens.
 pub(super) fn carry_in(
