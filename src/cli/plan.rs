@@ -484,6 +484,13 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             seed: opts.seed,
         },
     };
+    // The plan meets the ranges its readers check (`plan::validate`); one that does not is a
+    // bug here, not a file for `show` and `export` to refuse later.
+    plan.check().map_err(|e| {
+        CliError::internal(format!(
+            "the planner made a plan out of its own ranges: {e}"
+        ))
+    })?;
     write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
         CliError::output(format!(
             "failed to write the plan to {}: {e}",

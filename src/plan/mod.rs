@@ -40,6 +40,7 @@ use crate::search::{Advice, Decision, StopReason, Strategy};
 
 pub mod emit;
 pub mod svg;
+pub mod validate;
 
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -163,6 +164,12 @@ pub enum PlanError {
     NotAPlan { file: String },
     #[error(transparent)]
     Yaml(#[from] crate::cost::config::ConfigError),
+    /// A value out of the planner's ranges ([`Plan::check`]), with its field.
+    #[error("{file}: {source}")]
+    Invalid {
+        file: String,
+        source: validate::Invalid,
+    },
 }
 
 /// Round a float for the file (ms to µs precision), so output is stable and readable.
@@ -252,7 +259,8 @@ impl Plan {
         serde_saphyr::to_string(self).expect("a plan always serialises")
     }
 
-    /// Read a plan, refusing other schema versions with a clear message.
+    /// Read a plan, refusing other schema versions with a clear message, and values out of the
+    /// planner's ranges naming the field ([`Plan::check`]).
     pub fn from_yaml(text: &str, file: &str) -> Result<Plan, PlanError> {
         #[derive(Deserialize)]
         struct Head {
@@ -273,7 +281,12 @@ impl Plan {
             }
             _ => {}
         }
-        Ok(crate::cost::config::parse_yaml(text, file)?)
+        let plan: Plan = crate::cost::config::parse_yaml(text, file)?;
+        plan.check().map_err(|source| PlanError::Invalid {
+            file: file.to_string(),
+            source,
+        })?;
+        Ok(plan)
     }
 }
 
