@@ -53,6 +53,7 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
     let items = breakdown::critical_path_items(&g, &cp);
     let dep = dependency_bound_ns(&g);
     if let Some(p) = &a.timeline {
+        super::distinct::check(&[super::distinct::Output::new("--timeline", p)], &[], &[])?;
         write_atomic(p, |w| replay::timeline::write_chrome_trace(&g, &r, w)).map_err(|e| {
             CliError::output(format!("failed to write timeline {}: {e}", p.display()))
         })?;

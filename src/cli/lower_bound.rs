@@ -160,6 +160,13 @@ pub fn lower_bound_cmd(a: &LowerBoundArgs) -> Result<(), CliError> {
     }
     let analysis = Analysis::new(&graph, &gpu, dtype, &mut db);
     if let Some(p) = &a.db {
+        // The database is read and written back on purpose; the model or the trace may not be
+        // replaced by it (the trace is read later: named here).
+        let mut named: Vec<(&str, &std::path::Path)> = vec![("the ONNX model", &a.model)];
+        if let Some(t) = &a.trace {
+            named.push(("the --trace", t));
+        }
+        super::distinct::check(&[super::distinct::Output::new("--db", p)], &named, &[p])?;
         let text = db.to_json();
         write_atomic(p, |w| w.write_all(text.as_bytes()))
             .map_err(|e| CliError::output(format!("{}: failed to write: {e}", p.display())))?;

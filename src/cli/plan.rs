@@ -261,6 +261,17 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         }
         None => input_job(&a.input)?,
     };
+    // Every input is read by now: refuse (exit 2) a plan or picture path that is one of them, or
+    // a plan named `.svg` (its picture would replace it), before the search.
+    let svg_path = a.output.with_extension("svg");
+    super::distinct::check(
+        &[
+            super::distinct::Output::new("-o", &a.output),
+            super::distinct::Output::new("the plan's picture (-o with .svg)", &svg_path),
+        ],
+        &[],
+        &[],
+    )?;
     let fw = a.input.framework;
     let is_trace = input.trace.is_some() || input.job.is_recorded();
     let names = if is_trace { Names::Trace } else { Names::Zoo };
@@ -497,12 +508,11 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             a.output.display()
         ))
     })?;
-    let svg_path = a.output.with_extension("svg");
     write_atomic(&svg_path, |w| {
         w.write_all(crate::plan::svg::waterfall(&plan).as_bytes())
     })
     .map_err(|e| {
-        CliError::bad_input(format!(
+        CliError::output(format!(
             "failed to write the plan's picture to {}: {e}",
             svg_path.display()
         ))

@@ -159,6 +159,11 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
     let rr = replay_ranks(&ranks, &g, &offsets);
     let replay_wall_ms = t.elapsed().as_secs_f64() * 1e3;
     if let Some(path) = &a.timeline {
+        super::distinct::check(
+            &[super::distinct::Output::new("--timeline", path)],
+            &[],
+            &[],
+        )?;
         write_atomic(path, |w| {
             timeline::write_chrome_trace(&g.graph, &rr.replay, w)
         })

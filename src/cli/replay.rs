@@ -382,6 +382,11 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let sum = breakdown::summary(g, &r, &cp);
     let items = breakdown::critical_path_items(g, &cp);
     if let Some(path) = &a.timeline {
+        super::distinct::check(
+            &[super::distinct::Output::new("--timeline", path)],
+            &[],
+            &[],
+        )?;
         write_atomic(path, |w| replay::timeline::write_chrome_trace(g, &r, w)).map_err(|e| {
             CliError::output(format!("failed to write timeline {}: {e}", path.display()))
         })?;

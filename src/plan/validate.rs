@@ -182,7 +182,7 @@ fn decision_knobs(
                 .get("k")
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(2);
-            if batch > 0 && batch % k != 0 {
+            if batch > 0 && !batch.is_multiple_of(k) {
                 return Err(invalid(
                     field("k"),
                     format!(
@@ -210,7 +210,7 @@ fn config(c: &FinalConfig, batch: u32) -> Result<(), Invalid> {
             format!("{k}: must be between 1 and {MAX_K} (1 means no accumulation)"),
         ));
     }
-    if batch > 0 && batch % k != 0 {
+    if batch > 0 && !batch.is_multiple_of(k) {
         return Err(invalid(
             "config.grad_accumulation",
             format!("{k} micro-batches do not divide the batch of {batch} (workload.batch)"),
