@@ -29,7 +29,7 @@ use super::{CliError, PlanArgs, exit, write_atomic};
 use crate::cost::framework::Framework;
 use crate::graph::job::Job;
 use crate::plan::{
-    FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload, round3,
+    FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload, round_ms,
 };
 use crate::search::framework::Names;
 use crate::search::{self, Advice, Decision, SearchError, SearchOptions, Speedups, StopReason};
@@ -375,7 +375,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     // A trace without memory events models no memory.
     let memory_modelled = headline.peak > 0 && super::traceinfo::has_memory(&headline.job);
     let peak = |b: u64| memory_modelled.then_some(b);
-    let ms3 = |ns: u64| round3(ns as f64 / 1e6);
+    let ms3 = |ns: u64| round_ms(ns as f64 / 1e6);
     // Several ranks: the decisions applied to every rank, all replayed together (when the
     // search finished; an interrupted one reports the slowest rank).
     let multi = match (&ranks, &finished) {
@@ -457,7 +457,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
                 iteration_ms: ms3(best_ns),
                 peak_memory_bytes: peak(best_peak),
             },
-            speedup: round3(base_ns as f64 / best_ns.max(1) as f64),
+            speedup: round_ms(base_ns as f64 / best_ns.max(1) as f64),
             lower_bound_ms: lower_ns.map(|l| ms3(l.min(best_ns))),
         },
         baselines: snap
@@ -474,14 +474,14 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         decisions: decisions
             .iter()
             .map(|d| Decision {
-                effect_ms: round3(d.effect_ms),
+                effect_ms: round_ms(d.effect_ms),
                 ..d.clone()
             })
             .collect(),
         advice: advice
             .into_iter()
             .map(|x| Advice {
-                effect_ms: round3(x.effect_ms),
+                effect_ms: round_ms(x.effect_ms),
                 ..x
             })
             .collect(),
@@ -637,8 +637,8 @@ fn work(
         if let Some(b) = bar {
             b.set_position(p.elapsed.as_millis() as u64);
             b.set_message(format!(
-                "best {:.1} ms · {} replays · round {}",
-                p.best_ns as f64 / 1e6,
+                "best {} · {} replays · round {}",
+                super::output::dur_ms(p.best_ns as f64 / 1e6, 1),
                 p.replays,
                 p.round
             ));
@@ -826,10 +826,10 @@ fn report(
         let mut more = Vec::new();
         if let Some((b, p)) = e.makespan {
             more.push(format!(
-                "makespan           {:.1} ms → {:.1} ms   (one step until its GPU work drains; the \
+                "makespan           {} → {}   (one step until its GPU work drains; the \
                  iteration above is the steady-state period)",
-                b as f64 / 1e6,
-                p as f64 / 1e6
+                super::output::dur_ms(b as f64 / 1e6, 1),
+                super::output::dur_ms(p as f64 / 1e6, 1)
             ));
         }
         if !e.lines.is_empty() {
@@ -893,9 +893,9 @@ pub fn summary(plan: &Plan) -> Vec<String> {
     };
     let mut lines = vec![
         format!(
-            "{who}, --framework {}: planned {:.1} ms, {}",
+            "{who}, --framework {}: planned {}, {}",
             w.framework,
-            p.planned.iteration_ms,
+            super::output::dur_ms(p.planned.iteration_ms, 1),
             versus(p.speedup, &p.baseline_name)
         ),
         String::new(),
@@ -907,7 +907,10 @@ pub fn summary(plan: &Plan) -> Vec<String> {
             n if n == p.baseline_name => "   (the framework's default)",
             _ => "",
         };
-        lines.push(format!("{name:<18} {v:>7.1} ms{tag}"));
+        lines.push(format!(
+            "{name:<18} {:>10}{tag}",
+            super::output::dur_ms(*v, 1)
+        ));
     }
     let best_base = plan
         .baselines
@@ -924,13 +927,15 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         String::new()
     };
     lines.push(format!(
-        "{:<18} {:>7.1} ms{vs}",
-        "trainplan", p.planned.iteration_ms
+        "{:<18} {:>10}{vs}",
+        "trainplan",
+        super::output::dur_ms(p.planned.iteration_ms, 1)
     ));
     if let Some(lb) = p.lower_bound_ms {
         lines.push(format!(
-            "{:<18} {lb:>7.1} ms   (the plan if synchronisation were free)",
-            "lower bound"
+            "{:<18} {:>10}   (the plan if synchronisation were free)",
+            "lower bound",
+            super::output::dur_ms(lb, 1)
         ));
     }
     match (p.baseline.peak_memory_bytes, p.planned.peak_memory_bytes) {
@@ -963,8 +968,10 @@ pub fn summary(plan: &Plan) -> Vec<String> {
             String::new()
         };
         lines.push(format!(
-            "  {:>+8.2} ms  {:<18} {}",
-            d.effect_ms, d.pass, what
+            "  {:>11}  {:<18} {}",
+            super::output::dur_ms_signed(d.effect_ms, 2),
+            d.pass,
+            what
         ));
     }
     if plan.decisions.len() > 12 {
@@ -981,8 +988,10 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         ));
         for x in &plan.advice {
             lines.push(format!(
-                "  {:>+8.2} ms  {:<18} {}",
-                x.effect_ms, x.pass, x.why_not
+                "  {:>11}  {:<18} {}",
+                super::output::dur_ms_signed(x.effect_ms, 2),
+                x.pass,
+                x.why_not
             ));
         }
     }

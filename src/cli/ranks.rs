@@ -260,9 +260,7 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
     }
     lines.push(String::new());
     lines.push(format!(
-        "slowest rank: measured {:.3} ms, predicted {:.3} ms, error {:+.2} %; mean |error| over ranks {mean_abs:.2} %, max {max_abs:.2} %",
-        m_max as f64 / 1e6,
-        p_max as f64 / 1e6,
+        "slowest rank: measured {}, predicted {}, error {:+.2} %; mean |error| over ranks {mean_abs:.2} %, max {max_abs:.2} %", super::output::dur_ms(m_max as f64 / 1e6, 3), super::output::dur_ms(p_max as f64 / 1e6, 3),
         pct(p_max, m_max)
     ));
     if let Some(p) = &a.timeline {
@@ -393,9 +391,9 @@ pub fn whatif_ranks_cmd(
     }
     lines.push(String::new());
     lines.push(format!(
-        "iteration        {:.3} ms → {:.3} ms ({:+.1} %): the slowest rank's step; speedup {speedup:.3}x",
-        base.step_ns as f64 / 1e6,
-        after.step_ns as f64 / 1e6,
+        "iteration        {} → {} ({:+.1} %): the slowest rank's step; speedup {speedup:.3}x",
+        super::output::dur_ms(base.step_ns as f64 / 1e6, 3),
+        super::output::dur_ms(after.step_ns as f64 / 1e6, 3),
         pct(after.step_ns, base.step_ns)
     ));
     match (m0, m1) {

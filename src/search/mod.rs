@@ -968,7 +968,10 @@ fn memory_step(
         // export feeds batch/k samples per micro-step, and the plan reader refuses a k that
         // does not divide the batch.
         let batch = cur.job.meta.batch;
-        for k in [2u32, 4, 8, 16].into_iter().filter(|k| batch.is_multiple_of(*k)) {
+        for k in [2u32, 4, 8, 16]
+            .into_iter()
+            .filter(|k| batch.is_multiple_of(*k))
+        {
             options.push((
                 "grad-accumulation".into(),
                 vec![("k".into(), k.to_string())],
