@@ -52,6 +52,17 @@ pub struct Amp;
 
 const NAME: &str = "amp";
 
+/// The half dtype a `dtype` knob names (`fp16`, `float16`, `half`, `bf16`, `bfloat16`; any
+/// case, spaces around ignored), or `None`: the one set the pass, the plan reader and the
+/// exports accept.
+pub fn half_dtype(raw: &str) -> Option<Dtype> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "fp16" | "float16" | "half" => Some(Dtype::Fp16),
+        "bf16" | "bfloat16" => Some(Dtype::Bf16),
+        _ => None,
+    }
+}
+
 impl Pass for Amp {
     fn name(&self) -> &str {
         NAME
@@ -79,10 +90,8 @@ impl Pass for Amp {
             why: why.into(),
         };
         let raw = knobs.text("dtype").trim();
-        let half = match raw.to_ascii_lowercase().as_str() {
-            "fp16" | "float16" | "half" => Dtype::Fp16,
-            "bf16" | "bfloat16" => Dtype::Bf16,
-            _ => return Err(bad(raw, "must be fp16 or bf16")),
+        let Some(half) = half_dtype(raw) else {
+            return Err(bad(raw, "must be fp16 or bf16"));
         };
         let job = &cx.job;
         if !job.gpu.matrix_tflops.contains_key(&half) {

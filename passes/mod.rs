@@ -414,10 +414,21 @@ pub fn parse_pass_arg(arg: &str) -> (String, Vec<(String, String)>) {
 
 /// Check knob assignments against a pass's declared knobs and fill in defaults.
 pub fn resolve_knobs(pass: &dyn Pass, given: &[(String, String)]) -> Result<Knobs, PassError> {
-    let specs = pass.knobs();
+    resolve_specs(pass.name(), &pass.knobs(), given)
+}
+
+/// Check knob assignments against `specs` (the knobs of pass `pass`) and fill in defaults: what
+/// [`resolve_knobs`] does, for knobs that are not a registered pass's (a baseline's settings in
+/// a plan, `search::baselines::knob_specs`). The plan reader checks a plan's knobs with it, so
+/// a hand-edited plan meets the same ranges as the command line.
+pub fn resolve_specs(
+    pass: &str,
+    specs: &[KnobSpec],
+    given: &[(String, String)],
+) -> Result<Knobs, PassError> {
     let mut out = BTreeMap::new();
     let bad = |k: &KnobSpec, v: &str, why: String| PassError::BadKnob {
-        pass: pass.name().to_string(),
+        pass: pass.to_string(),
         knob: k.name.clone(),
         value: v.to_string(),
         why,
@@ -425,7 +436,7 @@ pub fn resolve_knobs(pass: &dyn Pass, given: &[(String, String)]) -> Result<Knob
     for (k, _) in given {
         if !specs.iter().any(|s| &s.name == k) {
             return Err(PassError::UnknownKnob {
-                pass: pass.name().to_string(),
+                pass: pass.to_string(),
                 knob: k.clone(),
                 known: if specs.is_empty() {
                     "(none)".into()
@@ -439,7 +450,7 @@ pub fn resolve_knobs(pass: &dyn Pass, given: &[(String, String)]) -> Result<Knob
             });
         }
     }
-    for s in &specs {
+    for s in specs {
         let raw = given
             .iter()
             .rev()

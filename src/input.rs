@@ -15,12 +15,16 @@
 //! Decompressed gzip streams get the same reader ([`decompressed`]) with the kind's
 //! decompressed-size cap, and JSON traces a string-length bound ([`json_strings`]).
 //!
+//! Every file opened is recorded by device and inode ([`opened_as`]): outputs are checked
+//! against it, so a command never writes over a file it read.
+//!
 //! Errors never hold the file's content (a file that is not what was expected is not echoed)
 //! and do not name the path: the caller names it (`failed to read PATH: …`).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use crate::limits::InputKind;
 use crate::limits::{self, MAX_JSON_STRING_BYTES, MemoryError};
@@ -166,10 +170,26 @@ fn file_type_name(ft: &std::fs::FileType) -> &'static str {
     }
 }
 
+/// Every regular file [`open`] has opened in this process, by (device, inode): the path it was
+/// opened by and its kind. A command compares what it is about to write with it
+/// (`cli::distinct`), so no output replaces an input — found implicitly or named.
+static OPENED: std::sync::Mutex<BTreeMap<(u64, u64), (PathBuf, InputKind)>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// The path and kind a file (device, inode) was opened as an input by, if it was and that path
+/// is still that file (an input deleted since frees its inode for another file).
+pub fn opened_as(dev: u64, ino: u64) -> Option<(PathBuf, InputKind)> {
+    use std::os::unix::fs::MetadataExt;
+    let (path, kind) = OPENED.lock().ok()?.get(&(dev, ino)).cloned()?;
+    let m = std::fs::metadata(&path).ok()?;
+    (m.dev() == dev && m.ino() == ino).then_some((path, kind))
+}
+
 /// Open `path` as an input of `kind`: a regular file (symlinks followed) no larger than the
-/// kind's cap, read through a [`Guarded`] reader. Never blocks on a FIFO.
+/// kind's cap, read through a [`Guarded`] reader. Never blocks on a FIFO. The file is recorded
+/// as an input of this process ([`opened_as`]).
 pub fn open(path: &Path, kind: InputKind) -> Result<Guarded<File>, InputError> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
@@ -177,6 +197,10 @@ pub fn open(path: &Path, kind: InputKind) -> Result<Guarded<File>, InputError> {
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         return Err(InputError::NotAFile(file_type_name(&meta.file_type())));
+    }
+    if let Ok(mut o) = OPENED.lock() {
+        o.entry((meta.dev(), meta.ino()))
+            .or_insert_with(|| (path.to_path_buf(), kind));
     }
     let limit = kind.max_file_bytes();
     if meta.len() > limit {

@@ -16,9 +16,11 @@
 //!   planted dangling link cannot make trainplan create a file elsewhere, and a link someone else
 //!   owns in a sticky world-writable folder (`/tmp`) is not followed at all (the kernel's
 //!   `protected_symlinks` rule, whatever the sysctl says).
-//! * **Several files as one** ([`write_dir_atomic`], `export`): into a fresh temporary folder
-//!   beside the target folder, renamed as a whole (or atomically exchanged with an existing
-//!   folder that holds nothing else); a disk-full export leaves the old files as they were.
+//! * **Several files as one** ([`write_dir_atomic`], `export`): a new folder is filled under a
+//!   fresh temporary name beside it and renamed as a whole; into an existing folder (`-o .`
+//!   included: it keeps its identity and the user's other files) every file is first written to
+//!   its temporary name, then each is renamed over its target; a disk-full export leaves the
+//!   old files as they were.
 //! * **Ctrl-C**: every temporary file or folder is registered while it exists; the interrupt
 //!   handler ([`install_interrupt_handler`]) removes them before exiting 130. A command that
 //!   stops on its own at Ctrl-C (`plan` writes its best plan so far) registers its flag with
@@ -279,32 +281,22 @@ pub fn write_dir_atomic(dir: &Path, files: &[(String, Vec<u8>)]) -> io::Result<V
         Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(dir)?,
         _ => dir.to_path_buf(),
     };
-    let (parent, name) = split(&dir)?;
     let existing = match std::fs::metadata(&dir) {
-        Ok(m) if m.is_dir() => Some(m),
+        Ok(m) if m.is_dir() => true,
         Ok(_) => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "it exists and is not a folder",
             ));
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
         Err(e) => return Err(e),
     };
-    let ours = |n: &std::ffi::OsStr| {
-        n == "__pycache__" || files.iter().any(|(f, _)| std::ffi::OsStr::new(f) == n)
-    };
-    let only_ours = match &existing {
-        None => true,
-        Some(_) => std::fs::read_dir(&dir)?
-            .map(|e| e.map(|e| ours(&e.file_name())))
-            .collect::<io::Result<Vec<bool>>>()?
-            .into_iter()
-            .all(|x| x),
-    };
-    if !only_ours {
-        // The folder holds the user's other files: every file is written to its temporary
-        // name first (where a full disk fails, leaving everything as it was), then renamed.
+    if existing {
+        // An existing folder keeps its identity (`-o .` is the current folder, a shell may be
+        // in it, it may hold the user's other files): every file is written to its temporary
+        // name beside its target first — where a full disk fails, leaving everything as it
+        // was — then each is renamed over its target.
         let mut staged = Vec::new();
         for (n, content) in files {
             let target = dir.join(n);
@@ -331,7 +323,8 @@ pub fn write_dir_atomic(dir: &Path, files: &[(String, Vec<u8>)]) -> io::Result<V
         }
         return Ok(out);
     }
-    // A fresh folder beside the target, filled, then renamed as a whole.
+    // A new folder: filled under a fresh temporary name beside it, then renamed as a whole.
+    let (parent, name) = split(&dir)?;
     let mut tmp_dir = None;
     for _ in 0..16 {
         let p = temp_name(&parent, &name);
@@ -350,17 +343,7 @@ pub fn write_dir_atomic(dir: &Path, files: &[(String, Vec<u8>)]) -> io::Result<V
             "could not create a temporary folder",
         )
     })?;
-    if let Some(m) = &existing {
-        std::fs::set_permissions(
-            &tmp_dir.path,
-            std::fs::Permissions::from_mode(m.mode() & 0o7777),
-        )?;
-    }
     for (n, content) in files {
-        let old_mode = std::fs::symlink_metadata(dir.join(n))
-            .ok()
-            .filter(|m| m.is_file())
-            .map(|m| m.mode() & 0o7777);
         let p = tmp_dir.path.join(n);
         let mut f = OpenOptions::new()
             .write(true)
@@ -368,55 +351,13 @@ pub fn write_dir_atomic(dir: &Path, files: &[(String, Vec<u8>)]) -> io::Result<V
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .mode(0o666)
             .open(&p)?;
-        if let Some(m) = old_mode {
-            f.set_permissions(std::fs::Permissions::from_mode(m))?;
-        }
         f.write_all(content)?;
         f.sync_all()?;
     }
     test_hold();
-    if existing.is_none() {
-        std::fs::rename(&tmp_dir.path, &dir)?;
-        tmp_dir.keep = true;
-    } else {
-        exchange(&tmp_dir.path, &dir)?;
-        // The old folder is now at the temporary name: dropping the guard removes it.
-    }
+    std::fs::rename(&tmp_dir.path, &dir)?;
+    tmp_dir.keep = true;
     Ok(files.iter().map(|(n, _)| dir.join(n)).collect())
-}
-
-/// Swap two paths atomically (`renameat2(RENAME_EXCHANGE)`); where the file system cannot,
-/// move `b` aside, move `a` in, and put the old one at `a`'s name.
-fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let ca = std::ffi::CString::new(a.as_os_str().as_bytes())?;
-    let cb = std::ffi::CString::new(b.as_os_str().as_bytes())?;
-    // SAFETY: two valid C strings; AT_FDCWD resolves them as paths.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            ca.as_ptr(),
-            libc::AT_FDCWD,
-            cb.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
-        return Err(e);
-    }
-    let (parent, name) = split(b)?;
-    let aside = temp_name(&parent, &name);
-    let _guard = Temp::register(aside.clone());
-    std::fs::rename(b, &aside)?;
-    if let Err(e) = std::fs::rename(a, b) {
-        let _ = std::fs::rename(&aside, b);
-        return Err(e);
-    }
-    std::fs::rename(&aside, a)
 }
 
 #[cfg(test)]
@@ -562,9 +503,11 @@ mod tests {
         std::fs::set_permissions(out.join("a.env"), std::fs::Permissions::from_mode(0o600))
             .unwrap();
         std::fs::create_dir(out.join("__pycache__")).unwrap();
-        // Replaced as a whole: new content, modes kept, nothing else left.
+        let inode = std::fs::metadata(&out).unwrap().ino();
+        // Each file replaced: new content, modes kept, the folder the same folder.
         write_dir_atomic(&out, &files("2")).unwrap();
-        assert_eq!(entries(&out), ["a.env", "b.py"]);
+        assert_eq!(entries(&out), ["__pycache__", "a.env", "b.py"]);
+        assert_eq!(std::fs::metadata(&out).unwrap().ino(), inode);
         assert_eq!(std::fs::read_to_string(out.join("a.env")).unwrap(), "A=2\n");
         assert_eq!(
             std::fs::metadata(out.join("a.env")).unwrap().mode() & 0o777,
@@ -574,7 +517,7 @@ mod tests {
         // A folder with the user's own files: they stay.
         std::fs::write(out.join("mine.txt"), "mine").unwrap();
         write_dir_atomic(&out, &files("3")).unwrap();
-        assert_eq!(entries(&out), ["a.env", "b.py", "mine.txt"]);
+        assert_eq!(entries(&out), ["__pycache__", "a.env", "b.py", "mine.txt"]);
         assert_eq!(
             std::fs::read_to_string(out.join("b.py")).unwrap(),
             "B = \"3\"\n"

@@ -34,6 +34,7 @@ pub fn calibrate_cmd(a: &CalibrateArgs) -> Result<(), CliError> {
     let yaml = calibrate::profile_yaml(&m, &spec, base.as_ref()).map_err(CliError::internal)?;
     match &a.output {
         Some(p) => {
+            super::distinct::check(&[super::distinct::Output::new("-o", p)], &[], &[])?;
             super::write_atomic(p, |w| w.write_all(yaml.as_bytes()))
                 .map_err(|e| CliError::output(format!("{}: failed to write: {e}", p.display())))?;
             eprintln!("GPU profile written to {}", p.display());

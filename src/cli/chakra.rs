@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::output::{ms, thousands};
+use super::output::thousands;
 use super::{CliError, ReplayArgs, write_atomic};
 use crate::replay::{self, breakdown, critical_path, dependency_bound_ns};
 use crate::trace::chakra;
@@ -53,6 +53,7 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
     let items = breakdown::critical_path_items(&g, &cp);
     let dep = dependency_bound_ns(&g);
     if let Some(p) = &a.timeline {
+        super::distinct::check(&[super::distinct::Output::new("--timeline", p)], &[], &[])?;
         write_atomic(p, |w| replay::timeline::write_chrome_trace(&g, &r, w)).map_err(|e| {
             CliError::output(format!("failed to write timeline {}: {e}", p.display()))
         })?;
@@ -111,20 +112,20 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
         String::new(),
         match measured {
             Some(m) => format!(
-                "measured span    {:>9.3} ms   first start to last end",
-                ms(m)
+                "measured span    {:>12}   first start to last end",
+                super::output::dur(m, 3)
             ),
             None => "measured span         n/a      the nodes have no start times".to_string(),
         },
         format!(
-            "predicted        {:>9.3} ms   replayed makespan{}",
-            ms(r.iteration_ns),
+            "predicted        {:>12}   replayed makespan{}",
+            super::output::dur(r.iteration_ns, 3),
             err.map(|e| format!("; error {e:+.2} %"))
                 .unwrap_or_default()
         ),
         format!(
-            "dependency bound {:>9.3} ms   longest dependency chain (unlimited devices)",
-            ms(dep)
+            "dependency bound {:>12}   longest dependency chain (unlimited devices)",
+            super::output::dur(dep, 3)
         ),
     ];
     super::replay::write_report(&mut o, &lines, &items)

@@ -1,7 +1,8 @@
 //! `trainplan export PLAN.yaml --to FRAMEWORK [-o DIR]`: read a plan, run the framework's
 //! emitter ([`crate::plan::emit`]), write its files into DIR as one
-//! ([`super::atomic::write_dir_atomic`]: a fresh folder renamed as a whole; default
-//! `trainplan-<framework>/` next to the plan), print the files and the notes
+//! ([`super::atomic::write_dir_atomic`]: a new folder renamed as a whole, an existing one — `.`
+//! included — file by file after staging them all; default `trainplan-<framework>/` next to the
+//! plan; no file may be the plan: [`super::distinct`]), print the files and the notes
 //! (or one JSON object). An unknown `--to` is a usage error (exit 2, clap lists the known
 //! names); an unreadable, malformed or other-version plan is bad input (exit 3, naming the file
 //! and line).
@@ -32,6 +33,15 @@ pub fn export_cmd(a: &ExportArgs) -> Result<(), CliError> {
             .unwrap_or_default()
             .join(format!("trainplan-{}", a.to.name())),
     };
+    // No exported file (nor the folder) may be the plan or another input.
+    let paths: Vec<PathBuf> = out.files.iter().map(|(n, _)| dir.join(n)).collect();
+    let mut outputs = vec![super::distinct::Output::new("-o", &dir)];
+    outputs.extend(
+        paths
+            .iter()
+            .map(|p| super::distinct::Output::new("the exported file", p)),
+    );
+    super::distinct::check(&outputs, &[], &[])?;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)
             .map_err(|e| CliError::output(format!("failed to create {}: {e}", parent.display())))?;

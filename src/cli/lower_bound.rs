@@ -125,11 +125,14 @@ fn measure(
 
 /// `trainplan lower-bound`.
 pub fn lower_bound_cmd(a: &LowerBoundArgs) -> Result<(), CliError> {
+    // A latency beyond a worker's physical bound (2^62 ns, `graph::bounds`) is not a
+    // measurement: its ratios to the bound would print as infinities.
+    let max_ms = crate::graph::bounds::MAX_SUM_NS as f64 / 1e6;
     if let Some(m) = a.measured_ms
-        && !(m.is_finite() && m > 0.0)
+        && !(m.is_finite() && m > 0.0 && m <= max_ms)
     {
         return Err(CliError::usage(format!(
-            "--measured-ms must be a positive number of milliseconds, got {m}"
+            "--measured-ms must be a positive number of milliseconds up to {max_ms:e}, got {m:e}"
         )));
     }
     // The same code and message as the zoo's `--batch 0` (bad input: an impossible model).
@@ -160,6 +163,13 @@ pub fn lower_bound_cmd(a: &LowerBoundArgs) -> Result<(), CliError> {
     }
     let analysis = Analysis::new(&graph, &gpu, dtype, &mut db);
     if let Some(p) = &a.db {
+        // The database is read and written back on purpose; the model or the trace may not be
+        // replaced by it (the trace is read later: named here).
+        let mut named: Vec<(&str, &std::path::Path)> = vec![("the ONNX model", &a.model)];
+        if let Some(t) = &a.trace {
+            named.push(("the --trace", t));
+        }
+        super::distinct::check(&[super::distinct::Output::new("--db", p)], &named, &[p])?;
         let text = db.to_json();
         write_atomic(p, |w| w.write_all(text.as_bytes()))
             .map_err(|e| CliError::output(format!("{}: failed to write: {e}", p.display())))?;
@@ -292,7 +302,12 @@ fn human(
     writeln!(o)?;
     writeln!(o, "lower bound                 sequential      parallel")?;
     let row = |o: &mut dyn Write, name: &str, s: f64, p: f64| {
-        writeln!(o, "{name:<24} {s:>10.3} ms {p:>10.3} ms")
+        writeln!(
+            o,
+            "{name:<24} {:>13} {:>13}",
+            super::output::dur_ms(s, 3),
+            super::output::dur_ms(p, 3)
+        )
     };
     row(o, "layer by layer", b.sequential_ms, b.parallel_ms)?;
     row(o, "fused", b.fused_sequential_ms, b.fused_parallel_ms)?;

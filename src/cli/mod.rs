@@ -13,6 +13,7 @@
 pub mod atomic;
 mod calibrate;
 mod chakra;
+pub(crate) mod distinct;
 mod export;
 mod lower_bound;
 pub(crate) mod output;

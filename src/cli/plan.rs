@@ -33,7 +33,7 @@ use super::{CliError, PlanArgs, exit, write_atomic};
 use crate::cost::framework::Framework;
 use crate::graph::job::Job;
 use crate::plan::{
-    FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload, round3,
+    FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload, round_ms,
 };
 use crate::search::framework::Names;
 use crate::search::{self, Advice, Decision, SearchError, SearchOptions, Speedups, StopReason};
@@ -275,6 +275,17 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         }
         None => input_job(&a.input)?,
     };
+    // Every input is read by now: refuse (exit 2) a plan or picture path that is one of them, or
+    // a plan named `.svg` (its picture would replace it), before the search.
+    let svg_path = a.output.with_extension("svg");
+    super::distinct::check(
+        &[
+            super::distinct::Output::new("-o", &a.output),
+            super::distinct::Output::new("the plan's picture (-o with .svg)", &svg_path),
+        ],
+        &[],
+        &[],
+    )?;
     let fw = a.input.framework;
     let is_trace = input.trace.is_some() || input.job.is_recorded();
     let names = if is_trace { Names::Trace } else { Names::Zoo };
@@ -400,7 +411,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     // A trace without memory events models no memory.
     let memory_modelled = headline.peak > 0 && super::traceinfo::has_memory(&headline.job);
     let peak = |b: u64| memory_modelled.then_some(b);
-    let ms3 = |ns: u64| round3(ns as f64 / 1e6);
+    let ms3 = |ns: u64| round_ms(ns as f64 / 1e6);
     // The worker did not return within GRACE of the deadline: the best plan so far gets the
     // same report a finished search gives (issue 20), evaluated here; after Ctrl-C the user
     // asked to stop, so the snapshot is written as it is.
@@ -493,7 +504,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
                 iteration_ms: ms3(best_ns),
                 peak_memory_bytes: peak(best_peak),
             },
-            speedup: round3(base_ns as f64 / best_ns.max(1) as f64),
+            speedup: round_ms(base_ns as f64 / best_ns.max(1) as f64),
             lower_bound_ms: lower_ns.map(|l| ms3(l.min(best_ns))),
         },
         baselines: snap
@@ -510,14 +521,14 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         decisions: decisions
             .iter()
             .map(|d| Decision {
-                effect_ms: round3(d.effect_ms),
+                effect_ms: round_ms(d.effect_ms),
                 ..d.clone()
             })
             .collect(),
         advice: advice
             .into_iter()
             .map(|x| Advice {
-                effect_ms: round3(x.effect_ms),
+                effect_ms: round_ms(x.effect_ms),
                 ..x
             })
             .collect(),
@@ -531,18 +542,24 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             seed: opts.seed,
         },
     };
+    // The plan meets the ranges its readers check (`plan::validate`); one that does not is a
+    // bug here, not a file for `show` and `export` to refuse later.
+    plan.check().map_err(|e| {
+        CliError::internal(format!(
+            "the planner made a plan out of its own ranges: {e}"
+        ))
+    })?;
     write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
         CliError::output(format!(
             "failed to write the plan to {}: {e}",
             a.output.display()
         ))
     })?;
-    let svg_path = a.output.with_extension("svg");
     write_atomic(&svg_path, |w| {
         w.write_all(crate::plan::svg::waterfall(&plan).as_bytes())
     })
     .map_err(|e| {
-        CliError::bad_input(format!(
+        CliError::output(format!(
             "failed to write the plan's picture to {}: {e}",
             svg_path.display()
         ))
@@ -672,8 +689,8 @@ fn work(
         if let Some(b) = bar {
             b.set_position(p.elapsed.as_millis() as u64);
             b.set_message(format!(
-                "best {:.1} ms · {} replays · round {}",
-                p.best_ns as f64 / 1e6,
+                "best {} · {} replays · round {}",
+                super::output::dur_ms(p.best_ns as f64 / 1e6, 1),
                 p.replays,
                 p.round
             ));
@@ -923,10 +940,10 @@ fn report(
         let mut more = Vec::new();
         if let Some((b, p)) = e.makespan {
             more.push(format!(
-                "makespan           {:.1} ms → {:.1} ms   (one step until its GPU work drains; the \
+                "makespan           {} → {}   (one step until its GPU work drains; the \
                  iteration above is the steady-state period)",
-                b as f64 / 1e6,
-                p as f64 / 1e6
+                super::output::dur_ms(b as f64 / 1e6, 1),
+                super::output::dur_ms(p as f64 / 1e6, 1)
             ));
         }
         if !e.lines.is_empty() {
@@ -994,9 +1011,9 @@ pub fn summary(plan: &Plan) -> Vec<String> {
     };
     let mut lines = vec![
         format!(
-            "{who}, --framework {}: planned {:.1} ms, {}",
+            "{who}, --framework {}: planned {}, {}",
             w.framework,
-            p.planned.iteration_ms,
+            super::output::dur_ms(p.planned.iteration_ms, 1),
             versus(p.speedup, &p.baseline_name)
         ),
         String::new(),
@@ -1014,7 +1031,10 @@ pub fn summary(plan: &Plan) -> Vec<String> {
             }
             _ => "",
         };
-        lines.push(format!("{name:<18} {v:>7.1} ms{tag}"));
+        lines.push(format!(
+            "{name:<18} {:>10}{tag}",
+            super::output::dur_ms(*v, 1)
+        ));
     }
     let best_base = plan
         .baselines
@@ -1031,13 +1051,15 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         String::new()
     };
     lines.push(format!(
-        "{:<18} {:>7.1} ms{vs}",
-        "trainplan", p.planned.iteration_ms
+        "{:<18} {:>10}{vs}",
+        "trainplan",
+        super::output::dur_ms(p.planned.iteration_ms, 1)
     ));
     if let Some(lb) = p.lower_bound_ms {
         lines.push(format!(
-            "{:<18} {lb:>7.1} ms   (the plan if synchronisation were free)",
-            "lower bound"
+            "{:<18} {:>10}   (the plan if synchronisation were free)",
+            "lower bound",
+            super::output::dur_ms(lb, 1)
         ));
     }
     match (p.baseline.peak_memory_bytes, p.planned.peak_memory_bytes) {
@@ -1070,8 +1092,10 @@ pub fn summary(plan: &Plan) -> Vec<String> {
             String::new()
         };
         lines.push(format!(
-            "  {:>+8.2} ms  {:<18} {}",
-            d.effect_ms, d.pass, what
+            "  {:>11}  {:<18} {}",
+            super::output::dur_ms_signed(d.effect_ms, 2),
+            d.pass,
+            what
         ));
     }
     if plan.decisions.len() > 12 {
@@ -1088,8 +1112,10 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         ));
         for x in &plan.advice {
             lines.push(format!(
-                "  {:>+8.2} ms  {:<18} {}",
-                x.effect_ms, x.pass, x.why_not
+                "  {:>11}  {:<18} {}",
+                super::output::dur_ms_signed(x.effect_ms, 2),
+                x.pass,
+                x.why_not
             ));
         }
     }

@@ -169,6 +169,11 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
     let rr = replay_ranks(&ranks, &g, &offsets);
     let replay_wall_ms = t.elapsed().as_secs_f64() * 1e3;
     if let Some(path) = &a.timeline {
+        super::distinct::check(
+            &[super::distinct::Output::new("--timeline", path)],
+            &[],
+            &[],
+        )?;
         write_atomic(path, |w| {
             timeline::write_chrome_trace(&g.graph, &rr.replay, w)
         })
@@ -265,9 +270,7 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
     }
     lines.push(String::new());
     lines.push(format!(
-        "slowest rank: measured {:.3} ms, predicted {:.3} ms, error {:+.2} %; mean |error| over ranks {mean_abs:.2} %, max {max_abs:.2} %",
-        m_max as f64 / 1e6,
-        p_max as f64 / 1e6,
+        "slowest rank: measured {}, predicted {}, error {:+.2} %; mean |error| over ranks {mean_abs:.2} %, max {max_abs:.2} %", super::output::dur_ms(m_max as f64 / 1e6, 3), super::output::dur_ms(p_max as f64 / 1e6, 3),
         pct(p_max, m_max)
     ));
     if let Some(p) = &a.timeline {
@@ -398,9 +401,9 @@ pub fn whatif_ranks_cmd(
     }
     lines.push(String::new());
     lines.push(format!(
-        "iteration        {:.3} ms → {:.3} ms ({:+.1} %): the slowest rank's step; speedup {speedup:.3}x",
-        base.step_ns as f64 / 1e6,
-        after.step_ns as f64 / 1e6,
+        "iteration        {} → {} ({:+.1} %): the slowest rank's step; speedup {speedup:.3}x",
+        super::output::dur_ms(base.step_ns as f64 / 1e6, 3),
+        super::output::dur_ms(after.step_ns as f64 / 1e6, 3),
         pct(after.step_ns, base.step_ns)
     ));
     match (m0, m1) {

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::output::{gb, ms, thousands};
+use super::output::{gb, thousands};
 use super::{CliError, InputArgs, ListArgs, ReplayArgs, write_atomic};
 use crate::cost::config::{self, Cluster};
 use crate::graph::Dfg;
@@ -403,6 +403,11 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let sum = breakdown::summary(g, &r, &cp);
     let items = breakdown::critical_path_items(g, &cp);
     if let Some(path) = &a.timeline {
+        super::distinct::check(
+            &[super::distinct::Output::new("--timeline", path)],
+            &[],
+            &[],
+        )?;
         write_atomic(path, |w| replay::timeline::write_chrome_trace(g, &r, w)).map_err(|e| {
             CliError::output(format!("failed to write timeline {}: {e}", path.display()))
         })?;
@@ -496,26 +501,29 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             replay_wall_ms
         ),
         String::new(),
-        format!("iteration        {:>9.1} ms", ms(r.iteration_ns)),
         format!(
-            "  compute        {:>9.1} ms   worker 0's GPU stream busy",
-            ms(bd.compute_ns)
+            "iteration        {:>12}",
+            super::output::dur(r.iteration_ns, 1)
         ),
         format!(
-            "  communication  {:>9.1} ms   worker 0's SEND/RECV",
-            ms(bd.comm_ns)
+            "  compute        {:>12}   worker 0's GPU stream busy",
+            super::output::dur(bd.compute_ns, 1)
         ),
         format!(
-            "  overlap        {:>9.1} ms   both at once",
-            ms(bd.overlap_ns)
+            "  communication  {:>12}   worker 0's SEND/RECV",
+            super::output::dur(bd.comm_ns, 1)
         ),
         format!(
-            "  exposed comm.  {:>9.1} ms   communication with no compute beside it",
-            ms(sum.exposed_comm_ns)
+            "  overlap        {:>12}   both at once",
+            super::output::dur(bd.overlap_ns, 1)
         ),
         format!(
-            "  host           {:>9.1} ms   on the critical path ({}-bound: {})",
-            ms(sum.host_path_ns),
+            "  exposed comm.  {:>12}   communication with no compute beside it",
+            super::output::dur(sum.exposed_comm_ns, 1)
+        ),
+        format!(
+            "  host           {:>12}   on the critical path ({}-bound: {})",
+            super::output::dur(sum.host_path_ns, 1),
             if sum.host_bound() { "host" } else { "GPU" },
             if sum.host_bound() {
                 "the CPU issuing kernels sets the pace; CUDA graphs or torch.compile would help"
@@ -524,8 +532,8 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             }
         ),
         format!(
-            "dependency bound {:>9.1} ms   longest dependency chain (unlimited devices)",
-            ms(dep)
+            "dependency bound {:>12}   longest dependency chain (unlimited devices)",
+            super::output::dur(dep, 1)
         ),
         format!(
             "peak memory      {:>9}      worker {} (of {} GB on the GPU){}",
@@ -543,7 +551,7 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             "critical path    {}",
             breakdown::critical_path_by_phase(g, &cp)
                 .iter()
-                .map(|(k, v)| format!("{k} {:.1} ms", ms(*v)))
+                .map(|(k, v)| format!("{k} {}", super::output::dur(*v, 1)))
                 .collect::<Vec<_>>()
                 .join(" · ")
         ),
@@ -555,8 +563,8 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     for i in items.iter().take(8) {
         writeln!(
             o,
-            "    {:>8.2} ms  {:>5.1} %  {}",
-            i.dur_ns as f64 / 1e6,
+            "    {:>11}  {:>5.1} %  {}",
+            super::output::dur_ms(i.dur_ns as f64 / 1e6, 2),
             100.0 * i.dur_ns as f64 / r.iteration_ns.max(1) as f64,
             i.name
         )
@@ -601,8 +609,8 @@ pub(super) fn write_report(
         };
         writeln!(
             o,
-            "    {:>8.3} ms  {}",
-            i.dur_ns as f64 / 1e6,
+            "    {:>11}  {}",
+            super::output::dur_ms(i.dur_ns as f64 / 1e6, 3),
             name.trim_end()
         )
         .map_err(CliError::stdout)?;
@@ -713,20 +721,23 @@ fn trace_report(
         ),
         String::new(),
         format!(
-            "measured step    {:>9.3} ms   the ProfilerStep / iteration span",
-            ms(measured)
+            "measured step    {:>12}   the ProfilerStep / iteration span",
+            super::output::dur(measured, 3)
         ),
-        format!("predicted step   {:>9.3} ms   {verdict}", ms(predicted)),
         format!(
-            "GPU drains at    {:>9.3} ms   the step's last GPU work ends (replayed makespan)",
-            ms(r.iteration_ns)
+            "predicted step   {:>12}   {verdict}",
+            super::output::dur(predicted, 3)
+        ),
+        format!(
+            "GPU drains at    {:>12}   the step's last GPU work ends (replayed makespan)",
+            super::output::dur(r.iteration_ns, 3)
         ),
     ];
     let mut lines = lines.to_vec();
     if let Some(p) = period {
         lines.push(format!(
-            "steady period    {:>9.3} ms   step-to-step time with every step like this one",
-            ms(p)
+            "steady period    {:>12}   step-to-step time with every step like this one",
+            super::output::dur(p, 3)
         ));
     }
     if let Some(f) = super::traceinfo::facts(job) {

@@ -99,14 +99,14 @@ pub fn path_line(b: &Bound) -> String {
     let s = &b.share;
     let t = s.total_ns().max(1) as f64;
     format!(
-        "critical path    {:.1} ms: host {:.1} ms ({:.0} %), GPU {:.1} ms ({:.0} %), \
-         communication {:.1} ms{}",
-        ms(s.total_ns()),
-        ms(s.host_ns),
+        "critical path    {}: host {} ({:.0} %), GPU {} ({:.0} %), \
+         communication {}{}",
+        super::output::dur(s.total_ns(), 1),
+        super::output::dur(s.host_ns, 1),
         100.0 * s.host_ns as f64 / t,
-        ms(s.gpu_ns),
+        super::output::dur(s.gpu_ns, 1),
         100.0 * s.gpu_ns as f64 / t,
-        ms(s.comm_ns),
+        super::output::dur(s.comm_ns, 1),
         if s.host_bound() {
             " — host-bound"
         } else {
@@ -120,11 +120,11 @@ pub fn explain(base: &Bound, after: &Bound, period: (u64, u64)) -> Vec<String> {
     let saved = base.gpu_busy_ns as i64 - after.gpu_busy_ns as i64;
     let moved = period.1 as i64 - period.0 as i64;
     let mut v = vec![format!(
-        "GPU time         {:.1} ms → {:.1} ms ({:+.1} ms); step period {:+.1} ms",
-        ms(base.gpu_busy_ns),
-        ms(after.gpu_busy_ns),
-        -(saved as f64) / 1e6,
-        moved as f64 / 1e6
+        "GPU time         {} → {} ({}); step period {}",
+        super::output::dur(base.gpu_busy_ns, 1),
+        super::output::dur(after.gpu_busy_ns, 1),
+        super::output::dur_ms_signed(-(saved as f64) / 1e6, 1),
+        super::output::dur_ms_signed(moved as f64 / 1e6, 1)
     )];
     if !base.share.host_bound() && after.share.host_bound() {
         v.push(format!(
@@ -136,16 +136,16 @@ pub fn explain(base: &Bound, after: &Bound, period: (u64, u64)) -> Vec<String> {
     if base.share.host_bound() {
         let lost = saved.max(0) - (-moved).max(0);
         v.push(format!(
-            "the step is host-bound: {:.0} % of its critical path ({:.1} of {:.1} ms) is host time \
+            "the step is host-bound: {:.0} % of its critical path ({} of {}) is host time \
              (kernel launches, framework work, idle Python between operators){}",
             100.0 * base.share.host_ns as f64 / base.share.total_ns().max(1) as f64,
-            ms(base.share.host_ns),
-            ms(base.share.total_ns()),
+            super::output::dur(base.share.host_ns, 1),
+            super::output::dur(base.share.total_ns(), 1),
             if saved > 0 && lost > 0 {
                 format!(
-                    "; {:.1} ms of the GPU time saved was off the critical path and does not \
+                    "; {} of the GPU time saved was off the critical path and does not \
                      shorten the step — cut host time first (try --pass cuda-graphs)",
-                    lost as f64 / 1e6
+                    super::output::dur_ms(lost as f64 / 1e6, 1)
                 )
             } else {
                 String::new()

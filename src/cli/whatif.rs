@@ -289,10 +289,10 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
             "", "before", "after", "change"
         ),
         format!(
-            "{:<16} {:>9.1} ms {:>9.1} ms {:>+8.1} %{}",
+            "{:<16} {:>12} {:>12} {:>+8.1} %{}",
             "iteration",
-            ms(b_it),
-            ms(a_it),
+            super::output::dur(b_it, 1),
+            super::output::dur(a_it, 1),
             100.0 * (a_it as f64 / b_it.max(1) as f64 - 1.0),
             if base.steady.is_some() {
                 "   steady-state period"
@@ -303,10 +303,10 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
     ]);
     if base.steady.is_some() && (base.makespan_ns() != b_it || cur.makespan_ns() != a_it) {
         lines.push(format!(
-            "{:<16} {:>9.1} ms {:>9.1} ms {:>+8.1} %   one step until its GPU work drains",
+            "{:<16} {:>12} {:>12} {:>+8.1} %   one step until its GPU work drains",
             "makespan",
-            ms(base.makespan_ns()),
-            ms(cur.makespan_ns()),
+            super::output::dur(base.makespan_ns(), 1),
+            super::output::dur(cur.makespan_ns(), 1),
             100.0 * (cur.makespan_ns() as f64 / base.makespan_ns().max(1) as f64 - 1.0)
         ));
     }
@@ -315,12 +315,12 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         let gpu = (w.shapes_ns + w.names_ns + w.none_ns).max(1);
         if w.names_ns * 100 >= gpu {
             lines.push(format!(
-                "{:<16} {:>12} {:>6.1}–{:.1} ms   range: {:.0} % of the GPU time has no shapes \
+                "{:<16} {:>12} {:>6.1}–{}   range: {:.0} % of the GPU time has no shapes \
                  (re-costed by kernel-name class, all-math to all-memory)",
                 "",
                 "",
                 ms(lo),
-                ms(hi),
+                super::output::dur(hi, 1),
                 100.0 * w.names_ns as f64 / gpu as f64
             ));
         }
@@ -371,7 +371,12 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         }
         writeln!(o, "\n{title}:").map_err(CliError::stdout)?;
         for (n, d) in v.iter() {
-            writeln!(o, "  {:>8.2} ms  {n}", *d as f64 / 1e6).map_err(CliError::stdout)?;
+            writeln!(
+                o,
+                "  {:>11}  {n}",
+                super::output::dur_ms(*d as f64 / 1e6, 2)
+            )
+            .map_err(CliError::stdout)?;
         }
     }
     Ok(())

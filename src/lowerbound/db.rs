@@ -139,10 +139,16 @@ impl PerfDb {
         })?;
         let mut db = PerfDb::new();
         for (i, e) in f.entries.into_iter().enumerate() {
-            if !(e.ms.is_finite() && e.ms >= 0.0) {
+            // One layer's latency is at most one op's physical bound (2^50 ns, ~13 days): a
+            // larger entry would become the bound with no warning.
+            let max_ms = crate::graph::bounds::MAX_OP_NS as f64 / 1e6;
+            if !(e.ms.is_finite() && e.ms >= 0.0 && e.ms <= max_ms) {
                 return Err(DbError::Invalid {
                     file: file.into(),
-                    message: format!("entries[{i}] ({}): ms must be ≥ 0, got {}", e.layer, e.ms),
+                    message: format!(
+                        "entries[{i}] ({}): ms must be between 0 and {max_ms:e} (one layer's physical bound), got {}",
+                        e.layer, e.ms
+                    ),
                 });
             }
             let key = (
@@ -279,7 +285,15 @@ mod tests {
         db.upsert(entry("L", "roofline", Source::Analytic, 0.5));
         let bad = db.to_json().replace("0.5", "-1.0");
         let e = PerfDb::parse(&bad, "db.json").unwrap_err().to_string();
-        assert!(e.contains("entries[0] (L): ms must be ≥ 0, got -1"), "{e}");
+        assert!(
+            e.contains("entries[0] (L): ms must be between 0 and 1.125899906842624e9"),
+            "{e}"
+        );
+        assert!(e.ends_with("got -1"), "{e}");
+        // A latency past the physical bound would become the bound: refused, naming the entry.
+        let huge = db.to_json().replace("0.5", "1e300");
+        let e = PerfDb::parse(&huge, "db.json").unwrap_err().to_string();
+        assert!(e.starts_with("db.json: entries[0] (L): ms must be"), "{e}");
         let e = PerfDb::parse("[1, 2]", "db.json").unwrap_err().to_string();
         assert!(e.contains("no `version`"), "{e}");
     }

@@ -151,15 +151,15 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         answer: match m {
             Some(m) if m.ms > 0.0 => {
                 let mut s = format!(
-                    "measured {:.3} ms ({}) is {:.2}x the sequential bound {:.3} ms (Benanza \
-                     ratio {:.2}); with fusion and parallel layers the bound is {:.3} ms and the \
+                    "measured {} ({}) is {:.2}x the sequential bound {} (Benanza \
+                     ratio {:.2}); with fusion and parallel layers the bound is {} and the \
                      run {:.2}x that",
-                    m.ms,
+                    crate::cli::output::dur_ms(m.ms, 3),
                     m.source,
                     m.ms / b.sequential_ms,
-                    b.sequential_ms,
+                    crate::cli::output::dur_ms(b.sequential_ms, 3),
                     b.sequential_ms / m.ms,
-                    b.fused_parallel_ms,
+                    crate::cli::output::dur_ms(b.fused_parallel_ms, 3),
                     m.ms / b.fused_parallel_ms
                 );
                 if m.trace.as_ref().is_some_and(|t| t.training) {
@@ -181,20 +181,20 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         },
     });
     let mut q2 = format!(
-        "parallel bound {:.3} ms vs sequential {:.3} ms: running independent layers concurrently \
+        "parallel bound {} vs sequential {}: running independent layers concurrently \
          saves {:.1} % ({} of {} layers are on the critical path)",
-        b.parallel_ms,
-        b.sequential_ms,
+        crate::cli::output::dur_ms(b.parallel_ms, 3),
+        crate::cli::output::dur_ms(b.sequential_ms, 3),
         pct(b.sequential_ms - b.parallel_ms, b.sequential_ms),
         a.critical_path.len(),
         a.layers.len()
     );
     if let Some(t) = trace {
         q2.push_str(&format!(
-            "; in the trace, GPU work overlapped for {:.3} ms (sum {:.3} ms, busy {:.3} ms)",
-            t.gpu_time_ms - t.gpu_busy_ms,
-            t.gpu_time_ms,
-            t.gpu_busy_ms
+            "; in the trace, GPU work overlapped for {} (sum {}, busy {})",
+            crate::cli::output::dur_ms(t.gpu_time_ms - t.gpu_busy_ms, 3),
+            crate::cli::output::dur_ms(t.gpu_time_ms, 3),
+            crate::cli::output::dur_ms(t.gpu_busy_ms, 3)
         ));
     }
     out.push(Answer {
@@ -223,7 +223,7 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
     } else {
         format!(
             "in the {} model, Winograd F(2x2,3x3) beats implicit GEMM on {} of the {} eligible \
-             3x3 convolutions ({} convolutions in all), saving {:.3} ms ({:.1} % of the \
+             3x3 convolutions ({} convolutions in all), saving {} ({:.1} % of the \
              sequential bound)",
             if a.costs.measured_layers > 0 {
                 "measured + analytic"
@@ -233,7 +233,7 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
             winograd.len(),
             eligible,
             convs.len(),
-            saved,
+            crate::cli::output::dur_ms(saved, 3),
             pct(saved, b.sequential_ms)
         )
     };
@@ -253,18 +253,18 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         question: "Is the framework adding overhead between kernels?",
         answer: match trace {
             Some(t) => format!(
-                "in {} the GPU was idle {:.3} ms of the {:.3} ms step ({:.1} %); {} kernels ran \
-                 where the bound needs {} unfused / {} fused; kernel time {:.3} ms vs the \
-                 sequential bound {:.3} ms",
+                "in {} the GPU was idle {} of the {} step ({:.1} %); {} kernels ran \
+                 where the bound needs {} unfused / {} fused; kernel time {} vs the \
+                 sequential bound {}",
                 t.step,
-                t.step_ms - t.gpu_busy_ms,
-                t.step_ms,
+                crate::cli::output::dur_ms(t.step_ms - t.gpu_busy_ms, 3),
+                crate::cli::output::dur_ms(t.step_ms, 3),
                 pct(t.step_ms - t.gpu_busy_ms, t.step_ms),
                 t.kernels,
                 k_unfused,
                 k_fused,
-                t.gpu_time_ms,
-                b.sequential_ms
+                crate::cli::output::dur_ms(t.gpu_time_ms, 3),
+                crate::cli::output::dur_ms(b.sequential_ms, 3)
             ),
             None => format!(
                 "needs a trace (--trace FILE); the bound launches {k_unfused} kernels unfused, \
@@ -277,8 +277,11 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         .iter()
         .map(|r| {
             format!(
-                "{} x{} ({:.3} → {:.3} ms)",
-                r.pattern, r.groups, r.unfused_ms, r.fused_ms
+                "{} x{} ({:.3} → {})",
+                r.pattern,
+                r.groups,
+                r.unfused_ms,
+                crate::cli::output::dur_ms(r.fused_ms, 3)
             )
         })
         .collect();
@@ -287,10 +290,10 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         id: "Q5",
         question: "What would layer fusion buy?",
         answer: format!(
-            "fused sequential bound {:.3} ms vs {:.3} ms: {:.1} % less; {} of {} layers in {} \
+            "fused sequential bound {} vs {}: {:.1} % less; {} of {} layers in {} \
              groups{}{}",
-            b.fused_sequential_ms,
-            b.sequential_ms,
+            crate::cli::output::dur_ms(b.fused_sequential_ms, 3),
+            crate::cli::output::dur_ms(b.sequential_ms, 3),
             pct(b.sequential_ms - b.fused_sequential_ms, b.sequential_ms),
             fused_layers,
             a.layers.len(),
@@ -301,12 +304,12 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
     });
     let mut q6 = match &a.tensor_core {
         Some((c, tb)) => format!(
-            "in {} on tensor cores the bound is {:.3} ms ({:.2}x faster than {}), {:.3} ms fused",
+            "in {} on tensor cores the bound is {} ({:.2}x faster than {}), {} fused",
             dtype_name(c.dtype),
-            tb.sequential_ms,
+            crate::cli::output::dur_ms(tb.sequential_ms, 3),
             b.sequential_ms / tb.sequential_ms,
             dtype_name(a.dtype),
-            tb.fused_sequential_ms
+            crate::cli::output::dur_ms(tb.fused_sequential_ms, 3)
         ),
         None if a.matrix_units => format!(
             "the bound is already in {} on tensor cores",
@@ -329,10 +332,10 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
     };
     if let Some(t) = trace {
         q6.push_str(&format!(
-            "; in the trace {:.3} of {:.3} ms of GEMM/conv kernel time ran in tensor-core kernels \
+            "; in the trace {:.3} of {} of GEMM/conv kernel time ran in tensor-core kernels \
              ({:.0} %, by kernel name)",
             t.tensor_core_kernel_ms,
-            t.matrix_kernel_ms,
+            crate::cli::output::dur_ms(t.matrix_kernel_ms, 3),
             pct(t.tensor_core_kernel_ms, t.matrix_kernel_ms)
         ));
     }

@@ -40,6 +40,7 @@ use crate::search::{Advice, Decision, StopReason, Strategy};
 
 pub mod emit;
 pub mod svg;
+pub mod validate;
 
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -174,11 +175,23 @@ pub enum PlanError {
     NotAPlan { file: String },
     #[error(transparent)]
     Yaml(#[from] crate::cost::config::ConfigError),
+    /// A value out of the planner's ranges ([`Plan::check`]), with its field.
+    #[error("{file}: {source}")]
+    Invalid {
+        file: String,
+        source: validate::Invalid,
+    },
 }
 
-/// Round a float for the file (ms to µs precision), so output is stable and readable.
-pub fn round3(x: f64) -> f64 {
-    (x * 1e3).round() / 1e3
+/// Round a time in ms for the file, so output is stable and readable: to the µs from 1 ms up,
+/// to 4 significant digits below (a 30.45 µs step stays 0.03045, not 0.03; issue 20, class 8).
+pub fn round_ms(x: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 || x.abs() >= 1.0 {
+        return (x * 1e3).round() / 1e3;
+    }
+    let decimals = 3 - x.abs().log10().floor() as i32;
+    let scale = 10f64.powi(decimals);
+    (x * scale).round() / scale
 }
 
 fn dtype_name(d: Dtype) -> &'static str {
@@ -263,7 +276,8 @@ impl Plan {
         serde_saphyr::to_string(self).expect("a plan always serialises")
     }
 
-    /// Read a plan, refusing other schema versions with a clear message.
+    /// Read a plan, refusing other schema versions with a clear message, and values out of the
+    /// planner's ranges naming the field ([`Plan::check`]).
     pub fn from_yaml(text: &str, file: &str) -> Result<Plan, PlanError> {
         #[derive(Deserialize)]
         struct Head {
@@ -285,17 +299,28 @@ impl Plan {
             }
             _ => {}
         }
-        Ok(crate::cost::config::parse_yaml_as(
-            text,
-            file,
-            crate::limits::InputKind::Plan,
-        )?)
+        let plan: Plan =
+            crate::cost::config::parse_yaml_as(text, file, crate::limits::InputKind::Plan)?;
+        plan.check().map_err(|source| PlanError::Invalid {
+            file: file.to_string(),
+            source,
+        })?;
+        Ok(plan)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_keep_4_significant_digits_below_a_millisecond() {
+        assert_eq!(round_ms(112.3456), 112.346);
+        assert_eq!(round_ms(1.23456), 1.235);
+        assert_eq!(round_ms(0.0304567), 0.03046);
+        assert_eq!(round_ms(-0.000123456), -0.0001235);
+        assert_eq!(round_ms(0.0), 0.0);
+    }
 
     #[test]
     fn a_plan_round_trips_byte_for_byte() {

@@ -105,6 +105,57 @@ pub const BYTEPS_PARTITION_BYTES: u64 = 4_096_000;
 pub const DDP_BUCKET_BYTES: u64 = 25 << 20;
 /// DDP's `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB).
 pub const DDP_FIRST_BUCKET_BYTES: u64 = 1 << 20;
+/// Longest `HOROVOD_CYCLE_TIME` a plan may carry, ms: ten times the autotune grid's longest
+/// (100 ms); a cycle of a second would hold every collective for a whole step.
+pub const MAX_CYCLE_MS: f64 = 1_000.0;
+
+/// The framework settings a plan's `baseline:` decision may carry (the `knobs` of
+/// [`Baseline`]), with their ranges: byte sizes up to a tensor's physical bound
+/// ([`crate::graph::bounds::MAX_TENSOR_BYTES`]), a cycle of 1 µs to [`MAX_CYCLE_MS`]. The plan
+/// reader checks a plan's start point against them (`plan::validate`), so an export never
+/// writes a setting the planner could not have chosen.
+pub fn knob_specs() -> Vec<passes::KnobSpec> {
+    use passes::KnobSpec;
+    let max = crate::graph::bounds::MAX_TENSOR_BYTES as i64;
+    vec![
+        KnobSpec::int(
+            "threshold_bytes",
+            "HOROVOD_FUSION_THRESHOLD, bytes (0: no fusion)",
+            64 << 20,
+            0,
+            max,
+        ),
+        KnobSpec::float(
+            "cycle_ms",
+            "HOROVOD_CYCLE_TIME, ms",
+            5.0,
+            1e-3,
+            MAX_CYCLE_MS,
+        ),
+        KnobSpec::int(
+            "bucket_cap_bytes",
+            "DDP bucket_cap_mb, bytes",
+            DDP_BUCKET_BYTES as i64,
+            1,
+            max,
+        ),
+        KnobSpec::int(
+            "partition_bytes",
+            "BYTEPS_PARTITION_BYTES",
+            BYTEPS_PARTITION_BYTES as i64,
+            1,
+            max,
+        ),
+        KnobSpec::int(
+            "combine_threshold_bytes",
+            "--xla_gpu_all_reduce_combine_threshold_bytes (0: no combining)",
+            30 << 20,
+            0,
+            max,
+        ),
+        KnobSpec::int("auto_jit", "--tf_xla_auto_jit", 2, 0, 2),
+    ]
+}
 
 /// One baseline: the job a framework's default would run, and its evaluation.
 pub struct Baseline {

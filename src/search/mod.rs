@@ -1010,7 +1010,14 @@ fn memory_step(
         options.push(("recompute".into(), vec![]));
     }
     if allowed.contains(&"grad-accumulation") {
-        for k in [2, 4, 8, 16] {
+        // Whole micro-batches only (a batch the input does not state, 0, allows every k): the
+        // export feeds batch/k samples per micro-step, and the plan reader refuses a k that
+        // does not divide the batch.
+        let batch = cur.job.meta.batch;
+        for k in [2u32, 4, 8, 16]
+            .into_iter()
+            .filter(|k| batch.is_multiple_of(*k))
+        {
             options.push((
                 "grad-accumulation".into(),
                 vec![("k".into(), k.to_string())],

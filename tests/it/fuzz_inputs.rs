@@ -201,13 +201,41 @@ proptest! {
         }
     }
 
-    /// Plans: an error names the file; every emitter runs on what parses, and its files hold no
-    /// control character (the hostile-export tests import and source them).
+    /// Plans: an error names the file; what is accepted is in the planner's ranges (issue 20,
+    /// class 5: times positive and finite, k and ranks in range, the Horovod fusion buffer
+    /// holding the largest group as summed without overflow); every emitter runs on it, and its
+    /// files hold no control character (the hostile-export tests import and source them).
     #[test]
     fn plans_and_emitters(edits in prop::collection::vec(edit(), 1..4)) {
         let t = mutate(plan_text(), &edits);
         match Plan::from_yaml(&t, "plan.yaml") {
             Ok(plan) => {
+                let p = &plan.predicted;
+                for ms in [p.baseline.iteration_ms, p.planned.iteration_ms] {
+                    prop_assert!(ms.is_finite() && ms > 0.0, "{ms}");
+                }
+                prop_assert!(p.speedup.is_finite() && p.speedup > 0.0);
+                prop_assert!(plan.workload.ranks >= 1);
+                prop_assert!((1..=1024).contains(&plan.config.grad_accumulation));
+                let c = &plan.config;
+                let sums: Option<Vec<u128>> = c
+                    .tensor_groups
+                    .iter()
+                    .map(|g| g.iter().map(|t| c.tensor_bytes.get(t).map(|&b| u128::from(b))).sum())
+                    .collect();
+                if let (Some(largest), Ok(e)) = (
+                    sums.and_then(|v| v.into_iter().max()),
+                    emit(&plan, Framework::Horovod),
+                ) {
+                    let env = &e.files.iter().find(|(n, _)| n == "horovod.env").unwrap().1;
+                    let threshold: u128 = env
+                        .lines()
+                        .find_map(|l| l.strip_prefix("HOROVOD_FUSION_THRESHOLD="))
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    prop_assert!(threshold > 0 && threshold >= largest, "{threshold} < {largest}");
+                }
                 for fw in Framework::ALL {
                     if let Ok(e) = emit(&plan, fw) {
                         for (name, text) in &e.files {

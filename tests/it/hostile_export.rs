@@ -7,6 +7,10 @@
 //! that the planned values came back exactly: tensor groups, names, recomputed modules, the
 //! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, every env value.
 //!
+//! Slots with a closed set of values (`workload.source`, `workload.names`, `config.dtype`,
+//! `amp`'s dtype knob) are not escaped but refused: a hostile value there fails the plan check
+//! at its field, in the reader and in every emitter (issue 20, class 5).
+//!
 //! Three levels: a fixed worst-case plan (every fragment in every slot; always run), proptest
 //! plans through the real interpreters (`TRAINPLAN_FUZZ_CASES`, default 12: each case starts
 //! python3 and 10 shells), and an in-process property over many more plans checking the
@@ -95,9 +99,70 @@ fn decision(pass: &str, knobs: &[(&str, &str)], why: &str) -> Decision {
     }
 }
 
+/// A closed-set slot (`workload.source`, `workload.names`, `config.dtype`, `amp`'s dtype knob):
+/// the plan reader refuses any value it does not list, naming the field
+/// ([`check_closed_slots`]), so a hostile one never reaches an emitter (issue 20, class 5); the
+/// plan carries the listed value the name picks, or the first.
+fn closed(v: &str, listed: &[&str]) -> String {
+    listed
+        .iter()
+        .find(|a| **a == v)
+        .unwrap_or(&listed[0])
+        .to_string()
+}
+
+/// Each closed-set slot of `plan_of(n)` given `n`'s raw name: refused at its field by the plan
+/// check, by the reader (naming the file) and by every emitter — unless the name is a listed
+/// value.
+fn check_closed_slots(n: &Names) {
+    type Edit = fn(&mut Plan, &str);
+    let slots: [(&str, &str, &[&str], Edit); 4] = [
+        (
+            "workload.source",
+            &n.workload[0],
+            &["zoo", "trace"],
+            |p, v| p.workload.source = v.into(),
+        ),
+        (
+            "workload.names",
+            &n.workload[3],
+            &["zoo", "trace"],
+            |p, v| p.workload.names = v.into(),
+        ),
+        (
+            "config.dtype",
+            &n.dtype,
+            &["fp32", "fp16", "bf16", "fp8", "fp64"],
+            |p, v| p.config.dtype = v.into(),
+        ),
+        ("decisions[1].knobs.dtype", &n.dtype, &[], |p, v| {
+            p.decisions[1].knobs.insert("dtype".into(), v.into());
+        }),
+    ];
+    for (field, raw, listed, edit) in slots {
+        let mut p = plan_of(n);
+        edit(&mut p, raw);
+        if listed.contains(&raw)
+            || (field.ends_with("knobs.dtype") && trainplan::passes::amp::half_dtype(raw).is_some())
+        {
+            p.check().unwrap();
+            continue;
+        }
+        let e = p.check().expect_err(field);
+        assert_eq!(e.field, field, "{e}");
+        let e = Plan::from_yaml(&p.to_yaml(), "hostile.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(&format!("hostile.yaml: {field}: ")), "{e}");
+        for fw in Framework::ALL {
+            assert!(emit(&p, fw).is_err(), "{fw} exported {field} = {raw:?}");
+        }
+    }
+}
+
 /// A plan with every name from `n`: tensors in groups of two (the first group partitioned in
-/// 3), fused clusters of consecutive layers, every layer recomputed, AMP with a hostile dtype,
-/// k = 2, a Horovod baseline's cycle.
+/// 3), fused clusters of consecutive layers, every layer recomputed, AMP, k = 2, a Horovod
+/// baseline's cycle; closed-set slots hold a listed value ([`closed`]).
 fn plan_of(n: &Names) -> Plan {
     let groups: Vec<Vec<String>> = n.tensors.chunks(2).map(|c| c.to_vec()).collect();
     let fused: Vec<Vec<String>> = n
@@ -108,12 +173,12 @@ fn plan_of(n: &Names) -> Plan {
     Plan {
         trainplan: SCHEMA_VERSION,
         workload: Workload {
-            source: n.workload[0].clone(),
+            source: closed(&n.workload[0], &["zoo", "trace"]),
             ranks: 8,
             model: n.workload[1].clone(),
             batch: Some(4),
             cluster: n.workload[2].clone(),
-            names: n.workload[3].clone(),
+            names: closed(&n.workload[3], &["zoo", "trace"]),
             framework: Default::default(),
         },
         predicted: Predicted {
@@ -138,7 +203,10 @@ fn plan_of(n: &Names) -> Plan {
             ),
             decision(
                 "amp",
-                &[("dtype", &n.dtype), ("fp16_allreduce", "1")],
+                &[
+                    ("dtype", &closed(&n.dtype, &["fp16", "bf16"])),
+                    ("fp16_allreduce", "1"),
+                ],
                 &n.pass,
             ),
             decision(&n.pass, &[(&n.pass, &n.dtype)], &n.pass),
@@ -149,7 +217,7 @@ fn plan_of(n: &Names) -> Plan {
             why_not: n.pass.clone(),
         }],
         config: FinalConfig {
-            dtype: n.dtype.clone(),
+            dtype: closed(&n.dtype, &["fp32", "fp16", "bf16"]),
             partitions: BTreeMap::from([(groups[0][0].clone(), 3)]),
             tensor_bytes: n.tensors.iter().map(|t| (t.clone(), 1 << 20)).collect(),
             tensor_groups: groups,
@@ -221,7 +289,7 @@ fn benign_names() -> Names {
         tensors: v("t"),
         layers: v("l"),
         dtype: "fp16".into(),
-        pass: "p3".into(),
+        pass: "my-pass".into(),
     }
 }
 
@@ -422,6 +490,7 @@ fn text_env(text: &str) -> BTreeMap<String, String> {
 fn worst_case_plan_exports_inert_files_for_every_framework() {
     let root = scratch("worst");
     check_inert(&plan_of(&worst_case()), &root);
+    check_closed_slots(&worst_case());
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -520,6 +589,7 @@ proptest! {
 
     #[test]
     fn emitters_keep_every_file_printable_and_parsable(n in hostile_names()) {
+        check_closed_slots(&n);
         let plan = plan_of(&n);
         for fw in Framework::ALL {
             let e = emit(&plan, fw).unwrap();

@@ -2,7 +2,10 @@
 //! 8): a file that is not the expected format is never echoed (`gpu: /etc/shadow`); control
 //! characters in names (ANSI escapes) are escaped on stdout and stderr; a message is at most a
 //! few hundred characters; stdout that cannot be written is exit 5 (output error), a closed pipe
-//! exit 0; and each kind of mistake has one exit code in every command.
+//! exit 0; and each kind of mistake has one exit code in every command. Numbers on screen (issue
+//! 20, class 8): short steps keep their digits (µs below a millisecond, never `0.000 ms`, never
+//! `1.200 ms` for 1.234), `--json` keeps them unrounded, and out-of-range latencies (a measured
+//! 1e308 ms, a database entry of 1e300 ms) are refused instead of printed as `inf`.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -244,6 +247,112 @@ fn one_exit_code_per_kind_of_mistake() {
     }
     let (code, _, _) = run(&d, &refs(&os(&["models", "--max-memory", "lots"])));
     assert_eq!(code, 2);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn short_steps_keep_their_digits_and_absurd_latencies_are_refused() {
+    let d = scratch("digits");
+    let tiny = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/kineto/tiny_step.json"
+    ))
+    .unwrap();
+    // A 1.234 ms step, and the fixture's own 100 µs one (97 µs replayed).
+    let step = "\"ts\":0,\"dur\":100}";
+    assert!(tiny.contains(step));
+    std::fs::write(
+        d.join("long.json"),
+        tiny.replacen(step, "\"ts\":0,\"dur\":1234}", 1),
+    )
+    .unwrap();
+    std::fs::write(d.join("short.json"), &tiny).unwrap();
+    let text = |args: &[&str]| {
+        let (code, out, err) = run(&d, &refs(&os(args)));
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+        String::from_utf8(out).unwrap()
+    };
+    let long = text(&["replay", "--trace", "long.json"]);
+    assert!(long.contains("measured step        1.234 ms"), "{long}");
+    assert!(long.contains("predicted step       1.231 ms"), "{long}");
+    let short = text(&["replay", "--trace", "short.json"]);
+    assert!(short.contains("measured step          100 µs"), "{short}");
+    assert!(
+        short.contains("predicted step        97.0 µs   replayed; error -3.00 %"),
+        "{short}"
+    );
+    assert!(
+        !short.contains("0.000 ms") && !short.contains(" 0.1 ms"),
+        "{short}"
+    );
+    // --json: the values themselves, not rounded for the screen.
+    let v: serde_json::Value =
+        serde_json::from_str(&text(&["replay", "--trace", "short.json", "--json"])).unwrap();
+    assert_eq!(v["measured_iteration_ms"], 0.1);
+    assert_eq!(v["iteration_ms"], 0.097);
+    assert!((v["error_pct"].as_f64().unwrap() + 3.0).abs() < 1e-9, "{v}");
+
+    // A measured latency no run can have: a usage error, never "infx".
+    let onnx = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/onnx/small_cnn.onnx"
+    );
+    let (code, out, err) = run(
+        &d,
+        &refs(&os(&[
+            "lower-bound",
+            onnx,
+            "--batch",
+            "1",
+            "--measured-ms",
+            "1e308",
+        ])),
+    );
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        out.is_empty() && err.contains("--measured-ms") && !err.contains("inf"),
+        "{err}"
+    );
+    // A database entry of 1e300 ms would become the bound: refused, naming the file and entry.
+    let db = d.join("db.json");
+    let (code, _, err) = run(
+        &d,
+        &refs(&os(&[
+            "lower-bound",
+            onnx,
+            "--batch",
+            "1",
+            "--db",
+            "db.json",
+        ])),
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let text_db = std::fs::read_to_string(&db).unwrap();
+    let first = text_db.find("\"ms\": ").unwrap() + 6;
+    let end = first + text_db[first..].find([',', '\n']).unwrap();
+    std::fs::write(
+        &db,
+        format!("{}1e300{}", &text_db[..first], &text_db[end..]),
+    )
+    .unwrap();
+    let (code, _, err) = run(
+        &d,
+        &refs(&os(&[
+            "lower-bound",
+            onnx,
+            "--batch",
+            "1",
+            "--db",
+            "db.json",
+        ])),
+    );
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("db.json: entries[0]") && err.contains("physical bound"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 

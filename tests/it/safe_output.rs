@@ -2,7 +2,9 @@
 //! no temporary file; a write that fails part way (here the file-size limit stands for a full
 //! disk) leaves every old exported file as it was; a 0600 plan stays 0600 when rewritten; a
 //! symlink to a device (`out.json -> /dev/null`, like `/dev/stdout`) is written through and
-//! stays a symlink.
+//! stays a symlink. Issue 20, class 6: no output replaces an input of the same command or another
+//! of its outputs (exit 2 naming both, whatever the name: a symlink, `./`), a picture that cannot
+//! be written exits 5 like every output, and `export -o .` writes into the current folder.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -189,5 +191,152 @@ fn a_symlink_to_a_device_is_written_through_and_stays_a_symlink() {
     );
     assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
     assert_eq!(entries(&d), ["out.json"]);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// (exit code, stderr) of `trainplan ARGS` in `dir`.
+fn code_and_err(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let o = trainplan(dir).args(args).output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_output_never_replaces_an_input_or_another_output() {
+    let d = scratch("clash");
+    let fixtures = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/kineto/tiny_step.json"
+    );
+    std::fs::copy(fixtures, d.join("t.json")).unwrap();
+    std::os::unix::fs::symlink("t.json", d.join("link.json")).unwrap();
+    let cluster = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/clusters/8xh200.yaml");
+    std::fs::copy(cluster, d.join("mine.yaml")).unwrap();
+    let pass = concat!(env!("CARGO_MANIFEST_DIR"), "/passes/fused-adam.yaml");
+    let text = std::fs::read_to_string(pass).unwrap();
+    std::fs::write(
+        d.join("fa.yaml"),
+        text.replacen("name: fused-adam", "name: my-adam", 1),
+    )
+    .unwrap();
+    let zoo = |cmd: &'static str, cluster: &'static str, rest: &[&'static str]| {
+        let mut v = vec![
+            cmd,
+            "--model",
+            "resnet50",
+            "--batch",
+            "2",
+            "--cluster",
+            cluster,
+        ];
+        v.extend(rest);
+        v
+    };
+    let snapshot = |d: &Path| -> Vec<(String, Vec<u8>)> {
+        entries(d)
+            .into_iter()
+            .map(|n| (n.clone(), std::fs::read(d.join(&n)).unwrap_or_default()))
+            .collect()
+    };
+    let before = snapshot(&d);
+    // (arguments, the two paths the message names)
+    let cases: Vec<(Vec<&str>, [&str; 2])> = vec![
+        (
+            vec!["replay", "--trace", "t.json", "--timeline", "t.json"],
+            ["--timeline t.json", "Kineto trace t.json"],
+        ),
+        (
+            vec!["replay", "--trace", "t.json", "--timeline", "link.json"],
+            ["link.json", "t.json"],
+        ),
+        (
+            vec!["replay", "--trace", "./t.json", "--timeline", "t.json"],
+            ["t.json", "./t.json"],
+        ),
+        (
+            zoo("replay", "mine.yaml", &["--timeline", "mine.yaml"]),
+            ["--timeline mine.yaml", "config file mine.yaml"],
+        ),
+        (
+            zoo("plan", "mine.yaml", &["-o", "mine.yaml"]),
+            ["-o mine.yaml", "config file mine.yaml"],
+        ),
+        (
+            zoo(
+                "plan",
+                "8xh200",
+                &["--pass-file", "fa.yaml", "-o", "fa.yaml"],
+            ),
+            ["-o fa.yaml", "pass file fa.yaml"],
+        ),
+        (
+            zoo("plan", "8xh200", &["-o", "p.svg"]),
+            ["-o p.svg", "picture (-o with .svg) p.svg"],
+        ),
+    ];
+    for (args, names) in cases {
+        let (code, err) = code_and_err(&d, &args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        for n in names {
+            assert!(err.contains(n), "{args:?}: {err}");
+        }
+        assert_eq!(snapshot(&d), before, "{args:?} changed the folder");
+    }
+    // A plan's export may not be written over the plan.
+    let (code, err) = code_and_err(&d, &zoo("plan", "8xh200", &["-o", "p.yaml"]));
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = code_and_err(&d, &["export", "p.yaml", "--to", "horovod", "-o", "p.yaml"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("-o p.yaml is the plan p.yaml"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_picture_that_cannot_be_written_is_an_output_error() {
+    let d = scratch("svg");
+    // The picture's path is a folder: the plan is written, the picture is not (exit 5).
+    std::fs::create_dir(d.join("p.svg")).unwrap();
+    let mut args = vec!["plan", "-o", "p.yaml"];
+    args.extend(ZOO);
+    let (code, err) = code_and_err(&d, &args);
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        err.contains("failed to write the plan's picture to p.svg"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn export_into_the_current_folder_keeps_it_and_its_other_files() {
+    let d = scratch("dot");
+    let mut args = vec!["plan", "-o", "p.yaml"];
+    args.extend(ZOO);
+    let (code, err) = code_and_err(&d, &args);
+    assert_eq!(code, Some(0), "{err}");
+    let inode = std::fs::metadata(&d).unwrap().ino();
+    for _ in 0..2 {
+        let (code, err) = code_and_err(&d, &["export", "p.yaml", "--to", "horovod", "-o", "."]);
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(
+            entries(&d),
+            ["horovod.env", "p.svg", "p.yaml", "trainplan_horovod.py"]
+        );
+        assert_eq!(
+            std::fs::metadata(&d).unwrap().ino(),
+            inode,
+            "the same folder"
+        );
+    }
+    // And the parent folder, from a sub-folder.
+    std::fs::create_dir(d.join("sub")).unwrap();
+    let (code, err) = code_and_err(
+        &d.join("sub"),
+        &["export", "../p.yaml", "--to", "jax", "-o", ".."],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(d.join("jax.env").is_file());
     let _ = std::fs::remove_dir_all(&d);
 }

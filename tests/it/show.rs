@@ -1,7 +1,9 @@
 //! `trainplan show PLAN [--json]` (issue 13, finding 8: a way to look at a plan other than its
 //! YAML): what the plan changes, what each framework's export does with each decision — the
 //! planner's own table (`search::framework`), so for the framework the plan was made for every
-//! counted decision is applied — and what is left to the user (the export's notes); errors.
+//! counted decision is applied — and what is left to the user (the export's notes); errors;
+//! hand-edited plans out of the planner's ranges, refused by `show` and `export` alike naming the
+//! file and the field (issue 20, class 5).
 
 use std::path::PathBuf;
 
@@ -172,4 +174,87 @@ fn show_refuses_what_is_not_a_plan() {
     // Through the guarded reader: a folder is refused before anything is read.
     let msg = check_bad_input(&["show", d.to_str().unwrap()], "failed to read the plan");
     assert!(msg.contains(d.to_str().unwrap()), "{msg}");
+}
+
+/// Issue 20, class 5: a plan edited out of the planner's ranges — a tensor of u64::MAX bytes, a
+/// negative or NaN time, a speed-up that is not baseline ÷ planned, zero ranks, an accumulation
+/// k of 2^32−1 or one that does not divide the batch, zero partitions, a dtype outside the set,
+/// an `amp` dtype knob of float64, a 309-digit cycle time — is refused by `show` and by
+/// `export` (exit 3, nothing written), naming the plan file and the field.
+#[test]
+fn show_and_export_refuse_a_plan_out_of_the_planners_ranges() {
+    let d = scratch("ranges");
+    let (path, _) = plan(&d, "horovod");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // The plan as made passes both.
+    let (code, _, err) = run(&["show", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let nines = format!("1{}", "0".repeat(308));
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "bn1.bias: 256",
+            "bn1.bias: 18446744073709551615".into(),
+            "config.tensor_bytes[\"bn1.bias\"]",
+        ),
+        (
+            "planned:\n    iteration_ms:",
+            "planned:\n    iteration_ms: -5.0 #".into(),
+            "predicted.planned.iteration_ms",
+        ),
+        (
+            "baseline:\n    iteration_ms:",
+            "baseline:\n    iteration_ms: .nan #".into(),
+            "predicted.baseline.iteration_ms",
+        ),
+        ("speedup:", "speedup: 1000.0 #".into(), "predicted.speedup"),
+        ("ranks: 8", "ranks: 0".into(), "workload.ranks"),
+        (
+            "grad_accumulation: 1",
+            "grad_accumulation: 4294967295".into(),
+            "config.grad_accumulation",
+        ),
+        (
+            "grad_accumulation: 1",
+            "grad_accumulation: 3".into(),
+            "config.grad_accumulation",
+        ),
+        (
+            "partitions: {}",
+            "partitions: {conv1.weight: 0}".into(),
+            "config.partitions[\"conv1.weight\"]",
+        ),
+        ("dtype: fp32", "dtype: float64".into(), "config.dtype"),
+        (
+            "decisions:\n",
+            "decisions:\n- pass: amp\n  knobs:\n    dtype: float64\n  why: x\n  effect_ms: -1.0\n"
+                .into(),
+            "decisions[0].knobs.dtype",
+        ),
+        (
+            "cycle_ms: \"1\"",
+            format!("cycle_ms: \"{nines}\""),
+            "decisions[0].knobs.cycle_ms",
+        ),
+    ];
+    for (from, to, field) in cases {
+        assert!(text.contains(from), "the plan has no {from:?}");
+        let bad = d.join("bad.yaml");
+        std::fs::write(&bad, text.replacen(from, &to, 1)).unwrap();
+        let want = format!("{}: {field}: ", bad.display());
+        let msg = check_bad_input(&["show", bad.to_str().unwrap()], &want);
+        assert!(msg.starts_with(&want), "{msg}");
+        let out = d.join("out");
+        for fw in ["horovod", "pytorch", "byteps", "xla", "jax"] {
+            let args = [
+                "export",
+                bad.to_str().unwrap(),
+                "--to",
+                fw,
+                "-o",
+                out.to_str().unwrap(),
+            ];
+            check_bad_input(&args, &want);
+        }
+        assert!(!out.exists(), "{field}: an export was written");
+    }
 }

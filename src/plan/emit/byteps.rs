@@ -43,7 +43,7 @@ pub fn partition_bytes(plan: &Plan, f: &Facts) -> Option<u64> {
             .max()
             .unwrap_or(ALIGN_BYTES),
     };
-    Some(p.div_ceil(ALIGN_BYTES).max(1) * ALIGN_BYTES)
+    p.div_ceil(ALIGN_BYTES).max(1).checked_mul(ALIGN_BYTES)
 }
 
 pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {

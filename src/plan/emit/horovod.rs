@@ -34,9 +34,10 @@ use crate::plan::Plan;
 /// Cycle time when the plan did not start from a Horovod baseline, ms.
 pub const NO_WAIT_CYCLE_MS: f64 = 0.5;
 
-/// `HOROVOD_FUSION_THRESHOLD` for a largest group of `bytes`: rounded up to a whole MiB.
-pub fn fusion_threshold(bytes: u64) -> u64 {
-    bytes.div_ceil(1 << 20).max(1) << 20
+/// `HOROVOD_FUSION_THRESHOLD` for a largest group of `bytes`: rounded up to a whole MiB
+/// (`None` when that does not fit in 64 bits, which no checked plan reaches).
+pub fn fusion_threshold(bytes: u64) -> Option<u64> {
+    bytes.div_ceil(1 << 20).max(1).checked_mul(1 << 20)
 }
 
 pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
@@ -50,10 +51,10 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             env.push_str(&format!(
                 "# largest planned group: {b} B; every group must fit one fusion buffer\n"
             ));
-            env.push_str(&env_line(
-                "HOROVOD_FUSION_THRESHOLD",
-                &fusion_threshold(b).to_string(),
-            )?);
+            let t = fusion_threshold(b).ok_or_else(|| {
+                EmitError::Inconsistent(format!("a group of {b} bytes fits no fusion buffer"))
+            })?;
+            env.push_str(&env_line("HOROVOD_FUSION_THRESHOLD", &t.to_string())?);
         }
         None => notes.push(
             "the plan has no tensor_bytes: set HOROVOD_FUSION_THRESHOLD to at least the largest group's bytes".into(),
@@ -284,8 +285,10 @@ mod tests {
         let py = file(&e, "trainplan_horovod.py");
         assert!(py.contains("FP16_ALLREDUCE = False\n"));
         assert!(py.contains("BACKWARD_PASSES_PER_STEP = 1\n"));
-        assert_eq!(fusion_threshold(1), 1 << 20);
-        assert_eq!(fusion_threshold(1 << 20), 1 << 20);
-        assert_eq!(fusion_threshold((1 << 20) + 1), 2 << 20);
+        assert_eq!(fusion_threshold(1), Some(1 << 20));
+        assert_eq!(fusion_threshold(1 << 20), Some(1 << 20));
+        assert_eq!(fusion_threshold((1 << 20) + 1), Some(2 << 20));
+        // Rounded up past 2^64: refused, never wrapped to 0.
+        assert_eq!(fusion_threshold(u64::MAX), None);
     }
 }

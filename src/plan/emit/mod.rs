@@ -146,6 +146,9 @@ pub enum EmitError {
 
 /// Emit `plan` for `fw`.
 pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
+    // The reader checked a plan from a file already; a plan built in code meets the same ranges.
+    plan.check()
+        .map_err(|e| EmitError::Inconsistent(e.to_string()))?;
     let facts = Facts::of(plan)?;
     let mut out = match fw {
         Framework::Horovod => horovod::emit(plan, &facts)?,
@@ -224,23 +227,48 @@ impl Facts {
                 )));
             }
         }
-        let group_bytes = c
-            .tensor_groups
-            .iter()
-            .map(|g| {
-                g.iter()
-                    .map(|t| c.tensor_bytes.get(t).copied())
-                    .sum::<Option<u64>>()
-            })
-            .collect::<Option<Vec<u64>>>();
+        // Checked sums: a group over a collective's bound is refused, never wrapped to a small
+        // number (`Plan::check` refuses it first; this holds without it).
+        let mut group_bytes = Some(Vec::with_capacity(c.tensor_groups.len()));
+        for (i, g) in c.tensor_groups.iter().enumerate() {
+            let mut sum = Some(0u64);
+            for t in g {
+                sum = match (sum, c.tensor_bytes.get(t)) {
+                    (Some(s), Some(&b)) => Some(s.checked_add(b).ok_or_else(|| {
+                        EmitError::Inconsistent(format!(
+                            "config.tensor_groups[{i}]: its tensors' bytes overflow"
+                        ))
+                    })?),
+                    _ => None,
+                };
+            }
+            group_bytes = match (group_bytes, sum) {
+                (Some(mut v), Some(s)) => {
+                    v.push(s);
+                    Some(v)
+                }
+                _ => None,
+            };
+        }
         let amp = plan.decisions.iter().rev().find(|d| d.pass == "amp");
         let half = match c.dtype.as_str() {
             "fp16" | "bf16" => Some(c.dtype.clone()),
-            _ if c.passes.iter().any(|p| p == "amp") => Some(
-                amp.and_then(|d| d.knobs.get("dtype"))
-                    .cloned()
-                    .unwrap_or_else(|| "fp16".into()),
-            ),
+            // The knob's spelling (`float16`, ` BF16`) normalised: only `fp16` / `bf16` reach a
+            // file.
+            _ if c.passes.iter().any(|p| p == "amp") => {
+                Some(match amp.and_then(|d| d.knobs.get("dtype")) {
+                    None => "fp16".to_string(),
+                    Some(v) => match crate::passes::amp::half_dtype(v) {
+                        Some(crate::cost::config::Dtype::Bf16) => "bf16".to_string(),
+                        Some(_) => "fp16".to_string(),
+                        None => {
+                            return Err(EmitError::Inconsistent(format!(
+                                "the amp decision's dtype {v:?} is not fp16 or bf16"
+                            )));
+                        }
+                    },
+                })
+            }
             _ => None,
         };
         let fp16_allreduce = amp
@@ -254,7 +282,7 @@ impl Facts {
                 d.knobs
                     .get("cycle_ms")
                     .and_then(|v| v.parse::<f64>().ok())
-                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .filter(|v| cycle_in_range(*v))
                     .or_else(|| cycle_ms(&d.why))
             });
         Ok(Facts {
@@ -309,7 +337,13 @@ fn cycle_ms(why: &str) -> Option<f64> {
     let rest = &why[why.find("cycle ")? + "cycle ".len()..];
     let num = rest.split_whitespace().next()?.trim_end_matches(':');
     let v: f64 = num.parse().ok()?;
-    (v.is_finite() && v > 0.0).then_some(v)
+    cycle_in_range(v).then_some(v)
+}
+
+/// A Horovod cycle time the planner could have chosen (1 µs to
+/// [`crate::search::baselines::MAX_CYCLE_MS`]).
+fn cycle_in_range(v: f64) -> bool {
+    v.is_finite() && (1e-3..=crate::search::baselines::MAX_CYCLE_MS).contains(&v)
 }
 
 /// Fusion clusters with duplicates removed inside a cluster and clusters that share a member

@@ -1,0 +1,549 @@
+//! The one check of a plan's values ([`Plan::check`]), run by every reader of a plan file
+//! ([`Plan::from_yaml`]: `show`, `export`) and by the emitters ([`super::emit::emit`]), and on
+//! the planner's own plan before it is written: a plan holds only what the planner could have
+//! written. A hand-edited or corrupt plan is refused naming the field (`decisions[3].knobs.k`),
+//! never exported with a wrapped sum or printed with a negative time.
+//!
+//! The ranges are the planner's own, not new ones:
+//!
+//! | field | range | from |
+//! |---|---|---|
+//! | `workload.ranks` | 1 ..= 65,536 | [`crate::limits::MAX_WORKERS`] |
+//! | `workload.batch` | 1 ..= 65,536 (null or 0: a trace that does not say) | [`crate::zoo::MAX_BATCH`] |
+//! | `workload.source`, `names` | `zoo` or `trace` | what `plan` writes |
+//! | times (`iteration_ms`, `baselines`, `lower_bound_ms`) | positive, finite, ≤ 2^62 ns | [`crate::graph::bounds::MAX_SUM_NS`] |
+//! | `effect_ms` | finite, \|x\| ≤ 2^62 ns | the same |
+//! | `speedup` | baseline ÷ planned (to the file's rounding); `lower_bound_ms` ≤ planned | how `plan` computes them |
+//! | `peak_memory_bytes` | ≤ 1 PiB | [`crate::graph::bounds::MAX_MEMORY_BYTES`] |
+//! | decision knobs | the pass's declared knobs and ranges; `amp`'s dtype fp16 / bf16 | `passes::*::knobs()`, [`crate::passes::amp::half_dtype`] |
+//! | a `baseline:` decision's knobs | [`crate::search::baselines::knob_specs`] | the baselines' grids |
+//! | `partitions` (decision and config) | 1 ..= 1,024 | `tensor-partition`'s `max_k` |
+//! | `config.grad_accumulation` | 1 ..= 1,024, dividing the batch | `grad-accumulation`'s `k` |
+//! | `config.dtype` | fp32, fp16, bf16, fp8, fp64 | what `plan` writes |
+//! | `config.tensor_bytes`, each group's sum | ≤ 16 TiB (checked addition) | [`crate::graph::bounds::MAX_TENSOR_BYTES`] |
+//! | `config.tensor_groups` | no empty group, no tensor twice; partitions keyed by a group's first tensor | the job's syncs |
+//! | `search.budget_s` | finite, ≥ 0 | `--budget` |
+
+use std::collections::BTreeSet;
+
+use super::{FinalConfig, Plan, Point};
+use crate::graph::bounds::{MAX_MEMORY_BYTES, MAX_SUM_NS, MAX_TENSOR_BYTES};
+
+/// Largest time a plan may state, ms (2^62 ns, a worker's sum of durations).
+pub const MAX_MS: f64 = MAX_SUM_NS as f64 / 1e6;
+/// Largest partition number or accumulation factor (the passes' `max_k` and `k` ranges).
+pub const MAX_K: u32 = 1024;
+/// The dtypes `FinalConfig::of` writes.
+pub const DTYPES: [&str; 5] = ["fp32", "fp16", "bf16", "fp8", "fp64"];
+
+/// What is wrong with a plan, and where: `field` is the path in the YAML
+/// (`decisions[3].knobs.k`, `config.tensor_bytes["fc.weight"]`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{field}: {why}")]
+pub struct Invalid {
+    pub field: String,
+    pub why: String,
+}
+
+fn invalid(field: impl Into<String>, why: impl Into<String>) -> Invalid {
+    Invalid {
+        field: field.into(),
+        why: why.into(),
+    }
+}
+
+/// A map key in a field path: quoted, long names cut (the message names the place, it need not
+/// repeat a 10 KB name).
+fn key(name: &str) -> String {
+    let mut s: String = name.chars().take(60).collect();
+    if s.len() < name.len() {
+        s.push('…');
+    }
+    format!("{s:?}")
+}
+
+/// A positive, finite time no larger than [`MAX_MS`].
+fn time(field: &str, v: f64) -> Result<(), Invalid> {
+    if v.is_finite() && v > 0.0 && v <= MAX_MS {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("{v} ms is not a time (a positive number of milliseconds up to {MAX_MS:e})"),
+        ))
+    }
+}
+
+/// A finite change of time.
+fn effect(field: &str, v: f64) -> Result<(), Invalid> {
+    if v.is_finite() && v.abs() <= MAX_MS {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("{v} ms is not a change of time (a finite number of milliseconds)"),
+        ))
+    }
+}
+
+fn memory(field: &str, v: Option<u64>) -> Result<(), Invalid> {
+    match v {
+        Some(b) if b > MAX_MEMORY_BYTES => Err(invalid(
+            field,
+            format!("{b} bytes is more than the {MAX_MEMORY_BYTES} (1 PiB) a GPU's memory may be"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn point(field: &str, p: &Point) -> Result<(), Invalid> {
+    time(&format!("{field}.iteration_ms"), p.iteration_ms)?;
+    memory(&format!("{field}.peak_memory_bytes"), p.peak_memory_bytes)
+}
+
+/// At least half the last unit a time was rounded to in the file: [`super::round_ms`] keeps µs
+/// for 1 ms and more and 4 significant digits below (older files: µs).
+const HALF_UNIT: f64 = 5e-4;
+
+/// `speedup` is `baseline / planned` as far as the file's rounding allows.
+fn speedup(baseline: f64, planned: f64, s: f64) -> Result<(), Invalid> {
+    let field = "predicted.speedup";
+    if !(s.is_finite() && s > 0.0) {
+        return Err(invalid(field, format!("{s} is not a speed-up")));
+    }
+    let (hb, hp) = (HALF_UNIT, HALF_UNIT);
+    let lo = (baseline - hb).max(0.0) / (planned + hp);
+    let hi = if planned > hp {
+        (baseline + hb) / (planned - hp)
+    } else {
+        f64::INFINITY
+    };
+    let slack = 5e-4 + 1e-9 * s;
+    if s < lo - slack || s > hi + slack {
+        return Err(invalid(
+            field,
+            format!(
+                "{s} is not predicted.baseline.iteration_ms / predicted.planned.iteration_ms ({baseline} / {planned} = {:.3})",
+                baseline / planned
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The knobs of decision `i` against the ranges of the pass (or baseline) that made it.
+fn decision_knobs(
+    i: usize,
+    d: &crate::search::Decision,
+    batch: u32,
+    registry: &[Box<dyn crate::passes::Pass>],
+) -> Result<(), Invalid> {
+    use crate::passes::PassError;
+    let given: Vec<(String, String)> = d
+        .knobs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let specs = if d.pass.starts_with("baseline:") {
+        Some(crate::search::baselines::knob_specs())
+    } else {
+        registry
+            .iter()
+            .find(|p| p.name() == d.pass)
+            .map(|p| p.knobs())
+    };
+    // A pass of the user's own pass file: its knobs are not known here and no export reads them.
+    let Some(specs) = specs else { return Ok(()) };
+    let field = |k: &str| format!("decisions[{i}].knobs.{k}");
+    crate::passes::resolve_specs(&d.pass, &specs, &given).map_err(|e| match e {
+        PassError::UnknownKnob { knob, known, .. } => invalid(
+            field(&knob),
+            format!("not a knob of {} (its knobs: {known})", d.pass),
+        ),
+        PassError::BadKnob {
+            knob, value, why, ..
+        } => invalid(field(&knob), format!("{value:?}: {why}")),
+        other => invalid(format!("decisions[{i}].knobs"), other.to_string()),
+    })?;
+    match d.pass.as_str() {
+        "amp" => {
+            if let Some(v) = d.knobs.get("dtype")
+                && crate::passes::amp::half_dtype(v).is_none()
+            {
+                return Err(invalid(
+                    field("dtype"),
+                    format!("{v:?}: must be fp16 or bf16"),
+                ));
+            }
+        }
+        "grad-accumulation" => {
+            let k: u32 = d
+                .knobs
+                .get("k")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(2);
+            if batch > 0 && !batch.is_multiple_of(k) {
+                return Err(invalid(
+                    field("k"),
+                    format!(
+                        "{k} micro-batches do not divide the batch of {batch} (workload.batch)"
+                    ),
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn config(c: &FinalConfig, batch: u32) -> Result<(), Invalid> {
+    if !DTYPES.contains(&c.dtype.as_str()) {
+        return Err(invalid(
+            "config.dtype",
+            format!("{:?}: must be one of {}", c.dtype, DTYPES.join(", ")),
+        ));
+    }
+    let k = c.grad_accumulation;
+    if k == 0 || k > MAX_K {
+        return Err(invalid(
+            "config.grad_accumulation",
+            format!("{k}: must be between 1 and {MAX_K} (1 means no accumulation)"),
+        ));
+    }
+    if batch > 0 && !batch.is_multiple_of(k) {
+        return Err(invalid(
+            "config.grad_accumulation",
+            format!("{k} micro-batches do not divide the batch of {batch} (workload.batch)"),
+        ));
+    }
+    for (t, &b) in &c.tensor_bytes {
+        if b > MAX_TENSOR_BYTES {
+            return Err(invalid(
+                format!("config.tensor_bytes[{}]", key(t)),
+                format!("{b} bytes is more than the {MAX_TENSOR_BYTES} (16 TiB) a tensor may hold"),
+            ));
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for (g, group) in c.tensor_groups.iter().enumerate() {
+        if group.is_empty() {
+            return Err(invalid(
+                format!("config.tensor_groups[{g}]"),
+                "an empty group (every collective carries a tensor)",
+            ));
+        }
+        let mut sum: u64 = 0;
+        for t in group {
+            if !seen.insert(t.as_str()) {
+                return Err(invalid(
+                    format!("config.tensor_groups[{g}]"),
+                    format!("tensor {} is in two collectives", key(t)),
+                ));
+            }
+            let b = c.tensor_bytes.get(t).copied().unwrap_or(0);
+            sum = sum
+                .checked_add(b)
+                .filter(|&s| s <= MAX_TENSOR_BYTES)
+                .ok_or_else(|| {
+                    invalid(
+                        format!("config.tensor_groups[{g}]"),
+                        format!(
+                            "its tensors (config.tensor_bytes) add up to more than the {MAX_TENSOR_BYTES} bytes (16 TiB) one collective may move"
+                        ),
+                    )
+                })?;
+        }
+    }
+    for (first, &n) in &c.partitions {
+        let field = format!("config.partitions[{}]", key(first));
+        if n == 0 || n > MAX_K {
+            return Err(invalid(
+                field,
+                format!("{n}: must be between 1 and {MAX_K}"),
+            ));
+        }
+        if !c.tensor_groups.iter().any(|g| g.first() == Some(first)) {
+            return Err(invalid(
+                field,
+                "not the first tensor of a group of config.tensor_groups",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// Check every value against the ranges the planner itself uses (see the module docs).
+    pub fn check(&self) -> Result<(), Invalid> {
+        let w = &self.workload;
+        for (field, v) in [("workload.source", &w.source), ("workload.names", &w.names)] {
+            if v != "zoo" && v != "trace" {
+                return Err(invalid(field, format!("{v:?}: must be zoo or trace")));
+            }
+        }
+        if w.ranks == 0 || w.ranks > crate::limits::MAX_WORKERS {
+            return Err(invalid(
+                "workload.ranks",
+                format!(
+                    "{}: must be between 1 and {}",
+                    w.ranks,
+                    crate::limits::MAX_WORKERS
+                ),
+            ));
+        }
+        // Unknown (a trace without shapes) is null; 0 is what plans before issue 20 wrote for
+        // it, still read as unknown on a trace.
+        let bad_batch = match w.batch {
+            Some(b) => b > crate::zoo::MAX_BATCH || (b == 0 && w.source != "trace"),
+            None => w.source != "trace",
+        };
+        if bad_batch {
+            return Err(invalid(
+                "workload.batch",
+                format!(
+                    "{}: must be between 1 and {} (unknown only for a trace that does not say)",
+                    w.batch.map_or("null".to_string(), |b| b.to_string()),
+                    crate::zoo::MAX_BATCH
+                ),
+            ));
+        }
+        let p = &self.predicted;
+        point("predicted.baseline", &p.baseline)?;
+        point("predicted.planned", &p.planned)?;
+        speedup(p.baseline.iteration_ms, p.planned.iteration_ms, p.speedup)?;
+        if let Some(lb) = p.lower_bound_ms {
+            time("predicted.lower_bound_ms", lb)?;
+            if lb > p.planned.iteration_ms + 2.0 * HALF_UNIT {
+                return Err(invalid(
+                    "predicted.lower_bound_ms",
+                    format!(
+                        "{lb} ms is more than the planned {} ms it bounds",
+                        p.planned.iteration_ms
+                    ),
+                ));
+            }
+        }
+        for (name, &v) in &self.baselines {
+            time(&format!("baselines[{}]", key(name)), v)?;
+        }
+        let registry = crate::passes::registry();
+        for (i, d) in self.decisions.iter().enumerate() {
+            effect(&format!("decisions[{i}].effect_ms"), d.effect_ms)?;
+            if let Some(n) = d.partitions
+                && (n == 0 || n > MAX_K)
+            {
+                return Err(invalid(
+                    format!("decisions[{i}].partitions"),
+                    format!("{n}: must be between 1 and {MAX_K}"),
+                ));
+            }
+            decision_knobs(i, d, w.batch().unwrap_or(0), &registry)?;
+        }
+        for (i, a) in self.advice.iter().enumerate() {
+            effect(&format!("advice[{i}].effect_ms"), a.effect_ms)?;
+        }
+        config(&self.config, w.batch().unwrap_or(0))?;
+        let b = self.search.budget_s;
+        if !(b.is_finite() && b >= 0.0) {
+            return Err(invalid(
+                "search.budget_s",
+                format!("{b}: not a number of seconds"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::emit::tests::{decision, tiny_plan};
+    use super::*;
+
+    /// `edit` applied to the tiny plan is refused at `field`, with `why` in the reason.
+    fn refused(edit: impl FnOnce(&mut Plan), field: &str, why: &str) {
+        let mut p = tiny_plan();
+        edit(&mut p);
+        let e = p.check().expect_err(field);
+        assert_eq!(e.field, field, "{e}");
+        assert!(e.why.contains(why), "{e}");
+    }
+
+    #[test]
+    fn the_tiny_plan_passes() {
+        tiny_plan().check().unwrap();
+    }
+
+    #[test]
+    fn every_class_of_hand_edit_is_refused_at_its_field() {
+        refused(|p| p.workload.ranks = 0, "workload.ranks", "between 1");
+        refused(
+            |p| p.workload.batch = Some(0),
+            "workload.batch",
+            "0 only for a trace",
+        );
+        refused(
+            |p| p.workload.names = "mine".into(),
+            "workload.names",
+            "zoo or trace",
+        );
+        refused(
+            |p| p.predicted.planned.iteration_ms = -5.0,
+            "predicted.planned.iteration_ms",
+            "not a time",
+        );
+        refused(
+            |p| p.predicted.baseline.iteration_ms = f64::NAN,
+            "predicted.baseline.iteration_ms",
+            "not a time",
+        );
+        refused(
+            |p| p.predicted.planned.iteration_ms = 1e308,
+            "predicted.planned.iteration_ms",
+            "not a time",
+        );
+        // 10 / 8 = 1.25, not 1000.
+        refused(
+            |p| p.predicted.speedup = 1000.0,
+            "predicted.speedup",
+            "10 / 8",
+        );
+        refused(
+            |p| p.predicted.lower_bound_ms = Some(9.0),
+            "predicted.lower_bound_ms",
+            "more than the planned",
+        );
+        refused(
+            |p| p.predicted.planned.peak_memory_bytes = Some(u64::MAX),
+            "predicted.planned.peak_memory_bytes",
+            "1 PiB",
+        );
+        refused(
+            |p| {
+                p.baselines.insert("none".into(), f64::INFINITY);
+            },
+            "baselines[\"none\"]",
+            "not a time",
+        );
+        refused(
+            |p| p.decisions[1].effect_ms = f64::NAN,
+            "decisions[1].effect_ms",
+            "not a change",
+        );
+        refused(
+            |p| p.decisions[1] = decision("grad-accumulation", &[("k", "4294967295")], "x"),
+            "decisions[1].knobs.k",
+            "between 1 and 1024",
+        );
+        refused(
+            |p| p.decisions[1] = decision("grad-accumulation", &[("k", "3")], "x"),
+            "decisions[1].knobs.k",
+            "do not divide the batch of 4",
+        );
+        refused(
+            |p| p.decisions[2] = decision("amp", &[("dtype", "float64")], "x"),
+            "decisions[2].knobs.dtype",
+            "fp16 or bf16",
+        );
+        refused(
+            |p| p.decisions[2] = decision("amp", &[("colour", "red")], "x"),
+            "decisions[2].knobs.colour",
+            "not a knob of amp",
+        );
+        let cycle = format!("1{}", "0".repeat(308));
+        refused(
+            |p| {
+                p.decisions[0]
+                    .knobs
+                    .insert("cycle_ms".into(), cycle.clone());
+            },
+            "decisions[0].knobs.cycle_ms",
+            "between",
+        );
+        refused(
+            |p| {
+                p.decisions[0]
+                    .knobs
+                    .insert("threshold_bytes".into(), "-1".into());
+            },
+            "decisions[0].knobs.threshold_bytes",
+            "between 0",
+        );
+        refused(
+            |p| p.decisions[0].partitions = Some(0),
+            "decisions[0].partitions",
+            "between 1",
+        );
+        refused(
+            |p| {
+                p.config.partitions.insert("net.0.weight".into(), 0);
+            },
+            "config.partitions[\"net.0.weight\"]",
+            "between 1",
+        );
+        refused(
+            |p| p.config.dtype = "float64".into(),
+            "config.dtype",
+            "fp32",
+        );
+        refused(
+            |p| p.config.grad_accumulation = 4294967295,
+            "config.grad_accumulation",
+            "between 1 and 1024",
+        );
+        refused(
+            |p| p.config.grad_accumulation = 3,
+            "config.grad_accumulation",
+            "do not divide",
+        );
+        refused(
+            |p| {
+                p.config.tensor_bytes.insert("net.3.bias".into(), u64::MAX);
+            },
+            "config.tensor_bytes[\"net.3.bias\"]",
+            "16 TiB",
+        );
+        // Each tensor in range, their sum over a collective's bound (and over u64 if added
+        // without a check).
+        refused(
+            |p| {
+                for t in ["net.2.bias", "net.1.weight", "net.1.bias"] {
+                    p.config.tensor_bytes.insert(t.into(), MAX_TENSOR_BYTES);
+                }
+            },
+            "config.tensor_groups[2]",
+            "add up to more than",
+        );
+        refused(
+            |p| p.config.tensor_groups[4].push("net.3.bias".into()),
+            "config.tensor_groups[4]",
+            "two collectives",
+        );
+        refused(
+            |p| p.search.budget_s = f64::NAN,
+            "search.budget_s",
+            "seconds",
+        );
+    }
+
+    #[test]
+    fn a_trace_plan_without_a_batch_skips_the_divisibility_check() {
+        let mut p = tiny_plan();
+        p.workload.source = "trace".into();
+        p.workload.batch = None;
+        p.config.grad_accumulation = 3;
+        p.check().unwrap();
+    }
+
+    #[test]
+    fn the_speedup_check_allows_the_files_rounding() {
+        let mut p = tiny_plan();
+        // 0.0305 / 0.0104 rounded to µs: 0.031 / 0.010 = 3.1; the true ratio 2.933 is within.
+        p.predicted.baseline.iteration_ms = 0.031;
+        p.predicted.planned.iteration_ms = 0.010;
+        p.predicted.lower_bound_ms = None;
+        p.predicted.speedup = 2.933;
+        p.check().unwrap();
+        p.predicted.speedup = 4.0;
+        assert_eq!(p.check().unwrap_err().field, "predicted.speedup");
+    }
+}
