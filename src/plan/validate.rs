@@ -379,7 +379,7 @@ mod tests {
         refused(
             |p| p.workload.batch = Some(0),
             "workload.batch",
-            "0 only for a trace",
+            "unknown only for a trace",
         );
         refused(
             |p| p.workload.names = "mine".into(),
