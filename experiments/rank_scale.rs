@@ -91,12 +91,12 @@ fn generate(dir: &Path, n: usize, seed: u64) -> Vec<i64> {
         .map(|_| std::array::from_fn(|c| 120 + 200 * c as i64 + rng.random_range(0..60)))
         .collect();
     let end: [i64; K] = std::array::from_fn(|c| arrive.iter().map(|a| a[c]).max().unwrap() + 20);
-    for r in 0..n {
+    for (r, &offset) in offsets.iter().enumerate() {
         // Each rank sees the common end with ±2 µs of timestamp noise.
         let end_r: [i64; K] = std::array::from_fn(|c| end[c] + rng.random_range(-2..=2));
         std::fs::write(
             dir.join(format!("rank{r:05}.json")),
-            rank_text(r, n, offsets[r], &arrive, &end_r),
+            rank_text(r, n, offset, &arrive, &end_r),
         )
         .unwrap();
     }

@@ -180,7 +180,7 @@ pub fn address_space_limit() -> Option<u64> {
     };
     // SAFETY: getrlimit writes one rlimit through a valid pointer.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0;
-    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur as u64)
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
 /// Cap glibc's malloc arenas at `n`: each thread that allocates may otherwise get its own arena,
