@@ -75,7 +75,7 @@ impl From<InputError> for io::Error {
 }
 
 fn thousands(n: u64) -> String {
-    crate::cli::output::thousands(n)
+    crate::units::thousands(n)
 }
 
 /// `16 MiB`, `2 GiB`, `300 bytes`.

@@ -17,4 +17,5 @@ pub mod plan;
 pub mod replay;
 pub mod search;
 pub mod trace;
+pub mod units;
 pub mod zoo;

@@ -154,12 +154,12 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
                     "measured {} ({}) is {:.2}x the sequential bound {} (Benanza \
                      ratio {:.2}); with fusion and parallel layers the bound is {} and the \
                      run {:.2}x that",
-                    crate::cli::output::dur_ms(m.ms, 3),
+                    crate::units::dur_ms(m.ms, 3),
                     m.source,
                     m.ms / b.sequential_ms,
-                    crate::cli::output::dur_ms(b.sequential_ms, 3),
+                    crate::units::dur_ms(b.sequential_ms, 3),
                     b.sequential_ms / m.ms,
-                    crate::cli::output::dur_ms(b.fused_parallel_ms, 3),
+                    crate::units::dur_ms(b.fused_parallel_ms, 3),
                     m.ms / b.fused_parallel_ms
                 );
                 if m.trace.as_ref().is_some_and(|t| t.training) {
@@ -183,8 +183,8 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
     let mut q2 = format!(
         "parallel bound {} vs sequential {}: running independent layers concurrently \
          saves {:.1} % ({} of {} layers are on the critical path)",
-        crate::cli::output::dur_ms(b.parallel_ms, 3),
-        crate::cli::output::dur_ms(b.sequential_ms, 3),
+        crate::units::dur_ms(b.parallel_ms, 3),
+        crate::units::dur_ms(b.sequential_ms, 3),
         pct(b.sequential_ms - b.parallel_ms, b.sequential_ms),
         a.critical_path.len(),
         a.layers.len()
@@ -192,9 +192,9 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
     if let Some(t) = trace {
         q2.push_str(&format!(
             "; in the trace, GPU work overlapped for {} (sum {}, busy {})",
-            crate::cli::output::dur_ms(t.gpu_time_ms - t.gpu_busy_ms, 3),
-            crate::cli::output::dur_ms(t.gpu_time_ms, 3),
-            crate::cli::output::dur_ms(t.gpu_busy_ms, 3)
+            crate::units::dur_ms(t.gpu_time_ms - t.gpu_busy_ms, 3),
+            crate::units::dur_ms(t.gpu_time_ms, 3),
+            crate::units::dur_ms(t.gpu_busy_ms, 3)
         ));
     }
     out.push(Answer {
@@ -233,7 +233,7 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
             winograd.len(),
             eligible,
             convs.len(),
-            crate::cli::output::dur_ms(saved, 3),
+            crate::units::dur_ms(saved, 3),
             pct(saved, b.sequential_ms)
         )
     };
@@ -257,14 +257,14 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
                  where the bound needs {} unfused / {} fused; kernel time {} vs the \
                  sequential bound {}",
                 t.step,
-                crate::cli::output::dur_ms(t.step_ms - t.gpu_busy_ms, 3),
-                crate::cli::output::dur_ms(t.step_ms, 3),
+                crate::units::dur_ms(t.step_ms - t.gpu_busy_ms, 3),
+                crate::units::dur_ms(t.step_ms, 3),
                 pct(t.step_ms - t.gpu_busy_ms, t.step_ms),
                 t.kernels,
                 k_unfused,
                 k_fused,
-                crate::cli::output::dur_ms(t.gpu_time_ms, 3),
-                crate::cli::output::dur_ms(b.sequential_ms, 3)
+                crate::units::dur_ms(t.gpu_time_ms, 3),
+                crate::units::dur_ms(b.sequential_ms, 3)
             ),
             None => format!(
                 "needs a trace (--trace FILE); the bound launches {k_unfused} kernels unfused, \
@@ -281,7 +281,7 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
                 r.pattern,
                 r.groups,
                 r.unfused_ms,
-                crate::cli::output::dur_ms(r.fused_ms, 3)
+                crate::units::dur_ms(r.fused_ms, 3)
             )
         })
         .collect();
@@ -292,8 +292,8 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         answer: format!(
             "fused sequential bound {} vs {}: {:.1} % less; {} of {} layers in {} \
              groups{}{}",
-            crate::cli::output::dur_ms(b.fused_sequential_ms, 3),
-            crate::cli::output::dur_ms(b.sequential_ms, 3),
+            crate::units::dur_ms(b.fused_sequential_ms, 3),
+            crate::units::dur_ms(b.sequential_ms, 3),
             pct(b.sequential_ms - b.fused_sequential_ms, b.sequential_ms),
             fused_layers,
             a.layers.len(),
@@ -306,10 +306,10 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         Some((c, tb)) => format!(
             "in {} on tensor cores the bound is {} ({:.2}x faster than {}), {} fused",
             dtype_name(c.dtype),
-            crate::cli::output::dur_ms(tb.sequential_ms, 3),
+            crate::units::dur_ms(tb.sequential_ms, 3),
             b.sequential_ms / tb.sequential_ms,
             dtype_name(a.dtype),
-            crate::cli::output::dur_ms(tb.fused_sequential_ms, 3)
+            crate::units::dur_ms(tb.fused_sequential_ms, 3)
         ),
         None if a.matrix_units => format!(
             "the bound is already in {} on tensor cores",
@@ -335,7 +335,7 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
             "; in the trace {:.3} of {} of GEMM/conv kernel time ran in tensor-core kernels \
              ({:.0} %, by kernel name)",
             t.tensor_core_kernel_ms,
-            crate::cli::output::dur_ms(t.matrix_kernel_ms, 3),
+            crate::units::dur_ms(t.matrix_kernel_ms, 3),
             pct(t.tensor_core_kernel_ms, t.matrix_kernel_ms)
         ));
     }

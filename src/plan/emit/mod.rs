@@ -488,7 +488,7 @@ pub(crate) fn py_ints(v: &[u64]) -> String {
 pub(crate) fn header(plan: &Plan, what: &str) -> String {
     let w = &plan.workload;
     format!(
-        "# trainplan export: {what}\n# plan: {} ({}) on {} ({} ranks), names: {}; predicted {:.1} ms → {:.1} ms ({:.2}x)\n",
+        "# trainplan export: {what}\n# plan: {} ({}) on {} ({} ranks), names: {}; predicted {} → {} ({:.2}x)\n",
         comment_text(&w.model),
         w.batch()
             .map_or("batch not recorded".to_string(), |b| format!(
@@ -497,8 +497,8 @@ pub(crate) fn header(plan: &Plan, what: &str) -> String {
         comment_text(&w.cluster),
         w.ranks,
         comment_text(&w.names),
-        plan.predicted.baseline.iteration_ms,
-        plan.predicted.planned.iteration_ms,
+        crate::units::dur_ms(plan.predicted.baseline.iteration_ms, 1),
+        crate::units::dur_ms(plan.predicted.planned.iteration_ms, 1),
         plan.predicted.speedup
     )
 }
