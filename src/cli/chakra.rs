@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::output::{ms, thousands};
+use super::output::{ms_exact, thousands};
 use super::{CliError, ReplayArgs, write_atomic};
 use crate::replay::{self, breakdown, critical_path, dependency_bound_ns};
 use crate::trace::chakra;
@@ -112,19 +112,19 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
         match measured {
             Some(m) => format!(
                 "measured span    {:>9.3} ms   first start to last end",
-                ms(m)
+                ms_exact(m)
             ),
             None => "measured span         n/a      the nodes have no start times".to_string(),
         },
         format!(
             "predicted        {:>9.3} ms   replayed makespan{}",
-            ms(r.iteration_ns),
+            ms_exact(r.iteration_ns),
             err.map(|e| format!("; error {e:+.2} %"))
                 .unwrap_or_default()
         ),
         format!(
             "dependency bound {:>9.3} ms   longest dependency chain (unlimited devices)",
-            ms(dep)
+            ms_exact(dep)
         ),
     ];
     super::replay::write_report(&mut o, &lines, &items)

@@ -183,6 +183,12 @@ pub fn ms(ns: u64) -> f64 {
     (ns as f64 / 1e5).round() / 10.0
 }
 
+/// Nanoseconds as milliseconds, unrounded: for text that prints three decimals (`{:.3}` of
+/// [`ms`] printed `224.900 ms` for a 224.936 ms step — issue 27).
+pub fn ms_exact(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

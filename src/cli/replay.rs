@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::output::{gb, ms, thousands};
+use super::output::{gb, ms, ms_exact, thousands};
 use super::{CliError, InputArgs, ListArgs, ReplayArgs, write_atomic};
 use crate::cost::config::{self, Cluster};
 use crate::graph::Dfg;
@@ -693,19 +693,22 @@ fn trace_report(
         String::new(),
         format!(
             "measured step    {:>9.3} ms   the ProfilerStep / iteration span",
-            ms(measured)
+            ms_exact(measured)
         ),
-        format!("predicted step   {:>9.3} ms   {verdict}", ms(predicted)),
+        format!(
+            "predicted step   {:>9.3} ms   {verdict}",
+            ms_exact(predicted)
+        ),
         format!(
             "GPU drains at    {:>9.3} ms   the step's last GPU work ends (replayed makespan)",
-            ms(r.iteration_ns)
+            ms_exact(r.iteration_ns)
         ),
     ];
     let mut lines = lines.to_vec();
     if let Some(p) = period {
         lines.push(format!(
             "steady period    {:>9.3} ms   step-to-step time with every step like this one",
-            ms(p)
+            ms_exact(p)
         ));
     }
     if let Some(f) = super::traceinfo::facts(job) {

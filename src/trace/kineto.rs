@@ -2151,7 +2151,7 @@ mod tests {
         if d.is_dir() {
             Some(d)
         } else {
-            eprintln!("skipping: ../shared/traces not found");
+            crate::skip_note!("skipping: ../shared/traces not found");
             None
         }
     }

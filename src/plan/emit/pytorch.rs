@@ -736,7 +736,7 @@ mod tests {
             .output()
             .is_ok_and(|o| o.status.success());
         if !has_torch {
-            eprintln!("python3 with torch not found: skipping the toy-model run");
+            crate::skip_note!("python3 with torch not found: skipping the toy-model run");
             return;
         }
         let mut p = tiny_plan();

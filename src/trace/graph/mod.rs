@@ -898,7 +898,9 @@ pub(crate) mod tests {
         if d.is_dir() {
             Some(d)
         } else {
-            eprintln!("skipping: ../shared/traces is absent (the real-trace tests need it)");
+            crate::skip_note!(
+                "skipping: ../shared/traces is absent (the real-trace tests need it)"
+            );
             None
         }
     }
