@@ -555,6 +555,7 @@ pub(crate) fn one_worker_job(
             cluster: "trace".into(),
             source: "trace".into(),
             trace: None,
+            optimizer: None,
         },
     }
 }
