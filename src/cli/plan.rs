@@ -298,12 +298,16 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     };
     // Ctrl-C stops the search, which then writes its best plan (a second Ctrl-C exits at once).
     super::atomic::interrupt_flag(&INTERRUPTED);
-    let show = !a.json && std::io::stderr().is_terminal();
+    let show = show_progress(
+        a.json,
+        std::io::stderr().is_terminal(),
+        std::env::var_os("CI").is_some(),
+    );
     let bar = show.then(|| {
         let b = indicatif::ProgressBar::new(budget.as_millis() as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template(
-                "{spinner} searching [{bar:30}] {msg} · {elapsed} of the budget used",
+                "{spinner} searching [{bar:20}] {msg} · {elapsed} of the budget",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
@@ -651,6 +655,38 @@ fn start_decision(b: &BaseRow, all: &[BaseRow], fw: Framework) -> Option<Decisio
     })
 }
 
+/// Whether `plan` shows its progress bar: on a terminal, never with `--json` or in CI (`CI`
+/// set, as CI services do).
+fn show_progress(json: bool, stderr_is_terminal: bool, ci: bool) -> bool {
+    !json && stderr_is_terminal && !ci
+}
+
+/// The progress bar's message after a round: the round, the best plan so far (against the
+/// headline baseline) and replays per second (issue 27: minutes of search showed nothing).
+fn progress_message(p: &search::Progress, headline: Option<(&str, u64)>) -> String {
+    let best = p.best_ns as f64 / 1e6;
+    let vs = match headline {
+        Some((name, ns)) if ns > 0 => format!(
+            " ({:+.1} % vs {name})",
+            100.0 * (p.best_ns as f64 / ns as f64 - 1.0)
+        ),
+        _ => String::new(),
+    };
+    let secs = p.elapsed.as_secs_f64();
+    // Under half a second the rate is noise (one replay in a few ms).
+    let rate = if secs >= 0.5 {
+        format!("{:.0} replays/s", p.replays as f64 / secs)
+    } else {
+        "replays/s after 0.5 s".to_string()
+    };
+    format!(
+        "round {} · best plan {best:.1} ms{vs}, {} decisions · {} replays, {rate}",
+        p.round,
+        p.decisions.len(),
+        p.replays
+    )
+}
+
 /// The worker: baselines, then the search, updating `snapshot` as it goes.
 fn work(
     input: Input,
@@ -697,6 +733,10 @@ fn work(
         })
         .collect();
     let table: Vec<BaseRow> = rows.iter().map(|r| r.0.clone()).collect();
+    let headline_ns = table
+        .iter()
+        .find(|r| r.name == default_name(fw, trace))
+        .map(|r| (r.name, r.ns));
     if let Ok(mut s) = snapshot.lock() {
         s.baselines = table.clone();
         s.replays = table.len() as u64;
@@ -737,12 +777,7 @@ fn work(
         }
         if let Some(b) = bar {
             b.set_position(p.elapsed.as_millis() as u64);
-            b.set_message(format!(
-                "best {:.1} ms · {} replays · round {}",
-                p.best_ns as f64 / 1e6,
-                p.replays,
-                p.round
-            ));
+            b.set_message(progress_message(p, headline_ns));
         }
     };
     let outcome = match pool
@@ -1170,6 +1205,36 @@ pub fn summary(plan: &Plan) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 27: the bar says the round, the best plan so far and the replay rate; it shows
+    /// only on a terminal, never with --json or in CI.
+    #[test]
+    fn progress_says_round_best_plan_and_rate() {
+        let job = crate::passes::op_fusion::tests::chain_job(
+            &[(1_000, false)],
+            0,
+            crate::passes::tensor_partition::tests::spec(crate::cost::config::SyncScheme::Ring),
+            1,
+        );
+        let p = crate::search::Progress {
+            best_ns: 123_300_000,
+            replays: 800,
+            elapsed: Duration::from_secs(2),
+            round: 12,
+            best_job: &job,
+            best_peak_bytes: 0,
+            decisions: &[],
+        };
+        assert_eq!(
+            progress_message(&p, Some(("ddp_default", 324_300_000))),
+            "round 12 · best plan 123.3 ms (-62.0 % vs ddp_default), 0 decisions · 800 replays, 400 replays/s"
+        );
+        assert!(show_progress(false, true, false));
+        assert!(!show_progress(true, true, false));
+        assert!(!show_progress(false, false, false));
+        assert!(!show_progress(false, true, true));
+    }
+
     use super::*;
 
     #[test]
