@@ -17,6 +17,8 @@
 //! ```yaml
 //! name: my-pass              # registry name: `--pass my-pass:knob=value`
 //! doc: one line for `trainplan passes`
+//! applies_to:                # optional: only jobs stepping with one of these optimizers
+//!   {optimizers: [Adam, AdamW], unfused: true}   # (`unfused`: not already fused)
 //! knobs:                     # optional; numbers; integer knobs when default, min, max are all integers
 //!   - {name: ratio, default: 0.001, min: 0.00001, max: 1, doc: what it means}
 //! rules:                     # applied in order, as one edit
@@ -396,8 +398,44 @@ struct PassFile {
     name: String,
     doc: String,
     #[serde(default)]
+    applies_to: Option<AppliesTo>,
+    #[serde(default)]
     knobs: Vec<Spanned<KnobDecl>>,
     rules: Vec<Spanned<Rule>>,
+}
+
+/// Which jobs a pass exists for (`applies_to:`): the optimizers it replaces, matched without
+/// case against what the job says it steps with ([`Job::optimizer`]); `unfused: true` refuses
+/// a job whose optimizer is already fused. A job whose optimizer nothing says is refused too.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppliesTo {
+    #[serde(default)]
+    optimizers: Vec<String>,
+    #[serde(default)]
+    unfused: bool,
+}
+
+impl AppliesTo {
+    /// Why the pass does not apply to `job`, or `None` when it does.
+    fn refuses(&self, job: &Job) -> Option<String> {
+        if self.optimizers.is_empty() {
+            return None;
+        }
+        let want = self.optimizers.join("/");
+        match job.optimizer() {
+            None => Some(format!(
+                "the job's optimizer is not known (no Optimizer.step annotation in the trace); the pass replaces {want} only"
+            )),
+            Some((o, _)) if !self.optimizers.iter().any(|w| w.eq_ignore_ascii_case(o)) => Some(
+                format!("the job steps with {o}, and the pass replaces {want} only"),
+            ),
+            Some((o, true)) if self.unfused => {
+                Some(format!("the job's {o} optimizer is already fused"))
+            }
+            _ => None,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -452,6 +490,7 @@ struct CheckedRule {
 pub struct DeclarativePass {
     name: String,
     doc: String,
+    applies_to: AppliesTo,
     file: String,
     knobs: Vec<KnobSpec>,
     rules: Vec<CheckedRule>,
@@ -633,6 +672,7 @@ pub fn parse(text: &str, file: &str) -> Result<DeclarativePass, PassError> {
     Ok(DeclarativePass {
         name: f.name,
         doc: f.doc.trim().to_string(),
+        applies_to: f.applies_to.unwrap_or_default(),
         file: file.to_string(),
         knobs,
         rules,
@@ -1574,6 +1614,12 @@ impl Pass for DeclarativePass {
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
         let job = &cx.job;
+        if let Some(why) = self.applies_to.refuses(job) {
+            return Err(PassError::NotApplicable {
+                pass: self.name.clone(),
+                why,
+            });
+        }
         let mut preds = vec![Vec::new(); job.local.ops.len()];
         let mut succs = vec![Vec::new(); job.local.ops.len()];
         for &(a, b) in &job.local.edges {
@@ -1859,7 +1905,9 @@ mod tests {
     fn fused_adam_merges_updates_with_one_launch() {
         let p = parse(BUILTIN[2].1, BUILTIN[2].0).unwrap();
         assert_eq!(p.name(), "fused-adam");
-        let cx = evaluate(tiny()).unwrap();
+        let mut job = tiny();
+        job.meta.optimizer = Some("AdamW".into());
+        let cx = evaluate(job).unwrap();
         let patches = p.propose(&cx, &Knobs::default()).unwrap();
         let j = crate::passes::apply_all(&cx.job, &patches).unwrap();
         let ups: Vec<_> = j
@@ -2145,9 +2193,16 @@ mod tests {
                 .filter(|o| o.spec.phase == Phase::Update && o.spec.kind == OpKind::Compute)
                 .count()
         };
-        // ResNet-50: the update tail shrinks by at most the saved launches, on the GPU (its
-        // per-kernel floor) and on the host (the update's launch ops, all but one).
-        let (a, b) = shipped("fused-adam", zoo("resnet50", 32, "8xh200", true), &[]);
+        // ResNet-50 steps with SGD: fused Adam does not apply (issue 27).
+        let p = builtin("fused-adam");
+        let cx = evaluate(zoo("resnet50", 32, "8xh200", true)).unwrap();
+        let e = p.propose(&cx, &Knobs::default()).unwrap_err().to_string();
+        assert!(e.contains("steps with SGD"), "{e}");
+        // The same job on Adam: the update tail shrinks by at most the saved launches, on the
+        // GPU (its per-kernel floor) and on the host (the update's launch ops, all but one).
+        let mut adam = zoo("resnet50", 32, "8xh200", true);
+        adam.meta.optimizer = Some("Adam".into());
+        let (a, b) = shipped("fused-adam", adam, &[]);
         assert_eq!((ups(&a), ups(&b)), (161, 1));
         let saved = a.iteration_ns() - b.iteration_ns();
         let host: u64 = a
@@ -2166,6 +2221,38 @@ mod tests {
         assert_eq!(ups(&b), 1);
         let r = b.iteration_ns() as f64 / a.iteration_ns() as f64;
         assert!((0.8..=1.0).contains(&r), "{r}");
+    }
+
+    /// Issue 27: fused Adam only for Adam/AdamW jobs that are not fused already, and not when
+    /// nothing says which optimizer the job uses.
+    #[test]
+    fn fused_adam_applies_only_to_unfused_adam() {
+        let p = builtin("fused-adam");
+        let why = |job: Job| {
+            p.propose(&evaluate(job).unwrap(), &Knobs::default())
+                .err()
+                .map(|e| e.to_string())
+        };
+        let traced = |opt: Option<&str>, fused: bool| {
+            let mut j = tiny();
+            j.meta.trace = Some(Box::new(crate::graph::job::TraceFacts {
+                optimizer: opt.map(str::to_string),
+                optimizer_fused: fused,
+                ..Default::default()
+            }));
+            j
+        };
+        assert!(why(traced(Some("Adam"), false)).is_none());
+        assert!(why(traced(Some("adamw"), false)).is_none());
+        let e = why(traced(Some("Adam"), true)).unwrap();
+        assert!(e.contains("already fused"), "{e}");
+        let e = why(traced(Some("Adagrad"), false)).unwrap();
+        assert!(e.contains("steps with Adagrad"), "{e}");
+        let e = why(traced(Some("SGD"), false)).unwrap();
+        assert!(e.contains("steps with SGD"), "{e}");
+        let e = why(traced(None, false)).unwrap();
+        assert!(e.contains("not known"), "{e}");
+        assert!(why(zoo("bert-base", 2, "8xh200", true)).is_none());
     }
 
     #[test]

@@ -3,6 +3,19 @@
 
 #![doc = include_str!("../ARCHITECTURE.md")]
 
+/// Say why a test is skipped on the process's real stderr: libtest captures `eprintln!` and
+/// shows it only for a failing test, so a test that skipped (no `../shared`, no python3) looked
+/// like one that passed (issue 27). `cargo test` prints these lines as they happen.
+#[cfg(test)]
+macro_rules! skip_note {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "SKIPPED: {}", format_args!($($t)*));
+    }};
+}
+#[cfg(test)]
+pub(crate) use skip_note;
+
 pub mod calibrate;
 pub mod cli;
 pub mod cost;

@@ -390,7 +390,7 @@ mod tests {
     #[test]
     fn resident_memory_and_default_ceiling_are_read_on_linux() {
         if !std::path::Path::new("/proc/self/statm").exists() {
-            eprintln!("no /proc: skipping");
+            crate::skip_note!("no /proc: skipping");
             return;
         }
         let r = resident_bytes().unwrap();

@@ -452,7 +452,7 @@ mod tests {
     fn a_symlink_planted_by_someone_else_in_a_shared_folder_is_not_followed() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("not root: cannot give a symlink to another user; skipping");
+            crate::skip_note!("not root: cannot give a symlink to another user; skipping");
             return;
         }
         let d = scratch("sticky");

@@ -191,6 +191,9 @@ fn trace_job(i: &InputArgs) -> Result<Input, CliError> {
     let mut extrapolated = None;
     if let Some(c) = &i.cluster {
         let cluster = config::load_cluster(c).map_err(CliError::bad_input)?;
+        if let Some(w) = other_gpu_warning(&built.job, &cluster) {
+            tracing::warn!(file = %file, "{w}");
+        }
         let et = crate::trace::extrapolate::sizes_beside(path, &trace, &built);
         let list = crate::trace::extrapolate::extrapolate(&trace, &file, &mut built, &cluster, &et)
             .map_err(CliError::bad_input)?;
@@ -283,6 +286,26 @@ fn trace_stem(path: &std::path::Path) -> String {
         .unwrap_or_default();
     let name = name.strip_suffix(".gz").unwrap_or(&name);
     name.strip_suffix(".json").unwrap_or(name).to_string()
+}
+
+/// When `--cluster` names another GPU model than the one a trace was recorded on: what the
+/// replay keeps (issue 27: an A100 trace replayed on `64xh100-ib` kept A100 kernel times
+/// without a word). Only the collectives are re-timed for the cluster.
+pub fn other_gpu_warning(job: &crate::graph::job::Job, cluster: &Cluster) -> Option<String> {
+    let f = job.meta.trace.as_deref()?;
+    let recorded = if f.gpu_config.is_empty() {
+        return None;
+    } else {
+        f.gpu_config.as_str()
+    };
+    (recorded != cluster.gpu.name).then(|| {
+        format!(
+            "the trace was recorded on {} ({recorded}) and --cluster {} has {}: the recorded kernel and host times are kept (they are not re-timed for another GPU model); only the collectives are re-timed for the cluster",
+            f.gpu.as_deref().unwrap_or("its GPU"),
+            cluster.name,
+            cluster.gpu.name
+        )
+    })
 }
 
 /// Resolve `--model/--cluster` or `--trace` into a job.

@@ -681,7 +681,7 @@ mod tests {
     fn shared_lut(gpu: &str, n: u32) -> Option<PathBuf> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/calibration");
         if !root.is_dir() {
-            eprintln!("skipping: ../shared/calibration not found");
+            crate::skip_note!("skipping: ../shared/calibration not found");
             return None;
         }
         Some(root.join(format!("nccl-tests-allreduce/{gpu}/AR_GPU{n}_1M_1024M_LUT")))

@@ -118,6 +118,10 @@ pub struct JobMeta {
     /// What a recorded trace says about the job (`None` for a zoo job).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<Box<TraceFacts>>,
+    /// The optimizer a zoo model declares (`Adam`, `SGD`); a trace's is in
+    /// [`TraceFacts::optimizer`]. Read both through [`Job::optimizer`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<String>,
 }
 
 /// What a recorded trace says about the job it profiled, in one place: filled by the trace
@@ -151,6 +155,9 @@ pub struct TraceFacts {
     pub precision: Option<String>,
     /// The optimizer, from `Optimizer.step#SGD.step`-style annotations (`SGD`, `Adam`, …).
     pub optimizer: Option<String>,
+    /// The optimizer is already a fused one: the step runs `aten::_fused_adam_` /
+    /// `_fused_adamw_` (`torch.optim.Adam(fused=True)`) or apex's `FusedAdam`.
+    pub optimizer_fused: bool,
     /// The step's collective kernels by kind (`AllReduce` → 5).
     pub collectives: std::collections::BTreeMap<String, u32>,
     /// The gradient buckets the framework used, from the NCCL kernels' sizes.
@@ -255,6 +262,17 @@ pub enum JobError {
 pub const MAX_OPS: u64 = 200_000_000;
 
 impl Job {
+    /// The optimizer the job steps with and whether it is already fused: a zoo model's
+    /// declared one, or what a trace's annotations say; `None` when nothing says (a trace
+    /// without `Optimizer.step#…` annotations).
+    pub fn optimizer(&self) -> Option<(&str, bool)> {
+        if let Some(o) = &self.meta.optimizer {
+            return Some((o.as_str(), false));
+        }
+        let f = self.meta.trace.as_deref()?;
+        f.optimizer.as_deref().map(|o| (o, f.optimizer_fused))
+    }
+
     /// The roofline of this job's GPU in `dtype` (plain ceilings, for memory-traffic estimates).
     pub fn roofline(&self, dtype: Dtype) -> Roofline {
         Roofline::new(&self.gpu, dtype, Efficiency::default())

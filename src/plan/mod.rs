@@ -100,6 +100,27 @@ pub struct Predicted {
     /// communication-side change (fusion, partition, scheduling, compression) can beat.
     /// `null` when an interrupt or the budget left no time to replay it.
     pub lower_bound_ms: Option<f64>,
+    /// The precision the baseline computes in (`fp32`, `tf32`, `fp16`, `bf16`): `fp32` for
+    /// most frameworks' defaults, so a plan that turns AMP on counts AMP's gain against strict
+    /// fp32. Empty in plans written before it was recorded.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub baseline_precision: String,
+    /// For a transformer planned from an fp32 baseline: the same framework default in half
+    /// precision (bf16, else fp16 where the GPU has no bf16 peak) — what the plan gains besides
+    /// mixed precision (issue 27).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub half_baseline: Option<HalfBaseline>,
+}
+
+/// The framework's default baseline in half precision (`plan` with `--precision` given).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HalfBaseline {
+    /// `bf16` or `fp16`: the `--precision` that gives this baseline.
+    pub precision: String,
+    pub iteration_ms: f64,
+    /// This baseline's time over the planned time.
+    pub speedup: f64,
 }
 
 /// The end state of the planned job, in the terms the framework emitters need.

@@ -73,17 +73,13 @@ pub fn rows(plan: &Plan) -> Vec<Row> {
             None => order.push((d.pass.clone(), d.effect_ms)),
         }
     }
-    // Decisions are measured from the unoptimised job; start from the baseline and close the
-    // gap to the planned time so the bars meet the total exactly.
+    // Each decision's effect is its marginal change along the plan's path from the headline
+    // baseline, so the bars meet the planned total by themselves (within the plan's rounding):
+    // each bar is exactly its pass's effects, nothing is handed to the last one (issue 27).
     let planned = plan.predicted.planned.iteration_ms;
     let mut at = base;
-    let n = order.len();
-    for (i, (pass, effect)) in order.into_iter().enumerate() {
-        let to = if i + 1 == n {
-            planned
-        } else {
-            (at + effect).max(0.0)
-        };
+    for (pass, effect) in order {
+        let to = at + effect;
         out.push(Row {
             label: pass,
             from_ms: at,
@@ -119,7 +115,27 @@ pub fn waterfall(plan: &Plan) -> String {
         .fold(1e-9, f64::max);
     let x = |ms: f64| label_w + bar_w * ms / max;
     let h = top + row_h * rows.len() as f64 + 30.0;
-    let w = label_w + bar_w + 110.0;
+    let w_ = &plan.workload;
+    let title = format!(
+        "{} on {}{}, --framework {}: {:.1} ms → {:.1} ms",
+        xml(&w_.model),
+        xml(&w_.cluster),
+        if w_.source == "trace" {
+            // The cluster already says "the traced run (N ranks)".
+            String::new()
+        } else {
+            format!(
+                " ({} GPU{})",
+                w_.ranks,
+                if w_.ranks == 1 { "" } else { "s" }
+            )
+        },
+        w_.framework,
+        plan.predicted.baseline.iteration_ms,
+        plan.predicted.planned.iteration_ms
+    );
+    // Wide enough for the title (about 8 px a character at 14 px bold), so it is not clipped.
+    let w = (label_w + bar_w + 110.0).max(16.0 + 8.0 * title.chars().count() as f64);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -127,16 +143,9 @@ pub fn waterfall(plan: &Plan) -> String {
     );
     s.push_str(r##"<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="3" height="6" fill="#9ab"/></pattern></defs>"##);
     s.push('\n');
-    let w_ = &plan.workload;
     let _ = writeln!(
         s,
-        r#"<text x="8" y="20" font-size="14" font-weight="bold">{} on {} ({} GPUs), --framework {}: {:.1} ms → {:.1} ms</text>"#,
-        xml(&w_.model),
-        xml(&w_.cluster),
-        w_.ranks,
-        w_.framework,
-        plan.predicted.baseline.iteration_ms,
-        plan.predicted.planned.iteration_ms
+        r#"<text x="8" y="20" font-size="14" font-weight="bold">{title}</text>"#
     );
     let _ = writeln!(
         s,
@@ -168,6 +177,7 @@ pub fn waterfall(plan: &Plan) -> String {
         );
         let value = match r.kind {
             Kind::Total => format!("{:.1} ms", r.to_ms),
+            _ if (r.to_ms - r.from_ms).abs() < 0.05 => format!("{:+.2} ms", r.to_ms - r.from_ms),
             _ => format!("{:+.1} ms", r.to_ms - r.from_ms),
         };
         let _ = writeln!(
@@ -189,13 +199,18 @@ mod tests {
 
     #[test]
     fn bars_run_from_the_baseline_to_the_planned_time() {
-        let p = tiny_plan();
+        let mut p = tiny_plan();
+        // 10 ms → 8 ms: the start point's effect 0, then −1 and −1.
+        p.decisions[0].effect_ms = 0.0;
         let r = rows(&p);
         // baseline, 3 passes (baseline start, grad-accumulation, amp), planned.
         assert_eq!(r.len(), 5);
         assert_eq!(r[0].to_ms, 10.0);
         assert_eq!(r[1].from_ms, 10.0);
-        assert_eq!(r[3].to_ms, 8.0, "the last step meets the planned total");
+        // Each bar is its pass's effects; the tiny plan's effects add up to the planned total.
+        let effects: f64 = p.decisions.iter().map(|d| d.effect_ms).sum();
+        assert!((r[3].to_ms - (10.0 + effects)).abs() < 1e-9);
+        assert!((r[3].to_ms - 8.0).abs() < 1e-9, "{r:?}");
         assert_eq!(r[4].label, "planned");
         assert_eq!(r[4].to_ms, 8.0);
         let svg = waterfall(&p);
@@ -205,6 +220,51 @@ mod tests {
             svg.matches("<rect").count(),
             5 + 1,
             "5 bars + the hatch pattern"
+        );
+    }
+
+    /// Issue 27: the last bar drew the remainder ("fused-adam −9.8 ms" for a −0.94 ms
+    /// decision); a bar is exactly its decisions, whatever the totals say.
+    #[test]
+    fn bars_are_the_decisions_and_nothing_else() {
+        let mut p = tiny_plan();
+        p.predicted.planned.iteration_ms = 5.0;
+        let r = rows(&p);
+        let last = &r[r.len() - 2];
+        let want: f64 = p
+            .decisions
+            .iter()
+            .filter(|d| d.pass == last.label)
+            .map(|d| d.effect_ms)
+            .sum();
+        assert!((last.to_ms - last.from_ms - want).abs() < 1e-9, "{r:?}");
+    }
+
+    #[test]
+    fn a_trace_plan_title_is_whole_and_says_no_1_ranks() {
+        let mut p = tiny_plan();
+        p.workload.source = "trace".into();
+        p.workload.ranks = 1;
+        p.workload.model =
+            "resnet50_v100_2021fmt_shapes_memory.json.gz (search on the slowest, rank 0)".into();
+        p.workload.cluster = "the traced run (1 rank)".into();
+        let svg = waterfall(&p);
+        assert!(!svg.contains("ranks)"), "{svg}");
+        assert!(!svg.contains("GPUs)"), "{svg}");
+        let title = svg.lines().find(|l| l.contains("font-weight")).unwrap();
+        let text = title.split('>').nth(1).unwrap().split('<').next().unwrap();
+        let width: f64 = svg
+            .split("width=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            width >= 8.0 * text.chars().count() as f64,
+            "{width} for {text}"
         );
     }
 

@@ -311,6 +311,30 @@ impl Plan {
         point("predicted.baseline", &p.baseline)?;
         point("predicted.planned", &p.planned)?;
         speedup(p.baseline.iteration_ms, p.planned.iteration_ms, p.speedup)?;
+        if !["", "fp32", "tf32", "fp16", "bf16", "fp8"].contains(&p.baseline_precision.as_str()) {
+            return Err(invalid(
+                "predicted.baseline_precision",
+                format!(
+                    "{}: not a precision (fp32, tf32, fp16, bf16, fp8)",
+                    key(&p.baseline_precision)
+                ),
+            ));
+        }
+        if let Some(h) = &p.half_baseline {
+            if !["fp16", "bf16"].contains(&h.precision.as_str()) {
+                return Err(invalid(
+                    "predicted.half_baseline.precision",
+                    format!("{}: not a half precision (fp16, bf16)", key(&h.precision)),
+                ));
+            }
+            time("predicted.half_baseline.iteration_ms", h.iteration_ms)?;
+            if !(h.speedup.is_finite() && h.speedup > 0.0) {
+                return Err(invalid(
+                    "predicted.half_baseline.speedup",
+                    format!("{} is not a speed-up", h.speedup),
+                ));
+            }
+        }
         if let Some(lb) = p.lower_bound_ms {
             time("predicted.lower_bound_ms", lb)?;
             if lb > p.planned.iteration_ms + 2.0 * HALF_UNIT {

@@ -1053,7 +1053,9 @@ mod tests {
         if p.is_file() {
             Some(p)
         } else {
-            eprintln!("skipping: ../shared/traces is absent (the real Chakra test needs it)");
+            crate::skip_note!(
+                "skipping: ../shared/traces is absent (the real Chakra test needs it)"
+            );
             None
         }
     }

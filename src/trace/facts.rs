@@ -157,6 +157,17 @@ pub fn describe(
             let rest = e.name.strip_prefix("Optimizer.step#")?;
             Some(rest.split('.').next().unwrap_or(rest).to_string())
         });
+    // `torch.optim.Adam(fused=True)` runs `aten::_fused_adam_` (`_fused_adamw_` for AdamW);
+    // apex's optimizer is `FusedAdam` (issue 27: fused Adam was proposed for fused jobs).
+    facts.optimizer_fused = facts
+        .optimizer
+        .as_deref()
+        .is_some_and(|o| o.starts_with("Fused"))
+        || ev.iter().any(|e| {
+            e.ts_ns >= win.start_ns
+                && e.ts_ns < win.end_ns
+                && (e.name.starts_with("aten::_fused_adam") || e.name.contains("multi_tensor_adam"))
+        });
     for c in collectives {
         *facts
             .collectives

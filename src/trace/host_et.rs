@@ -852,7 +852,9 @@ mod tests {
         if d.is_dir() {
             Some(d)
         } else {
-            eprintln!("skipping: ../shared/traces is absent (the real host-ET tests need it)");
+            crate::skip_note!(
+                "skipping: ../shared/traces is absent (the real host-ET tests need it)"
+            );
             None
         }
     }

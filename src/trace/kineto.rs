@@ -414,7 +414,13 @@ pub struct EventArgs {
     /// `Input Dims` and `Input type` of a CPU op, as the JSON text written (e.g. `[[6144], []]`,
     /// `["float", ""]`; sizes of collectives' inputs). Text, not a `serde_json::Value`: a tree of
     /// 32-byte nodes takes ~15× the text, and traces recorded with shapes have them on every op.
-    #[serde(rename = "Input Dims", deserialize_with = "raw_json")]
+    /// PyTorch has spelt it `Input Dims` (2022 on) and `Input dims` (2021): both are read
+    /// (issue 27: a 2021 trace's shapes were all missed).
+    #[serde(
+        rename = "Input Dims",
+        alias = "Input dims",
+        deserialize_with = "raw_json"
+    )]
     pub input_dims: Option<String>,
     #[serde(rename = "Input type", deserialize_with = "raw_json")]
     pub input_type: Option<String>,
@@ -2151,7 +2157,7 @@ mod tests {
         if d.is_dir() {
             Some(d)
         } else {
-            eprintln!("skipping: ../shared/traces not found");
+            crate::skip_note!("skipping: ../shared/traces not found");
             None
         }
     }

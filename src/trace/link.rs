@@ -577,7 +577,9 @@ mod tests {
         if d.is_dir() {
             Some(d)
         } else {
-            eprintln!("skipping: ../shared/traces is absent (the real linking tests need it)");
+            crate::skip_note!(
+                "skipping: ../shared/traces is absent (the real linking tests need it)"
+            );
             None
         }
     }

@@ -181,6 +181,13 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             cluster: cluster.name.clone(),
             source: "zoo".into(),
             trace: None,
+            optimizer: Some(
+                match model.optimizer {
+                    crate::zoo::Optimizer::Adam => "Adam",
+                    crate::zoo::Optimizer::SgdMomentum => "SGD",
+                }
+                .to_string(),
+            ),
         },
     };
     let cost = |w: &OpWork| job_stub.cost_ns(w, opts.dtype, 1.0);

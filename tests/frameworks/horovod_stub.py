@@ -74,12 +74,12 @@ def main():
                 env[k] = v.strip('"')
     seen["env"] = env
 
-    scaler = tp.make_grad_scaler("cpu")
+    scaler = tp.make_grad_scaler()
     k = tp.GRAD_ACCUMULATION
     micro = max(1, min(2, int(tp.MICRO_BATCH or 2)))
     updates = 2
     for step in range(updates * k):
-        with tp.autocast_context("cpu"):
+        with tp.autocast_context():
             out = model(batch(micro))
             logits = out if torch.is_tensor(out) else out.prediction_logits
             loss = tp.scale_loss(logits.float().square().mean() * 1e-3)
@@ -94,7 +94,7 @@ def main():
     # One backward pass too many before a step: the documented error.
     try:
         for _ in range(k + 1):
-            with tp.autocast_context("cpu"):
+            with tp.autocast_context():
                 out = model(batch(1))
                 logits = out if torch.is_tensor(out) else out.prediction_logits
             logits.float().sum().backward()

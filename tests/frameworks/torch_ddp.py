@@ -5,7 +5,13 @@
 Checks, on rank 0, and prints one JSON line with what it saw:
 * DDP's buckets, once it has rebuilt them (from the second synchronised step on), are the
   plan's TENSOR_GROUPS: same parameters, same order (read with a comm hook);
-* compiled regions (COMPILE_MODULES) really run compiled after the rebuild, eagerly before;
+* compiled regions (COMPILE_MODULES) really run compiled after the rebuild, eagerly before:
+  a counting torch.compile backend (aot_eager underneath) records which compiled graphs ran
+  inside each planned region at the last step; every region must have run one (issue 27: the
+  README plan named `bert.encoder.layer`, an nn.ModuleList whose forward never runs, and no
+  encoder graph compiled), and apply_plan must warn about a planned region never called;
+* autocast_context() and make_grad_scaler() are called without a device: they must follow the
+  model's (a CPU model here; a "cuda" default left it in fp32);
 * autocast is on in the planned dtype (the first layer's output dtype) and a GradScaler steps;
 * the planned modules are checkpointed (torch.utils.checkpoint runs for each of them);
 * with GRAD_ACCUMULATION = k: the optimizer steps once every k micro-steps, on micro-batches of
@@ -72,6 +78,28 @@ def build(name):
     return model, batch, loss_fn, first
 
 
+def idle_region_warning(tp):
+    """apply_plan's helper on a toy model whose planned region is never called (and whose
+    planned container is an nn.ModuleList): the warning it gives, or None."""
+    net = torch.nn.Module()
+    net.used = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+    net.unused = torch.nn.Linear(4, 4)
+    net.forward = lambda x: net.used[1](net.used[0](x))
+    saved = tp.COMPILE_MODULES
+    tp.COMPILE_MODULES = ["used", "unused"]
+    try:
+        tp.apply_compile(net, backend="eager")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            net(torch.randn(2, 4))
+            net(torch.randn(2, 4))
+        compiled = sorted(n for n, m in net.named_modules() if getattr(m, "_trainplan_compiled", False))
+        found = [str(x.message) for x in w if "not called" in str(x.message)]
+        return {"compiled": compiled, "warnings": found}
+    finally:
+        tp.COMPILE_MODULES = saved
+
+
 def run(rank, patch_dir, name, steps, port, out_q):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -94,7 +122,40 @@ def run(rank, patch_dir, name, steps, port, out_q):
 
     cp.checkpoint = counting_checkpoint
     first.register_forward_hook(lambda m, i, o: seen.__setitem__("first_dtype", str(o.dtype)))
-    ddp = tp.apply_plan(model, compile_kwargs={"backend": "aot_eager"})
+    # One counting backend for every region (as a user's one backend): each compiled graph
+    # counts the runs it makes inside the region that is running.
+    from torch._dynamo.backends.registry import lookup_backend
+
+    aot = lookup_backend("aot_eager")
+    graphs = []
+    active = []
+    ran = {}
+
+    def counting_backend(gm, example_inputs):
+        gid = len(graphs)
+        graphs.append(gid)
+        inner = aot(gm, example_inputs)
+
+        def run(*a):
+            if active:
+                ran.setdefault(active[-1], set()).add(gid)
+            return inner(*a)
+
+        return run
+
+    ddp = tp.apply_plan(model, compile_kwargs={"backend": counting_backend})
+    regions = [n for n, m in model.named_modules() if getattr(m, "_trainplan_compiled", False)]
+    for n in regions:
+        m = dict(model.named_modules())[n]
+
+        def marked(*a, _f=m.forward, _n=n, **kw):
+            active.append(_n)
+            try:
+                return _f(*a, **kw)
+            finally:
+                active.pop()
+
+        m.forward = marked
     assert type(ddp).__name__ == "DistributedDataParallel", type(ddp)
     cur = []
 
@@ -105,7 +166,7 @@ def run(rank, patch_dir, name, steps, port, out_q):
 
     ddp.register_comm_hook(None, hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, **tp.optimizer_kwargs())
-    scaler = tp.make_grad_scaler("cpu")
+    scaler = tp.make_grad_scaler()
     # Optimizer steps as the loop asks for them (GradScaler may skip an fp16 step with inf
     # gradients, which is its job, not the plan's).
     step_calls = [0]
@@ -123,7 +184,8 @@ def run(rank, patch_dir, name, steps, port, out_q):
     micro_steps = steps * k
     for step in range(micro_steps):
         cur.clear()
-        with tp.accumulate(ddp, step), tp.autocast_context("cpu"):
+        ran.clear()
+        with tp.accumulate(ddp, step), tp.autocast_context():
             loss = tp.scale_loss(loss_fn(ddp, batch(micro, 1000 * rank + step)))
         scaler.scale(loss).backward()
         if tp.is_update_step(step):
@@ -158,6 +220,13 @@ def run(rank, patch_dir, name, steps, port, out_q):
         seen["compiled"] = sorted(
             n for n, m in model.named_modules() if getattr(m, "_trainplan_compiled", False)
         )
+        # At the last step (compiled: DDP has rebuilt its buckets), the compiled graphs each
+        # planned region ran, and the regions that ran none.
+        seen["regions"] = sorted(regions)
+        seen["graphs_per_region"] = {n: len(ran.get(n, ())) for n in sorted(regions)}
+        seen["compiled_graphs"] = len(graphs)
+        seen["region_calls"] = tp.compiled_region_calls(model)
+        seen["idle_region_warning"] = idle_region_warning(tp)
         seen["checkpointed"] = sorted(
             n for n, m in model.named_modules() if getattr(m, "_trainplan_checkpointed", False)
         )

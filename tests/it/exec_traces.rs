@@ -83,7 +83,7 @@ fn real_resnet_chakra() {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/traces/execution-traces/resnet_ddp_rank0.chakra.et");
     if !p.is_file() {
-        eprintln!("skipping: ../shared/traces is absent (the real Chakra replay needs it)");
+        crate::skip_note!("skipping: ../shared/traces is absent (the real Chakra replay needs it)");
         return;
     }
     let v = run_json(&["replay", "--trace", p.to_str().unwrap()]);
@@ -108,7 +108,7 @@ fn dlrm_rank_to_cluster_takes_sizes_from_the_execution_trace() {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/traces/multi-rank-dlrm/rank0.kineto.json.gz");
     if !p.is_file() {
-        eprintln!("skipping: ../shared/traces is absent (the DLRM traces are needed)");
+        crate::skip_note!("skipping: ../shared/traces is absent (the DLRM traces are needed)");
         return;
     }
     let v = run_json(&[

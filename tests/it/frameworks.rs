@@ -162,10 +162,35 @@ fn check_torch(seen: &Value, plan: &trainplan::plan::Plan) {
     }
     want.clear();
     assert_eq!(seen["has_rebuilt_buckets"], true);
-    // Compiled regions run once the buckets are fixed.
+    // Compiled regions run once the buckets are fixed: at the last step, every planned region
+    // ran at least one graph the counting backend compiled (issue 27: `bert.encoder.layer`,
+    // an nn.ModuleList, was "compiled" and never ran).
     let compile = seen["compile_modules"].as_array().unwrap();
     let compiled = seen["compiled"].as_array().unwrap();
     assert_eq!(compile.is_empty(), compiled.is_empty(), "{seen}");
+    assert_eq!(seen["regions"], seen["compiled"], "{seen}");
+    for (region, graphs) in seen["graphs_per_region"].as_object().unwrap() {
+        assert!(
+            graphs.as_u64().unwrap() >= 1,
+            "planned region {region} ran no compiled graph: {seen}"
+        );
+        assert!(seen["region_calls"][region].as_u64().unwrap() >= 1);
+    }
+    assert_eq!(
+        seen["compiled_graphs"].as_u64().unwrap() == 0,
+        compile.is_empty(),
+        "{seen}"
+    );
+    // The helper: a planned nn.ModuleList stands for its children, and a planned region the
+    // forward never calls is reported.
+    let idle = &seen["idle_region_warning"];
+    assert_eq!(
+        idle["compiled"],
+        serde_json::json!(["unused", "used.0", "used.1"])
+    );
+    let w = idle["warnings"].as_array().unwrap();
+    assert_eq!(w.len(), 1, "{idle}");
+    assert!(w[0].as_str().unwrap().contains(": unused"), "{idle}");
     // AMP: the first matrix layer ran in the planned dtype.
     let want_dtype = match seen["dtype"].as_str().unwrap() {
         "fp16" => "torch.float16",
@@ -237,6 +262,8 @@ fn pytorch_resnet50_plan_runs_as_planned_on_ddp_gloo() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The README's first plan (it converges in 40 rounds, so the round limit does not cut it):
+/// every planned region, the encoder layers' included, compiles and runs (issue 27).
 #[test]
 fn pytorch_bert_plan_runs_as_planned_on_ddp_gloo() {
     let Some(py) = python() else { return };
@@ -253,12 +280,44 @@ fn pytorch_bert_plan_runs_as_planned_on_ddp_gloo() {
         ],
         "pytorch",
     );
+    assert_eq!(plan.search.stop, trainplan::search::StopReason::Converged);
     let seen = harness(
         &py,
         "torch_ddp.py",
         &[out.to_str().unwrap(), "bert", "--steps", "3"],
     );
     check_torch(&seen, &plan);
+    let compile: Vec<&str> = seen["compile_modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(!compile.contains(&"bert.encoder.layer"), "{compile:?}");
+    assert!(!compile.contains(&"bert"), "{compile:?}");
+    // Every encoder layer the plan fuses in has a region that ran a compiled graph.
+    let fused_layers: std::collections::BTreeSet<String> = plan
+        .config
+        .fused_ops
+        .iter()
+        .flatten()
+        .filter_map(|m| m.strip_prefix("bert.encoder.layer."))
+        .filter_map(|r| r.split('.').next())
+        .map(str::to_string)
+        .collect();
+    assert!(fused_layers.len() >= 10, "{fused_layers:?}");
+    for l in &fused_layers {
+        let prefix = format!("bert.encoder.layer.{l}.");
+        let ran = seen["graphs_per_region"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .any(|(r, g)| {
+                (r.starts_with(&prefix) || *r == prefix.trim_end_matches('.'))
+                    && g.as_u64().unwrap() >= 1
+            });
+        assert!(ran, "no compiled region of encoder layer {l} ran: {seen}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

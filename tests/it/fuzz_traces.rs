@@ -17,7 +17,7 @@ fn shared(rel: &str) -> Option<PathBuf> {
     if p.is_file() {
         Some(p)
     } else {
-        eprintln!("skipping {rel}: ../shared/traces is absent");
+        crate::skip_note!("skipping {rel}: ../shared/traces is absent");
         None
     }
 }

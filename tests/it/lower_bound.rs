@@ -484,7 +484,7 @@ fn a_trace_of_the_same_model_answers_q1_q2_q4_q6() {
     let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/traces/pytorch-kineto/resnet50_v100_1gpu_ns_timestamps.json.gz");
     if !trace.exists() {
-        eprintln!("skipping: ../shared/traces is absent (the real-trace tests need it)");
+        crate::skip_note!("skipping: ../shared/traces is absent (the real-trace tests need it)");
         return;
     }
     let v = run_json(&[

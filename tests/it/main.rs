@@ -34,6 +34,17 @@
 //! * [`trace_fuzz`]: mutated real and fixture traces through import, graph and replay: no panic,
 //!   and every error names the file; the inputs that once crashed, kept as regressions.
 
+/// Say why a test is skipped on the process's real stderr: libtest captures `eprintln!` and
+/// shows it only for a failing test, so a test that skipped (no `../shared`, no python3) looked
+/// like one that passed (issue 27). `cargo test` prints these lines as they happen.
+macro_rules! skip_note {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "SKIPPED: {}", format_args!($($t)*));
+    }};
+}
+pub(crate) use skip_note;
+
 mod cli;
 mod exec_traces;
 mod export;

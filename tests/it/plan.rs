@@ -392,7 +392,7 @@ fn a_trace_plan_fits_the_trace() {
     let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/traces/pytorch-kineto/resnet50_ddp_a100_rank0of2.json.gz");
     if !trace.exists() {
-        eprintln!("../shared/traces absent: skipping the trace plan test");
+        crate::skip_note!("../shared/traces absent: skipping the trace plan test");
         return;
     }
     let d = scratch("trace");
@@ -449,4 +449,112 @@ fn a_trace_plan_fits_the_trace() {
         "{text}"
     );
     assert!(!text.contains("ddp_default"), "{text}");
+}
+
+/// Issue 27: the README's first plan. Each decision's effect is its marginal change along the
+/// plan's path from the headline baseline (the start point's from `ddp_default`, not from
+/// `none`), so the effects add up to the headline's gain; `plan.svg` draws exactly those
+/// effects (it handed the remainder to the last bar); and the headline names the baseline's
+/// precision and the fp16 baseline (a V100 has no bf16 peak), which is the `ddp_default` of
+/// `plan --precision fp16`.
+#[test]
+fn the_readme_plans_effects_add_up_and_the_picture_draws_them() {
+    let d = scratch("effects");
+    let out = d.join("p.yaml");
+    let args = [
+        "plan",
+        "--model",
+        "bert-base",
+        "--cluster",
+        "dpro-16xv100-rdma",
+        "--max-rounds",
+        "100",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (code, text, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let plan = trainplan::plan::Plan::from_yaml(&read(&out), "p.yaml").unwrap();
+    assert_eq!(plan.search.stop, trainplan::search::StopReason::Converged);
+    let p = &plan.predicted;
+    let gain = p.planned.iteration_ms - p.baseline.iteration_ms;
+    let sum: f64 = plan.decisions.iter().map(|d| d.effect_ms).sum();
+    assert!(
+        (sum - gain).abs() <= 0.1,
+        "decisions sum to {sum:.3} ms, the headline gains {gain:.3} ms"
+    );
+    let start = &plan.decisions[0];
+    assert_eq!(start.pass, "baseline:ddp_tuned");
+    let want = plan.baselines["ddp_tuned"] - plan.baselines["ddp_default"];
+    assert!(
+        (start.effect_ms - want).abs() < 0.002,
+        "{} vs {want}",
+        start.effect_ms
+    );
+    // The picture: one bar per pass, each exactly its decisions' effects, meeting the total.
+    let rows = trainplan::plan::svg::rows(&plan);
+    let mut at = p.baseline.iteration_ms;
+    for r in rows
+        .iter()
+        .filter(|r| r.kind == trainplan::plan::svg::Kind::Step)
+    {
+        let effects: f64 = plan
+            .decisions
+            .iter()
+            .filter(|d| d.pass == r.label)
+            .map(|d| d.effect_ms)
+            .sum();
+        assert!((r.from_ms - at).abs() < 1e-9);
+        assert!(
+            (r.to_ms - r.from_ms - effects).abs() < 1e-9,
+            "{}: bar {:.3} ms, decisions {effects:.3} ms",
+            r.label,
+            r.to_ms - r.from_ms
+        );
+        at = r.to_ms;
+    }
+    assert!(
+        (at - p.planned.iteration_ms).abs() <= 0.1,
+        "bars end at {at}"
+    );
+    let svg = read(&out.with_extension("svg"));
+    let adam: f64 = plan
+        .decisions
+        .iter()
+        .filter(|d| d.pass == "fused-adam")
+        .map(|d| d.effect_ms)
+        .sum();
+    assert!(svg.contains(&format!(">{adam:+.1} ms<")), "{svg}");
+    // Precision: the baseline is fp32; the fp16 baseline is what --precision fp16 plans from.
+    assert_eq!(p.baseline_precision, "fp32");
+    let half = p
+        .half_baseline
+        .as_ref()
+        .expect("a transformer gets a half baseline");
+    assert_eq!(half.precision, "fp16");
+    assert!(
+        text.contains("(the baseline computes in fp32; with --precision fp16 as the baseline"),
+        "{text}"
+    );
+    let out16 = d.join("p16.yaml");
+    let v = run_json(&[
+        "plan",
+        "--model",
+        "bert-base",
+        "--cluster",
+        "dpro-16xv100-rdma",
+        "--precision",
+        "fp16",
+        "--max-rounds",
+        "1",
+        "-o",
+        out16.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        v["baselines"]["ddp_default"].as_f64(),
+        Some(half.iteration_ms)
+    );
+    assert_eq!(v["baseline_precision"], "fp16");
+    assert!(v["half_precision_baseline"].is_null());
+    let _ = std::fs::remove_dir_all(&d);
 }

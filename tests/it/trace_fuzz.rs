@@ -62,7 +62,7 @@ static SEEDS: LazyLock<Vec<(String, Vec<u8>)>> = LazyLock::new(|| {
             seeds.push((f.to_string(), gunzip_if(b)));
         }
     } else {
-        eprintln!("../shared/traces is absent: fuzzing the committed fixtures only");
+        crate::skip_note!("../shared/traces is absent: fuzzing the committed fixtures only");
     }
     seeds
 });
@@ -465,7 +465,7 @@ proptest! {
         bytes in proptest::option::of(byte_edit()),
     ) {
         let Some((r0, r1)) = DLRM.as_ref() else {
-            eprintln!("skipping: ../shared/traces is absent");
+            crate::skip_note!("skipping: ../shared/traces is absent");
             return Ok(());
         };
         let mut doc: Value = serde_json::from_slice(r1).unwrap();

@@ -156,7 +156,7 @@ fn dlrm() -> Option<PathBuf> {
     if d.is_dir() {
         Some(d)
     } else {
-        eprintln!("skipping: ../shared/traces is absent (the real-trace tests need it)");
+        crate::skip_note!("skipping: ../shared/traces is absent (the real-trace tests need it)");
         None
     }
 }

@@ -326,3 +326,117 @@ fn whatif_on_a_chakra_trace() {
     assert!(v["baseline_iteration_ms"].as_f64().unwrap() > 0.0);
     assert!(v["iteration_ms"].as_f64().unwrap() <= v["baseline_iteration_ms"].as_f64().unwrap());
 }
+
+/// Issue 27: 2021 traces spell their shapes `Input dims`. The real 2021 trace (which says
+/// `Input Dims`) respelt gives the same work coverage and batch.
+#[test]
+fn input_dims_in_either_spelling() {
+    let Some(p) = kineto(SHAPES) else { return };
+    use std::io::Read;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&p).unwrap())
+        .read_to_string(&mut text)
+        .unwrap();
+    assert!(text.contains("\"Input Dims\""));
+    let respelt = text.replace("\"Input Dims\"", "\"Input dims\"");
+    let dir = std::env::temp_dir().join(format!("trainplan-it-dims-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let q = dir.join("resnet50_2021_input_dims.json");
+    std::fs::write(&q, respelt).unwrap();
+    let facts = |path: &std::path::Path| {
+        let v = run_json(&["replay", "--trace", path.to_str().unwrap()]);
+        (
+            v["trace_facts"]["batch"].clone(),
+            v["trace_facts"]["work"].clone(),
+        )
+    };
+    let (b0, w0) = facts(&p);
+    let (b1, w1) = facts(&q);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(b0, serde_json::json!(32));
+    assert_eq!((b1, w1), (b0, w0));
+}
+
+/// Issue 27: fused Adam is refused on the SGD and Adagrad traces and on a step that already
+/// runs `aten::_fused_adam_`.
+#[test]
+fn fused_adam_only_where_adam_runs_unfused() {
+    for (name, why) in [
+        (DDP, "steps with SGD"),
+        (
+            "../multi-rank-dlrm/rank0.kineto.json.gz",
+            "steps with Adagrad",
+        ),
+    ] {
+        let Some(p) = kineto(name) else { return };
+        let (code, _, err) = run(&[
+            "whatif",
+            "--trace",
+            p.to_str().unwrap(),
+            "--pass",
+            "fused-adam",
+        ]);
+        assert_ne!(code, 0, "{name}");
+        assert!(err.contains(why), "{name}: {err}");
+    }
+    // A tiny step whose optimizer is Adam(fused=True).
+    let fused = r#"{"traceEvents":[
+{"ph":"X","cat":"user_annotation","name":"ProfilerStep#7","pid":1,"tid":1,"ts":0,"dur":100},
+{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":20,"dur":10,"args":{"correlation":1}},
+{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":25,"dur":50,"args":{"correlation":1,"stream":7}},
+{"ph":"s","cat":"ac2g","name":"ac2g","id":1,"pid":1,"tid":1,"ts":20},
+{"ph":"f","cat":"ac2g","name":"ac2g","id":1,"pid":0,"tid":7,"ts":25,"bp":"e"},
+{"ph":"X","cat":"user_annotation","name":"Optimizer.step#Adam.step","pid":1,"tid":1,"ts":82,"dur":12},
+{"ph":"X","cat":"cpu_op","name":"aten::_fused_adam_","pid":1,"tid":1,"ts":83,"dur":8},
+{"ph":"X","cat":"cuda_runtime","name":"cudaDeviceSynchronize","pid":1,"tid":1,"ts":50,"dur":30,"args":{"correlation":2}}
+]}"#;
+    let dir = std::env::temp_dir().join(format!("trainplan-it-fused-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let q = dir.join("fused_adam_step.json");
+    std::fs::write(&q, fused).unwrap();
+    let (code, _, err) = run(&[
+        "whatif",
+        "--trace",
+        q.to_str().unwrap(),
+        "--pass",
+        "fused-adam",
+    ]);
+    let plain = fused.replace("aten::_fused_adam_", "aten::add_");
+    std::fs::write(&q, plain).unwrap();
+    let (code2, _, err2) = run(&[
+        "whatif",
+        "--trace",
+        q.to_str().unwrap(),
+        "--pass",
+        "fused-adam",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_ne!(code, 0);
+    assert!(err.contains("already fused"), "{err}");
+    // Unfused Adam: the pass is not refused for its optimizer (this step has no update
+    // kernels, so it may still find nothing to merge).
+    assert!(
+        !err2.contains("steps with") && !err2.contains("already fused"),
+        "{code2}: {err2}"
+    );
+}
+
+/// Issue 27: an A100 trace replayed with `--cluster` of another GPU model says that it keeps
+/// the recorded kernel times; with the same GPU model it says nothing.
+#[test]
+fn another_gpu_model_keeps_the_recorded_kernel_times_and_says_so() {
+    let Some(p) = kineto(DDP) else { return };
+    let p = p.to_str().unwrap();
+    let (code, _, err) = run(&["replay", "--trace", p, "--cluster", "64xh100-ib"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("recorded on NVIDIA A100-PG509-200 (a100-80gb) and --cluster 64xh100-ib has h100-sxm: the recorded kernel and host times are kept"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["replay", "--trace", p, "--cluster", "2xa100"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !err.contains("recorded kernel and host times are kept"),
+        "{err}"
+    );
+}

@@ -201,6 +201,7 @@ def distributed_optimizer(optimizer, model, **kwargs):
     """`hvd.DistributedOptimizer` with the plan's groups, accumulation and compression."""
     import horovod.torch as hvd
 
+    set_device_type(model)
     options = dict(
         named_parameters=model.named_parameters(),
         groups=groups_for(model),

@@ -573,6 +573,8 @@ pub(crate) mod tests {
                 framework: Default::default(),
             },
             predicted: Predicted {
+                baseline_precision: String::new(),
+                half_baseline: None,
                 baseline_name: "ddp_default".into(),
                 baseline: Point {
                     iteration_ms: 10.0,
@@ -690,7 +692,7 @@ pub(crate) mod tests {
             .arg(&p)
             .output()
         {
-            Err(_) => eprintln!("python3 not found: skipping py_compile of {name}"),
+            Err(_) => crate::skip_note!("python3 not found: skipping py_compile of {name}"),
             Ok(o) => assert!(
                 o.status.success(),
                 "{name} does not compile:\n{}\n{text}",

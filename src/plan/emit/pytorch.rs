@@ -13,8 +13,9 @@
 //!   buckets. `apply_plan` therefore runs the compiled regions eagerly until DDP has rebuilt its
 //!   buckets (`_has_rebuilt_buckets`, after the first synchronised step) and compiled from then
 //!   on: the buckets are the plan's, compile on or off (tested against real PyTorch);
-//! * AMP → `autocast_context()` (`torch.autocast("cuda", dtype)`) and `make_grad_scaler()`
-//!   (`torch.amp.GradScaler`, enabled for fp16 only);
+//! * AMP → `autocast_context()` (`torch.autocast(device, dtype)`, the device being the model's
+//!   as `apply_plan` saw it — a fixed `"cuda"` left a CPU model in fp32 without a word) and
+//!   `make_grad_scaler()` (`torch.amp.GradScaler`, enabled for fp16 only);
 //! * recomputation → the planned modules' `forward` wrapped in
 //!   `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (training only); a planned
 //!   in-place module (torchvision's `ReLU(inplace=True)`) runs out of place, else it would
@@ -22,6 +23,10 @@
 //! * op fusion → `module.compile()` (or `torch.compile(module.forward)`) on the modules of each
 //!   fused cluster: the longest common module prefix of its layers, resolved at run time to the
 //!   nearest module the user's model has (`layer3.5.add`, a functional op, → `layer3.5`);
+//!   a cluster across module blocks (`bert.encoder.layer.3` and `.4`) is compiled per block,
+//!   with a note, never as their parent; a container whose `forward` never runs
+//!   (`nn.ModuleList`) stands for its children; `apply_plan` warns after the first forward
+//!   about a planned region that was not called (issue 27);
 //! * names: every planned parameter must exist (else `PlanMismatch` listing a few missing);
 //!   planned modules without any counterpart are skipped with a warning;
 //! * gradient accumulation k → `accumulate(model, step)`: `model.no_sync()` for k−1 micro-steps,
@@ -42,23 +47,74 @@ use super::{
 };
 use crate::plan::Plan;
 
-/// The module each fused cluster compiles: the longest common dotted prefix of its layer
-/// names, or the layers themselves when they share none.
-pub fn compile_modules(f: &Facts) -> Vec<String> {
+/// The module block a layer belongs to: its name up to its first block index (an all-digit
+/// component followed by more, as op fusion's twins see it:
+/// `bert.encoder.layer.3.attention.self.query` → `bert.encoder.layer.3`, a child of an
+/// `nn.ModuleList` whose own `forward` runs; `layer2.0.downsample.0` → `layer2.0`), else its
+/// parent (`cls.predictions.transform.dense` → `cls.predictions.transform`, `features.3` →
+/// `features`), else the layer itself.
+fn block(layer: &str) -> String {
+    if let Some((prefix, i, _)) = crate::passes::op_fusion::block_of(layer) {
+        return format!("{prefix}{i}");
+    }
+    layer
+        .rsplit_once('.')
+        .map_or(layer, |(parent, _)| parent)
+        .to_string()
+}
+
+/// The longest common dotted prefix of `layers` (at least one), or `None` when they share none.
+fn common_prefix(layers: &[&str]) -> Option<String> {
+    let parts: Vec<Vec<&str>> = layers.iter().map(|l| l.split('.').collect()).collect();
+    let first = parts.first()?;
+    let mut n = first.len();
+    for p in &parts[1..] {
+        n = n.min(first.iter().zip(p).take_while(|(a, b)| a == b).count());
+    }
+    (n > 0).then(|| first[..n].join("."))
+}
+
+/// Where each fused cluster is compiled, and the clusters that span several module blocks.
+pub struct CompileRegions {
+    /// Modules to compile, none inside another, in order of first appearance.
+    pub modules: Vec<String>,
+    /// Clusters whose layers lie in several blocks (one line each: the blocks), compiled as one
+    /// region per block: the fusion across the blocks' boundary is not applied.
+    pub split: Vec<String>,
+}
+
+/// The modules each fused cluster compiles: per module block ([`block`]) of its layers, the
+/// longest common dotted prefix of the cluster's layers in that block (the layer itself when it
+/// is alone there). A cluster never compiles a parent of its blocks: a container such as
+/// `bert.encoder.layer` (an `nn.ModuleList`, whose `forward` never runs — issue 27) or the
+/// whole `bert` for a fusion of the last encoder layer and the pooler.
+pub fn compile_regions(f: &Facts) -> CompileRegions {
     let mut out: Vec<String> = Vec::new();
+    let mut split = Vec::new();
     for layers in f.cluster_modules() {
-        let parts: Vec<Vec<&str>> = layers.iter().map(|l| l.split('.').collect()).collect();
-        let Some(first) = parts.first() else { continue };
-        let mut n = first.len();
-        for p in &parts[1..] {
-            n = n.min(first.iter().zip(p).take_while(|(a, b)| a == b).count());
+        let mut blocks: Vec<(String, Vec<&str>)> = Vec::new();
+        for l in &layers {
+            let b = block(l);
+            match blocks.iter_mut().find(|(x, _)| *x == b) {
+                Some((_, v)) => v.push(l),
+                None => blocks.push((b, vec![l])),
+            }
         }
-        let chosen: Vec<String> = if n > 0 {
-            vec![first[..n].join(".")]
-        } else {
-            layers.clone()
-        };
-        for c in chosen {
+        if blocks.len() > 1 {
+            split.push(
+                blocks
+                    .iter()
+                    .map(|(b, _)| b.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+            );
+        }
+        for (_, members) in blocks {
+            let c = if members.len() == 1 {
+                members[0].to_string()
+            } else {
+                common_prefix(&members).unwrap_or_else(|| members[0].to_string())
+            };
             if !out.contains(&c) {
                 out.push(c);
             }
@@ -70,7 +126,10 @@ pub fn compile_modules(f: &Facts) -> Vec<String> {
         !all.iter()
             .any(|p| m != p && m.starts_with(p.as_str()) && m[p.len()..].starts_with('.'))
     });
-    out
+    CompileRegions {
+        modules: out,
+        split,
+    }
 }
 
 /// Layers of a zoo plan that are not modules of the user's model (the criterion).
@@ -96,14 +155,20 @@ pub fn bucket_cap(plan: &Plan) -> (Option<u64>, bool) {
 pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let mut notes = Vec::new();
     let trace = plan.workload.names == "trace";
-    let compile: Vec<String> = if trace {
-        Vec::new()
+    let regions = if trace {
+        CompileRegions {
+            modules: Vec::new(),
+            split: Vec::new(),
+        }
     } else {
-        compile_modules(f)
-            .into_iter()
-            .filter(|m| is_module(m))
-            .collect()
+        compile_regions(f)
     };
+    let compile: Vec<String> = regions
+        .modules
+        .iter()
+        .filter(|m| is_module(m))
+        .cloned()
+        .collect();
     let recompute: Vec<String> = if trace {
         Vec::new()
     } else {
@@ -209,6 +274,12 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             compile.len()
         ));
     }
+    if let Some(first) = regions.split.first() {
+        notes.push(format!(
+            "{} fused cluster(s) span several module blocks (e.g. {first}): each block is compiled as its own region, so the fusion across their boundary is not applied (a parent module is never compiled in their place)",
+            regions.split.len()
+        ));
+    }
     if f.passes.iter().any(|p| p == "fused-adam") {
         notes.push(
             "fused Adam: build the optimizer with **optimizer_kwargs() ({\"fused\": True})".into(),
@@ -226,21 +297,52 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
 /// `FUSED_ADAM`): autocast, the GradScaler, fused-Adam keyword arguments, accumulation windows.
 pub(super) const TORCH_HELPERS_PY: &str = r#"
 
-def autocast_context(device_type="cuda"):
-    """`torch.autocast` in the planned dtype, or a no-op context without AMP."""
+# The device type autocast and the GradScaler use: the model's, once apply_plan (or
+# set_device_type) has seen it; before that CUDA when available, else the CPU.
+DEVICE_TYPE = None
+
+
+def set_device_type(model_or_device):
+    """Make autocast_context() and make_grad_scaler() default to the device type of a model
+    (its first parameter), a torch.device or a string such as "cpu"."""
+    global DEVICE_TYPE
+    d = model_or_device
+    if hasattr(d, "parameters"):
+        p = next(iter(d.parameters()), None)
+        d = p.device if p is not None else None
+    if d is not None:
+        DEVICE_TYPE = getattr(d, "type", None) or str(d).split(":")[0]
+    return DEVICE_TYPE
+
+
+def _device_type(device_type):
+    if device_type is not None:
+        return device_type
+    if DEVICE_TYPE is not None:
+        return DEVICE_TYPE
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def autocast_context(device_type=None):
+    """`torch.autocast` in the planned dtype on `device_type` (default: the model's device, see
+    set_device_type), or a no-op context without AMP. Autocast on a device the model is not on
+    would silently leave it in fp32."""
     if DTYPE == "fp32":
         return contextlib.nullcontext()
     import torch
 
     dtype = torch.float16 if DTYPE == "fp16" else torch.bfloat16
-    return torch.autocast(device_type, dtype=dtype)
+    return torch.autocast(_device_type(device_type), dtype=dtype)
 
 
-def make_grad_scaler(device_type="cuda"):
+def make_grad_scaler(device_type=None):
     """A GradScaler, enabled for fp16 (bf16 and fp32 need none: it is then a pass-through)."""
     import torch
 
     enabled = DTYPE == "fp16"
+    device_type = _device_type(device_type)
     try:
         return torch.amp.GradScaler(device_type, enabled=enabled)
     except (AttributeError, TypeError):
@@ -307,12 +409,23 @@ def _resolve(model, name):
 
 
 def _resolved(model, names):
-    """Planned module names resolved in `model`, deduplicated, none inside another."""
+    """Planned module names resolved in `model`, deduplicated, none inside another. A container
+    whose `forward` never runs (nn.ModuleList, nn.ModuleDict) stands for its children."""
+    import torch
+
+    modules = dict(model.named_modules())
     out = []
     for n in names:
         r = _resolve(model, n)
-        if r is not None and r not in out:
-            out.append(r)
+        if r is None:
+            continue
+        if isinstance(modules[r], (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            found = [r + "." + c for c, _ in modules[r].named_children()]
+        else:
+            found = [r]
+        for x in found:
+            if x not in out:
+                out.append(x)
     return [m for m in out if not any(m.startswith(p + ".") for p in out)]
 
 
@@ -365,23 +478,54 @@ class _Ready:
 
 def apply_compile(model, ready=None, **compile_kwargs):
     """Compile each planned fusion region (parameter names are unchanged). With `ready`, a
-    region runs eagerly while ready() is false."""
+    region runs eagerly while ready() is false. Each region counts its calls
+    (compiled_region_calls()); after the model's first forward, a planned region that was not
+    called is reported with a warning: its planned fusion is not applied."""
     import torch
 
     modules = dict(model.named_modules())
-    for name in _resolved(model, COMPILE_MODULES):
+    regions = _resolved(model, COMPILE_MODULES)
+    for name in regions:
         module = modules[name]
         eager = module.forward
         compiled = torch.compile(eager, **compile_kwargs)
+        module._trainplan_calls = 0
 
-        def forward(*args, _eager=eager, _compiled=compiled, **kwargs):
+        def forward(*args, _eager=eager, _compiled=compiled, _module=module, **kwargs):
+            _module._trainplan_calls += 1
             if ready is None or ready():
                 return _compiled(*args, **kwargs)
             return _eager(*args, **kwargs)
 
         module.forward = forward
         module._trainplan_compiled = True
+    if regions and not getattr(model, "_trainplan_call_check", False):
+        model._trainplan_call_check = True
+        checked = []
+
+        def after_first_forward(root, inputs, output):
+            if checked:
+                return
+            checked.append(True)
+            idle = [n for n, c in compiled_region_calls(root).items() if c == 0]
+            if idle:
+                warnings.warn(
+                    "%d of %d planned compile regions were not called in the model's forward, so "
+                    "their planned fusion is not applied: %s"
+                    % (len(idle), len(regions), ", ".join(idle[:5]))
+                )
+
+        model.register_forward_hook(after_first_forward)
     return model
+
+
+def compiled_region_calls(model):
+    """How many times each compiled region's forward has been called, by module name."""
+    return {
+        n: m._trainplan_calls
+        for n, m in model.named_modules()
+        if getattr(m, "_trainplan_compiled", False)
+    }
 
 
 def accumulate(model, step):
@@ -420,6 +564,7 @@ def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointin
             ddp = dist.is_available() and dist.is_initialized()
         except ImportError:
             ddp = False
+    set_device_type(model)
     ready = _Ready()
     if checkpointing:
         apply_checkpointing(model)
@@ -535,8 +680,52 @@ mod tests {
             vec!["layer2.1.bn1 FW".into(), "layer2.1.relu FW".into()],
         ];
         let f = Facts::of(&p).unwrap();
-        // layer1.0 once; layer2 absorbs layer2.1.
-        assert_eq!(compile_modules(&f), vec!["layer1.0", "layer2"]);
+        // layer1.0 once. The cluster across layer2.0 and layer2.1 is compiled per block, never
+        // as their container `layer2` (issue 27); layer2.1 absorbs layer2.1.conv1.
+        let r = compile_regions(&f);
+        assert_eq!(r.modules, vec!["layer1.0", "layer2.0.conv1", "layer2.1"]);
+        assert_eq!(r.split, vec!["layer2.0 + layer2.1"]);
+    }
+
+    /// Issue 27: the README plan's encoder clusters named `bert.encoder.layer`, an
+    /// `nn.ModuleList` whose `forward` never runs, and a cluster across the last encoder layer
+    /// and the pooler would compile the whole `bert`.
+    #[test]
+    fn compile_regions_never_name_a_container_or_a_parent() {
+        let mut p = tiny_plan();
+        p.config.fused_ops = vec![
+            vec![
+                "bert.encoder.layer.3.output.LayerNorm FW".into(),
+                "bert.encoder.layer.4.attention.self.query FW".into(),
+                "bert.encoder.layer.4.attention.self.key FW".into(),
+            ],
+            vec![
+                "bert.encoder.layer.11.output.dense FW".into(),
+                "bert.pooler.dense FW".into(),
+                "bert.pooler.activation FW".into(),
+            ],
+            vec!["features.0 FW".into(), "features.1 FW".into()],
+        ];
+        let r = compile_regions(&Facts::of(&p).unwrap());
+        assert_eq!(
+            r.modules,
+            vec![
+                "bert.encoder.layer.3.output.LayerNorm",
+                "bert.encoder.layer.4.attention.self",
+                "bert.encoder.layer.11.output.dense",
+                "bert.pooler",
+                "features",
+            ]
+        );
+        assert_eq!(r.split.len(), 2);
+        let e = emit(&p, Framework::Pytorch).unwrap();
+        assert!(
+            e.notes
+                .iter()
+                .any(|n| n.starts_with("2 fused cluster(s) span several module blocks")),
+            "{:?}",
+            e.notes
+        );
     }
 
     /// The emitted module really applies the plan, when python3 has torch.
@@ -547,7 +736,7 @@ mod tests {
             .output()
             .is_ok_and(|o| o.status.success());
         if !has_torch {
-            eprintln!("python3 with torch not found: skipping the toy-model run");
+            crate::skip_note!("python3 with torch not found: skipping the toy-model run");
             return;
         }
         let mut p = tiny_plan();

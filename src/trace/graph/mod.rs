@@ -556,6 +556,7 @@ pub(crate) fn one_worker_job(
             cluster: "trace".into(),
             source: "trace".into(),
             trace: None,
+            optimizer: None,
         },
     }
 }
@@ -899,7 +900,9 @@ pub(crate) mod tests {
         if d.is_dir() {
             Some(d)
         } else {
-            eprintln!("skipping: ../shared/traces is absent (the real-trace tests need it)");
+            crate::skip_note!(
+                "skipping: ../shared/traces is absent (the real-trace tests need it)"
+            );
             None
         }
     }
