@@ -15,6 +15,7 @@ mod calibrate;
 mod chakra;
 mod export;
 mod lower_bound;
+mod memory;
 pub(crate) mod output;
 pub(crate) mod plan;
 mod ranks;

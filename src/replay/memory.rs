@@ -3,7 +3,11 @@
 //!
 //! At equal times frees are applied before allocations (the caching allocator hands a freed block
 //! to the next request), so a buffer freed exactly when another is allocated is not counted twice.
+//!
+//! [`rank_peaks`] plays the peak worker's events through the allocator model of
+//! [`crate::cost::memory`] for the reserved and device-used peaks.
 
+use crate::cost::memory::{Event, MemoryPeaks, MemorySpec, segments_peak};
 use crate::graph::{Dfg, MemWhen};
 
 use super::Replay;
@@ -19,6 +23,60 @@ pub struct MemoryReport {
     pub peak_worker: u32,
     /// When it is reached, ns.
     pub peak_at_ns: u64,
+    /// The peak worker's allocated, reserved and device-used peaks ([`rank_peaks`]; all zero
+    /// until it is computed).
+    pub peaks: MemoryPeaks,
+}
+
+impl MemoryReport {
+    /// This report with its three peaks computed ([`rank_peaks`]).
+    pub fn with_peaks(
+        mut self,
+        g: &Dfg,
+        r: &Replay,
+        spec: &MemorySpec,
+        communicators: u32,
+    ) -> MemoryReport {
+        self.peaks = rank_peaks(g, r, &self, spec, communicators);
+        self
+    }
+}
+
+/// The three peaks of the report's peak worker: its allocated peak, its events (static bytes
+/// first, then every allocation and free at its replayed time, frees first at equal times)
+/// played through the allocator model for the reserved peak, and the runtime terms
+/// (`communicators`: NCCL communicators the rank holds).
+pub fn rank_peaks(
+    g: &Dfg,
+    r: &Replay,
+    m: &MemoryReport,
+    spec: &MemorySpec,
+    communicators: u32,
+) -> MemoryPeaks {
+    let w = m.peak_worker;
+    let mut events: Vec<(u64, u8, u64)> = Vec::new();
+    for e in g.mem_effects().iter().filter(|e| e.worker == w) {
+        let (s, t) = (r.start_ns[e.op as usize], r.end_ns[e.op as usize]);
+        match e.when {
+            MemWhen::AllocAtStart => events.push((s, 1, e.bytes)),
+            MemWhen::FreeAtEnd => events.push((t, 0, e.bytes)),
+            MemWhen::During => {
+                events.push((s, 1, e.bytes));
+                events.push((t, 0, e.bytes));
+            }
+        }
+    }
+    events.sort_unstable();
+    let statics = g.static_memory().get(w as usize).copied().unwrap_or(0);
+    let stream = std::iter::once(Event::Alloc(statics)).chain(events.iter().map(|&(_, k, b)| {
+        if k == 1 {
+            Event::Alloc(b)
+        } else {
+            Event::Free(b)
+        }
+    }));
+    let segments = segments_peak(spec, stream);
+    MemoryPeaks::combine(spec, m.peak_bytes, statics, segments, communicators)
 }
 
 /// Compute the peak memory of every worker.
@@ -75,5 +133,6 @@ pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
         peak_worker: peak_worker as u32,
         peak_bytes,
         per_worker_bytes,
+        peaks: MemoryPeaks::default(),
     }
 }
