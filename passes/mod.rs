@@ -281,6 +281,7 @@ pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
         &replay,
         &job.memory,
         job.communicators(),
+        job.gpu.memory_bytes(),
     );
     let per = job.local.ops.len() as u32;
     let local_total = per * job.graph_workers();

@@ -28,6 +28,7 @@ impl Prediction {
     pub fn fits(&self) -> bool {
         self.device_used <= self.capacity
     }
+}
 
 /// The case's cluster: `gpus` GPUs of its type on `nodes` nodes, NVLink inside a node.
 pub fn cluster(c: &Case) -> Result<Cluster, String> {
@@ -103,9 +104,10 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     // Every source with a memory figure or fact ran before CUDA's lazy module loading became
     // PyTorch's default (1.13, CUDA 11.7, October 2022): NGC 19.03-21.11 containers, TensorFlow
     // 1.x, and the Hugging Face page that measures the 1.3 GB eager context itself.
+    // The framework's allocator (a TensorFlow job synchronised by Horovod keeps TensorFlow's).
     job.memory = std::sync::Arc::new(MemorySpec {
         module_loading: ModuleLoading::Eager,
-        ..(*job.memory).clone()
+        ..MemorySpec::builtin(c.framework)
     });
     let mut cur = passes::evaluate(job).map_err(|e| e.to_string())?;
     for (name, knobs) in steps {

@@ -162,7 +162,11 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     let fits = match metric {
         "fits_in_memory" => Some(get("value") == "1"),
         "throughput" | "iteration_time" => None,
-        _ => return Err(format!("metric `{metric}` is not a step time or a memory fact")),
+        _ => {
+            return Err(format!(
+                "metric `{metric}` is not a step time or a memory fact"
+            ));
+        }
     };
     let measured_ms = match fits {
         Some(_) => None,
@@ -225,7 +229,14 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
                 // the batch only).
                 || (fits.is_some() && family == "dlperf" && seq == Some(128))
             {
-                Head::MaskedLm
+                if family == "dlperf" {
+                    // DLPerf re-ran DLE's PyTorch BERT of NGC 20.03, whose modeling.py
+                    // (NVIDIA/DeepLearningExamples@1d4211fe, BertForPreTraining.forward)
+                    // returns the MLM logits at every position, [batch, seq, vocab].
+                    Head::Pretraining
+                } else {
+                    Head::MaskedLm
+                }
             } else {
                 return Err("BERT task not stated".into());
             });

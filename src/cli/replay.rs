@@ -377,7 +377,13 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     crate::graph::bounds::check_replayed(r.iteration_ns).map_err(CliError::bad_input)?;
     let cp = critical_path(g, &r);
     let dep = dependency_bound_ns(g);
-    let mem = peak_memory(g, &r).with_peaks(g, &r, &b.job.memory, b.job.communicators());
+    let mem = peak_memory(g, &r).with_peaks(
+        g,
+        &r,
+        &b.job.memory,
+        b.job.communicators(),
+        b.job.gpu.memory_bytes(),
+    );
     let bd = breakdown::breakdown(g, &r, 0);
     let sum = breakdown::summary(g, &r, &cp);
     let items = breakdown::critical_path_items(g, &cp);
@@ -623,7 +629,13 @@ fn trace_report(
         share,
         gpu_busy_ns: crate::replay::breakdown::gpu_busy_ns(g, 0),
     };
-    let mem_report = peak_memory(g, r).with_peaks(g, r, &job.memory, job.communicators());
+    let mem_report = peak_memory(g, r).with_peaks(
+        g,
+        r,
+        &job.memory,
+        job.communicators(),
+        job.gpu.memory_bytes(),
+    );
     let mem_peak = mem_report.peak_bytes;
     let known = super::traceinfo::has_memory(job);
     let mem = known.then_some(mem_peak);

@@ -85,6 +85,9 @@ pub struct MemorySpec {
     pub nccl_buffsize_bytes: u64,
     pub nccl_channels: u32,
     pub nccl_peers_per_channel: u32,
+    /// What the framework holds per byte the liveness model counts (1 for PyTorch): applied
+    /// to the static bytes and every allocation before the allocator model.
+    pub allocated_scale: f64,
     #[serde(default)]
     pub source: String,
 }
@@ -123,6 +126,15 @@ impl MemorySpec {
         match self.module_loading {
             ModuleLoading::Eager => self.context_eager_bytes,
             ModuleLoading::Lazy => self.context_lazy_bytes,
+        }
+    }
+
+    /// `bytes` as the framework holds them ([`MemorySpec::allocated_scale`]).
+    pub fn scaled(&self, bytes: u64) -> u64 {
+        if self.allocated_scale == 1.0 {
+            bytes
+        } else {
+            (bytes as f64 * self.allocated_scale).round() as u64
         }
     }
 
@@ -175,6 +187,9 @@ pub fn parse_memory(text: &str, file: &str) -> Result<MemorySpec, ConfigError> {
     }
     if m.mid_max_bytes > m.mid_segment_bytes {
         return Err(bad("mid_max_bytes", "must not exceed mid_segment_bytes"));
+    }
+    if !(m.allocated_scale.is_finite() && (1.0..=4.0).contains(&m.allocated_scale)) {
+        return Err(bad("allocated_scale", "must be between 1 and 4"));
     }
     if m.nccl_channels > 64 || m.nccl_peers_per_channel > 64 {
         return Err(bad("nccl_channels", "at most 64 channels and 64 peers"));
@@ -254,9 +269,43 @@ pub enum Event {
     Free(u64),
 }
 
+/// What the allocator model saw, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorPeaks {
+    /// The highest total of its segments (reserved).
+    pub segments: u64,
+    /// The highest total of the blocks it handed out, as it counts them (rounded sizes, and a
+    /// block it did not split counted whole): what `max_memory_allocated` / BFC's
+    /// `peak_bytes_in_use` report.
+    pub in_use: u64,
+}
+
 /// The highest total of the allocator's segments when `events` are played through it, bytes.
 pub fn segments_peak(spec: &MemorySpec, events: impl IntoIterator<Item = Event>) -> u64 {
+    run_allocator(spec, u64::MAX, events).segments
+}
+
+/// [`segments_peak`] on a device with `limit` bytes for the allocator: when a new segment would
+/// pass the limit, the allocator first releases its cached segments that hold no live block (as
+/// PyTorch's does when `cudaMalloc` fails, and TensorFlow's BFC with garbage collection), so the
+/// peak passes `limit` only when the live blocks and the segments they pin do: an
+/// out-of-memory.
+pub fn segments_peak_within(
+    spec: &MemorySpec,
+    limit: u64,
+    events: impl IntoIterator<Item = Event>,
+) -> u64 {
+    run_allocator(spec, limit, events).segments
+}
+
+/// Play `events` through the allocator model with `limit` bytes (see [`segments_peak_within`]).
+pub fn run_allocator(
+    spec: &MemorySpec,
+    limit: u64,
+    events: impl IntoIterator<Item = Event>,
+) -> AllocatorPeaks {
     let mut a = Allocator::new(spec);
+    a.limit = limit;
     let mut live: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for e in events {
         match e {
@@ -272,7 +321,10 @@ pub fn segments_peak(spec: &MemorySpec, events: impl IntoIterator<Item = Event>)
             }
         }
     }
-    a.peak
+    AllocatorPeaks {
+        segments: a.peak,
+        in_use: a.in_use_peak,
+    }
 }
 
 fn round_up(x: u64, to: u64) -> u64 {
@@ -301,6 +353,11 @@ struct Allocator<'a> {
     peak: u64,
     /// BFC: the next region's size.
     region: u64,
+    /// Bytes the allocator may hold before it releases cached segments.
+    limit: u64,
+    /// Bytes of the blocks handed out, now and at most.
+    in_use: u64,
+    in_use_peak: u64,
 }
 
 impl<'a> Allocator<'a> {
@@ -316,6 +373,32 @@ impl<'a> Allocator<'a> {
             total: 0,
             peak: 0,
             region: spec.bfc_first_region_bytes,
+            limit: u64::MAX,
+            in_use: 0,
+            in_use_peak: 0,
+        }
+    }
+
+    /// Under pressure: release every segment whose one block is free (expandable segments are
+    /// kept).
+    fn release_cached(&mut self) {
+        for id in 0..self.segments.len() {
+            if self.growing.contains(&Some(id as u32)) {
+                continue;
+            }
+            let (base, len) = self.segments[id];
+            if len == 0 {
+                continue;
+            }
+            if let Some(b) = self.blocks.get(&base).copied()
+                && b.free
+                && b.size == len
+            {
+                self.blocks.remove(&base);
+                self.free.remove(&(b.pool, b.size, base));
+                self.segments[id].1 = 0;
+                self.total -= len;
+            }
         }
     }
 
@@ -341,6 +424,9 @@ impl<'a> Allocator<'a> {
     }
 
     fn new_segment(&mut self, pool: u8, size: u64) -> u64 {
+        if self.total.saturating_add(size) > self.limit {
+            self.release_cached();
+        }
         let addr = self.next_addr;
         // A gap after every segment: blocks of different segments never merge.
         self.next_addr = addr + size + 1;
@@ -369,7 +455,14 @@ impl<'a> Allocator<'a> {
             while self.region < size {
                 self.region = self.region.saturating_mul(2);
             }
-            let r = self.region;
+            // Near the limit the region backs off to what is left (BFCAllocator::Extend's
+            // backpedal), never below the request.
+            let left = self.limit.saturating_sub(self.total);
+            let r = if self.region <= left {
+                self.region
+            } else {
+                left.max(size)
+            };
             self.region = self.region.saturating_mul(2);
             self.new_segment(pool, r);
             return;
@@ -451,6 +544,13 @@ impl<'a> Allocator<'a> {
             return self.new_segment(pool, size);
         };
         self.free.remove(&(pool, block.size, addr));
+        let handed = if self.splits(pool, block.size, size) {
+            size
+        } else {
+            block.size
+        };
+        self.in_use += handed;
+        self.in_use_peak = self.in_use_peak.max(self.in_use);
         if self.splits(pool, block.size, size) {
             let rest = Block {
                 size: block.size - size,
@@ -491,6 +591,7 @@ impl<'a> Allocator<'a> {
         if b.free {
             return;
         }
+        self.in_use -= b.size;
         let mut start = addr;
         // Merge with the next block of the same segment.
         if let Some(n) = self.blocks.get(&(addr + b.size)).copied()
@@ -592,6 +693,28 @@ mod tests {
     }
 
     #[test]
+    fn under_pressure_cached_segments_are_released() {
+        let s = caching();
+        // 100 MiB freed, then 60 + 60 MiB: the first segment is split and holds a live 60 MiB
+        // block, so nothing can be released: 160 MiB, over a 130 MiB limit — out of memory.
+        let ev = [
+            Event::Alloc(100 * MIB),
+            Event::Free(100 * MIB),
+            Event::Alloc(60 * MIB),
+            Event::Alloc(60 * MIB),
+        ];
+        assert_eq!(segments_peak_within(&s, 130 * MIB, ev), 160 * MIB);
+        // 100 MiB freed, then 120 MiB: the empty 100 MiB segment is released first.
+        let ev = [
+            Event::Alloc(100 * MIB),
+            Event::Free(100 * MIB),
+            Event::Alloc(120 * MIB),
+        ];
+        assert_eq!(segments_peak(&s, ev), 220 * MIB);
+        assert_eq!(segments_peak_within(&s, 150 * MIB, ev), 120 * MIB);
+    }
+
+    #[test]
     fn expandable_segments_grow_in_place() {
         let s = MemorySpec {
             expandable_segments: true,
@@ -618,6 +741,18 @@ mod tests {
             segments_peak(&s, [Event::Alloc(3 * MIB), Event::Alloc(3 * MIB)]),
             12 * MIB
         );
+    }
+
+    #[test]
+    fn bfc_regions_back_off_near_the_limit() {
+        let s = MemorySpec::builtin(Framework::Tf);
+        // 3 MiB → a 4 MiB region; 3 MiB more with 10 MiB for the allocator: the next region
+        // would be 8 MiB, 6 MiB are left, so a 6 MiB region: 10 MiB in all.
+        let ev = [Event::Alloc(3 * MIB), Event::Alloc(3 * MIB)];
+        assert_eq!(segments_peak_within(&s, 10 * MIB, ev), 10 * MIB);
+        // Not even the request fits: the region is the request, over the limit.
+        let ev = [Event::Alloc(3 * MIB), Event::Alloc(9 * MIB)];
+        assert_eq!(segments_peak_within(&s, 10 * MIB, ev), 13 * MIB);
     }
 
     #[test]

@@ -23,6 +23,8 @@
 //!   performance database and nccl-tests tables: no panics, errors name the file, what is
 //!   accepted is in range.
 //! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
+//! * [`memory`]: the three memory peaks in every report, the feasibility gate of `plan`, whole
+//!   samples per micro-step in the search, `whatif` and every export (issue 21).
 //! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 //! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
@@ -42,6 +44,7 @@ mod fuzz_traces;
 mod hostile_export;
 mod hostile_input;
 mod lower_bound;
+mod memory;
 mod messages;
 mod plan;
 mod properties;
