@@ -48,21 +48,43 @@ impl Pass for GradAccumulation {
     fn knobs(&self) -> Vec<KnobSpec> {
         vec![KnobSpec::int(
             "k",
-            "micro-batches per iteration (the batch per micro-step is batch/k, may be fractional)",
+            "micro-batches per iteration; must divide the per-GPU batch (batch/k whole samples per micro-step)",
             2,
             1,
-            1024,
+            i64::from(u32::MAX),
         )]
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
         let k = knobs.int("k");
-        if !(1..=1024).contains(&k) {
-            return Err(PassError::BadKnob {
-                pass: NAME.into(),
-                knob: "k".into(),
-                value: k.to_string(),
-                why: "must be between 1 and 1024".into(),
-            });
+        let bad = |why: String| PassError::BadKnob {
+            pass: NAME.into(),
+            knob: "k".into(),
+            value: k.to_string(),
+            why,
+        };
+        if !(1..=i64::from(u32::MAX)).contains(&k) {
+            return Err(bad("must be at least 1".into()));
+        }
+        let batch = i64::from(cx.job.meta.batch);
+        if batch > 0 && batch % k != 0 {
+            let divisors: Vec<String> = (1..=batch)
+                .filter(|d| batch % d == 0)
+                .take(12)
+                .map(|d| d.to_string())
+                .collect();
+            return Err(bad(format!(
+                "must divide the per-GPU batch of {batch} (every micro-step a whole number of samples; {k} would give {:.3}); divisors: {}",
+                batch as f64 / k as f64,
+                divisors.join(", ")
+            )));
+        }
+        // Bounded by the work: the replicated graph must stay within the graph's op limit.
+        let ops = (cx.job.local.ops.len() as u64).saturating_mul(k as u64);
+        if ops > crate::graph::job::MAX_OPS {
+            return Err(bad(format!(
+                "{k} micro-steps would make a worker's graph of about {ops} ops (limit {})",
+                crate::graph::job::MAX_OPS
+            )));
         }
         if k == 1 {
             return Ok(Vec::new());
@@ -78,7 +100,7 @@ impl Pass for GradAccumulation {
         };
         let per = match cx.job.meta.batch {
             0 => format!("batch/{k}"),
-            b => format!("{:.3} samples", b as f64 / k as f64),
+            b => format!("{} samples", i64::from(b) / k),
         };
         let why = format!(
             "{k} micro-batches of {per}: FW+BW GPU/CPU time {:.2} ms → {:.2} ms, activations ÷ {k}, one sync after the last micro-batch",
@@ -324,7 +346,7 @@ mod tests {
     fn k_zero_and_too_large_are_refused_by_the_knob_range() {
         let reg = registry();
         let p = find(&reg, NAME).unwrap();
-        for bad in ["0", "1025", "-3", "two"] {
+        for bad in ["0", "4294967296", "-3", "two"] {
             assert!(
                 resolve_knobs(p, &[("k".into(), bad.into())]).is_err(),
                 "{bad}"
@@ -332,6 +354,49 @@ mod tests {
         }
         let knobs = resolve_knobs(p, &[]).unwrap();
         assert_eq!(knobs.int("k"), 2);
+    }
+
+    /// Issue 21: a k that does not divide the per-GPU batch is refused (no fractional sample);
+    /// accumulation in the thousands is accepted when it divides.
+    #[test]
+    fn k_must_divide_the_batch_and_may_be_in_the_thousands() {
+        let reg = registry();
+        let p = find(&reg, NAME).unwrap();
+        let mut job = chain(&[1000, 3000], &[1000, 3000]);
+        job.meta.batch = 3;
+        let base = evaluate(job.clone()).unwrap();
+        let k4 = resolve_knobs(p, &[("k".into(), "4".into())]).unwrap();
+        let e = p.propose(&base, &k4).unwrap_err().to_string();
+        assert!(
+            e.contains("divide the per-GPU batch of 3") && e.contains("0.750"),
+            "{e}"
+        );
+        let k3 = resolve_knobs(p, &[("k".into(), "3".into())]).unwrap();
+        let patches = p.propose(&base, &k3).unwrap();
+        assert!(
+            patches[0].why.starts_with("3 micro-batches of 1 samples"),
+            "{}",
+            patches[0].why
+        );
+        // 65,536 sequences per GPU in 2,048 micro-steps of 32 (DLE BERT phase-1 recipes).
+        job.meta.batch = 65_536;
+        let base = evaluate(job).unwrap();
+        let k = resolve_knobs(p, &[("k".into(), "2048".into())]).unwrap();
+        let patches = p.propose(&base, &k).unwrap();
+        let after = apply_all(&base.job, &patches).unwrap();
+        assert_eq!(
+            after.local.ops.len(),
+            base.job.local.ops.len() * 2048
+                - (base.job.local.ops.len()
+                    - base
+                        .job
+                        .local
+                        .ops
+                        .iter()
+                        .filter(|o| matches!(o.spec.phase, Phase::Fw | Phase::Bw))
+                        .count())
+                    * 2047
+        );
     }
 
     #[test]

@@ -288,7 +288,13 @@ pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
     let replay = replay::replay(&graph);
     crate::graph::bounds::check_replayed(replay.iteration_ns).map_err(JobError::Invalid)?;
     let critical = replay::critical_path(&graph, &replay);
-    let memory = replay::peak_memory(&graph, &replay);
+    let memory = replay::peak_memory(&graph, &replay).with_peaks(
+        &graph,
+        &replay,
+        &job.memory,
+        job.communicators(),
+        job.gpu.memory_bytes(),
+    );
     let per = job.local.ops.len() as u32;
     let local_total = per * job.graph_workers();
     let mut sync_of_tensor = vec![usize::MAX; job.local.tensors.len()];

@@ -838,6 +838,7 @@ pub(crate) mod tests {
             framework: Default::default(),
             exec: Default::default(),
             host: Default::default(),
+            memory: Default::default(),
             meta: JobMeta::default(),
         }
     }

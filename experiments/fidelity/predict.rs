@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use trainplan::cost::config::{self, ArchSpec, Cluster};
 use trainplan::cost::host::HostSpec;
+use trainplan::cost::memory::{MemorySpec, ModuleLoading};
 use trainplan::passes;
 use trainplan::search::baselines;
 
@@ -17,6 +18,16 @@ pub struct Prediction {
     pub iteration_ms: f64,
     /// Peak memory per GPU of the kind the case measured, GB.
     pub memory_gb: f64,
+    /// The device-used peak and the GPU's memory, bytes: whether the job fits.
+    pub device_used: u64,
+    pub capacity: u64,
+}
+
+impl Prediction {
+    /// Predicted to fit the GPU.
+    pub fn fits(&self) -> bool {
+        self.device_used <= self.capacity
+    }
 }
 
 /// The case's cluster: `gpus` GPUs of its type on `nodes` nodes, NVLink inside a node.
@@ -90,6 +101,14 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     if c.accum > 1 {
         steps.push(("grad-accumulation", vec![("k".into(), c.accum.to_string())]));
     }
+    // Every source with a memory figure or fact ran before CUDA's lazy module loading became
+    // PyTorch's default (1.13, CUDA 11.7, October 2022): NGC 19.03-21.11 containers, TensorFlow
+    // 1.x, and the Hugging Face page that measures the 1.3 GB eager context itself.
+    // The framework's allocator (a TensorFlow job synchronised by Horovod keeps TensorFlow's).
+    job.memory = std::sync::Arc::new(MemorySpec {
+        module_loading: ModuleLoading::Eager,
+        ..MemorySpec::builtin(c.framework)
+    });
     let mut cur = passes::evaluate(job).map_err(|e| e.to_string())?;
     for (name, knobs) in steps {
         let p = passes::find(&reg, name).map_err(|e| e.to_string())?;
@@ -98,12 +117,15 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         let j = passes::apply_all(&cur.job, &patches).map_err(|e| e.to_string())?;
         cur = passes::evaluate(j).map_err(|e| e.to_string())?;
     }
+    let p = cur.memory.peaks;
     let memory = match c.memory_kind {
-        MemoryKind::Reserved => cur.job.host.reserved_bytes(cur.memory.peak_bytes),
-        _ => cur.memory.peak_bytes,
+        MemoryKind::DeviceUsed => p.device_used,
+        _ => p.allocated,
     };
     Ok(Prediction {
         iteration_ms: cur.iteration_ns() as f64 / 1e6,
         memory_gb: memory as f64 / 1e9,
+        device_used: p.device_used,
+        capacity: cur.job.gpu.memory_bytes(),
     })
 }

@@ -33,6 +33,9 @@ pub struct Case {
     pub accum: u32,
     /// Measured time of one optimizer step (or micro-step, see the row's notes), ms.
     pub measured_ms: Option<f64>,
+    /// A stated memory fact: the setting ran out of memory (`Some(false)`) or ran (`Some(true)`,
+    /// "the largest batch that fitted"). Every row with a measured time ran, too.
+    pub fits: Option<bool>,
     /// Measured peak memory per GPU, GB (10⁹ B), and what was measured.
     pub measured_gb: Option<f64>,
     pub memory_kind: MemoryKind,
@@ -46,8 +49,9 @@ pub enum MemoryKind {
     None,
     /// The framework's peak in use (tensors, workspaces), as dPRO reports TensorFlow's.
     Allocated,
-    /// What `nvidia-smi` shows: the allocator's reserved pool plus the CUDA context.
-    Reserved,
+    /// What `nvidia-smi` (NVML) shows: the allocator's reserved pool plus the CUDA context and
+    /// NCCL.
+    DeviceUsed,
 }
 
 impl Case {
@@ -155,10 +159,19 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         return Err("optimizer not modelled (Adam, SGD and LAMB are)".into());
     }
     let metric = get("metric");
-    if !matches!(metric, "throughput" | "iteration_time") {
-        return Err(format!("metric `{metric}` is not a step time"));
-    }
-    let measured_ms = num("iteration_ms").ok_or("no iteration time derivable")?;
+    let fits = match metric {
+        "fits_in_memory" => Some(get("value") == "1"),
+        "throughput" | "iteration_time" => None,
+        _ => {
+            return Err(format!(
+                "metric `{metric}` is not a step time or a memory fact"
+            ));
+        }
+    };
+    let measured_ms = match fits {
+        Some(_) => None,
+        None => Some(num("iteration_ms").ok_or("no iteration time derivable")?),
+    };
     let extra = get("extra");
     let framework_text = get("framework").to_ascii_lowercase();
     let precision_text = get("precision").to_ascii_lowercase();
@@ -212,8 +225,18 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             } else if text.contains("pretrain")
                 || text.contains("pre-train")
                 || text.contains("phase")
+                // DLPerf's DLE BERT rows are phase-1 pre-training (its README's section names
+                // the batch only).
+                || (fits.is_some() && family == "dlperf" && seq == Some(128))
             {
-                Head::MaskedLm
+                if family == "dlperf" {
+                    // DLPerf re-ran DLE's PyTorch BERT of NGC 20.03, whose modeling.py
+                    // (NVIDIA/DeepLearningExamples@1d4211fe, BertForPreTraining.forward)
+                    // returns the MLM logits at every position, [batch, seq, vocab].
+                    Head::Pretraining
+                } else {
+                    Head::MaskedLm
+                }
             } else {
                 return Err("BERT task not stated".into());
             });
@@ -273,7 +296,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     }
     let (measured_gb, memory_kind) = match num("peak_memory_gb") {
         Some(g) if get("memory_kind").to_ascii_lowercase().contains("nvml") => {
-            (Some(g), MemoryKind::Reserved)
+            (Some(g), MemoryKind::DeviceUsed)
         }
         Some(g) => (Some(g), MemoryKind::Allocated),
         None => (None, MemoryKind::None),
@@ -301,7 +324,8 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         },
         recompute,
         accum,
-        measured_ms: Some(measured_ms),
+        measured_ms,
+        fits,
         measured_gb,
         memory_kind,
         samples: f64::from(micro) * f64::from(gpus) * f64::from(accum),
@@ -335,6 +359,7 @@ pub fn dpro() -> Vec<Case> {
         recompute: false,
         accum: 1,
         measured_ms: Some(ms),
+        fits: None,
         measured_gb: None,
         memory_kind: MemoryKind::None,
         samples: f64::from(batch) * 16.0,

@@ -72,6 +72,8 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
             "workers": 1,
             "critical_path_ms": dep as f64 / 1e6,
             "peak_memory_bytes": 0,
+            "reserved_peak_bytes": null,
+            "device_used_bytes": null,
             "memory_modelled": false,
             "replay_wall_ms": replay_wall_ms,
             "build_wall_ms": build_ms,

@@ -16,6 +16,7 @@ mod chakra;
 pub(crate) mod distinct;
 mod export;
 mod lower_bound;
+mod memory;
 pub(crate) mod output;
 pub(crate) mod plan;
 mod ranks;

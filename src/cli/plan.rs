@@ -31,6 +31,7 @@ use super::replay::{Input, input_job};
 use super::whatif::all_passes;
 use super::{CliError, PlanArgs, exit, write_atomic};
 use crate::cost::framework::Framework;
+use crate::cost::memory::MemoryPeaks;
 use crate::graph::job::Job;
 use crate::plan::{
     FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload, round_ms,
@@ -127,7 +128,7 @@ struct BaseRow {
     name: &'static str,
     job: Job,
     ns: u64,
-    peak: u64,
+    peaks: MemoryPeaks,
     config: String,
     knobs: BTreeMap<String, String>,
 }
@@ -136,7 +137,7 @@ struct BaseRow {
 #[derive(Clone, Debug, Default)]
 struct Snapshot {
     baselines: Vec<BaseRow>,
-    best: Option<(Job, Vec<Decision>, u64, u64)>,
+    best: Option<(Job, Vec<Decision>, u64, MemoryPeaks)>,
     replays: u64,
     rounds: usize,
     /// The options the search runs with (the DDP layout included), for the report of a plan
@@ -286,6 +287,20 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         &[],
         &[],
     )?;
+    // The memory budget: the GPU's memory unless --memory-budget asks for less (never more:
+    // the device-used peak must fit the GPU).
+    let gpu_bytes = input.job.gpu.memory_bytes();
+    if let Some(b) = memory_budget
+        && b > gpu_bytes
+    {
+        return Err(CliError::usage(format!(
+            "--memory-budget {} ({b} bytes) is above the {} ({gpu_bytes} bytes) of a {}: a plan must fit the GPU",
+            a.memory_budget.as_deref().unwrap_or(""),
+            gb(gpu_bytes),
+            input.job.gpu.model
+        )));
+    }
+    let memory_budget = Some(memory_budget.unwrap_or(gpu_bytes));
     let fw = a.input.framework;
     let is_trace = input.trace.is_some() || input.job.is_recorded();
     let baseline_precision = precision_name(&input.job, a.input.precision);
@@ -415,8 +430,14 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         );
     }
     // A trace without memory events models no memory.
-    let memory_modelled = headline.peak > 0 && super::traceinfo::has_memory(&headline.job);
-    let peak = |b: u64| memory_modelled.then_some(b);
+    let memory_modelled =
+        headline.peaks.allocated > 0 && super::traceinfo::has_memory(&headline.job);
+    let point = |ms: f64, p: &MemoryPeaks| Point {
+        iteration_ms: ms,
+        peak_memory_bytes: memory_modelled.then_some(p.allocated),
+        reserved_peak_bytes: memory_modelled.then_some(p.reserved),
+        device_used_bytes: memory_modelled.then_some(p.device_used),
+    };
     let ms3 = |ns: u64| round_ms(ns as f64 / 1e6);
     // The worker did not return within GRACE of the deadline: the best plan so far gets the
     // same report a finished search gives (issue 20), evaluated here; after Ctrl-C the user
@@ -447,7 +468,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
                     o.best.job.clone(),
                     o.decisions,
                     o.best.iteration_ns(),
-                    o.best.memory.peak_bytes,
+                    o.best.memory.peaks,
                     o.advice,
                     o.stop,
                     o.replays,
@@ -465,7 +486,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
                         .min_by_key(|b| b.ns)
                         .unwrap_or(&headline);
                     let d = start_decision(b, &snap.baselines, fw);
-                    (b.job.clone(), d.into_iter().collect(), b.ns, b.peak)
+                    (b.job.clone(), d.into_iter().collect(), b.ns, b.peaks)
                 });
                 (
                     j,
@@ -482,8 +503,24 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         };
     let (base_ns, base_peak, best_ns, best_peak) = match &multi {
         Some(m) => (m.baseline_ns, m.baseline_peak, m.planned_ns, m.planned_peak),
-        None => (headline.ns, headline.peak, best_ns, best_peak),
+        None => (headline.ns, headline.peaks, best_ns, best_peak),
     };
+    // The gate: no plan over the memory budget is written (an interrupted or budget-cut search
+    // can hold a start that does not fit).
+    if let Some(budget) = memory_budget
+        && memory_modelled
+        && best_peak.device_used > budget
+    {
+        return Err(CliError {
+            code: exit::INFEASIBLE,
+            message: format!(
+                "no plan within the memory budget of {} was reached before the search stopped ({:?}): the best plan so far needs {} of device memory; nothing written",
+                gb(budget),
+                stop,
+                gb(best_peak.device_used)
+            ),
+        });
+    }
     let cluster = if is_trace {
         format!(
             "the traced run ({world} rank{})",
@@ -505,16 +542,12 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         },
         predicted: Predicted {
             baseline_name: headline.name.to_string(),
-            baseline: Point {
-                iteration_ms: ms3(base_ns),
-                peak_memory_bytes: peak(base_peak),
-            },
-            planned: Point {
-                iteration_ms: ms3(best_ns),
-                peak_memory_bytes: peak(best_peak),
-            },
+            baseline: point(ms3(base_ns), &base_peak),
+            planned: point(ms3(best_ns), &best_peak),
             speedup: round_ms(base_ns as f64 / best_ns.max(1) as f64),
             lower_bound_ms: lower_ns.map(|l| ms3(l.min(best_ns))),
+            gpu_memory_bytes: Some(gpu_bytes),
+            memory_budget_bytes: memory_budget,
             baseline_precision: if is_trace {
                 String::new()
             } else {
@@ -748,7 +781,7 @@ fn work(
                     name: b.name,
                     job: b.job.clone(),
                     ns: b.eval.iteration_ns(),
-                    peak: b.eval.memory.peak_bytes,
+                    peaks: b.eval.memory.peaks,
                     config: b.config.clone(),
                     knobs: b.knobs.clone(),
                 },
@@ -794,7 +827,7 @@ fn work(
                 p.best_job.clone(),
                 p.decisions.to_vec(),
                 p.best_ns,
-                p.best_peak_bytes,
+                p.best_peaks,
             ));
             s.replays = p.replays;
             s.rounds = p.round;
@@ -897,8 +930,8 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 struct RanksPlan {
     baseline_ns: u64,
     planned_ns: u64,
-    baseline_peak: u64,
-    planned_peak: u64,
+    baseline_peak: MemoryPeaks,
+    planned_peak: MemoryPeaks,
     /// (rank, baseline ns, planned ns).
     per_rank: Vec<(u32, u64, u64)>,
 }
@@ -930,14 +963,29 @@ fn ranks_plan(
     let plan = super::whatif::resolve(&all, &args)?;
     let (after, evals, _) = super::ranks::apply_to_ranks(&l.ranks, &plan)?;
     let planned = crate::trace::multi::predict(&after, &l.offsets).map_err(CliError::bad_input)?;
-    let peak = |f: fn(&(crate::passes::Evaluated, crate::passes::Evaluated)) -> u64| {
-        evals.iter().map(f).max().unwrap_or(0)
+    // Each peak is the highest over the ranks.
+    let peak = |f: fn(&(crate::passes::Evaluated, crate::passes::Evaluated)) -> MemoryPeaks| {
+        evals.iter().map(f).fold(MemoryPeaks::default(), |a, p| {
+            if p.device_used > a.device_used {
+                MemoryPeaks {
+                    allocated: a.allocated.max(p.allocated),
+                    reserved: a.reserved.max(p.reserved),
+                    ..p
+                }
+            } else {
+                MemoryPeaks {
+                    allocated: a.allocated.max(p.allocated),
+                    reserved: a.reserved.max(p.reserved),
+                    ..a
+                }
+            }
+        })
     };
     Ok(RanksPlan {
         baseline_ns: base.step_ns,
         planned_ns: planned.step_ns,
-        baseline_peak: peak(|e| e.0.memory.peak_bytes),
-        planned_peak: peak(|e| e.1.memory.peak_bytes),
+        baseline_peak: peak(|e| e.0.memory.peaks),
+        planned_peak: peak(|e| e.1.memory.peaks),
         per_rank: l
             .ranks
             .iter()
@@ -1024,6 +1072,13 @@ fn report(
             "framework": plan.workload.framework,
             "baseline_peak_memory_bytes": p.baseline.peak_memory_bytes,
             "planned_peak_memory_bytes": p.planned.peak_memory_bytes,
+            "baseline_reserved_peak_bytes": p.baseline.reserved_peak_bytes,
+            "planned_reserved_peak_bytes": p.planned.reserved_peak_bytes,
+            "baseline_device_used_bytes": p.baseline.device_used_bytes,
+            "planned_device_used_bytes": p.planned.device_used_bytes,
+            "gpu_memory_bytes": p.gpu_memory_bytes,
+            "memory_budget_bytes": p.memory_budget_bytes,
+            "memory_over_capacity": p.planned.device_used_bytes.zip(p.gpu_memory_bytes).map(|(d, g)| d > g),
             "rounds": plan.search.rounds,
             "config": plan.config,
             "trace_facts": extra.map(|e| e.facts_json.clone()),
@@ -1186,7 +1241,32 @@ pub fn summary(plan: &Plan) -> Vec<String> {
         ));
     }
     match (p.baseline.peak_memory_bytes, p.planned.peak_memory_bytes) {
-        (Some(b), Some(a)) => lines.push(format!("peak memory        {} → {}", gb(b), gb(a))),
+        (Some(b), Some(a)) => {
+            lines.push(format!(
+                "peak memory        {} → {} allocated",
+                gb(b),
+                gb(a)
+            ));
+            if let (Some(b), Some(a)) = (
+                p.baseline.reserved_peak_bytes,
+                p.planned.reserved_peak_bytes,
+            ) {
+                lines.push(format!("                   {} → {} reserved", gb(b), gb(a)));
+            }
+            if let (Some(b), Some(a)) = (p.baseline.device_used_bytes, p.planned.device_used_bytes)
+            {
+                let of = match (p.gpu_memory_bytes, p.memory_budget_bytes) {
+                    (Some(g), Some(m)) if m < g => format!(" (budget {}, GPU {})", gb(m), gb(g)),
+                    (Some(g), _) => format!(" (GPU {})", gb(g)),
+                    _ => String::new(),
+                };
+                lines.push(format!(
+                    "                   {} → {} device used{of}",
+                    gb(b),
+                    gb(a)
+                ));
+            }
+        }
         _ => lines.push(
             "peak memory        not modelled: not in the trace (record with profile_memory=True, \
              or record_shapes=True for an estimate)"
@@ -1266,6 +1346,7 @@ mod tests {
             round: 12,
             best_job: &job,
             best_peak_bytes: 0,
+            best_peaks: Default::default(),
             decisions: &[],
         };
         assert_eq!(

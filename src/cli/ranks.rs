@@ -221,6 +221,8 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
             "workers": n,
             "critical_path_ms": dependency_bound_ns(&g.graph) as f64 / 1e6,
             "peak_memory_bytes": null,
+            "reserved_peak_bytes": null,
+            "device_used_bytes": null,
             "replay_wall_ms": replay_wall_ms,
             "build_wall_ms": build_ms,
             "edges": g.graph.edge_count(),
@@ -333,9 +335,22 @@ pub fn whatif_ranks_cmd(
         mem_known.then(|| evals.iter().map(f).max().unwrap_or(0))
     };
     let (m0, m1) = (
-        peak(|e| e.0.memory.peak_bytes),
-        peak(|e| e.1.memory.peak_bytes),
+        peak(|e| e.0.memory.peaks.allocated),
+        peak(|e| e.1.memory.peaks.allocated),
     );
+    let (r0, r1) = (
+        peak(|e| e.0.memory.peaks.reserved),
+        peak(|e| e.1.memory.peaks.reserved),
+    );
+    let (d0, d1) = (
+        peak(|e| e.0.memory.peaks.device_used),
+        peak(|e| e.1.memory.peaks.device_used),
+    );
+    let over = mem_known.then(|| {
+        evals
+            .iter()
+            .any(|e| super::memory::over_capacity(&e.1.memory.peaks, &e.1.job))
+    });
     let speedup = base.step_ns as f64 / after.step_ns.max(1) as f64;
     let mut o = out();
     if a.json {
@@ -346,8 +361,10 @@ pub fn whatif_ranks_cmd(
                 json!({"rank": r.rank, "trace": r.file,
                        "baseline_ms": base.predicted_ns[i] as f64 / 1e6,
                        "ms": after.predicted_ns[i] as f64 / 1e6,
-                       "baseline_peak_memory_bytes": mem_known.then_some(evals[i].0.memory.peak_bytes),
-                       "peak_memory_bytes": mem_known.then_some(evals[i].1.memory.peak_bytes)})
+                       "baseline_peak_memory_bytes": mem_known.then_some(evals[i].0.memory.peaks.allocated),
+                       "peak_memory_bytes": mem_known.then_some(evals[i].1.memory.peaks.allocated),
+                       "reserved_peak_bytes": mem_known.then_some(evals[i].1.memory.peaks.reserved),
+                       "device_used_bytes": mem_known.then_some(evals[i].1.memory.peaks.device_used)})
             })
             .collect();
         let v = json!({
@@ -356,6 +373,11 @@ pub fn whatif_ranks_cmd(
             "speedup": speedup,
             "baseline_peak_memory_bytes": m0,
             "peak_memory_bytes": m1,
+            "baseline_reserved_peak_bytes": r0,
+            "reserved_peak_bytes": r1,
+            "baseline_device_used_bytes": d0,
+            "device_used_bytes": d1,
+            "memory_over_capacity": over,
             "baseline_makespan_ms": base.makespan_ns as f64 / 1e6,
             "makespan_ms": after.makespan_ns as f64 / 1e6,
             "metric": "slowest rank's step",

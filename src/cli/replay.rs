@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::output::{gb, thousands};
+use super::output::thousands;
 use super::{CliError, InputArgs, ListArgs, ReplayArgs, write_atomic};
 use crate::cost::config::{self, Cluster};
 use crate::graph::Dfg;
@@ -421,7 +421,13 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     crate::graph::bounds::check_replayed(r.iteration_ns).map_err(CliError::bad_input)?;
     let cp = critical_path(g, &r);
     let dep = dependency_bound_ns(g);
-    let mem = peak_memory(g, &r);
+    let mem = peak_memory(g, &r).with_peaks(
+        g,
+        &r,
+        &b.job.memory,
+        b.job.communicators(),
+        b.job.gpu.memory_bytes(),
+    );
     let bd = breakdown::breakdown(g, &r, 0);
     let sum = breakdown::summary(g, &r, &cp);
     let items = breakdown::critical_path_items(g, &cp);
@@ -457,17 +463,10 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
     let (Some(model), Some(c)) = (&b.model, &b.cluster) else {
         return Err(CliError::internal("a zoo input without its model"));
     };
-    if mem.peak_bytes > c.gpu.memory_bytes() {
-        tracing::warn!(
-            "predicted peak memory {} is above the {} GB of a {}: the job would not fit",
-            gb(mem.peak_bytes),
-            (c.gpu.memory_bytes() as f64 / 1e9).round(),
-            c.gpu.model
-        );
-    }
+    super::memory::warn_if_over(&mem.peaks, &b.job);
     if a.json {
         let top = top_items_json(&items);
-        let v = json!({
+        let mut v = json!({
             "iteration_ms": r.iteration_ns as f64 / 1e6,
             "measured_iteration_ms": null,
             "error_pct": null,
@@ -475,7 +474,6 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             "devices": g.device_count(),
             "workers": workers,
             "critical_path_ms": dep as f64 / 1e6,
-            "peak_memory_bytes": mem.peak_bytes,
             "replay_wall_ms": replay_wall_ms,
             "build_wall_ms": b.build_ms,
             "edges": g.edge_count(),
@@ -489,12 +487,13 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
             "host_bound": sum.host_bound(),
             "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
-            "memory_over_capacity": mem.peak_bytes > c.gpu.memory_bytes(),
+            "memory_over_capacity": super::memory::over_capacity(&mem.peaks, &b.job),
             "gpu_memory_bytes": c.gpu.memory_bytes(),
             "framework": a.input.framework.name(),
             "critical_path_top": top,
             "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
         });
+        super::memory::extend(&mut v, super::memory::fields(&mem.peaks, ""));
         writeln!(o, "{v}").map_err(CliError::stdout)?;
         return Ok(());
     }
@@ -559,12 +558,11 @@ pub fn replay_cmd(a: &ReplayArgs) -> Result<(), CliError> {
             super::output::dur(dep, 1)
         ),
         format!(
-            "peak memory      {:>9}      worker {} (of {} GB on the GPU){}",
-            gb(mem.peak_bytes),
+            "peak memory      {}  (worker {}){}",
+            super::memory::summary(&mem.peaks, &b.job),
             mem.peak_worker,
-            (c.gpu.memory_bytes() as f64 / 1e9).round(),
-            if mem.peak_bytes > c.gpu.memory_bytes() {
-                "  OVER CAPACITY: this job would not fit (try --pass recompute or grad-accumulation)"
+            if super::memory::over_capacity(&mem.peaks, &b.job) {
+                " (try --pass recompute or grad-accumulation)"
             } else {
                 ""
             }
@@ -683,11 +681,22 @@ fn trace_report(
         share,
         gpu_busy_ns: crate::replay::breakdown::gpu_busy_ns(g, 0),
     };
-    let mem_peak = peak_memory(g, r).peak_bytes;
-    let mem = super::traceinfo::has_memory(job).then_some(mem_peak);
+    let mem_report = peak_memory(g, r).with_peaks(
+        g,
+        r,
+        &job.memory,
+        job.communicators(),
+        job.gpu.memory_bytes(),
+    );
+    let mem_peak = mem_report.peak_bytes;
+    let known = super::traceinfo::has_memory(job);
+    let mem = known.then_some(mem_peak);
+    if known {
+        super::memory::warn_if_over(&mem_report.peaks, job);
+    }
     if a.json {
         let top = top_items_json(&items);
-        let v = json!({
+        let mut v = json!({
             "iteration_ms": predicted as f64 / 1e6,
             "measured_iteration_ms": measured as f64 / 1e6,
             "error_pct": err,
@@ -715,10 +724,17 @@ fn trace_report(
             "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
             "host_bound": sum.host_bound(),
             "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
-            "memory_over_capacity": mem.map(|m| m > job.gpu.memory_bytes()),
+            "memory_over_capacity": known.then(|| super::memory::over_capacity(&mem_report.peaks, job)),
             "critical_path_top": top,
             "timeline": a.timeline.as_ref().map(|p| p.display().to_string()),
         });
+        let mut f = super::memory::fields(&mem_report.peaks, "");
+        if !known {
+            for x in f.values_mut() {
+                *x = serde_json::Value::Null;
+            }
+        }
+        super::memory::extend(&mut v, f);
         return writeln!(o, "{v}").map_err(CliError::stdout);
     }
     let who = match x {

@@ -70,6 +70,15 @@ pub fn show_cmd(a: &ShowArgs) -> Result<(), CliError> {
             "plan": shown,
             "workload": plan.workload,
             "predicted": plan.predicted,
+            "peak_memory_bytes": plan.predicted.planned.peak_memory_bytes,
+            "reserved_peak_bytes": plan.predicted.planned.reserved_peak_bytes,
+            "device_used_bytes": plan.predicted.planned.device_used_bytes,
+            "memory_over_capacity": plan
+                .predicted
+                .planned
+                .device_used_bytes
+                .zip(plan.predicted.gpu_memory_bytes)
+                .map(|(d, g)| d > g),
             "baselines": plan.baselines,
             "decisions": plan.decisions,
             "advice": plan.advice,

@@ -190,13 +190,9 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         None => None,
     };
     let wall_ms = t.elapsed().as_secs_f64() * 1e3;
-    if cur.job.meta.source != "trace" && cur.memory.peak_bytes > cur.job.gpu.memory_bytes() {
-        tracing::warn!(
-            "predicted peak memory {:.1} GB is above the {:.0} GB of a {}: the job would not fit",
-            cur.memory.peak_bytes as f64 / 1e9,
-            cur.job.gpu.memory_bytes() as f64 / 1e9,
-            cur.job.gpu.model
-        );
+    let mem_known = super::traceinfo::has_memory(&base.job);
+    if mem_known {
+        super::memory::warn_if_over(&cur.memory.peaks, &cur.job);
     }
     let (before, after) = (path_items(&base), path_items(&cur));
     let left = only_in(&before, &after, 10);
@@ -208,7 +204,6 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
         super::traceinfo::Bound::of(&base),
         super::traceinfo::Bound::of(&cur),
     );
-    let mem_known = super::traceinfo::has_memory(&base.job);
     let mut o = out();
     if a.json {
         let items = |v: &[(String, u64)]| -> Vec<serde_json::Value> {
@@ -216,23 +211,21 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
                 .map(|(n, d)| json!({"name": n, "ms": *d as f64 / 1e6}))
                 .collect()
         };
-        let mem = |e: &Evaluated| mem_known.then_some(e.memory.peak_bytes);
         let b = super::traceinfo::bound_json(&bound_b, Some(&bound_a));
         let s = |e: &passes::Evaluated| {
             let sum = crate::replay::breakdown::summary(&e.graph, &e.replay, &e.critical);
-            let traced = e.job.meta.source == "trace";
             json!({
                 "compute_ms": sum.breakdown.compute_ns as f64 / 1e6,
                 "communication_ms": sum.breakdown.comm_ns as f64 / 1e6,
                 "exposed_communication_ms": sum.exposed_comm_ns as f64 / 1e6,
                 "host_bound": sum.host_bound(),
                 "host_critical_path_ms": sum.host_path_ns as f64 / 1e6,
-                "memory_over_capacity": (!traced)
-                    .then(|| e.memory.peak_bytes > e.job.gpu.memory_bytes()),
+                "memory_over_capacity": mem_known
+                    .then(|| super::memory::over_capacity(&e.memory.peaks, &e.job)),
             })
         };
         let (sb, sa) = (s(&base), s(&cur));
-        let v = json!({
+        let mut v = json!({
             "compute_ms": sa["compute_ms"],
             "communication_ms": sa["communication_ms"],
             "exposed_communication_ms": sa["exposed_communication_ms"],
@@ -243,8 +236,7 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
             "baseline_iteration_ms": b_it as f64 / 1e6,
             "iteration_ms": a_it as f64 / 1e6,
             "speedup": speedup,
-            "baseline_peak_memory_bytes": mem(&base),
-            "peak_memory_bytes": mem(&cur),
+            "gpu_memory_bytes": cur.job.gpu.memory_bytes(),
             "baseline_makespan_ms": base.makespan_ns() as f64 / 1e6,
             "makespan_ms": cur.makespan_ns() as f64 / 1e6,
             "metric": if base.steady.is_some() { "steady-state period" } else { "makespan" },
@@ -260,6 +252,13 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
             "cluster": base.job.meta.cluster,
             "wall_ms": wall_ms,
         });
+        for (e, prefix) in [(&base, "baseline_"), (&cur, "")] {
+            let mut f = super::memory::fields(&e.memory.peaks, prefix);
+            if !mem_known {
+                f.values_mut().for_each(|x| *x = serde_json::Value::Null);
+            }
+            super::memory::extend(&mut v, f);
+        }
         writeln!(o, "{v}").map_err(CliError::stdout)?;
         return Ok(());
     }
@@ -334,12 +333,23 @@ pub fn whatif_cmd(a: &WhatifArgs) -> Result<(), CliError> {
     } else if base.memory.peak_bytes == 0 {
         lines.push("peak memory      not modelled for this input (no allocation events)".into());
     } else {
+        let (pb, pa) = (&base.memory.peaks, &cur.memory.peaks);
+        for (label, b, a) in [
+            ("peak allocated", pb.allocated, pa.allocated),
+            ("peak reserved", pb.reserved, pa.reserved),
+            ("device used", pb.device_used, pa.device_used),
+        ] {
+            lines.push(format!(
+                "{:<16} {:>12} {:>12} {:>+8.1} %",
+                label,
+                gb(b),
+                gb(a),
+                100.0 * (a as f64 / b.max(1) as f64 - 1.0)
+            ));
+        }
         lines.push(format!(
-            "{:<16} {:>12} {:>12} {:>+8.1} %",
-            "peak memory",
-            gb(base.memory.peak_bytes),
-            gb(cur.memory.peak_bytes),
-            100.0 * (cur.memory.peak_bytes as f64 / base.memory.peak_bytes as f64 - 1.0)
+            "memory after     {}",
+            super::memory::summary(pa, &cur.job)
         ));
     }
     lines.push(format!("speedup          {speedup:.3}x"));

@@ -44,12 +44,6 @@ pub struct HostSpec {
     pub micro_step_us: f64,
     /// The machine's factor on all of the above (1 = the measured host).
     pub speed: f64,
-    /// GPU memory the process holds beyond its tensors: the CUDA context and the framework's
-    /// loaded kernels, GB (10⁹ B).
-    pub context_gb: f64,
-    /// What the caching allocator reserves beyond the peak it hands out (block rounding,
-    /// fragmentation), as a fraction of that peak.
-    pub allocator_overhead: f64,
     #[serde(default)]
     pub source: String,
 }
@@ -107,12 +101,6 @@ impl HostSpec {
     pub fn step_ns(&self) -> f64 {
         self.speed * self.step_us * 1e3
     }
-
-    /// GPU memory a process needs when its tensors peak at `peak_bytes` (what `nvidia-smi`
-    /// shows and what must fit the GPU): the allocator's reserve plus the context.
-    pub fn reserved_bytes(&self, peak_bytes: u64) -> u64 {
-        (peak_bytes as f64 * (1.0 + self.allocator_overhead) + self.context_gb * 1e9) as u64
-    }
 }
 
 /// Parse and validate a host file.
@@ -141,17 +129,6 @@ pub fn parse_host(text: &str, file: &str) -> Result<HostSpec, ConfigError> {
     ] {
         if !(v.is_finite() && (0.0..=1e5).contains(&v)) {
             return Err(bad(field.to_string(), v));
-        }
-    }
-    for (field, v, max) in [
-        ("context_gb", h.context_gb, 64.0),
-        ("allocator_overhead", h.allocator_overhead, 4.0),
-    ] {
-        if !(v.is_finite() && (0.0..=max).contains(&v)) {
-            return Err(ConfigError::File {
-                file: file.to_string(),
-                message: format!("field {field}: must be between 0 and {max}, got {v}"),
-            });
         }
     }
     if !(h.speed.is_finite() && h.speed > 0.0 && h.speed <= 100.0) {

@@ -7,3 +7,4 @@ pub mod config;
 pub mod framework;
 pub mod host;
 pub mod kernel;
+pub mod memory;

@@ -234,6 +234,8 @@ pub struct Job {
     pub exec: Exec,
     /// The host's constants (CPU time to issue each operator).
     pub host: std::sync::Arc<HostSpec>,
+    /// The allocator and runtime constants of the framework (reserved and device-used memory).
+    pub memory: std::sync::Arc<crate::cost::memory::MemorySpec>,
     pub meta: JobMeta,
 }
 
@@ -271,6 +273,18 @@ impl Job {
         }
         let f = self.meta.trace.as_deref()?;
         f.optimizer.as_deref().map(|o| (o, f.optimizer_fused))
+    }
+
+    /// NCCL communicators a rank of this job holds: one for data parallelism over several
+    /// workers (the recorded world size for a trace), none alone.
+    pub fn communicators(&self) -> u32 {
+        let world = self
+            .meta
+            .trace
+            .as_deref()
+            .and_then(|t| t.world_size)
+            .unwrap_or(self.workers);
+        u32::from(world > 1)
     }
 
     /// The roofline of this job's GPU in `dtype` (plain ceilings, for memory-traffic estimates).

@@ -5,8 +5,8 @@
 //! trainplan: 1
 //! workload: {source: zoo, ranks: 16, model: bert-base, batch: 32, cluster: dpro-16xv100-rdma, names: zoo}
 //! predicted:
-//!   baseline: {iteration_ms: 292.3, peak_memory_bytes: 5499729088}
-//!   planned: {iteration_ms: 120.1, peak_memory_bytes: 3850000000}
+//!   baseline: {iteration_ms: 292.3, peak_memory_bytes: 5499729088, reserved_peak_bytes: 5729419264, device_used_bytes: 6124000000}
+//!   planned: {iteration_ms: 120.1, peak_memory_bytes: 3850000000, reserved_peak_bytes: 4026531840, device_used_bytes: 4421000000}
 //!   speedup: 2.43
 //!   lower_bound_ms: 110.2
 //! baselines: {none: 292.3, xla_default: 273.5, ...}
@@ -80,9 +80,15 @@ impl Workload {
 #[serde(deny_unknown_fields)]
 pub struct Point {
     pub iteration_ms: f64,
-    /// Peak memory per GPU; `null` when the input does not model memory (a trace without
-    /// memory events).
+    /// Peak allocated memory per GPU (`torch.cuda.max_memory_allocated`); `null` when the
+    /// input does not model memory (a trace without memory events).
     pub peak_memory_bytes: Option<u64>,
+    /// Peak of the allocator's reserved segments per GPU (absent in plans written before it).
+    #[serde(default)]
+    pub reserved_peak_bytes: Option<u64>,
+    /// Device memory `nvidia-smi` would show: reserved + CUDA context + NCCL buffers.
+    #[serde(default)]
+    pub device_used_bytes: Option<u64>,
 }
 
 /// Predictions before and after.
@@ -100,6 +106,12 @@ pub struct Predicted {
     /// communication-side change (fusion, partition, scheduling, compression) can beat.
     /// `null` when an interrupt or the budget left no time to replay it.
     pub lower_bound_ms: Option<f64>,
+    /// The GPU's memory and the budget the plan was held to (the GPU's memory unless
+    /// `--memory-budget` asked for less), bytes; absent in plans written before them.
+    #[serde(default)]
+    pub gpu_memory_bytes: Option<u64>,
+    #[serde(default)]
+    pub memory_budget_bytes: Option<u64>,
     /// The precision the baseline computes in (`fp32`, `tf32`, `fp16`, `bf16`): `fp32` for
     /// most frameworks' defaults, so a plan that turns AMP on counts AMP's gain against strict
     /// fp32. Empty in plans written before it was recorded.

@@ -11,7 +11,11 @@
 //!
 //! **Invariant:** memory follows dependencies: replays that differ only in when ops run, not in
 //! what depends on what, see each buffer allocated before it is freed.
+//!
+//! [`rank_peaks`] plays the peak worker's events through the allocator model of
+//! [`crate::cost::memory`] for the reserved and device-used peaks.
 
+use crate::cost::memory::{Event, MemoryPeaks, MemorySpec, run_allocator};
 use crate::graph::{Dfg, MemWhen};
 
 use super::Replay;
@@ -27,6 +31,125 @@ pub struct MemoryReport {
     pub peak_worker: u32,
     /// When it is reached, ns.
     pub peak_at_ns: u64,
+    /// The peak worker's allocated, reserved and device-used peaks ([`rank_peaks`]; all zero
+    /// until it is computed).
+    pub peaks: MemoryPeaks,
+}
+
+impl MemoryReport {
+    /// This report with its three peaks computed ([`rank_peaks`]).
+    pub fn with_peaks(
+        mut self,
+        g: &Dfg,
+        r: &Replay,
+        spec: &MemorySpec,
+        communicators: u32,
+        capacity: u64,
+    ) -> MemoryReport {
+        self.peaks = rank_peaks(g, r, &self, spec, communicators, capacity);
+        self
+    }
+}
+
+/// The three peaks of the report's peak worker: its allocated peak, its events (static bytes
+/// first, then every allocation and free at its replayed time, frees first at equal times)
+/// played through the allocator model for the reserved peak, and the runtime terms
+/// (`communicators`: NCCL communicators the rank holds). `capacity` is the GPU's memory: the
+/// allocator releases its empty cached segments before it would pass what the context, NCCL
+/// and the workspace leave of it.
+pub fn rank_peaks(
+    g: &Dfg,
+    r: &Replay,
+    m: &MemoryReport,
+    spec: &MemorySpec,
+    communicators: u32,
+    capacity: u64,
+) -> MemoryPeaks {
+    let w = m.peak_worker;
+    let mut events: Vec<(u64, u8, u64)> = Vec::new();
+    for e in g.mem_effects().iter().filter(|e| e.worker == w) {
+        let (s, t) = (r.start_ns[e.op as usize], r.end_ns[e.op as usize]);
+        match e.when {
+            MemWhen::AllocAtStart => events.push((s, 1, e.bytes)),
+            MemWhen::FreeAtEnd => events.push((t, 0, e.bytes)),
+            MemWhen::During => {
+                events.push((s, 1, e.bytes));
+                events.push((t, 0, e.bytes));
+            }
+        }
+    }
+    events.sort_unstable();
+    let statics = spec.scaled(g.static_memory().get(w as usize).copied().unwrap_or(0));
+    let stream =
+        std::iter::once(Event::Alloc(statics)).chain(same_storage(&events).into_iter().map(|e| {
+            match e {
+                Event::Alloc(b) => Event::Alloc(spec.scaled(b)),
+                Event::Free(b) => Event::Free(spec.scaled(b)),
+            }
+        }));
+    let limit = capacity
+        .saturating_sub(spec.context_bytes())
+        .saturating_sub(spec.nccl_bytes(communicators))
+        .saturating_sub(spec.workspace_bytes);
+    let run = run_allocator(spec, limit, stream);
+    // Allocated as the framework counts it: its blocks (rounded, unsplit ones whole), never
+    // below the liveness peak.
+    MemoryPeaks::combine(
+        spec,
+        spec.scaled(m.peak_bytes).max(run.in_use),
+        statics,
+        run.segments,
+        communicators,
+    )
+}
+
+/// The allocator's view of one worker's `(time, 0 = free / 1 = alloc, bytes)` events, sorted:
+/// at one instant, a free and an allocation of the same size are one tensor living on (an op's
+/// output freed as its own tensor and allocated again as its consumer's saved input, in the
+/// graph's bookkeeping, is one storage in the framework), so such pairs cancel; the other frees
+/// come before the other allocations.
+fn same_storage(events: &[(u64, u8, u64)]) -> Vec<Event> {
+    let mut out = Vec::with_capacity(events.len());
+    let mut i = 0;
+    while i < events.len() {
+        let t = events[i].0;
+        let j = i + events[i..].partition_point(|e| e.0 == t);
+        let frees: Vec<u64> = events[i..j]
+            .iter()
+            .filter(|e| e.1 == 0)
+            .map(|e| e.2)
+            .collect();
+        let allocs: Vec<u64> = events[i..j]
+            .iter()
+            .filter(|e| e.1 == 1)
+            .map(|e| e.2)
+            .collect();
+        // Both sorted by size: cancel equal sizes pairwise.
+        let (mut fi, mut ai) = (0, 0);
+        let (mut kf, mut ka) = (Vec::new(), Vec::new());
+        while fi < frees.len() && ai < allocs.len() {
+            match frees[fi].cmp(&allocs[ai]) {
+                std::cmp::Ordering::Equal => {
+                    fi += 1;
+                    ai += 1;
+                }
+                std::cmp::Ordering::Less => {
+                    kf.push(frees[fi]);
+                    fi += 1;
+                }
+                std::cmp::Ordering::Greater => {
+                    ka.push(allocs[ai]);
+                    ai += 1;
+                }
+            }
+        }
+        kf.extend_from_slice(&frees[fi..]);
+        ka.extend_from_slice(&allocs[ai..]);
+        out.extend(kf.into_iter().map(Event::Free));
+        out.extend(ka.into_iter().map(Event::Alloc));
+        i = j;
+    }
+    out
 }
 
 /// Compute the peak memory of every worker.
@@ -93,5 +216,6 @@ pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
         peak_worker: peak_worker as u32,
         peak_bytes,
         per_worker_bytes,
+        peaks: MemoryPeaks::default(),
     }
 }

@@ -1424,6 +1424,7 @@ mod tests {
             framework: Default::default(),
             exec: Default::default(),
             host: Default::default(),
+            memory: Default::default(),
             meta: JobMeta::default(),
         }
     }

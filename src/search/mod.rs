@@ -1,9 +1,11 @@
 //! The planner's search (dPRO §5, Algorithm 1): from an unoptimised job to the fastest job the
 //! registered passes can reach within a wall-clock budget.
 //!
-//! 1. **Memory step.** Over the memory budget, try recomputation and gradient accumulation
-//!    (k = 2, 4, 8, 16) by replay and keep the fastest that fits; when none fits, stop with
-//!    [`SearchError::Infeasible`] and the smallest peak reached.
+//! 1. **Memory step.** Over the memory budget (compared with the device-used peak, what
+//!    `nvidia-smi` shows), try AMP, recomputation, gradient accumulation (every k that divides the
+//!    per-GPU batch, [`accumulation_steps`]) and their combinations by replay and keep the
+//!    fastest that fits; when none fits, stop with [`SearchError::Infeasible`], the smallest peak
+//!    reached and what would fit ([`what_would_fit`]).
 //! 2. **Critical-path rounds.** Replay, take the critical path, ask every allowed pass for
 //!    patches at its sites (op fusion along the computation-bound prefix by Theorem 1, tensor
 //!    fusion along the communication-bound suffix by Theorem 2, partition numbers by partial
@@ -202,6 +204,8 @@ pub struct Progress<'a> {
     /// The best job so far and its peak memory per GPU, bytes.
     pub best_job: &'a Job,
     pub best_peak_bytes: u64,
+    /// Its three peaks.
+    pub best_peaks: crate::cost::memory::MemoryPeaks,
     /// The decisions from the search's start to it (the start's own decisions included).
     pub decisions: &'a [Decision],
 }
@@ -210,7 +214,7 @@ pub struct Progress<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum SearchError {
     #[error(
-        "no plan fits the memory budget of {budget_gb:.2} GB per GPU; the smallest peak reached is {smallest_gb:.2} GB ({how})"
+        "no plan fits the memory budget of {budget_gb:.2} GB per GPU; the smallest peak reached is {smallest_gb:.2} GB of device memory, with {how}"
     )]
     Infeasible {
         budget_gb: f64,
@@ -454,7 +458,7 @@ impl Ctx<'_> {
 
     /// Within the memory budget (if any).
     pub(crate) fn fits(&self, e: &Evaluated) -> bool {
-        self.memory_budget.is_none_or(|b| e.memory.peak_bytes <= b)
+        self.memory_budget.is_none_or(|b| budget_peak(e) <= b)
     }
 
     /// Whether `next` is worth taking over `cur` with move `m`: faster, and for an on/off pass
@@ -478,6 +482,7 @@ impl Ctx<'_> {
             round,
             best_job: &best.job,
             best_peak_bytes: best.memory.peak_bytes,
+            best_peaks: best.memory.peaks,
             decisions: &all,
         });
     }
@@ -613,7 +618,7 @@ pub fn search_from(
     for n in &names {
         allowed.push(passes::find(all, n)?);
     }
-    let memory_options: Vec<&str> = ["recompute", "grad-accumulation"]
+    let memory_options: Vec<&str> = ["amp", "recompute", "grad-accumulation"]
         .into_iter()
         .filter(|p| match &opts.passes {
             Some(list) => list.iter().any(|l| l == p),
@@ -648,7 +653,7 @@ pub fn search_from(
             Strategy::Mcmc => mcmc::run(ctx, cur, replays),
         }
     };
-    let over = |e: &Evaluated| opts.memory_budget.is_some_and(|b| e.memory.peak_bytes > b);
+    let over = |e: &Evaluated| opts.memory_budget.is_some_and(|b| budget_peak(e) > b);
     let (walk, decisions) = if !over(&start) {
         let w = run(&ctx, start.clone(), 1)?;
         let mut d = prefix.clone();
@@ -669,7 +674,7 @@ pub fn search_from(
                 let (fit, n, step) =
                     memory_step(&start, budget, &memory_options, all, &eval, opts.lean_ops)?;
                 let mut d = prefix.clone();
-                d.push(step);
+                d.extend(step);
                 let w = Walk {
                     best: fit,
                     decisions: Vec::new(),
@@ -696,7 +701,7 @@ pub fn search_from(
                         replays += n;
                         let mut pre = prefix.clone();
                         pre.extend(path);
-                        pre.push(step);
+                        pre.extend(step);
                         ctx.prefix = pre.clone();
                         let w = run(&ctx, fit, replays)?;
                         replays = w.replays;
@@ -987,15 +992,72 @@ pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Over the memory budget: the fastest of recomputation and gradient accumulation that fits.
+/// Over the memory budget: the fastest option that fits, among recomputation, gradient
+/// accumulation (every `k` that leaves a whole number of samples per micro-step, see
+/// [`accumulation_steps`]), AMP, and their combinations, each tried on `cur` by replay. The
+/// budget is compared with the device-used peak (what must fit the GPU).
 /// A pass with knob assignments, as the memory step tries it.
 type KnobbedPass = (String, Vec<(String, String)>);
-/// One option the memory step tried: its label, the pass and knobs, the outcome and patches.
+/// One option the memory step tried: its steps, the outcome, and each step's evaluation and
+/// patches.
 type Tried = (
-    String,
-    KnobbedPass,
-    Result<(Evaluated, Vec<Patch>), SearchError>,
+    Vec<KnobbedPass>,
+    Result<(Evaluated, Vec<(Evaluated, Vec<Patch>)>), SearchError>,
 );
+
+/// The peak the memory budget is compared with: device-used (reserved + CUDA context + NCCL).
+pub fn budget_peak(e: &Evaluated) -> u64 {
+    e.memory.peaks.device_used
+}
+
+/// Accumulation steps the memory step tries for a per-GPU batch of `batch` samples: the
+/// divisors of the batch above 1 (every micro-step a whole number of samples), at most 12
+/// spread geometrically, always with `batch` itself (one sample per micro-step). A batch of 0
+/// (a trace that does not say) gives 2, 4, 8, 16.
+pub fn accumulation_steps(batch: u32) -> Vec<u32> {
+    if batch == 0 {
+        return vec![2, 4, 8, 16];
+    }
+    let mut divs: Vec<u32> = (2..=batch)
+        .take_while(|d| u64::from(*d) * u64::from(*d) <= u64::from(batch))
+        .filter(|d| batch % d == 0)
+        .flat_map(|d| [d, batch / d])
+        .chain(std::iter::once(batch).filter(|&b| b > 1))
+        .collect();
+    divs.sort_unstable();
+    divs.dedup();
+    if divs.len() <= 12 {
+        return divs;
+    }
+    // Thin to about 12, geometrically, keeping the smallest and the largest.
+    let (lo, hi) = (divs[0] as f64, *divs.last().unwrap_or(&1) as f64);
+    let mut out: Vec<u32> = (0..12)
+        .map(|i| {
+            let target = lo * (hi / lo).powf(i as f64 / 11.0);
+            *divs
+                .iter()
+                .min_by(|a, b| {
+                    ((**a as f64).ln() - target.ln())
+                        .abs()
+                        .total_cmp(&((**b as f64).ln() - target.ln()).abs())
+                })
+                .unwrap_or(&divs[0])
+        })
+        .collect();
+    out.dedup();
+    out
+}
+
+fn label(steps: &[KnobbedPass]) -> String {
+    steps
+        .iter()
+        .map(|(n, k)| match k.first() {
+            Some((kn, v)) => format!("{n}:{kn}={v}"),
+            None => n.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
 
 fn memory_step(
     cur: &Evaluated,
@@ -1004,101 +1066,198 @@ fn memory_step(
     all: &[Box<dyn Pass>],
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
     lean_ops: usize,
-) -> Result<(Evaluated, u64, Decision), SearchError> {
-    let mut options: Vec<KnobbedPass> = Vec::new();
-    if allowed.contains(&"recompute") {
-        options.push(("recompute".into(), vec![]));
+) -> Result<(Evaluated, u64, Vec<Decision>), SearchError> {
+    let has = |p: &str| allowed.contains(&p);
+    let amp_on = cur.job.dtype != crate::cost::config::Dtype::Fp32;
+    let mut firsts: Vec<Vec<KnobbedPass>> = vec![Vec::new()];
+    if has("amp") && !amp_on {
+        firsts.push(vec![("amp".into(), vec![])]);
     }
-    if allowed.contains(&"grad-accumulation") {
-        // Whole micro-batches only (a batch the input does not state, 0, allows every k): the
-        // export feeds batch/k samples per micro-step, and the plan reader refuses a k that
-        // does not divide the batch.
-        let batch = cur.job.meta.batch;
-        for k in [2u32, 4, 8, 16]
-            .into_iter()
-            .filter(|k| batch.is_multiple_of(*k))
+    let ks = if has("grad-accumulation") {
+        accumulation_steps(cur.job.meta.batch)
+    } else {
+        Vec::new()
+    };
+    let acc = |k: u32| -> KnobbedPass {
+        (
+            "grad-accumulation".into(),
+            vec![("k".into(), k.to_string())],
+        )
+    };
+    let mut options: Vec<Vec<KnobbedPass>> = Vec::new();
+    for first in &firsts {
+        let with = |rest: Vec<KnobbedPass>| {
+            let mut v = first.clone();
+            v.extend(rest);
+            v
+        };
+        if !first.is_empty() {
+            options.push(first.clone());
+        }
+        if has("recompute") {
+            options.push(with(vec![("recompute".into(), vec![])]));
+        }
+        for &k in &ks {
+            options.push(with(vec![acc(k)]));
+        }
+        if has("recompute")
+            && let Some(&k) = ks.last()
         {
-            options.push((
-                "grad-accumulation".into(),
-                vec![("k".into(), k.to_string())],
-            ));
+            options.push(with(vec![("recompute".into(), vec![]), acc(k)]));
         }
     }
     if options.is_empty() {
         return Err(SearchError::Infeasible {
             budget_gb: budget as f64 / 1e9,
-            smallest_gb: cur.memory.peak_bytes as f64 / 1e9,
-            how: "no memory option allowed: --passes and the framework's export leave neither recompute nor grad-accumulation".into(),
+            smallest_gb: budget_peak(cur) as f64 / 1e9,
+            how: format!(
+                "no memory option allowed: --passes and the framework's export leave neither amp, recompute nor grad-accumulation; {}",
+                what_would_fit(cur, budget, 1)
+            ),
         });
     }
     let tried: Vec<Tried> = options
         .par_iter()
-        .map(|(name, knobs)| {
-            let label = if knobs.is_empty() {
-                name.clone()
-            } else {
-                format!("{name}:k={}", knobs[0].1)
-            };
+        .map(|steps| {
             let r = (|| {
-                let p = passes::find(all, name)?;
-                let k = passes::resolve_knobs(p, knobs)?;
-                let patches = passes::propose(p, cur, &k)?;
-                let job = passes::apply_all(&cur.job, &patches)?;
-                let mut e = eval(job)?;
+                // A lean start (the unconstrained search's best, scored lean) is shown to the
+                // passes in full.
+                let mut e = if cur.is_lean() {
+                    eval(cur.job.clone())?
+                } else {
+                    cur.clone()
+                };
+                let mut trail = Vec::new();
+                for (name, knobs) in steps {
+                    let p = passes::find(all, name)?;
+                    let k = passes::resolve_knobs(p, knobs)?;
+                    let patches = passes::propose(p, &e, &k)?;
+                    let job = passes::apply_all(&e.job, &patches)?;
+                    let next = eval(job)?;
+                    trail.push((e, patches));
+                    e = next;
+                }
                 lean_from(&mut e, lean_ops);
-                Ok((e, patches))
+                for t in &mut trail {
+                    lean_from(&mut t.0, lean_ops);
+                }
+                Ok((e, trail))
             })();
-            (label, (name.clone(), knobs.clone()), r)
+            (steps.clone(), r)
         })
         .collect();
-    let replays = tried.len() as u64;
-    let mut smallest: Option<(u64, String)> = None;
-    let mut best: Option<(String, KnobbedPass, Evaluated, Vec<Patch>)> = None;
-    for (label, option, r) in tried {
-        let Ok((e, patches)) = r else { continue };
-        if smallest
-            .as_ref()
-            .is_none_or(|(b, _)| e.memory.peak_bytes < *b)
-        {
-            smallest = Some((e.memory.peak_bytes, label.clone()));
+    let replays = tried
+        .iter()
+        .map(|(s, r)| if r.is_ok() { s.len() as u64 } else { 0 })
+        .sum();
+    let k_of = |steps: &[KnobbedPass]| -> u32 {
+        steps
+            .iter()
+            .filter(|(n, _)| n == "grad-accumulation")
+            .filter_map(|(_, k)| k.first().and_then(|(_, v)| v.parse().ok()))
+            .next()
+            .unwrap_or(1)
+    };
+    let mut smallest: Option<(u64, String, Evaluated, u32)> = None;
+    let mut best: Option<(Vec<KnobbedPass>, Evaluated, Vec<(Evaluated, Vec<Patch>)>)> = None;
+    for (steps, r) in tried {
+        let Ok((e, trail)) = r else { continue };
+        let peak = budget_peak(&e);
+        if smallest.as_ref().is_none_or(|(b, _, _, _)| peak < *b) {
+            smallest = Some((peak, label(&steps), e.clone(), k_of(&steps)));
         }
-        if e.memory.peak_bytes <= budget
+        if peak <= budget
             && best
                 .as_ref()
-                .is_none_or(|(_, _, b, _)| e.iteration_ns() < b.iteration_ns())
+                .is_none_or(|(_, b, _)| e.iteration_ns() < b.iteration_ns())
         {
-            best = Some((label, option, e, patches));
+            best = Some((steps, e, trail));
         }
     }
-    let Some((label, (_, knobs), e, patches)) = best else {
-        let (bytes, how) = smallest.unwrap_or((cur.memory.peak_bytes, "no option ran".into()));
-        let bytes = bytes.min(cur.memory.peak_bytes);
+    let Some((steps, e, trail)) = best else {
+        let (bytes, how, s, k) =
+            smallest.unwrap_or((budget_peak(cur), "no option ran".into(), cur.clone(), 1));
+        let (bytes, how, s, k) = if bytes <= budget_peak(cur) {
+            (bytes, how, s, k)
+        } else {
+            (budget_peak(cur), "the start".into(), cur.clone(), 1)
+        };
         return Err(SearchError::Infeasible {
             budget_gb: budget as f64 / 1e9,
             smallest_gb: bytes as f64 / 1e9,
-            how,
+            how: format!("{how}; {}", what_would_fit(&s, budget, k)),
         });
     };
-    let ops = patches
-        .iter()
-        .flat_map(|p| describe(&cur.job, p).1)
-        .collect();
-    let decision = Decision {
-        pass: label.split(':').next().unwrap_or(&label).to_string(),
-        tensors: Vec::new(),
-        ops,
-        partitions: None,
-        knobs: knobs.into_iter().collect(),
-        why: format!(
-            "memory step: peak {:.2} GB over the budget of {:.2} GB; {label} is the fastest option that fits ({:.2} GB)",
-            cur.memory.peak_bytes as f64 / 1e9,
-            budget as f64 / 1e9,
-            e.memory.peak_bytes as f64 / 1e9
-        ),
-        effect_ms: (e.iteration_ns() as f64 - cur.iteration_ns() as f64) / 1e6,
-        mechanism: String::new(),
-    };
-    Ok((e, replays, decision))
+    let all_label = label(&steps);
+    let mut decisions = Vec::new();
+    for (i, ((name, knobs), (before, patches))) in steps.iter().zip(&trail).enumerate() {
+        let after = trail.get(i + 1).map_or(&e, |t| &t.0);
+        let ops = patches
+            .iter()
+            .flat_map(|p| describe(&before.job, p).1)
+            .collect();
+        decisions.push(Decision {
+            pass: name.clone(),
+            tensors: Vec::new(),
+            ops,
+            partitions: None,
+            knobs: knobs.iter().cloned().collect(),
+            why: format!(
+                "memory step: device memory {:.2} GB over the budget of {:.2} GB; {all_label} is the fastest option that fits ({:.2} GB)",
+                budget_peak(cur) as f64 / 1e9,
+                budget as f64 / 1e9,
+                budget_peak(&e) as f64 / 1e9
+            ),
+            effect_ms: (after.iteration_ns() as f64 - before.iteration_ns() as f64) / 1e6,
+            mechanism: String::new(),
+        });
+    }
+    Ok((e, replays, decisions))
+}
+
+/// What would fit when nothing the passes reach does, from the smallest evaluation `s`: the
+/// largest per-GPU micro-batch the room left by its fixed memory holds (activations grow with
+/// the micro-batch), or, when not even one sample fits, how many GPUs the weights, gradients
+/// and optimizer state would have to be sharded over.
+pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32) -> String {
+    let p = &s.memory.peaks;
+    let b = &p.breakdown;
+    let fixed = p.device_used.saturating_sub(b.dynamic_bytes);
+    let batch = u64::from(s.job.meta.batch);
+    let k = u64::from(k.max(1));
+    let micro = (batch / k).max(1);
+    let per_sample = b.dynamic_bytes / micro;
+    let gb = |x: u64| x as f64 / 1e9;
+    if batch > 0 && fixed < budget && per_sample > 0 {
+        let fit = (budget - fixed) / per_sample;
+        if fit >= 1 {
+            let w = u64::from(s.job.workers.max(1));
+            let global = batch * w;
+            return format!(
+                "{fit} samples per GPU per micro-step would fit ({:.2} GB fixed + {:.3} GB a sample): a per-GPU batch of {fit} (global {}), or the global batch of {global} on {} GPUs",
+                gb(fixed),
+                gb(per_sample),
+                fit * w,
+                global.div_ceil(fit).max(w)
+            );
+        }
+    }
+    let states = b.static_bytes;
+    let room = budget
+        .saturating_sub(fixed.saturating_sub(states))
+        .saturating_sub(per_sample);
+    if room == 0 || states == 0 {
+        return format!(
+            "the runtime and one sample alone need more than the budget ({:.2} GB fixed, {:.3} GB a sample)",
+            gb(fixed.saturating_sub(states)),
+            gb(per_sample)
+        );
+    }
+    format!(
+        "one sample per micro-step does not fit: weights, gradients and optimizer state are {:.2} GB per GPU; shard them (ZeRO-3/FSDP, not planned yet) over >= {} GPUs, or use a smaller model",
+        gb(states),
+        states.div_ceil(room)
+    )
 }
 
 /// The iteration time if synchronisation cost nothing (zero latency, unbounded bandwidth): no

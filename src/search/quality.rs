@@ -133,6 +133,7 @@ fn case(seed: u64) -> (Job, Vec<OpId>) {
         framework: Default::default(),
         exec: Default::default(),
         host: Default::default(),
+        memory: Default::default(),
         meta: JobMeta::default(),
     };
     (job, chain)

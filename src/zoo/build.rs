@@ -175,6 +175,7 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
         framework: opts.framework,
         exec: opts.framework.exec(),
         host: std::sync::Arc::new(host.clone()),
+        memory: std::sync::Arc::new(crate::cost::memory::MemorySpec::builtin(opts.framework)),
         meta: JobMeta {
             model: model.name.clone(),
             batch: model.batch,

@@ -70,8 +70,11 @@ pub const MODELS: &[ZooEntry] = &[
     },
 ];
 
-/// Largest per-worker batch accepted.
-pub const MAX_BATCH: u32 = 1 << 16;
+/// Largest per-worker batch accepted: 16,777,216 samples, beyond any recipe (DLE BERT
+/// pre-training accumulates 65,536 sequences per step on one GPU). What really bounds a batch is
+/// the work: the graph's physical bounds (`graph::bounds`: a worker's memory ≤ 1 PiB, an op
+/// ≤ 2^50 ns) refuse a batch whose activations or kernels would not be real.
+pub const MAX_BATCH: u32 = 1 << 24;
 
 /// Options that shape a zoo model; `None` keeps the model's default.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -208,7 +211,14 @@ mod tests {
                 .to_string()
                 .contains("batch")
         );
-        assert!(model("resnet50", &opts(|o| o.batch = Some(1 << 20))).is_err());
+        assert!(model("resnet50", &opts(|o| o.batch = Some((1 << 24) + 1))).is_err());
+        // Issue 21: a global batch of 64k sequences on one GPU is a real recipe.
+        assert_eq!(
+            model("bert-base", &opts(|o| o.batch = Some(65_536 * 2)))
+                .unwrap()
+                .batch,
+            131_072
+        );
         assert!(
             model("resnet50", &opts(|o| o.hidden = Some(512)))
                 .unwrap_err()

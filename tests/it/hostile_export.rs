@@ -188,13 +188,19 @@ fn plan_of(n: &Names) -> Plan {
             baseline: Point {
                 iteration_ms: 10.0,
                 peak_memory_bytes: Some(1 << 30),
+                reserved_peak_bytes: None,
+                device_used_bytes: None,
             },
             planned: Point {
                 iteration_ms: 8.0,
                 peak_memory_bytes: Some(1 << 29),
+                reserved_peak_bytes: None,
+                device_used_bytes: None,
             },
             speedup: 1.25,
             lower_bound_ms: Some(7.0),
+            gpu_memory_bytes: None,
+            memory_budget_bytes: None,
         },
         baselines: BTreeMap::from([(n.pass.clone(), 10.0)]),
         decisions: vec![

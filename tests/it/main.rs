@@ -25,6 +25,8 @@
 //! * [`fuzz_traces`]: proptest mutations of real and hand-made execution traces: no panics.
 //! * [`pass_props`]: every pass's `propose` on random zoo jobs, full and lean: patches or "does
 //!   not apply", never a panic; a lean evaluation is refused.
+//! * [`memory`]: the three memory peaks in every report, the feasibility gate of `plan`, whole
+//!   samples per micro-step in the search, `whatif` and every export (issue 21).
 //! * [`lower_bound`]: the ONNX importer and `trainplan lower-bound`.
 //! * [`trace_replay`]: `trainplan replay --trace` on small and real Kineto traces.
 //! * [`trace_multi`]: several ranks: collective matching, clock alignment, mismatches.
@@ -55,6 +57,7 @@ mod fuzz_traces;
 mod hostile_export;
 mod hostile_input;
 mod lower_bound;
+mod memory;
 mod messages;
 mod pass_props;
 mod plan;

@@ -94,14 +94,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         "BACKWARD_PASSES_PER_STEP = {}\nGRAD_ACCUMULATION = BACKWARD_PASSES_PER_STEP\n",
         f.k
     ));
-    let batch = plan.workload.batch().unwrap_or(0);
-    let micro = if batch == 0 {
-        "None".to_string()
-    } else if f.k > 1 {
-        format!("{}", batch as f64 / f.k as f64)
-    } else {
-        batch.to_string()
-    };
+    let micro = f
+        .micro_batch
+        .map_or_else(|| "None".to_string(), |m| m.to_string());
     py.push_str(&format!(
         "# Samples per micro-step (the planned batch per GPU divided by GRAD_ACCUMULATION).\nMICRO_BATCH = {micro}\n"
     ));

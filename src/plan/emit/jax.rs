@@ -72,14 +72,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         )),
     }
     let fp16 = f.half.as_deref() == Some("fp16");
-    let batch = plan.workload.batch().unwrap_or(0);
-    let micro = if batch == 0 {
-        "None".to_string()
-    } else if f.k > 1 {
-        format!("{}", batch as f64 / f.k as f64)
-    } else {
-        batch.to_string()
-    };
+    let micro = f
+        .micro_batch
+        .map_or_else(|| "None".to_string(), |m| m.to_string());
     let recompute: Vec<String> = if plan.workload.names == "trace" {
         Vec::new()
     } else {

@@ -187,6 +187,9 @@ pub(crate) struct Facts {
     pub fp16_allreduce: bool,
     /// Micro-batches per iteration.
     pub k: u32,
+    /// Samples per micro-step (the per-GPU batch ÷ k, always whole: a plan whose k does not
+    /// divide its batch is refused), `None` when the plan does not know its batch (a trace).
+    pub micro_batch: Option<u32>,
     /// Modules to recompute (checkpoint), forward order, collapsed to parents where all of a
     /// parent's planned layers are recomputed.
     pub recompute: Vec<String>,
@@ -206,6 +209,15 @@ impl Facts {
                 "grad_accumulation is 0 (1 means no accumulation)".into(),
             ));
         }
+        let batch = plan.workload.batch().unwrap_or(0);
+        if batch > 0 && batch % c.grad_accumulation != 0 {
+            return Err(EmitError::Inconsistent(format!(
+                "grad_accumulation {} does not divide the per-GPU batch of {batch}: a micro-step would hold {:.3} samples (no export feeds a fraction of a sample)",
+                c.grad_accumulation,
+                f64::from(batch) / f64::from(c.grad_accumulation)
+            )));
+        }
+        let micro_batch = (batch > 0).then(|| batch / c.grad_accumulation);
         let mut seen = BTreeSet::new();
         for t in c.tensor_groups.iter().flatten() {
             if !seen.insert(t.as_str()) {
@@ -291,6 +303,7 @@ impl Facts {
             half,
             fp16_allreduce,
             k: c.grad_accumulation,
+            micro_batch,
             recompute: recompute_modules(plan),
             clusters: merge_clusters(&c.fused_ops),
             horovod_cycle_ms,
@@ -579,13 +592,19 @@ pub(crate) mod tests {
                 baseline: Point {
                     iteration_ms: 10.0,
                     peak_memory_bytes: Some(1 << 30),
+                    reserved_peak_bytes: None,
+                    device_used_bytes: None,
                 },
                 planned: Point {
                     iteration_ms: 8.0,
                     peak_memory_bytes: Some(1 << 29),
+                    reserved_peak_bytes: None,
+                    device_used_bytes: None,
                 },
                 speedup: 1.25,
                 lower_bound_ms: Some(7.0),
+                gpu_memory_bytes: None,
+                memory_budget_bytes: None,
             },
             baselines: BTreeMap::from([("none".to_string(), 10.0)]),
             decisions: vec![

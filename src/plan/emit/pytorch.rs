@@ -192,14 +192,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             f.largest_group_bytes().filter(|_| f.fuses_tensors())
         }
     };
-    let batch = plan.workload.batch().unwrap_or(0);
-    let micro = if f.k > 1 && batch > 0 {
-        format!("{}", batch as f64 / f.k as f64)
-    } else if batch > 0 {
-        batch.to_string()
-    } else {
-        "None".into()
-    };
+    let micro = f
+        .micro_batch
+        .map_or_else(|| "None".to_string(), |m| m.to_string());
     let mut py = format!(
         "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import (apply_plan, autocast_context, make_grad_scaler, accumulate,\n                                 is_update_step, scale_loss, optimizer_kwargs, MICRO_BATCH)\n    model = apply_plan(model)          # after init_process_group, instead of DistributedDataParallel(model)\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **optimizer_kwargs())\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):   # a loader of MICRO_BATCH samples per step\n        with accumulate(model, step), autocast_context():\n            loss = scale_loss(loss_fn(model(batch)))\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nThe plan (model, cluster, --framework, predicted times) and whose names it uses are in the\ncomments below.\n\"\"\"\n\n{}# names: {}\n# planned with --framework {}\nimport contextlib\nimport warnings\n\n",
         header(plan, "PyTorch patch"),

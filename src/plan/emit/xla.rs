@@ -72,14 +72,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         env.push_str("# the plan runs without XLA: nothing to set\n");
     }
     let fp16 = f.half.as_deref() == Some("fp16");
-    let batch = plan.workload.batch().unwrap_or(0);
-    let micro = if batch == 0 {
-        "None".to_string()
-    } else if f.k > 1 {
-        format!("{}", batch as f64 / f.k as f64)
-    } else {
-        batch.to_string()
-    };
+    let micro = f
+        .micro_batch
+        .map_or_else(|| "None".to_string(), |m| m.to_string());
     let untargeted = untargeted_layers(f, plan);
     let mut not_applied: Vec<String> = Vec::new();
     if !f.clusters.is_empty() {

@@ -550,6 +550,11 @@ pub(crate) fn one_worker_job(
         framework: Framework::default(),
         exec: Exec::Eager,
         host: std::sync::Arc::new(crate::cost::host::HostSpec::builtin(Exec::Eager)),
+        // The recorded peak already holds cuBLAS's workspace.
+        memory: std::sync::Arc::new(crate::cost::memory::MemorySpec {
+            workspace_bytes: 0,
+            ..Default::default()
+        }),
         meta: JobMeta {
             model: name.to_string(),
             batch: 0,

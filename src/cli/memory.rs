@@ -1,0 +1,63 @@
+//! The three memory peaks in reports: `--json` fields, the human line and the over-capacity
+//! warning, shared by `replay`, `whatif` and `plan` (and `show` through the plan's points).
+
+use serde_json::{Value, json};
+
+use crate::cost::memory::MemoryPeaks;
+use crate::graph::job::Job;
+
+use super::output::gb;
+
+/// Whether the device-used peak is above the GPU's memory.
+pub fn over_capacity(p: &MemoryPeaks, job: &Job) -> bool {
+    p.device_used > job.gpu.memory_bytes()
+}
+
+/// `peak_memory_bytes` (allocated), `reserved_peak_bytes`, `device_used_bytes` and the
+/// breakdown, with `prefix` before each name (`baseline_`).
+pub fn fields(p: &MemoryPeaks, prefix: &str) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert(format!("{prefix}peak_memory_bytes"), json!(p.allocated));
+    m.insert(format!("{prefix}reserved_peak_bytes"), json!(p.reserved));
+    m.insert(format!("{prefix}device_used_bytes"), json!(p.device_used));
+    m.insert(format!("{prefix}memory_breakdown"), json!(p.breakdown));
+    m
+}
+
+/// Merge `fields` into a JSON object.
+pub fn extend(v: &mut Value, fields: serde_json::Map<String, Value>) {
+    if let Some(o) = v.as_object_mut() {
+        o.extend(fields);
+    }
+}
+
+/// `allocated 12.3 GB · reserved 13.1 GB · device used 14.6 GB of 34.4 GB`.
+pub fn summary(p: &MemoryPeaks, job: &Job) -> String {
+    format!(
+        "allocated {} · reserved {} · device used {} of {} on a {}{}",
+        gb(p.allocated),
+        gb(p.reserved),
+        gb(p.device_used),
+        gb(job.gpu.memory_bytes()),
+        job.gpu.model,
+        if over_capacity(p, job) {
+            "  OVER CAPACITY: this job would not fit"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The warning on stderr when a job does not fit.
+pub fn warn_if_over(p: &MemoryPeaks, job: &Job) {
+    if over_capacity(p, job) {
+        tracing::warn!(
+            "predicted device memory {} (allocated {}, reserved {}) is above the {} of a {}: the job would not fit",
+            gb(p.device_used),
+            gb(p.allocated),
+            gb(p.reserved),
+            gb(job.gpu.memory_bytes()),
+            job.gpu.model
+        );
+    }
+}
