@@ -1251,6 +1251,22 @@ mod tests {
 
     /// Issue 14: lean evaluations (graphs dropped once scored, the move taken evaluated again)
     /// change the memory a search needs, never its plan — for both strategies.
+    /// Issue 21: the memory step tries only k that leave whole samples per micro-step.
+    #[test]
+    fn accumulation_steps_divide_the_batch() {
+        assert_eq!(accumulation_steps(3), vec![3]);
+        assert_eq!(accumulation_steps(32), vec![2, 4, 8, 16, 32]);
+        assert_eq!(accumulation_steps(12), vec![2, 3, 4, 6, 12]);
+        assert_eq!(accumulation_steps(1), Vec::<u32>::new());
+        assert_eq!(accumulation_steps(0), vec![2, 4, 8, 16]);
+        let big = accumulation_steps(65_536);
+        assert!(
+            big.len() <= 12 && big.contains(&2) && big.contains(&65_536),
+            "{big:?}"
+        );
+        assert!(big.iter().all(|k| 65_536 % k == 0));
+    }
+
     #[test]
     fn lean_evaluations_give_the_same_plan() {
         let all = crate::passes::registry();
