@@ -954,10 +954,9 @@ pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
 type KnobbedPass = (String, Vec<(String, String)>);
 /// One option the memory step tried: its steps, the outcome, and each step's evaluation and
 /// patches.
-type Tried = (
-    Vec<KnobbedPass>,
-    Result<(Evaluated, Vec<(Evaluated, Vec<Patch>)>), SearchError>,
-);
+type Tried = (Vec<KnobbedPass>, Result<(Evaluated, Trail), SearchError>);
+/// Each step of an option: the evaluation it started from and its patches.
+type Trail = Vec<(Evaluated, Vec<Patch>)>;
 
 /// The peak the memory budget is compared with: device-used (reserved + CUDA context + NCCL).
 pub fn budget_peak(e: &Evaluated) -> u64 {
@@ -974,7 +973,7 @@ pub fn accumulation_steps(batch: u32) -> Vec<u32> {
     }
     let mut divs: Vec<u32> = (2..=batch)
         .take_while(|d| u64::from(*d) * u64::from(*d) <= u64::from(batch))
-        .filter(|d| batch % d == 0)
+        .filter(|d| batch.is_multiple_of(*d))
         .flat_map(|d| [d, batch / d])
         .chain(std::iter::once(batch).filter(|&b| b > 1))
         .collect();
@@ -1107,7 +1106,7 @@ fn memory_step(
             .unwrap_or(1)
     };
     let mut smallest: Option<(u64, String, Evaluated, u32)> = None;
-    let mut best: Option<(Vec<KnobbedPass>, Evaluated, Vec<(Evaluated, Vec<Patch>)>)> = None;
+    let mut best: Option<(Vec<KnobbedPass>, Evaluated, Trail)> = None;
     for (steps, r) in tried {
         let Ok((e, trail)) = r else { continue };
         let peak = budget_peak(&e);
