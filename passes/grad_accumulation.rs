@@ -72,11 +72,16 @@ impl Pass for GradAccumulation {
                 .take(12)
                 .map(|d| d.to_string())
                 .collect();
-            return Err(bad(format!(
-                "must divide the per-GPU batch of {batch} (every micro-step a whole number of samples; {k} would give {:.3}); divisors: {}",
-                batch as f64 / k as f64,
-                divisors.join(", ")
-            )));
+            // Not applicable (the search skips it; `whatif` refuses it, exit 3): no micro-step
+            // is fed a fraction of a sample.
+            return Err(PassError::NotApplicable {
+                pass: NAME.into(),
+                why: format!(
+                    "knob k = {k} must divide the per-GPU batch of {batch} (every micro-step a whole number of samples; {k} would give {:.3}); divisors: {}",
+                    batch as f64 / k as f64,
+                    divisors.join(", ")
+                ),
+            });
         }
         // Bounded by the work: the replicated graph must stay within the graph's op limit.
         let ops = (cx.job.local.ops.len() as u64).saturating_mul(k as u64);

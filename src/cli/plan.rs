@@ -1094,10 +1094,17 @@ fn report(
     if let Some(e) = extra {
         // A trace's facts under the headline; its makespan and what bounds it after the
         // memory line.
+        // (The memory lines: "peak memory" and its indented reserved / device-used lines.)
         let mut at = lines
             .iter()
             .position(|l| l.starts_with("peak memory"))
-            .map_or(lines.len(), |i| i + 1);
+            .map_or(lines.len(), |i| {
+                i + 1
+                    + lines[i + 1..]
+                        .iter()
+                        .take_while(|l| l.starts_with("   "))
+                        .count()
+            });
         if let Some(f) = &e.facts {
             lines.insert(1, f.clone());
             at += 1;

@@ -107,15 +107,21 @@ const TENSORFLOW: (&str, &str) = (
     include_str!("../../configs/memory/tensorflow.yaml"),
 );
 
+const JAX: (&str, &str) = (
+    "configs/memory/jax.yaml",
+    include_str!("../../configs/memory/jax.yaml"),
+);
+
 /// The built-in memory files: (path, text).
-pub const BUILTIN: &[(&str, &str)] = &[PYTORCH, TENSORFLOW];
+pub const BUILTIN: &[(&str, &str)] = &[PYTORCH, TENSORFLOW, JAX];
 
 impl MemorySpec {
-    /// The allocator a framework runs on: TensorFlow's and JAX's BFC, else PyTorch's caching
-    /// allocator (Horovod and BytePS here drive PyTorch models).
+    /// The allocator a framework runs on: TensorFlow's BFC, XLA's (the same BFC) under JAX,
+    /// else PyTorch's caching allocator (Horovod and BytePS here drive PyTorch models).
     pub fn builtin(fw: Framework) -> MemorySpec {
         let (file, text) = match fw {
-            Framework::Tf | Framework::Jax => TENSORFLOW,
+            Framework::Tf => TENSORFLOW,
+            Framework::Jax => JAX,
             _ => PYTORCH,
         };
         parse_memory(text, file).unwrap_or_else(|e| panic!("built-in memory config: {e}"))

@@ -219,3 +219,30 @@ pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
         peaks: MemoryPeaks::default(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_equal_free_and_allocation_at_one_instant_are_one_tensor() {
+        // t=0: 100 B allocated; t=5: 100 B freed and 100 B + 50 B allocated (the 100 B pair is
+        // one tensor living on); t=9: 50 B freed.
+        let ev = [
+            (0, 1, 100),
+            (5, 0, 100),
+            (5, 1, 50),
+            (5, 1, 100),
+            (9, 0, 50),
+        ];
+        assert_eq!(
+            same_storage(&ev),
+            vec![Event::Alloc(100), Event::Alloc(50), Event::Free(50)]
+        );
+        // Unequal sizes stay: the free first, then the allocation.
+        assert_eq!(
+            same_storage(&[(3, 0, 64), (3, 1, 128)]),
+            vec![Event::Free(64), Event::Alloc(128)]
+        );
+    }
+}

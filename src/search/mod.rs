@@ -1000,10 +1000,9 @@ pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
 type KnobbedPass = (String, Vec<(String, String)>);
 /// One option the memory step tried: its steps, the outcome, and each step's evaluation and
 /// patches.
-type Tried = (
-    Vec<KnobbedPass>,
-    Result<(Evaluated, Vec<(Evaluated, Vec<Patch>)>), SearchError>,
-);
+type Tried = (Vec<KnobbedPass>, Result<(Evaluated, Trail), SearchError>);
+/// Each step of an option: the evaluation it started from and its patches.
+type Trail = Vec<(Evaluated, Vec<Patch>)>;
 
 /// The peak the memory budget is compared with: device-used (reserved + CUDA context + NCCL).
 pub fn budget_peak(e: &Evaluated) -> u64 {
@@ -1020,7 +1019,7 @@ pub fn accumulation_steps(batch: u32) -> Vec<u32> {
     }
     let mut divs: Vec<u32> = (2..=batch)
         .take_while(|d| u64::from(*d) * u64::from(*d) <= u64::from(batch))
-        .filter(|d| batch % d == 0)
+        .filter(|d| batch.is_multiple_of(*d))
         .flat_map(|d| [d, batch / d])
         .chain(std::iter::once(batch).filter(|&b| b > 1))
         .collect();
@@ -1159,7 +1158,7 @@ fn memory_step(
             .unwrap_or(1)
     };
     let mut smallest: Option<(u64, String, Evaluated, u32)> = None;
-    let mut best: Option<(Vec<KnobbedPass>, Evaluated, Vec<(Evaluated, Vec<Patch>)>)> = None;
+    let mut best: Option<(Vec<KnobbedPass>, Evaluated, Trail)> = None;
     for (steps, r) in tried {
         let Ok((e, trail)) = r else { continue };
         let peak = budget_peak(&e);
@@ -1303,6 +1302,22 @@ mod tests {
 
     /// Issue 14: lean evaluations (graphs dropped once scored, the move taken evaluated again)
     /// change the memory a search needs, never its plan — for both strategies.
+    /// Issue 21: the memory step tries only k that leave whole samples per micro-step.
+    #[test]
+    fn accumulation_steps_divide_the_batch() {
+        assert_eq!(accumulation_steps(3), vec![3]);
+        assert_eq!(accumulation_steps(32), vec![2, 4, 8, 16, 32]);
+        assert_eq!(accumulation_steps(12), vec![2, 3, 4, 6, 12]);
+        assert_eq!(accumulation_steps(1), Vec::<u32>::new());
+        assert_eq!(accumulation_steps(0), vec![2, 4, 8, 16]);
+        let big = accumulation_steps(65_536);
+        assert!(
+            big.len() <= 12 && big.contains(&2) && big.contains(&65_536),
+            "{big:?}"
+        );
+        assert!(big.iter().all(|k| 65_536 % k == 0));
+    }
+
     #[test]
     fn lean_evaluations_give_the_same_plan() {
         let all = crate::passes::registry();

@@ -210,7 +210,7 @@ impl Facts {
             ));
         }
         let batch = plan.workload.batch().unwrap_or(0);
-        if batch > 0 && batch % c.grad_accumulation != 0 {
+        if batch > 0 && !batch.is_multiple_of(c.grad_accumulation) {
             return Err(EmitError::Inconsistent(format!(
                 "grad_accumulation {} does not divide the per-GPU batch of {batch}: a micro-step would hold {:.3} samples (no export feeds a fraction of a sample)",
                 c.grad_accumulation,
