@@ -281,6 +281,12 @@ pub struct InputArgs {
     /// no transposes around tensor-core convolutions (the default for tf and jax).
     #[arg(long)]
     pub channels_last: bool,
+    /// The job runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: the caching
+    /// allocator grows one segment per pool instead of caching fixed segments, so the reserved
+    /// and device-used peaks lose most of their fragmentation (PyTorch jobs; TensorFlow's and
+    /// XLA's allocators have no such mode).
+    #[arg(long)]
+    pub expandable_segments: bool,
     /// Replay the symmetric form: one worker plus the quotient ring chain, standing for all
     /// workers (ring all-reduce only; exact when the ring's links are alike, otherwise paced by
     /// the slowest link). Much faster for large clusters.

@@ -309,10 +309,37 @@ pub fn other_gpu_warning(job: &crate::graph::job::Job, cluster: &Cluster) -> Opt
 }
 
 /// Resolve `--model/--cluster` or `--trace` into a job.
+/// Resolve `--model/--cluster` or `--trace` into a job (with the allocator as
+/// `--expandable-segments` says).
 pub fn input_job(i: &InputArgs) -> Result<Input, CliError> {
-    if !i.trace.is_empty() {
-        return trace_job(i);
+    let mut input = if i.trace.is_empty() {
+        zoo_job(i)?
+    } else {
+        trace_job(i)?
+    };
+    if i.expandable_segments {
+        let expand = |job: &mut Job| {
+            if job.memory.allocator == crate::cost::memory::AllocatorKind::Caching {
+                let mut m = (*job.memory).clone();
+                m.expandable_segments = true;
+                job.memory = std::sync::Arc::new(m);
+            }
+        };
+        if input.job.memory.allocator != crate::cost::memory::AllocatorKind::Caching {
+            tracing::warn!(
+                "--expandable-segments is a PyTorch caching-allocator setting; the {} allocator has none",
+                input.job.memory.name
+            );
+        }
+        expand(&mut input.job);
+        if let Some((j, _)) = &mut input.sync {
+            expand(j);
+        }
     }
+    Ok(input)
+}
+
+fn zoo_job(i: &InputArgs) -> Result<Input, CliError> {
     let (Some(name), Some(cluster)) = (&i.model, &i.cluster) else {
         return Err(CliError::usage(
             "give the input as --model NAME --cluster NAME|FILE (see `trainplan models` and `trainplan clusters`), or --trace FILE",

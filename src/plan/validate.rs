@@ -18,7 +18,7 @@
 //! | decision knobs | the pass's declared knobs and ranges; `amp`'s dtype fp16 / bf16 | `passes::*::knobs()`, [`crate::passes::amp::half_dtype`] |
 //! | a `baseline:` decision's knobs | [`crate::search::baselines::knob_specs`] | the baselines' grids |
 //! | `partitions` (decision and config) | 1 ..= 1,024 | `tensor-partition`'s `max_k` |
-//! | `config.grad_accumulation` | 1 ..= 1,024, dividing the batch | `grad-accumulation`'s `k` |
+//! | `config.grad_accumulation` | 1 ..= 2^24 (the largest batch), dividing the batch | `grad-accumulation`'s `k` |
 //! | `config.dtype` | fp32, fp16, bf16, fp8, fp64 | what `plan` writes |
 //! | `config.tensor_bytes`, each group's sum | ≤ 16 TiB (checked addition) | [`crate::graph::bounds::MAX_TENSOR_BYTES`] |
 //! | `config.tensor_groups` | no empty group, no tensor twice; partitions keyed by a group's first tensor | the job's syncs |
@@ -31,8 +31,11 @@ use crate::graph::bounds::{MAX_MEMORY_BYTES, MAX_SUM_NS, MAX_TENSOR_BYTES};
 
 /// Largest time a plan may state, ms (2^62 ns, a worker's sum of durations).
 pub const MAX_MS: f64 = MAX_SUM_NS as f64 / 1e6;
-/// Largest partition number or accumulation factor (the passes' `max_k` and `k` ranges).
+/// Largest partition number (`tensor-partition`'s `max_k` range).
 pub const MAX_K: u32 = 1024;
+/// Largest accumulation factor: a micro-step holds at least one sample, so k is at most the
+/// largest per-GPU batch (`grad-accumulation`'s `k` is bounded by the batch it divides).
+pub const MAX_ACCUMULATION: u32 = crate::zoo::MAX_BATCH;
 /// The dtypes `FinalConfig::of` writes.
 pub const DTYPES: [&str; 5] = ["fp32", "fp16", "bf16", "fp8", "fp64"];
 
@@ -204,10 +207,10 @@ fn config(c: &FinalConfig, batch: u32) -> Result<(), Invalid> {
         ));
     }
     let k = c.grad_accumulation;
-    if k == 0 || k > MAX_K {
+    if k == 0 || k > MAX_ACCUMULATION {
         return Err(invalid(
             "config.grad_accumulation",
-            format!("{k}: must be between 1 and {MAX_K} (1 means no accumulation)"),
+            format!("{k}: must be between 1 and {MAX_ACCUMULATION} (1 means no accumulation)"),
         ));
     }
     if batch > 0 && !batch.is_multiple_of(k) {
@@ -456,7 +459,7 @@ mod tests {
         refused(
             |p| p.decisions[1] = decision("grad-accumulation", &[("k", "4294967295")], "x"),
             "decisions[1].knobs.k",
-            "between 1 and 1024",
+            "do not divide the batch of 4",
         );
         refused(
             |p| p.decisions[1] = decision("grad-accumulation", &[("k", "3")], "x"),
@@ -512,7 +515,7 @@ mod tests {
         refused(
             |p| p.config.grad_accumulation = 4294967295,
             "config.grad_accumulation",
-            "between 1 and 1024",
+            "between 1 and 16777216",
         );
         refused(
             |p| p.config.grad_accumulation = 3,
