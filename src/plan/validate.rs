@@ -189,7 +189,8 @@ fn decision_knobs(
                 return Err(invalid(
                     field("k"),
                     format!(
-                        "{k} micro-batches do not divide the batch of {batch} (workload.batch)"
+                        "{k} micro-batches do not divide the batch of {batch} (workload.batch): a micro-step would hold {:.3} samples",
+                        f64::from(batch) / k as f64
                     ),
                 ));
             }
@@ -216,7 +217,10 @@ fn config(c: &FinalConfig, batch: u32) -> Result<(), Invalid> {
     if batch > 0 && !batch.is_multiple_of(k) {
         return Err(invalid(
             "config.grad_accumulation",
-            format!("{k} micro-batches do not divide the batch of {batch} (workload.batch)"),
+            format!(
+                "{k} micro-batches do not divide the batch of {batch} (workload.batch): a micro-step would hold {:.3} samples",
+                f64::from(batch) / f64::from(k)
+            ),
         ));
     }
     for (t, &b) in &c.tensor_bytes {

@@ -66,19 +66,12 @@ pub fn rank_peaks(
     capacity: u64,
 ) -> MemoryPeaks {
     let w = m.peak_worker;
-    let mut events: Vec<(u64, u8, u64)> = Vec::new();
-    for e in g.mem_effects().iter().filter(|e| e.worker == w) {
-        let (s, t) = (r.start_ns[e.op as usize], r.end_ns[e.op as usize]);
-        match e.when {
-            MemWhen::AllocAtStart => events.push((s, 1, e.bytes)),
-            MemWhen::FreeAtEnd => events.push((t, 0, e.bytes)),
-            MemWhen::During => {
-                events.push((s, 1, e.bytes));
-                events.push((t, 0, e.bytes));
-            }
-        }
-    }
-    events.sort_unstable();
+    // The peak worker's events in the order `peak_memory` plays them (memory follows
+    // dependencies at one instant), reduced to (time, 0 = free / 1 = alloc, bytes).
+    let events: Vec<(u64, u8, u64)> = ordered_events(g, r, Some(w))
+        .into_iter()
+        .map(|(_, t, _, _, _, kind, bytes)| (t, kind, bytes))
+        .collect();
     let statics = spec.scaled(g.static_memory().get(w as usize).copied().unwrap_or(0));
     let stream =
         std::iter::once(Event::Alloc(statics)).chain(same_storage(&events).into_iter().map(|e| {
@@ -92,79 +85,79 @@ pub fn rank_peaks(
         .saturating_sub(spec.nccl_bytes(communicators))
         .saturating_sub(spec.workspace_bytes);
     let run = run_allocator(spec, limit, stream);
-    // Allocated as the framework counts it: its blocks (rounded, unsplit ones whole), never
-    // below the liveness peak.
+    // Allocated: the liveness peak, which follows dependencies (issue 20: a what-if that only
+    // moves when ops run, such as durations scaled to 0, must not change it). How the
+    // allocator's blocks round and split requests depends on the order they arrive in; that
+    // is the reserve's part (`run.segments`), not the allocated peak's.
     MemoryPeaks::combine(
         spec,
-        spec.scaled(m.peak_bytes).max(run.in_use),
+        spec.scaled(m.peak_bytes),
         statics,
         run.segments,
         communicators,
     )
 }
 
-/// The allocator's view of one worker's `(time, 0 = free / 1 = alloc, bytes)` events, sorted:
-/// at one instant, a free and an allocation of the same size are one tensor living on (an op's
-/// output freed as its own tensor and allocated again as its consumer's saved input, in the
-/// graph's bookkeeping, is one storage in the framework), so such pairs cancel; the other frees
-/// come before the other allocations.
+/// The allocator's view of one worker's `(time, 0 = free / 1 = alloc, bytes)` events, in the
+/// order they happen (`ordered_events`): at one instant, a free followed by an allocation of the
+/// same size are one tensor living on (an op's output freed as its own tensor and allocated
+/// again as its consumer's saved input, in the graph's bookkeeping, is one storage in the
+/// framework), so such pairs cancel; every other event keeps its place, so memory still follows
+/// dependencies (an allocation is never moved after the free that depends on it).
 fn same_storage(events: &[(u64, u8, u64)]) -> Vec<Event> {
     let mut out = Vec::with_capacity(events.len());
     let mut i = 0;
     while i < events.len() {
         let t = events[i].0;
         let j = i + events[i..].partition_point(|e| e.0 == t);
-        let frees: Vec<u64> = events[i..j]
-            .iter()
-            .filter(|e| e.1 == 0)
-            .map(|e| e.2)
-            .collect();
-        let allocs: Vec<u64> = events[i..j]
-            .iter()
-            .filter(|e| e.1 == 1)
-            .map(|e| e.2)
-            .collect();
-        // Both sorted by size: cancel equal sizes pairwise.
-        let (mut fi, mut ai) = (0, 0);
-        let (mut kf, mut ka) = (Vec::new(), Vec::new());
-        while fi < frees.len() && ai < allocs.len() {
-            match frees[fi].cmp(&allocs[ai]) {
-                std::cmp::Ordering::Equal => {
-                    fi += 1;
-                    ai += 1;
-                }
-                std::cmp::Ordering::Less => {
-                    kf.push(frees[fi]);
-                    fi += 1;
-                }
-                std::cmp::Ordering::Greater => {
-                    ka.push(allocs[ai]);
-                    ai += 1;
-                }
+        let mut keep = vec![true; j - i];
+        // Each allocation cancels the earliest unmatched equal-sized free before it.
+        let mut open: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
+        for (k, e) in events[i..j].iter().enumerate() {
+            if e.1 == 0 {
+                open.entry(e.2).or_default().push(k);
+            } else if let Some(f) = open
+                .get_mut(&e.2)
+                .and_then(|v| (!v.is_empty()).then(|| v.remove(0)))
+            {
+                keep[f] = false;
+                keep[k] = false;
             }
         }
-        kf.extend_from_slice(&frees[fi..]);
-        ka.extend_from_slice(&allocs[ai..]);
-        out.extend(kf.into_iter().map(Event::Free));
-        out.extend(ka.into_iter().map(Event::Alloc));
+        for (k, e) in events[i..j].iter().enumerate() {
+            if keep[k] {
+                out.push(if e.1 == 0 {
+                    Event::Free(e.2)
+                } else {
+                    Event::Alloc(e.2)
+                });
+            }
+        }
         i = j;
     }
     out
 }
 
-/// Compute the peak memory of every worker.
-pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
-    let workers = g.workers().max(1) as usize;
+/// Every worker's allocation and free events at their replayed times, sorted by (worker, time,
+/// 0 = a free of an op that started earlier / 1 = the rest, topological position, 0 = at its
+/// start / 1 = at its end, 0 = free / 1 = alloc, bytes): at one instant the frees of ops that
+/// ended then come first (the caching allocator hands a freed block to the next request), the
+/// rest follow the graph's dependencies.
+type Ev = (u32, u64, u8, u32, u8, u8, u64);
+
+/// `only`: one worker's events (the others are not collected).
+fn ordered_events(g: &Dfg, r: &Replay, only: Option<u32>) -> Vec<Ev> {
     // Each op's position in the topological order: the order of events at one instant.
     let mut pos = vec![0u32; g.op_count()];
     for (i, &op) in g.topo_order().iter().enumerate() {
         pos[op as usize] = i as u32;
     }
-    // (worker, time, 0 = a free of an op that started earlier / 1 = the rest, topological
-    // position, 0 = at its start / 1 = at its end, 0 = free / 1 = alloc, bytes)
-    type Ev = (u32, u64, u8, u32, u8, u8, u64);
     let mut events: Vec<Ev> = Vec::with_capacity(g.mem_effects().len());
-    for m in g.mem_effects() {
+    for m in g
+        .mem_effects()
+        .iter()
+        .filter(|m| only.is_none_or(|w| m.worker == w))
+    {
         let op = m.op as usize;
         let (s, e) = (r.start_ns[op], r.end_ns[op]);
         let p = pos[op];
@@ -179,6 +172,13 @@ pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
         }
     }
     events.sort_unstable();
+    events
+}
+
+/// Compute the peak memory of every worker.
+pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
+    let workers = g.workers().max(1) as usize;
+    let events = ordered_events(g, r, None);
     let statics = g.static_memory();
     let mut per_worker_bytes: Vec<u64> = (0..workers)
         .map(|w| statics.get(w).copied().unwrap_or(0))
@@ -239,10 +239,16 @@ mod tests {
             same_storage(&ev),
             vec![Event::Alloc(100), Event::Alloc(50), Event::Free(50)]
         );
-        // Unequal sizes stay: the free first, then the allocation.
+        // Unequal sizes stay where they are.
         assert_eq!(
             same_storage(&[(3, 0, 64), (3, 1, 128)]),
             vec![Event::Free(64), Event::Alloc(128)]
+        );
+        // An allocation before an equal-sized free at the same instant (an op that takes no
+        // time: its buffer is allocated, then freed) is not one tensor: both stay, in order.
+        assert_eq!(
+            same_storage(&[(3, 1, 64), (3, 0, 64)]),
+            vec![Event::Alloc(64), Event::Free(64)]
         );
     }
 }

@@ -359,7 +359,7 @@ fn the_search_proposes_only_accumulations_that_divide_the_batch() {
                 "-o",
                 dir.to_str().unwrap(),
             ],
-            "does not divide the per-GPU batch of 3",
+            "do not divide the batch of 3",
         );
         assert!(msg.contains("1.500"), "{msg}");
         assert!(!dir.exists(), "{fw}");
