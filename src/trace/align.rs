@@ -125,9 +125,16 @@ fn csc(rows: usize, cols: usize, mut trip: Vec<(usize, usize, f64)>) -> CscMatri
     CscMatrix::new(rows, cols, colptr, rowval, nzval)
 }
 
-/// Estimate each rank's clock offset from matched collectives: `times[r][k]` = (start, end) of
-/// the k-th collective on rank r, in ns on rank r's clock.
-pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment, AlignError> {
+/// The checked, shifted input of the alignment: one rank (nothing to align), or (ranks n,
+/// collectives K, each rank's coarse offset in ns — the median over collectives of its end
+/// against rank 0's —, and every collective's start and end in µs on the coarsely aligned
+/// clocks, relative to rank 0's first end).
+enum Shifted {
+    One(Alignment),
+    Many((usize, usize, Vec<i64>, Vec<Vec<f64>>, Vec<Vec<f64>>)),
+}
+
+fn shifted(times: &[Vec<(i64, i64)>]) -> Result<Shifted, AlignError> {
     let n = times.len();
     let Some(first) = times.first() else {
         return Err(AlignError::NoCollectives);
@@ -146,12 +153,12 @@ pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment
         }
     }
     if n == 1 {
-        return Ok(Alignment {
+        return Ok(Shifted::One(Alignment {
             offsets_ns: vec![0],
             spread_before_ns: 0.0,
             spread_after_ns: 0.0,
             constrained: true,
-        });
+        }));
     }
     // Coarse estimate: median over collectives of (end on rank 0 − end on rank r).
     let coarse: Vec<i64> = (0..n)
@@ -171,6 +178,16 @@ pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment
         .map(|r| (0..k).map(|c| us(times[r][c].1, r)).collect())
         .collect();
 
+    Ok(Shifted::Many((n, k, coarse, s, e)))
+}
+
+/// Estimate each rank's clock offset from matched collectives: `times[r][k]` = (start, end) of
+/// the k-th collective on rank r, in ns on rank r's clock.
+pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment, AlignError> {
+    let (n, k, coarse, s, e) = match shifted(times)? {
+        Shifted::One(a) => return Ok(a),
+        Shifted::Many(p) => p,
+    };
     // Variables: δ_1..δ_{n−1} (µs, on top of the coarse offsets), m_1..m_K, the mean u of the
     // δ, then one mean u_h per host. The variance Σ_k ||C(d_k + δ)||² with C = I − 11ᵀ/n is
     // K·Σ_r (δ_r − δ̄)² + 2·Σ_r D_r δ_r + const (d_k is centred, D_r = Σ_k d_rk), and
@@ -367,49 +384,10 @@ mod tests {
         times: &[Vec<(i64, i64)>],
         opts: &AlignOptions,
     ) -> Result<Alignment, AlignError> {
-        let n = times.len();
-        let Some(first) = times.first() else {
-            return Err(AlignError::NoCollectives);
+        let (n, k, coarse, s, e) = match shifted(times)? {
+            Shifted::One(a) => return Ok(a),
+            Shifted::Many(p) => p,
         };
-        let k = first.len();
-        if k == 0 {
-            return Err(AlignError::NoCollectives);
-        }
-        for (r, t) in times.iter().enumerate() {
-            if t.len() != k {
-                return Err(AlignError::Mismatch {
-                    rank: r,
-                    got: t.len(),
-                    want: k,
-                });
-            }
-        }
-        if n == 1 {
-            return Ok(Alignment {
-                offsets_ns: vec![0],
-                spread_before_ns: 0.0,
-                spread_after_ns: 0.0,
-                constrained: true,
-            });
-        }
-        // Coarse estimate: median over collectives of (end on rank 0 − end on rank r).
-        let coarse: Vec<i64> = (0..n)
-            .map(|r| {
-                let mut d: Vec<i64> = (0..k).map(|c| first[c].1 - times[r][c].1).collect();
-                d.sort_unstable();
-                d[k / 2]
-            })
-            .collect();
-        // Shifted times in µs relative to rank 0's first collective end.
-        let base = first[0].1;
-        let us = |t: i64, r: usize| (t + coarse[r] - base) as f64 / 1e3;
-        let s: Vec<Vec<f64>> = (0..n)
-            .map(|r| (0..k).map(|c| us(times[r][c].0, r)).collect())
-            .collect();
-        let e: Vec<Vec<f64>> = (0..n)
-            .map(|r| (0..k).map(|c| us(times[r][c].1, r)).collect())
-            .collect();
-
         // Variables: δ_1..δ_{n−1} (µs, on top of the coarse offsets), then m_1..m_K.
         let nv = n - 1 + k;
         let th = |r: usize| r - 1; // variable index of δ_r, r ≥ 1
