@@ -148,8 +148,26 @@ impl CostFunction for Loss<'_> {
     }
 }
 
-/// Fits on `cases` from the configs' values; returns (constant, before, after) rows.
-pub fn fit(cases: &[Case], iters: u64) -> Vec<(String, f64, f64)> {
+/// What a fit found.
+pub struct Fitted {
+    /// (constant, configs' value, fitted value), in [`params`] order.
+    pub rows: Vec<(String, f64, f64)>,
+    /// Mean |log(predicted / measured)| over the cases before and after.
+    pub loss_before: f64,
+    pub loss_after: f64,
+    pub iterations: u64,
+}
+
+/// The key a constant is written under: `arch.name`, or the host's name.
+pub fn key(p: &Param) -> String {
+    match p.arch {
+        Some(a) => format!("{a}.{}", p.name),
+        None => p.name.to_string(),
+    }
+}
+
+/// Fits on `cases` from the configs' values.
+pub fn fit(cases: &[Case], iters: u64) -> Fitted {
     let ps = params();
     let x0 = current(&ps);
     let mut simplex = vec![x0.clone()];
@@ -174,20 +192,31 @@ pub fn fit(cases: &[Case], iters: u64) -> Vec<(String, f64, f64)> {
         .run()
         .expect("the fit runs");
     let best = res.state().get_best_param().cloned().unwrap_or(x0.clone());
-    eprintln!(
-        "fit: mean |log error| {before:.4} → {:.4} after {} iterations",
-        res.state().get_best_cost(),
-        res.state().get_iter()
-    );
-    let mut out = Vec::new();
-    let mut seen = BTreeMap::new();
-    for ((p, a), b) in ps.iter().zip(&x0).zip(&best) {
-        let key = match p.arch {
-            Some(a) => format!("{a}.{}", p.name),
-            None => p.name.to_string(),
-        };
-        seen.insert(key.clone(), ());
-        out.push((key, *a, b.clamp(p.lo, p.hi)));
+    let after = res.state().get_best_cost();
+    let iterations = res.state().get_iter();
+    eprintln!("fit: mean |log error| {before:.4} → {after:.4} after {iterations} iterations");
+    let rows = ps
+        .iter()
+        .zip(&x0)
+        .zip(&best)
+        .map(|((p, a), b)| (key(p), *a, b.clamp(p.lo, p.hi)))
+        .collect();
+    Fitted {
+        rows,
+        loss_before: before,
+        loss_after: after,
+        iterations,
     }
-    out
+}
+
+/// The overrides that fitted values name (`key` → value; a constant not named keeps the
+/// configs' value).
+pub fn overrides_named(values: &BTreeMap<String, f64>) -> Overrides {
+    let ps = params();
+    let x: Vec<f64> = ps
+        .iter()
+        .zip(current(&ps))
+        .map(|(p, now)| values.get(&key(p)).copied().unwrap_or(now))
+        .collect();
+    overrides(&ps, &x)
 }
