@@ -15,6 +15,7 @@ pub mod declarative;
 pub mod grad_accumulation;
 pub mod op_fusion;
 pub mod recompute;
+pub mod shard;
 pub mod tensor_fusion;
 pub mod tensor_partition;
 
@@ -380,6 +381,7 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         Box::new(grad_accumulation::GradAccumulation),
         Box::new(op_fusion::OpFusion),
         Box::new(recompute::Recompute),
+        Box::new(shard::Shard),
         Box::new(tensor_fusion::TensorFusion),
         Box::new(tensor_partition::TensorPartition),
     ];

@@ -821,6 +821,8 @@ pub(crate) mod tests {
                     tensors: vec![t],
                     bytes,
                     partitions: 1,
+                    kind: crate::graph::comm::CollectiveKind::AllReduce,
+                    group: crate::graph::comm::Group::ALL,
                     ready: vec![out],
                     done: vec![inn],
                 });

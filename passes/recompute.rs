@@ -526,6 +526,8 @@ pub(crate) mod tests {
                 tensors: vec![0],
                 bytes: 1000,
                 partitions: 1,
+                kind: crate::graph::comm::CollectiveKind::AllReduce,
+                group: crate::graph::comm::Group::ALL,
                 ready: vec![2 * n + 1],
                 done: vec![2 * n + 2],
             }],

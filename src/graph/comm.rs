@@ -35,6 +35,75 @@ use super::{
     DeviceId, DeviceKind, DfgBuilder, LinkClass, NONE, OpId, OpKind, OpSpec, Phase, TensorId,
 };
 
+/// What a collective computes. Ring forms: an all-reduce is a reduce-scatter (n−1 steps, each
+/// rank ends with its reduced 1/n) followed by an all-gather (n−1 steps); each step moves a
+/// chunk of `S/n` bytes on every ring link (NCCL's ring algorithms; the sharded data-parallel
+/// collectives of FSDP and ZeRO).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveKind {
+    #[default]
+    AllReduce,
+    /// Each rank ends with its 1/n of the sum (gradients of sharded data parallelism).
+    ReduceScatter,
+    /// Each rank contributes 1/n and ends with the whole tensor (sharded parameters).
+    AllGather,
+}
+
+impl CollectiveKind {
+    /// Ring steps over `n` ranks.
+    pub fn ring_steps(self, n: u32) -> u32 {
+        match self {
+            CollectiveKind::AllReduce => 2 * n.saturating_sub(1),
+            CollectiveKind::ReduceScatter | CollectiveKind::AllGather => n.saturating_sub(1),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce => "all-reduce",
+            CollectiveKind::ReduceScatter => "reduce-scatter",
+            CollectiveKind::AllGather => "all-gather",
+        }
+    }
+}
+
+/// The ranks one collective runs over: groups of `size` workers `stride` apart (HSDP: a shard
+/// group of consecutive ranks, stride 1; the replicas of one shard, stride = the shard group's
+/// size). `size` 0 means every worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Group {
+    pub size: u32,
+    pub stride: u32,
+}
+
+impl Group {
+    /// Every worker.
+    pub const ALL: Group = Group { size: 0, stride: 1 };
+
+    /// The group's size over `n` workers.
+    pub fn len(self, n: u32) -> u32 {
+        if self.size == 0 { n } else { self.size.min(n) }
+    }
+
+    /// True when it is every worker.
+    pub fn is_all(self, n: u32) -> bool {
+        self.len(n) == n && self.stride.max(1) == 1
+    }
+
+    /// The members of worker `w`'s group, in ring order.
+    pub fn members(self, n: u32, w: u32) -> Vec<u32> {
+        let size = self.len(n);
+        let stride = self.stride.max(1);
+        let span = size * stride;
+        let base = (w / span) * span + w % stride;
+        (0..size)
+            .map(|k| base + k * stride)
+            .filter(|&m| m < n)
+            .collect()
+    }
+}
+
 /// α–β of the two link classes and the PS aggregation rate.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CommCost {
@@ -286,8 +355,41 @@ impl CommTopology {
         ready: &[OpId],
         done: &[OpId],
     ) {
+        self.collective(
+            b,
+            CollectiveKind::AllReduce,
+            Group::ALL,
+            tensor,
+            bytes,
+            ready,
+            done,
+        );
+    }
+
+    /// Wire one collective of `kind` over `group` for `tensor` (`bytes`: the whole tensor, as
+    /// an all-reduce's): ring forms only for reduce-scatter, all-gather and sub-groups (the
+    /// sharding pass refuses other schemes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective(
+        &mut self,
+        b: &mut DfgBuilder,
+        kind: CollectiveKind,
+        group: Group,
+        tensor: TensorId,
+        bytes: u64,
+        ready: &[OpId],
+        done: &[OpId],
+    ) {
         debug_assert_eq!(ready.len(), self.workers as usize);
         debug_assert_eq!(done.len(), self.workers as usize);
+        if kind != CollectiveKind::AllReduce || !group.is_all(self.n) {
+            if self.is_symmetric() {
+                self.group_ring_quotient(b, kind, group, tensor, bytes, ready[0], done[0]);
+            } else {
+                self.group_ring(b, kind, group, tensor, bytes, ready, done);
+            }
+            return;
+        }
         if self.n <= 1 {
             for (&r, &d) in ready.iter().zip(done) {
                 b.add_edge(r, d);
@@ -351,6 +453,122 @@ impl CommTopology {
             b.add_edge(prev[i], done[i]);
             self.last[i] = prev[i];
         }
+    }
+
+    /// A ring of `kind` within each group of `group` (full form): links between the members,
+    /// made on first use; each rank's previous collective still goes first.
+    #[allow(clippy::too_many_arguments)]
+    fn group_ring(
+        &mut self,
+        b: &mut DfgBuilder,
+        kind: CollectiveKind,
+        group: Group,
+        tensor: TensorId,
+        bytes: u64,
+        ready: &[OpId],
+        done: &[OpId],
+    ) {
+        let n = self.n;
+        let mut seen = vec![false; n as usize];
+        for w in 0..n {
+            if seen[w as usize] {
+                continue;
+            }
+            let members = group.members(n, w);
+            for &m in &members {
+                seen[m as usize] = true;
+            }
+            let k = members.len() as u32;
+            if k <= 1 {
+                for &m in &members {
+                    b.add_edge(ready[m as usize], done[m as usize]);
+                }
+                continue;
+            }
+            let chunk = bytes as f64 / k as f64;
+            let mut prev: Vec<OpId> = members.iter().map(|&m| ready[m as usize]).collect();
+            let mut recv = prev.clone();
+            for s in 0..kind.ring_steps(k) {
+                for (i, &from) in members.iter().enumerate() {
+                    let j = (i + 1) % members.len();
+                    let to = members[j];
+                    let link = self.link(b, from, to);
+                    let dur = ns(self.cost.link(self.class(from, to)).time_ns(chunk));
+                    let send = b.add_op(self.comm_op(OpKind::Send, link, tensor, s, dur));
+                    b.add_edge(prev[i], send);
+                    if s == 0 && self.last[from as usize] != NONE {
+                        b.add_edge(self.last[from as usize], send);
+                    }
+                    let r = b.add_op(self.comm_op(
+                        OpKind::Recv,
+                        self.comm_stream[to as usize],
+                        tensor,
+                        s,
+                        0,
+                    ));
+                    b.add_edge(send, r);
+                    recv[j] = r;
+                }
+                prev.copy_from_slice(&recv);
+            }
+            for (i, &m) in members.iter().enumerate() {
+                b.add_edge(prev[i], done[m as usize]);
+                self.last[m as usize] = prev[i];
+            }
+        }
+    }
+
+    /// The quotient form of [`Self::group_ring`]: one chain of the group's ring steps, each as
+    /// long as the slowest hop the group's ring has (members `stride` apart: a hop between
+    /// nodes when the group spans nodes).
+    #[allow(clippy::too_many_arguments)]
+    fn group_ring_quotient(
+        &mut self,
+        b: &mut DfgBuilder,
+        kind: CollectiveKind,
+        group: Group,
+        tensor: TensorId,
+        bytes: u64,
+        ready: OpId,
+        done: OpId,
+    ) {
+        let k = group.len(self.n);
+        if k <= 1 {
+            b.add_edge(ready, done);
+            return;
+        }
+        let hops: Vec<LinkClass> = if group.is_all(self.n) {
+            self.quotient_hops.clone()
+        } else {
+            let members = group.members(self.n, 0);
+            let mut h: Vec<LinkClass> = members
+                .iter()
+                .zip(members.iter().cycle().skip(1))
+                .map(|(&a, &c)| self.class(a, c))
+                .collect();
+            h.sort_by_key(|c| *c as u8);
+            h.dedup();
+            h
+        };
+        let chunk = bytes as f64 / k as f64;
+        let dur = hops
+            .iter()
+            .map(|&c| ns(self.cost.link(c).time_ns(chunk)))
+            .max()
+            .unwrap_or(0);
+        let mut prev = ready;
+        for s in 0..kind.ring_steps(k) {
+            let send = b.add_op(self.comm_op(OpKind::Send, self.ring_links[0], tensor, s, dur));
+            b.add_edge(prev, send);
+            if s == 0 && self.last[0] != NONE {
+                b.add_edge(self.last[0], send);
+            }
+            let r = b.add_op(self.comm_op(OpKind::Recv, self.comm_stream[0], tensor, s, 0));
+            b.add_edge(send, r);
+            prev = r;
+        }
+        b.add_edge(prev, done);
+        self.last[0] = prev;
     }
 
     fn ring_quotient(
@@ -496,5 +714,67 @@ impl CommTopology {
                 b.add_edge(got, done[w as usize]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::config::load_cluster;
+
+    /// One collective of `bytes` over the 8 GPUs of a DGX-1-class node: its replayed time.
+    fn time_of(kind: CollectiveKind, group: Group, symmetric: bool, bytes: u64) -> u64 {
+        let c = load_cluster("8xv100").expect("built-in cluster");
+        let spec = CommSpec::from_cluster(&c);
+        let mut b = DfgBuilder::new();
+        let virt = b.add_device(DeviceKind::Virtual);
+        let workers = if symmetric { 1 } else { 8 };
+        let streams: Vec<DeviceId> = (0..workers)
+            .map(|w| b.add_device(DeviceKind::CommStream { worker: w }))
+            .collect();
+        let mut t = if symmetric {
+            CommTopology::symmetric_ring(&mut b, &spec, 8, streams[0])
+        } else {
+            CommTopology::new(&mut b, &spec, streams)
+        };
+        let mk = |b: &mut DfgBuilder, k: OpKind| -> Vec<OpId> {
+            (0..workers)
+                .map(|_| b.add_op(OpSpec::new(k, Phase::Comm, virt, 0)))
+                .collect()
+        };
+        let ready = mk(&mut b, OpKind::Out);
+        let done = mk(&mut b, OpKind::In);
+        b.set_workers(workers);
+        t.collective(&mut b, kind, group, NONE, bytes, &ready, &done);
+        let g = b.build().expect("a valid graph");
+        crate::replay::replay(&g).iteration_ns
+    }
+
+    #[test]
+    fn reduce_scatter_and_all_gather_are_the_halves_of_an_all_reduce() {
+        let s = 64 << 20;
+        for sym in [false, true] {
+            let ar = time_of(CollectiveKind::AllReduce, Group::ALL, sym, s);
+            let rs = time_of(CollectiveKind::ReduceScatter, Group::ALL, sym, s);
+            let ag = time_of(CollectiveKind::AllGather, Group::ALL, sym, s);
+            assert_eq!(rs, ag);
+            assert!(rs * 2 >= ar - 2 && rs * 2 <= ar + 2, "{rs} x 2 vs {ar}");
+        }
+    }
+
+    #[test]
+    fn a_group_ring_has_its_own_steps_and_the_symmetric_form_agrees() {
+        let s = 64 << 20;
+        let four = Group { size: 4, stride: 1 };
+        let full = time_of(CollectiveKind::ReduceScatter, four, false, s);
+        let sym = time_of(CollectiveKind::ReduceScatter, four, true, s);
+        assert_eq!(full, sym);
+        // 3 steps of S/4 (0.75 S per link) against 7 steps of S/8 (0.875 S) on the same links.
+        let all = time_of(CollectiveKind::ReduceScatter, Group::ALL, false, s);
+        assert!(full < all, "{full} vs {all}");
+        assert_eq!(four.members(8, 5), vec![4, 5, 6, 7]);
+        let replicas = Group { size: 2, stride: 4 };
+        assert_eq!(replicas.members(8, 5), vec![1, 5]);
+        assert_eq!(replicas.members(8, 2), vec![2, 6]);
     }
 }

@@ -24,6 +24,7 @@ use crate::cost::host::HostSpec;
 use crate::cost::kernel::KernelModel;
 pub use crate::cost::kernel::OpWork;
 
+pub use super::comm::{CollectiveKind, Group};
 use super::comm::{CommSpec, CommTopology};
 use super::{
     DeviceKind, Dfg, DfgBuilder, GraphError, MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase,
@@ -99,6 +100,11 @@ pub struct Sync {
     pub bytes: u64,
     /// Independent pieces it is cut into (BytePS partitions); each is its own collective.
     pub partitions: u32,
+    /// What it computes: an all-reduce (data parallelism), or a reduce-scatter / all-gather
+    /// (sharded data parallelism: `passes/shard.rs`). `bytes` is the whole tensor's in each.
+    pub kind: CollectiveKind,
+    /// The ranks it runs over (every worker, or an HSDP shard or replica group).
+    pub group: Group,
     /// Local ops whose end makes it ready (the tensors' `Out` ops).
     pub ready: Vec<OpId>,
     /// Local ops that wait for it (the tensors' `In` ops).
@@ -476,7 +482,7 @@ impl Job {
             let k = s.partitions.max(1) as u64;
             let piece = s.bytes.div_ceil(k);
             for _ in 0..k {
-                topo.allreduce(&mut b, tensor, piece, &ready, &done);
+                topo.collective(&mut b, s.kind, s.group, tensor, piece, &ready, &done);
             }
         }
         Ok(b.build()?)

@@ -722,6 +722,8 @@ impl DdpLayout {
                     tensors: vec![t],
                     bytes: b,
                     partitions: 1,
+                    kind: crate::graph::comm::CollectiveKind::AllReduce,
+                    group: crate::graph::comm::Group::ALL,
                     ready: vec![s.ready[k]],
                     done: if s.done.is_empty() {
                         Vec::new()
@@ -1011,6 +1013,8 @@ fn fused_job(
                     tensors: Vec::new(),
                     bytes: 0,
                     partitions: 1,
+                    kind: crate::graph::comm::CollectiveKind::AllReduce,
+                    group: crate::graph::comm::Group::ALL,
                     ready: Vec::new(),
                     done: Vec::new(),
                 };
@@ -1403,6 +1407,8 @@ mod tests {
                 tensors: vec![i as u32],
                 bytes: b,
                 partitions: 1,
+                kind: crate::graph::comm::CollectiveKind::AllReduce,
+                group: crate::graph::comm::Group::ALL,
                 ready: vec![o + 1],
                 done: vec![o + 2],
             });

@@ -98,6 +98,8 @@ fn case(seed: u64) -> (Job, Vec<OpId>) {
             tensors: vec![t],
             bytes,
             partitions: 1,
+            kind: crate::graph::comm::CollectiveKind::AllReduce,
+            group: crate::graph::comm::Group::ALL,
             ready: vec![out],
             done: vec![inn],
         });

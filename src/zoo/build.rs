@@ -385,6 +385,8 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
             tensors: vec![t],
             bytes: elems * elem,
             partitions: 1,
+            kind: crate::graph::comm::CollectiveKind::AllReduce,
+            group: crate::graph::comm::Group::ALL,
             ready: vec![out],
             done: vec![inn],
         });

@@ -1,0 +1,710 @@
+//! `shard`: sharded data parallelism — ZeRO-1/2/3 (DeepSpeed), FSDP's SHARD_GRAD_OP and
+//! FULL_SHARD (PyTorch FSDP2 `fully_shard`), and HSDP (shard inside a group, replicate across
+//! groups).
+//!
+//! **What changes** (Rajbhandari et al., "ZeRO", SC'20, §5; PyTorch FSDP, Zhao et al., VLDB'23):
+//!
+//! | stage | optimizer state | gradients | parameters | collectives |
+//! |---|---|---|---|---|
+//! | 1 | 1/g | whole | whole | gradient all-reduce; all-gather of the updated parameters |
+//! | 2 | 1/g | reduce-scattered: 1/g kept | whole | reduce-scatter per bucket; all-gather after the update |
+//! | 3 | 1/g | 1/g | 1/g, gathered per unit | all-gather per unit before its forward (and again before its backward with `reshard=1`); reduce-scatter per bucket |
+//!
+//! `g` = workers / `replicas`: with `replicas > 1` (HSDP) the shard group is `g` consecutive
+//! ranks, and each reduce-scattered gradient shard is then all-reduced across the `replicas`
+//! groups (stride `g`). The optimizer step runs on the shard: its kernels take 1/g of the time.
+//!
+//! ```text
+//! stage 3, unit u (prefetch p):
+//!   gathered(u−p) ─► issue(u) ═ all-gather(unit u's params) ═► gathered(u) ─► FW ops of u ─► release(u)
+//!   issue(u) allocates the unsharded parameters (bytes of the unit), release(u) frees them
+//!   (reshard=1: after the forward, and again around the backward; reshard=0: after the backward)
+//! ```
+//!
+//! **Units** (what FSDP wraps): a layer belongs to the unit named by its path up to the first
+//! all-digit component (`bert.encoder.layer.3`, `transformer.h.11`, `layer3.1`): one unit per
+//! transformer block or residual block, FSDP2's usual policy; layers without such a component
+//! (embeddings, heads, stem) form the root unit, which keeps its gathered parameters from its
+//! forward to the end of its backward (FSDP2 does not reshard the root after the forward).
+//!
+//! **Cost model.** Reduce-scatter and all-gather are the two halves of a ring all-reduce (n−1
+//! chunk steps each, α–β per hop: `src/graph/comm.rs`). All collectives share the rank's comm
+//! stream in issue order (FSDP2 puts all-gathers and reduce-scatters on two streams: their
+//! overlap with each other is not modelled). Memory: static bytes become the shards; each
+//! unit's gathered parameters are allocated when its all-gather is issued and freed at release;
+//! with stage ≥ 2 a gradient keeps 1/g of its bytes once its reduce-scatter is done.
+//! Optimizer offload (`offload=1`) is refused: not modelled yet.
+
+use std::collections::BTreeMap;
+
+use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
+use crate::cost::config::SyncScheme;
+use crate::graph::job::{CollectiveKind, Group, Job, LocalOp, Sync};
+use crate::graph::{DeviceKind, MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase};
+
+/// The `shard` pass.
+pub struct Shard;
+
+const NAME: &str = "shard";
+
+/// The sharding a patch applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sharding {
+    pub stage: u32,
+    pub replicas: u32,
+    pub reshard: bool,
+    pub prefetch: u32,
+}
+
+impl Pass for Shard {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn doc(&self) -> &str {
+        "sharded data parallelism: ZeRO-1/2/3, FSDP SHARD_GRAD_OP / FULL_SHARD, HSDP (replicas=N)"
+    }
+    fn knobs(&self) -> Vec<KnobSpec> {
+        vec![
+            KnobSpec::int(
+                "stage",
+                "1: optimizer state sharded; 2: + gradients (reduce-scatter); 3: + parameters (all-gather per unit)",
+                3,
+                1,
+                3,
+            ),
+            KnobSpec::int(
+                "replicas",
+                "HSDP: shard inside groups of workers/replicas ranks, all-reduce across the replicas; must divide the workers",
+                1,
+                1,
+                i64::from(u32::MAX),
+            ),
+            KnobSpec::int(
+                "reshard",
+                "stage 3: free a unit's gathered parameters after its forward and gather them again for its backward (FSDP reshard_after_forward)",
+                1,
+                0,
+                1,
+            ),
+            KnobSpec::int(
+                "prefetch",
+                "stage 3: units whose all-gather may run ahead of the unit computing",
+                1,
+                0,
+                64,
+            ),
+            KnobSpec::int(
+                "offload",
+                "optimizer state and step on the CPU (not modelled yet: 1 is refused)",
+                0,
+                0,
+                1,
+            ),
+        ]
+    }
+    fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
+        let s = Sharding {
+            stage: knobs.int("stage") as u32,
+            replicas: knobs.int("replicas").max(1) as u32,
+            reshard: knobs.int("reshard") == 1,
+            prefetch: knobs.int("prefetch").max(0) as u32,
+        };
+        if knobs.int("offload") == 1 {
+            return Err(PassError::NotApplicable {
+                pass: NAME.into(),
+                why: "optimizer offload (offload=1) is not modelled yet".into(),
+            });
+        }
+        let job = shard(&cx.job, s)?;
+        let g = cx.job.workers / s.replicas;
+        Ok(vec![Patch {
+            pass: NAME.into(),
+            why: format!(
+                "stage {} over shard groups of {g} rank{}{}: optimizer state{} held as 1/{g} shards",
+                s.stage,
+                if g == 1 { "" } else { "s" },
+                if s.replicas > 1 {
+                    format!(", {} replicas (HSDP)", s.replicas)
+                } else {
+                    String::new()
+                },
+                match s.stage {
+                    1 => "",
+                    2 => " and gradients",
+                    _ => ", gradients and parameters",
+                },
+            ),
+            edits: vec![Edit::ReplaceJob(Box::new(job))],
+        }])
+    }
+}
+
+fn not_applicable(why: String) -> PassError {
+    PassError::NotApplicable {
+        pass: NAME.into(),
+        why,
+    }
+}
+
+/// The unit a layer belongs to: its path up to the first all-digit component, or the root unit
+/// (`""`).
+pub fn unit_of(layer: &str) -> &str {
+    let mut end = 0;
+    for part in layer.split('.') {
+        let stop = end + part.len();
+        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+            return &layer[..stop];
+        }
+        end = stop + 1;
+    }
+    ""
+}
+
+/// `job` sharded as `s` says.
+pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
+    let n = job.workers;
+    if n < 2 {
+        return Err(not_applicable(
+            "one worker has nothing to shard over".into(),
+        ));
+    }
+    if s.replicas == 0 || n % s.replicas != 0 {
+        return Err(not_applicable(format!(
+            "replicas = {} must divide the {n} workers",
+            s.replicas
+        )));
+    }
+    let g = n / s.replicas;
+    if g < 2 {
+        return Err(not_applicable(format!(
+            "replicas = {} leaves shard groups of one rank: that is plain data parallelism",
+            s.replicas
+        )));
+    }
+    if job.comm.scheme != SyncScheme::Ring {
+        return Err(not_applicable(format!(
+            "sharded data parallelism runs NCCL ring collectives; this cluster synchronises by {:?}",
+            job.comm.scheme
+        )));
+    }
+    if job
+        .syncs
+        .iter()
+        .any(|x| x.kind != CollectiveKind::AllReduce)
+    {
+        return Err(not_applicable("the job is already sharded".into()));
+    }
+    if job.syncs.is_empty() {
+        return Err(not_applicable(
+            "the job has no gradient synchronisation".into(),
+        ));
+    }
+    let mut j = job.clone();
+    let virt = virtual_device(&mut j);
+    let l = &job.local;
+    let params: u64 = l.tensors.iter().map(|t| t.bytes).sum();
+    let states = l.static_mem_bytes.saturating_sub(params);
+    j.local.static_mem_bytes = if s.stage >= 3 {
+        params.div_ceil(u64::from(g)) + states.div_ceil(u64::from(g))
+    } else {
+        params + states.div_ceil(u64::from(g))
+    };
+    // The optimizer step runs on the shard.
+    let updates: Vec<OpId> = (0..l.ops.len() as OpId)
+        .filter(|&o| {
+            let sp = &l.ops[o as usize].spec;
+            sp.phase == Phase::Update && !is_virtual(sp.kind) && sp.kind != OpKind::CpuOther
+        })
+        .filter(|&o| {
+            let sp = &l.ops[o as usize].spec;
+            matches!(
+                l.devices.get(sp.device as usize),
+                Some(DeviceKind::GpuStream { .. })
+            )
+        })
+        .collect();
+    for &u in &updates {
+        let op = &mut j.local.ops[u as usize];
+        op.spec.dur_ns = op.spec.dur_ns.div_ceil(u64::from(g));
+        if let Some(w) = op.work.as_mut() {
+            // Every element the step touches is the shard's.
+            let f = 1.0 / f64::from(g);
+            w.flops *= f;
+            w.act_elems *= f;
+            w.weight_elems *= f;
+        }
+    }
+    let shard_group = Group { size: g, stride: 1 };
+    let replica_group = Group {
+        size: s.replicas,
+        stride: g,
+    };
+    // Gradients: reduce-scatter (stage >= 2), then HSDP's all-reduce of the shard.
+    let mut grad_syncs = Vec::with_capacity(job.syncs.len());
+    for sy in &job.syncs {
+        if s.stage == 1 {
+            grad_syncs.push(sy.clone());
+            continue;
+        }
+        let kept = sy.bytes / u64::from(g);
+        if s.replicas > 1 {
+            let mid = push_op(&mut j, OpKind::In, Phase::Comm, virt, NONE);
+            grad_syncs.push(Sync {
+                kind: CollectiveKind::ReduceScatter,
+                group: shard_group,
+                done: vec![mid],
+                ..sy.clone()
+            });
+            free_at_end(&mut j, mid, sy.bytes - kept);
+            grad_syncs.push(Sync {
+                kind: CollectiveKind::AllReduce,
+                group: replica_group,
+                bytes: kept.max(1),
+                ready: vec![mid],
+                ..sy.clone()
+            });
+        } else {
+            grad_syncs.push(Sync {
+                kind: CollectiveKind::ReduceScatter,
+                group: shard_group,
+                ..sy.clone()
+            });
+            if let Some(&d) = sy.done.first() {
+                free_at_end(&mut j, d, sy.bytes - kept);
+            }
+        }
+    }
+    let mut syncs = Vec::new();
+    if s.stage >= 3 {
+        let units = units(job);
+        if units.is_empty() {
+            return Err(not_applicable(
+                "no layer holds parameters: nothing to gather".into(),
+            ));
+        }
+        let plan = gather_units(&mut j, &units, s, virt, shard_group);
+        syncs.extend(plan.forward);
+        // Backward gathers go before the first gradient collective of the unit they must
+        // precede (prefetch: of the unit after it), in issue order.
+        let mut bw: Vec<(usize, Sync)> = plan.backward;
+        for sy in grad_syncs {
+            let unit_here = sy
+                .tensors
+                .iter()
+                .filter_map(|&t| l.tensors.get(t as usize))
+                .map(|t| unit_index(&units, l, t.layer))
+                .max();
+            while let Some((u, _)) = bw.first() {
+                let due = unit_here.is_some_and(|h| h <= u + s.prefetch.max(1) as usize);
+                if !due {
+                    break;
+                }
+                syncs.push(bw.remove(0).1);
+            }
+            syncs.push(sy);
+        }
+        syncs.extend(bw.into_iter().map(|(_, sy)| sy));
+    } else {
+        syncs.extend(grad_syncs);
+        // The updated shards are gathered back into whole parameters after the step.
+        let done = push_op(&mut j, OpKind::In, Phase::Update, virt, NONE);
+        let ready = push_op(&mut j, OpKind::Out, Phase::Update, virt, NONE);
+        for &u in &updates {
+            j.local.edges.push((u, ready));
+        }
+        syncs.push(Sync {
+            tensors: (0..l.tensors.len() as u32).collect(),
+            bytes: params.max(1),
+            partitions: 1,
+            kind: CollectiveKind::AllGather,
+            group: shard_group,
+            ready: vec![ready],
+            done: vec![done],
+        });
+    }
+    j.syncs = syncs;
+    Ok(j)
+}
+
+fn is_virtual(k: OpKind) -> bool {
+    matches!(k, OpKind::In | OpKind::Out)
+}
+
+fn virtual_device(j: &mut Job) -> u32 {
+    if let Some(i) = j
+        .local
+        .devices
+        .iter()
+        .position(|d| matches!(d, DeviceKind::Virtual))
+    {
+        return i as u32;
+    }
+    j.local.devices.push(DeviceKind::Virtual);
+    (j.local.devices.len() - 1) as u32
+}
+
+fn push_op(j: &mut Job, kind: OpKind, phase: Phase, device: u32, layer: u32) -> OpId {
+    j.local.ops.push(LocalOp {
+        spec: OpSpec {
+            layer,
+            ..OpSpec::new(kind, phase, device, 0)
+        },
+        work: None,
+    });
+    (j.local.ops.len() - 1) as OpId
+}
+
+fn free_at_end(j: &mut Job, op: OpId, bytes: u64) {
+    if bytes > 0 {
+        j.local.mem.push(MemEffect {
+            op,
+            worker: 0,
+            bytes,
+            when: MemWhen::FreeAtEnd,
+        });
+    }
+}
+
+/// One wrap unit: its name, layers, parameter bytes and tensors, in forward order.
+#[derive(Clone, Debug)]
+pub struct Unit {
+    pub name: String,
+    pub layers: Vec<u32>,
+    pub bytes: u64,
+    pub tensors: Vec<u32>,
+}
+
+/// The job's wrap units that hold parameters, in the order their forward first runs.
+pub fn units(job: &Job) -> Vec<Unit> {
+    let l = &job.local;
+    let mut by: BTreeMap<&str, Unit> = BTreeMap::new();
+    for (ti, t) in l.tensors.iter().enumerate() {
+        let Some(name) = l.layers.get(t.layer as usize) else {
+            continue;
+        };
+        let u = by.entry(unit_of(name)).or_insert_with(|| Unit {
+            name: unit_of(name).to_string(),
+            layers: Vec::new(),
+            bytes: 0,
+            tensors: Vec::new(),
+        });
+        u.bytes += t.bytes;
+        u.tensors.push(ti as u32);
+    }
+    for (li, name) in l.layers.iter().enumerate() {
+        if let Some(u) = by.get_mut(unit_of(name)) {
+            u.layers.push(li as u32);
+        }
+    }
+    // Forward order: the first FW compute op of each unit.
+    let mut first: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, o) in l.ops.iter().enumerate() {
+        if o.spec.phase == Phase::Fw
+            && o.spec.kind == OpKind::Compute
+            && let Some(name) = l.layers.get(o.spec.layer as usize)
+        {
+            first.entry(unit_of(name).to_string()).or_insert(i);
+        }
+    }
+    let mut v: Vec<Unit> = by.into_values().collect();
+    v.sort_by_key(|u| first.get(&u.name).copied().unwrap_or(usize::MAX));
+    v
+}
+
+fn unit_index(units: &[Unit], l: &crate::graph::job::LocalGraph, layer: u32) -> usize {
+    let name = l.layers.get(layer as usize).map_or("", |s| unit_of(s));
+    units.iter().position(|u| u.name == name).unwrap_or(0)
+}
+
+struct Gathers {
+    forward: Vec<Sync>,
+    /// (unit index, its backward all-gather), in backward order.
+    backward: Vec<(usize, Sync)>,
+}
+
+/// Stage 3's per-unit all-gathers and the virtual ops that hold their memory.
+fn gather_units(j: &mut Job, units: &[Unit], s: Sharding, virt: u32, group: Group) -> Gathers {
+    let ops_of = |j: &Job, u: &Unit, phase: Phase| -> Vec<OpId> {
+        j.local
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| {
+                o.spec.phase == phase
+                    && o.spec.kind == OpKind::Compute
+                    && u.layers.contains(&o.spec.layer)
+            })
+            .map(|(i, _)| i as OpId)
+            .collect()
+    };
+    let p = s.prefetch as usize;
+    let mut forward = Vec::new();
+    let mut gathered_fw: Vec<OpId> = Vec::new();
+    let mut release_fw: Vec<OpId> = Vec::new();
+    for (k, u) in units.iter().enumerate() {
+        let layer = u.layers.first().copied().unwrap_or(NONE);
+        let fw = ops_of(j, u, Phase::Fw);
+        let issue = push_op(j, OpKind::Out, Phase::Fw, virt, layer);
+        let got = push_op(j, OpKind::In, Phase::Fw, virt, layer);
+        let rel = push_op(j, OpKind::Out, Phase::Fw, virt, layer);
+        if p == 0 {
+            // No prefetch: after the previous unit released its parameters (the root unit
+            // releases only after the whole forward: after it is gathered, then).
+            if k > 0 {
+                let prev = if units[k - 1].name.is_empty() {
+                    gathered_fw[k - 1]
+                } else {
+                    release_fw[k - 1]
+                };
+                j.local.edges.push((prev, issue));
+            }
+        } else if k >= p {
+            j.local.edges.push((gathered_fw[k - p], issue));
+        }
+        for &o in &fw {
+            j.local.edges.push((got, o));
+            j.local.edges.push((o, rel));
+        }
+        j.local.edges.push((got, rel));
+        j.local.mem.push(MemEffect {
+            op: issue,
+            worker: 0,
+            bytes: u.bytes,
+            when: MemWhen::AllocAtStart,
+        });
+        if s.reshard && !u.name.is_empty() {
+            free_at_end(j, rel, u.bytes);
+        }
+        forward.push(Sync {
+            tensors: u.tensors.clone(),
+            bytes: u.bytes.max(1),
+            partitions: 1,
+            kind: CollectiveKind::AllGather,
+            group,
+            ready: vec![issue],
+            done: vec![got],
+        });
+        gathered_fw.push(got);
+        release_fw.push(rel);
+    }
+    let mut backward = Vec::new();
+    let mut gathered_bw: BTreeMap<usize, OpId> = BTreeMap::new();
+    let mut release_bw: BTreeMap<usize, OpId> = BTreeMap::new();
+    for (k, u) in units.iter().enumerate().rev() {
+        let layer = u.layers.first().copied().unwrap_or(NONE);
+        let bw = ops_of(j, u, Phase::Bw);
+        let rel = push_op(j, OpKind::Out, Phase::Bw, virt, layer);
+        for &o in &bw {
+            j.local.edges.push((o, rel));
+        }
+        j.local.edges.push((release_fw[k], rel));
+        // The root unit (embeddings, heads: its layers open the forward and close it, and open
+        // the backward) keeps its parameters from forward to backward, as FSDP2's root does.
+        if !s.reshard || u.name.is_empty() {
+            // The forward's gathered parameters stay until the unit's backward is done.
+            free_at_end(j, rel, u.bytes);
+            release_bw.insert(k, rel);
+            continue;
+        }
+        let issue = push_op(j, OpKind::Out, Phase::Bw, virt, layer);
+        let got = push_op(j, OpKind::In, Phase::Bw, virt, layer);
+        // The first unit of the backward is gathered once the forward has released it.
+        j.local.edges.push((release_fw[k], issue));
+        if p == 0 {
+            if let Some(&next) = release_bw.get(&(k + 1)) {
+                j.local.edges.push((next, issue));
+            }
+        } else if let Some(&ahead) = gathered_bw.get(&(k + p)) {
+            j.local.edges.push((ahead, issue));
+        }
+        for &o in &bw {
+            j.local.edges.push((got, o));
+        }
+        j.local.edges.push((got, rel));
+        j.local.mem.push(MemEffect {
+            op: issue,
+            worker: 0,
+            bytes: u.bytes,
+            when: MemWhen::AllocAtStart,
+        });
+        free_at_end(j, rel, u.bytes);
+        backward.push((
+            k,
+            Sync {
+                tensors: u.tensors.clone(),
+                bytes: u.bytes.max(1),
+                partitions: 1,
+                kind: CollectiveKind::AllGather,
+                group,
+                ready: vec![issue],
+                done: vec![got],
+            },
+        ));
+        gathered_bw.insert(k, got);
+        release_bw.insert(k, rel);
+    }
+    Gathers { forward, backward }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::zoo::build::test_job;
+
+    fn sharding(stage: u32) -> Sharding {
+        Sharding {
+            stage,
+            replicas: 1,
+            reshard: true,
+            prefetch: 1,
+        }
+    }
+
+    /// ZeRO's accounting (Rajbhandari et al. §5.1): with Ψ parameters, FP32 Adam keeps 4Ψ
+    /// bytes of weights and 8Ψ of state; stage 1 shards the state, stage 3 the weights too;
+    /// stages 2 and 3 keep 1/N of each 4Ψ gradient once it is reduce-scattered.
+    #[test]
+    fn static_memory_follows_zero_arithmetic_for_each_stage() {
+        let (m, job) = test_job("bert-base", 8, "8xv100");
+        let n = u64::from(job.workers);
+        let psi = m.param_elems();
+        assert_eq!(
+            job.local.static_mem_bytes,
+            4 * psi + 8 * psi,
+            "DDP: weights + Adam state"
+        );
+        let weights: u64 = job.local.tensors.iter().map(|t| t.bytes).sum();
+        assert_eq!(weights, 4 * psi);
+        let s1 = shard(&job, sharding(1)).expect("stage 1");
+        assert_eq!(s1.local.static_mem_bytes, 4 * psi + (8 * psi).div_ceil(n));
+        let s2 = shard(&job, sharding(2)).expect("stage 2");
+        assert_eq!(s2.local.static_mem_bytes, s1.local.static_mem_bytes);
+        let s3 = shard(&job, sharding(3)).expect("stage 3");
+        assert_eq!(
+            s3.local.static_mem_bytes,
+            (4 * psi).div_ceil(n) + (8 * psi).div_ceil(n)
+        );
+        // Gradients: every reduce-scattered byte but the rank's 1/N is freed when its
+        // reduce-scatter is done.
+        for (st, j) in [(1, &s1), (2, &s2), (3, &s3)] {
+            let freed: u64 = j
+                .local
+                .mem
+                .iter()
+                .filter(|e| {
+                    e.when == MemWhen::FreeAtEnd
+                        && j.syncs.iter().any(|s| {
+                            s.kind == CollectiveKind::ReduceScatter && s.done.contains(&e.op)
+                        })
+                })
+                .map(|e| e.bytes)
+                .sum();
+            let grads: u64 = job.syncs.iter().map(|s| s.bytes).sum();
+            let kept: u64 = job.syncs.iter().map(|s| s.bytes / n).sum();
+            let want = if st == 1 { 0 } else { grads - kept };
+            assert_eq!(freed, want, "stage {st}");
+        }
+    }
+
+    #[test]
+    fn collectives_follow_the_stage() {
+        let (_, job) = test_job("gpt", 2, "8xv100");
+        let kinds = |j: &Job| -> Vec<CollectiveKind> { j.syncs.iter().map(|s| s.kind).collect() };
+        let k1 = kinds(&shard(&job, sharding(1)).unwrap());
+        assert_eq!(k1.last(), Some(&CollectiveKind::AllGather));
+        assert_eq!(
+            k1.iter()
+                .filter(|&&k| k == CollectiveKind::AllReduce)
+                .count(),
+            job.syncs.len()
+        );
+        let k2 = kinds(&shard(&job, sharding(2)).unwrap());
+        assert_eq!(
+            k2.iter()
+                .filter(|&&k| k == CollectiveKind::ReduceScatter)
+                .count(),
+            job.syncs.len()
+        );
+        let s3 = shard(&job, sharding(3)).unwrap();
+        let units = units(&job);
+        // A forward all-gather per unit, a backward one per unit but the root.
+        let gathers = kinds(&s3)
+            .iter()
+            .filter(|&&k| k == CollectiveKind::AllGather)
+            .count();
+        assert_eq!(gathers, 2 * units.len() - 1);
+        assert_eq!(units[0].name, "", "the root unit (embeddings) runs first");
+        assert_eq!(units[1].name, "transformer.h.0");
+        // Replayed in the symmetric form and in full, the sharded job predicts the same step
+        // and the same peak, and the peak is below DDP's.
+        use crate::replay::{peak_memory, replay};
+        let sym = s3.expand().expect("the sharded job expands");
+        let full_job = Job {
+            symmetric: false,
+            ..s3.clone()
+        };
+        let full = full_job.expand().expect("full form");
+        let (rs, rf) = (replay(&sym), replay(&full));
+        assert_eq!(rs.iteration_ns, rf.iteration_ns);
+        let (ps, pf) = (peak_memory(&sym, &rs), peak_memory(&full, &rf));
+        assert_eq!(ps.peak_bytes, pf.peak_bytes);
+        let ddp = job.expand().unwrap();
+        assert!(ps.peak_bytes < peak_memory(&ddp, &replay(&ddp)).peak_bytes);
+        // HSDP: reduce-scatter in groups of 4, all-reduce of the shard across 2 replicas.
+        let h = shard(
+            &job,
+            Sharding {
+                replicas: 2,
+                ..sharding(2)
+            },
+        )
+        .unwrap();
+        let ar: Vec<&Sync> = h
+            .syncs
+            .iter()
+            .filter(|s| s.kind == CollectiveKind::AllReduce)
+            .collect();
+        assert_eq!(ar.len(), job.syncs.len());
+        assert!(ar.iter().all(|s| s.group == Group { size: 2, stride: 4 }));
+        assert_eq!(ar[0].bytes, job.syncs[0].bytes / 4);
+    }
+
+    #[test]
+    fn what_cannot_shard_says_why() {
+        let (_, job) = test_job("gpt", 2, "8xv100");
+        for (s, want) in [
+            (
+                Sharding {
+                    replicas: 3,
+                    ..sharding(3)
+                },
+                "must divide the 8 workers",
+            ),
+            (
+                Sharding {
+                    replicas: 8,
+                    ..sharding(3)
+                },
+                "shard groups of one rank",
+            ),
+        ] {
+            let e = shard(&job, s).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let once = shard(&job, sharding(2)).unwrap();
+        let e = shard(&once, sharding(3)).unwrap_err().to_string();
+        assert!(e.contains("already sharded"), "{e}");
+    }
+
+    #[test]
+    fn units_are_blocks_up_to_the_first_index() {
+        assert_eq!(
+            unit_of("bert.encoder.layer.3.attention.self.query"),
+            "bert.encoder.layer.3"
+        );
+        assert_eq!(unit_of("transformer.h.11.mlp.c_fc"), "transformer.h.11");
+        assert_eq!(unit_of("layer3.1.conv2"), "layer3.1");
+        assert_eq!(unit_of("bert.embeddings.word_embeddings"), "");
+        assert_eq!(unit_of("fc"), "");
+    }
+}
