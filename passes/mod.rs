@@ -628,6 +628,20 @@ fn fuse_syncs(job: &mut Job, which: &[usize]) -> Result<(), JobError> {
         }
     }
     let last = *idx.last().expect("two or more");
+    // One collective carries one kind over one group: an all-gather of parameters and a
+    // reduce-scatter of gradients (sharding) are not fused into one.
+    let first = &job.syncs[idx[0]];
+    if let Some(&other) = idx
+        .iter()
+        .find(|&&i| job.syncs[i].kind != first.kind || job.syncs[i].group != first.group)
+    {
+        return Err(JobError::Invalid(format!(
+            "synchronisations {} ({}) and {other} ({}) are different collectives and cannot be fused",
+            idx[0],
+            first.kind.name(),
+            job.syncs[other].kind.name()
+        )));
+    }
     let mut fused = job.syncs[idx[0]].clone();
     fused.partitions = 1;
     for &i in &idx[1..] {

@@ -63,6 +63,7 @@ mod pass_props;
 mod plan;
 mod properties;
 mod safe_output;
+mod sharding;
 mod show;
 mod trace_bad_input;
 mod trace_fuzz;
