@@ -1,5 +1,5 @@
 //! Leave-one-source-out: for each source in turn, the fitted constants are fitted again on every
-//! other source's rows (both halves; dPRO's tables are never fitted on) and that source's rows
+//! other source's rows (both halves; dPRO's tables and the sharded sources are never fitted on) and that source's rows
 //! are predicted with them. A source is one organisation's table or repository; DeepLearning
 //! Examples' PyTorch and TensorFlow folders run different recipes, so they are two sources.
 //!
@@ -31,7 +31,7 @@ pub fn source_of(c: &Case) -> String {
 fn sources(cases: &[Case]) -> Vec<String> {
     let mut s: Vec<String> = cases
         .iter()
-        .filter(|c| c.family != "dpro" && c.measured_ms.is_some())
+        .filter(|c| !c.check_only() && c.measured_ms.is_some())
         .map(source_of)
         .collect();
     s.sort();
@@ -47,7 +47,7 @@ pub fn fit_folds(root: &Path, cases: &[Case], iters: u64) {
     for s in sources(cases) {
         let train: Vec<Case> = cases
             .iter()
-            .filter(|c| c.family != "dpro" && source_of(c) != s)
+            .filter(|c| !c.check_only() && source_of(c) != s)
             .cloned()
             .collect();
         let rows = train.iter().filter(|c| c.measured_ms.is_some()).count();

@@ -37,6 +37,8 @@ enum Split {
     HeldOut,
     /// dPRO's tables: reported on their own, never fitted.
     Check,
+    /// Sharded data-parallel runs (ZeRO, FSDP): reported on their own, never fitted.
+    Sharded,
 }
 
 impl Split {
@@ -45,6 +47,7 @@ impl Split {
             Split::Fit => "fit",
             Split::HeldOut => "held-out",
             Split::Check => "dpro",
+            Split::Sharded => "sharded",
         }
     }
 }
@@ -126,7 +129,7 @@ fn main() {
             .unwrap_or(300);
         let fit_half: Vec<Case> = cases
             .iter()
-            .filter(|c| c.family != "dpro" && split_of(&c.id) == Split::Fit)
+            .filter(|c| !c.check_only() && split_of(&c.id) == Split::Fit)
             .cloned()
             .collect();
         eprintln!(
@@ -184,6 +187,8 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
     for (c, p) in predicted {
         let split = if c.family == "dpro" {
             Split::Check
+        } else if c.check_only() {
+            Split::Sharded
         } else {
             split_of(&c.id)
         };
@@ -239,7 +244,7 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
     // Derived effects from pairs: per-sample times, so batches may differ.
     let measured_per_sample = |c: &Case| c.measured_ms.unwrap_or(f64::NAN) / c.samples;
     let amp = pairs(&timed, |c| {
-        (c.family != "dpro").then(|| {
+        (!c.check_only()).then(|| {
             format!(
                 "{}|{}|{:?}|{:?}|{}|{}|{}|{}",
                 c.source,
@@ -274,7 +279,7 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
         }
     }
     let scaling = pairs(&timed, |c| {
-        (c.family != "dpro" && c.family != "vtrain").then(|| {
+        (!c.check_only() && c.family != "vtrain").then(|| {
             format!(
                 "{}|{}|{:?}|{:?}|{}|{:?}|{:?}|{}",
                 c.source,
@@ -453,6 +458,82 @@ fn report(
     std::fs::write(dir.join("fidelity.md"), &md).expect("write fidelity.md");
     std::fs::write(dir.join("fidelity.svg"), scatter(results)).expect("write fidelity.svg");
     print!("{summary}");
+}
+
+/// The summary's lines for the sharded runs (ZeRO, FSDP; never fitted on).
+fn sharded_rows(results: &[Result_]) -> String {
+    let pick = |kind: &str| -> Vec<&Result_> {
+        results
+            .iter()
+            .filter(|r| r.split == Split::Sharded && r.kind == kind)
+            .collect()
+    };
+    let mut s = String::new();
+    for (kind, label) in [
+        (
+            "iteration",
+            "sharded runs (ZeRO, FSDP; never fitted): iteration time",
+        ),
+        ("memory", "sharded runs: peak memory"),
+    ] {
+        let v = pick(kind);
+        if v.is_empty() {
+            continue;
+        }
+        let within = v.iter().filter(|r| err(r).abs() <= 10.0).count();
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {:.1}% | {:.1}% | {within} of {} within 10 % | |",
+            v.len(),
+            v.iter().map(|r| err(r).abs()).sum::<f64>() / v.len() as f64,
+            v.iter().map(|r| err(r).abs()).fold(0.0, f64::max),
+            v.len()
+        );
+    }
+    for (kind, want, label) in [
+        (
+            "memory_fact",
+            0.0,
+            "sharded runs: stated out-of-memory predicted over capacity",
+        ),
+        (
+            "memory_fact",
+            1.0,
+            "sharded runs: stated largest that fitted predicted to fit",
+        ),
+        (
+            "completed_run",
+            1.0,
+            "sharded runs: completed runs predicted to fit",
+        ),
+    ] {
+        let v: Vec<&Result_> = pick(kind)
+            .into_iter()
+            .filter(|r| r.measured == want)
+            .collect();
+        if v.is_empty() {
+            continue;
+        }
+        let wrong: Vec<&str> = v
+            .iter()
+            .filter(|r| r.predicted != r.measured)
+            .map(|r| r.id.as_str())
+            .take(3)
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} of {} right | {} | | |",
+            v.len(),
+            v.len() - v.iter().filter(|r| r.predicted != r.measured).count(),
+            v.len(),
+            if wrong.is_empty() {
+                String::new()
+            } else {
+                format!("wrong: {}", wrong.join(", "))
+            }
+        );
+    }
+    s
 }
 
 /// The leave-one-source-out table: per source, its rows predicted with constants fitted on
@@ -656,7 +737,7 @@ fn summary_table(results: &[Result_]) -> String {
     // (TensorFlow's allocated_scale is fitted on dPRO's rows, listed below as fitted.)
     let mem: Vec<&Result_> = results
         .iter()
-        .filter(|r| r.kind == "memory" && r.split != Split::Check)
+        .filter(|r| r.kind == "memory" && !matches!(r.split, Split::Check | Split::Sharded))
         .collect();
     if !mem.is_empty() {
         let within = mem.iter().filter(|r| err(r).abs() <= 10.0).count();
@@ -688,7 +769,7 @@ fn summary_table(results: &[Result_]) -> String {
     ] {
         let v: Vec<&Result_> = results
             .iter()
-            .filter(|r| r.kind == kind && r.measured == want)
+            .filter(|r| r.kind == kind && r.measured == want && r.split != Split::Sharded)
             .collect();
         let right = v.iter().filter(|r| r.predicted == r.measured).count();
         let wrong: Vec<&str> = v
@@ -709,6 +790,7 @@ fn summary_table(results: &[Result_]) -> String {
             }
         );
     }
+    s.push_str(&sharded_rows(results));
     let dpro: Vec<&Result_> = results
         .iter()
         .filter(|r| r.split == Split::Check && !matches!(r.kind, "memory_fact" | "completed_run"))

@@ -31,6 +31,9 @@ pub struct Case {
     pub channels_last: Option<bool>,
     pub recompute: bool,
     pub accum: u32,
+    /// The sharding stage the run used (`sharding=zero1|zero2|zero3|fsdp-grad-op|fsdp-full` in
+    /// the row's `extra`): the `shard` pass at that stage; `None` for plain data parallelism.
+    pub shard: Option<u32>,
     /// Measured time of one optimizer step (or micro-step, see the row's notes), ms.
     pub measured_ms: Option<f64>,
     /// A stated memory fact: the setting ran out of memory (`Some(false)`) or ran (`Some(true)`,
@@ -54,7 +57,16 @@ pub enum MemoryKind {
     DeviceUsed,
 }
 
+/// Sources of sharded data-parallel runs (issue 23, `sections/sharded.py`): reported on their
+/// own and never fitted on, so the headline figures stay those of plain data parallelism.
+pub const SHARDED_FAMILIES: &[&str] = &["mingpt", "colossalai", "hf-blog", "bigscience"];
+
 impl Case {
+    /// Reported but never fitted on: dPRO's tables and the sharded sources.
+    pub fn check_only(&self) -> bool {
+        self.family == "dpro" || SHARDED_FAMILIES.contains(&self.family)
+    }
+
     /// One line describing the setting.
     pub fn setting(&self) -> String {
         let mut s = format!(
@@ -95,10 +107,18 @@ fn family(source: &str) -> Option<&'static str> {
         "dlperf"
     } else if s.contains("lambdal") {
         "lambda"
+    } else if s.contains("huggingface/blog") {
+        "hf-blog"
     } else if s.contains("huggingface") {
         "hf"
     } else if s.contains("deepspeed") {
         "deepspeed"
+    } else if s.contains("seannaren/mingpt") {
+        "mingpt"
+    } else if s.contains("hpcaitech/") {
+        "colossalai"
+    } else if s.contains("bigscience-workshop") {
+        "bigscience"
     } else if s.contains("tensorflow/tensorflow") {
         "tf-benchmarks"
     } else if s.contains("korthikanti") {
@@ -119,7 +139,7 @@ fn gpu_config(gpu: &str) -> Option<&'static str> {
             "v100-32gb"
         })
     } else if g.contains("A100") {
-        Some(if g.contains("40GB") {
+        Some(if g.contains("40GB") || g.contains("40G") {
             "a100-40gb"
         } else {
             "a100-80gb"
@@ -140,6 +160,31 @@ fn field(text: &str, key: &str) -> Option<u32> {
         .collect::<String>()
         .parse()
         .ok()
+}
+
+/// The sharding stage of a row's `extra` (`sharding=…`; experiments/fidelity/data/sections/
+/// sharded.py's vocabulary), or why the row cannot be expressed.
+fn sharding(extra: &str) -> Result<Option<u32>, String> {
+    let token = |key: &str| {
+        extra
+            .split_whitespace()
+            .find_map(|t| t.strip_prefix(key))
+            .map(str::to_string)
+    };
+    if token("offload=").is_some_and(|v| v != "none") {
+        return Err("optimizer or parameter offload to the CPU (not modelled yet)".into());
+    }
+    if token("zero_stage=").is_some_and(|v| v != "0") {
+        return Err("DeepSpeed ZeRO stage without a sharding= token".into());
+    }
+    Ok(match token("sharding=").as_deref() {
+        None | Some("none") => None,
+        Some("zero1") => Some(1),
+        // FairScale's ShardedDDP shards optimizer state and gradients: ZeRO-2.
+        Some("zero2" | "fsdp-grad-op" | "fairscale-sdp") => Some(2),
+        Some("zero3" | "fsdp-full") => Some(3),
+        Some(other) => return Err(format!("sharding `{other}` is not modelled")),
+    })
 }
 
 /// A row of `published.csv` as a case, or why it is skipped.
@@ -183,6 +228,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             return Err("tensor or pipeline parallelism (trainplan plans data parallelism)".into());
         }
     }
+    let shard = sharding(extra)?;
     let gpu = gpu_config(get("gpu")).ok_or("no GPU config for this GPU")?;
     let gpus = num("gpus").ok_or("no GPU count")? as u32;
     let nodes = num("nodes").unwrap_or(1.0).max(1.0) as u32;
@@ -324,6 +370,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         },
         recompute,
         accum,
+        shard,
         measured_ms,
         fits,
         measured_gb,
@@ -358,6 +405,7 @@ pub fn dpro() -> Vec<Case> {
         channels_last: None,
         recompute: false,
         accum: 1,
+        shard: None,
         measured_ms: Some(ms),
         fits: None,
         measured_gb: None,

@@ -39,15 +39,15 @@ fn fidelity_example() -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_trainplan"));
     let dir = bin.parent().expect("the target folder");
     let exe = dir.join("examples").join("fidelity");
-    if !exe.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "--example", "fidelity"])
-            .current_dir(root())
-            .status()
-            .expect("cargo runs");
-        assert!(st.success(), "cargo build --example fidelity failed");
-    }
+    // Always through cargo (a no-op when it is up to date): an example binary left from an
+    // older build would check the committed results against older code.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "--example", "fidelity"])
+        .current_dir(root())
+        .status()
+        .expect("cargo runs");
+    assert!(st.success(), "cargo build --example fidelity failed");
     exe
 }
 
