@@ -21,10 +21,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use std::path::{Path, PathBuf};
 
-use super::extrapolate::{self, CollectiveSize};
-use super::graph::TraceJob;
+use super::collective::{self, CollectiveSize};
 use super::host_et::{CollectiveKind, CommCall, HostEt, dtype_bytes, read_host_et};
 use super::kineto::{Category, Event, KinetoTrace, Phase};
+use super::step::TraceJob;
 
 /// How a kernel's size was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -414,8 +414,8 @@ pub fn collective_sizes(
 }
 
 /// The one-rank-to-n model's kind for a collective (`None` for kinds it has no formula for).
-pub fn model_kind(k: &CollectiveKind) -> Option<extrapolate::CollectiveKind> {
-    use extrapolate::CollectiveKind as M;
+pub fn model_kind(k: &CollectiveKind) -> Option<collective::CollectiveKind> {
+    use collective::CollectiveKind as M;
     Some(match k {
         CollectiveKind::AllReduce => M::AllReduce,
         CollectiveKind::AllToAll => M::AllToAll,
@@ -443,7 +443,7 @@ pub fn sizes_for_step(built: &TraceJob, infos: &[CollectiveInfo]) -> Vec<Option<
         .map(|c| {
             let info = by_event.get(&c.event)?;
             let kind = model_kind(&info.kind)?;
-            let bytes = if kind == extrapolate::CollectiveKind::AllGather {
+            let bytes = if kind == collective::CollectiveKind::AllGather {
                 info.out_bytes.or(info.bytes)?
             } else {
                 info.bytes?

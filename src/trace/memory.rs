@@ -25,9 +25,9 @@
 
 use std::collections::BTreeMap;
 
-use super::graph::StepWindow;
 use super::kineto::{Id, KinetoTrace, MemoryEvent};
 use super::shapes::{self, Input};
+use super::step::StepWindow;
 use super::work::StepContext;
 use crate::graph::job::{Job, MemoryFacts};
 use crate::graph::{MemEffect, MemWhen, OpId, OpKind, Phase};
