@@ -183,9 +183,8 @@ fn shifted(times: &[Vec<(i64, i64)>]) -> Result<Shifted, AlignError> {
 
 /// Estimate each rank's clock offset from matched collectives: `times[r][k]` = (start, end) of
 /// the k-th collective on rank r, in ns on rank r's clock. The steps: coarse offsets and shifted
-/// times ([`shifted`]), the objective ([`objective`]), the dependency constraints
-/// ([`constraints`]), the solve with its unconstrained fallback ([`solve`]), the offsets and
-/// spreads ([`alignment`]).
+/// times (`shifted`), the objective (`objective`), the dependency constraints (`constraints`),
+/// the solve with its unconstrained fallback (`solve`), the offsets and spreads (`alignment`).
 pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment, AlignError> {
     let (n, k, coarse, s, e) = match shifted(times)? {
         Shifted::One(a) => return Ok(a),
