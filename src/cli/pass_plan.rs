@@ -6,6 +6,10 @@ use serde_json::json;
 use super::CliError;
 use crate::passes::{self, Evaluated, Pass, PassError};
 
+/// The log target of this module's messages: the one they had before the passes moved here
+/// from `cli::whatif`, so that `RUST_LOG` filters and logs stay as they were.
+const LOG_TARGET: &str = "trainplan::cli::whatif";
+
 pub fn pass_error(e: PassError) -> CliError {
     CliError::bad_input(e)
 }
@@ -57,7 +61,7 @@ pub fn run_passes(
     for (p, knobs) in plan {
         let patches = crate::passes::propose(*p, &cur, knobs).map_err(pass_error)?;
         if patches.is_empty() && warn {
-            tracing::warn!(pass = p.name(), "the pass found nothing to change");
+            tracing::warn!(target: LOG_TARGET, pass = p.name(), "the pass found nothing to change");
         }
         let job = passes::apply_all(&cur.job, &patches).map_err(pass_error)?;
         applied.push(json!({"pass": p.name(), "patches": patches.len(),

@@ -14,6 +14,10 @@ use crate::graph::Dfg;
 use crate::graph::job::Job;
 use crate::zoo::{self, ModelOptions};
 
+/// The log target of this module's messages: the one they had before input resolution moved
+/// here from `cli::replay`, so that `RUST_LOG` filters and logs stay as they were.
+const LOG_TARGET: &str = "trainplan::cli::replay";
+
 /// What `--model/--cluster` or `--trace` names, before any of it is read.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
@@ -127,7 +131,7 @@ fn trace_job(path: &Path, i: &InputArgs) -> Result<Input, CliError> {
     let mut built =
         crate::trace::graph::build_job(&trace, &file, i.step).map_err(CliError::bad_input)?;
     for w in &built.warnings {
-        tracing::warn!(file = %file, "{w}");
+        tracing::warn!(target: LOG_TARGET, file = %file, "{w}");
     }
     // --cluster: this rank stands for every worker of the cluster (one rank → n).
     let extrapolated = match &i.cluster {
@@ -141,12 +145,12 @@ fn trace_job(path: &Path, i: &InputArgs) -> Result<Input, CliError> {
     job.math = i.framework.default_math(&job.gpu);
     let name = job.meta.model.clone();
     if built.peer_waits > 0 {
-        tracing::info!(
+        tracing::info!(target: LOG_TARGET,
             collectives = built.peer_waits,
             "collectives wait for the rank's absent peers as recorded"
         );
     }
-    tracing::info!(
+    tracing::info!(target: LOG_TARGET,
         ops = job.local.ops.len(),
         ms = t.elapsed().as_secs_f64() * 1e3,
         step = %built.window.label,
@@ -187,7 +191,7 @@ fn read_rank_trace(path: &Path, file: &str) -> Result<crate::trace::KinetoTrace,
         )));
     }
     for w in &trace.warnings {
-        tracing::warn!(file = %file, "{w}");
+        tracing::warn!(target: LOG_TARGET, file = %file, "{w}");
     }
     Ok(trace)
 }
@@ -203,7 +207,7 @@ fn extrapolate_rank(
 ) -> Result<Extrapolation, CliError> {
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;
     if let Some(w) = other_gpu_warning(&built.job, &cluster) {
-        tracing::warn!(file = %file, "{w}");
+        tracing::warn!(target: LOG_TARGET, file = %file, "{w}");
     }
     let et = crate::trace::extrapolate::sizes_beside(path, trace, built);
     let list = crate::trace::extrapolate::extrapolate(trace, file, built, &cluster, &et)
@@ -214,7 +218,7 @@ fn extrapolate_rank(
         .and_then(|d| d.world_size)
         .unwrap_or(1)
         .max(1) as u32;
-    tracing::info!(
+    tracing::info!(target: LOG_TARGET,
         workers = cluster.workers(),
         recorded_world = world,
         collectives = list.len(),
@@ -235,7 +239,7 @@ fn chakra_job(path: &Path, i: &InputArgs) -> Result<Input, CliError> {
     let trace = crate::trace::chakra::read_chakra(path).map_err(CliError::bad_input)?;
     let built = crate::trace::chakra::build_job(&trace, &file).map_err(CliError::bad_input)?;
     for w in &built.warnings {
-        tracing::warn!(file = %file, "{w}");
+        tracing::warn!(target: LOG_TARGET, file = %file, "{w}");
     }
     let mut job = built.job;
     let stem = trace_stem(path);
@@ -315,7 +319,7 @@ fn expandable_segments(input: &mut Input) {
         }
     };
     if input.job.memory.allocator != crate::cost::memory::AllocatorKind::Caching {
-        tracing::warn!(
+        tracing::warn!(target: LOG_TARGET,
             "--expandable-segments is a PyTorch caching-allocator setting; the {} allocator has none",
             input.job.memory.name
         );
@@ -357,7 +361,7 @@ fn zoo_job(i: &InputArgs) -> Result<Input, CliError> {
         i.channels_last.then_some(true),
     )
     .map_err(|e| CliError::bad_input(format!("{}: {e}", model.name)))?;
-    tracing::info!(framework = %i.framework, sync = %sync_cfg, "the framework's default sync");
+    tracing::info!(target: LOG_TARGET, framework = %i.framework, sync = %sync_cfg, "the framework's default sync");
     Ok(Input {
         job,
         sync: Some((per_tensor, sync_cfg)),
@@ -382,7 +386,7 @@ pub fn build(i: &InputArgs, src: &Source) -> Result<Built, CliError> {
         .expand()
         .map_err(|e| CliError::bad_input(format!("{}: {e}", job.meta.model)))?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
-    tracing::info!(ops = graph.op_count(), build_ms, "built the global DFG");
+    tracing::info!(target: LOG_TARGET, ops = graph.op_count(), build_ms, "built the global DFG");
     Ok(Built {
         graph,
         job,
