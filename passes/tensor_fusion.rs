@@ -53,7 +53,7 @@
 //! BytePS group file (dPRO fork); TF/XLA and JAX all-reduce combine threshold; PyTorch
 //! `bucket_cap_mb_list` (contiguous buckets in gradient-ready order) or `bucket_cap_mb`.
 
-use super::tensor_partition::{SyncTimes, scope_is_all, tensor_label};
+use super::sync_time::{SyncTimes, scope_is_all, tensor_label};
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::graph::OpId;
 
@@ -276,8 +276,7 @@ mod tests {
     use crate::cost::config::SyncScheme;
     use crate::graph::comm::CommSpec;
     use crate::graph::job::Job;
-    use crate::passes::op_fusion::tests::{chain_job, chain_job_sizes};
-    use crate::passes::tensor_partition::tests::spec;
+    use crate::passes::testkit::{chain_job, chain_job_sizes, spec};
     use crate::passes::{apply_all, evaluate, resolve_knobs};
 
     fn ring() -> CommSpec {

@@ -27,7 +27,7 @@ pub struct InferOptions {
     pub dims: BTreeMap<String, i64>,
 }
 
-/// The operator types with a shape rule (and a cost in `crate::lowerbound`).
+/// The operator types with a shape rule (each also costed by the lower-bound analysis).
 pub const SUPPORTED: &[&str] = &[
     "Abs",
     "Add",
