@@ -41,7 +41,7 @@
 //! **Theorem 1** (decision, `scope=critical`): fuse `p_{n−1}` (possibly already a fused chain)
 //! and `p_n` iff `q^d_{n−1} < p^d_{n−1} + p^d_n − opfs_time(p_{n−1}, p_n)` (strict, as in
 //! Algorithm 1 line 6), where `q^d_{n−1}` is the synchronisation time of the gradients `p_{n−1}`
-//! produces (`tensor_partition::sync_time_ns` at their current partition count, summed over
+//! produces (`sync_time::sync_time_ns` at their current partition count, summed over
 //! them; 0 for forward ops, whose `q` is null). Theorem 1 holds under its own assumptions: the
 //! segment is computation-bound (every gradient's sync finishes before the next compute op on
 //! the path would release the next gradient) and the communication stream is idle when the

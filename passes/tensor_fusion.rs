@@ -22,7 +22,7 @@
 //! `q_{n−1}` ends (its `In` ops' latest end in the replay; for a group already fused in this
 //! proposal, its predicted end), `p^e_n` when `q_n` is ready (its `Out` ops' latest end; for a
 //! group, the latest ready time of its members), and `t_sync(s)` is
-//! `tensor_partition::sync_time_ns`: a partial replay of one synchronisation of `s` bytes
+//! `sync_time::sync_time_ns`: a partial replay of one synchronisation of `s` bytes
 //! alone on the job's topology. The left side is when `q_n` ends unfused if the segment is
 //! communication-bound (`q_n` waits for `q_{n−1}`), the right side when the fused sync ends.
 //! `t_sync` is taken at the sync's current partition count for `q_n` and at `k = 1` for the fused

@@ -44,7 +44,6 @@
 pub use super::sync_time::sync_time_ns;
 use super::sync_time::{SyncTimes, grid, scope_is_all, tensor_label};
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
-use crate::cost::config::SyncScheme;
 use crate::graph::job::Job;
 
 /// The `tensor-partition` pass.
@@ -192,6 +191,7 @@ fn best_k_full(job: &Job, s: usize, max_k: u32) -> Option<(u32, u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::config::SyncScheme;
     use crate::passes::testkit::{chain_job, spec};
     use crate::passes::{evaluate, resolve_knobs};
 
