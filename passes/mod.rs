@@ -15,8 +15,11 @@ pub mod declarative;
 pub mod grad_accumulation;
 pub mod op_fusion;
 pub mod recompute;
+mod sync_time;
 pub mod tensor_fusion;
 pub mod tensor_partition;
+#[cfg(test)]
+pub(crate) mod testkit;
 
 use std::collections::BTreeMap;
 

@@ -1516,10 +1516,10 @@ mod tests {
     /// only on a terminal, never with --json or in CI.
     #[test]
     fn progress_says_round_best_plan_and_rate() {
-        let job = crate::passes::op_fusion::tests::chain_job(
+        let job = crate::passes::testkit::chain_job(
             &[(1_000, false)],
             0,
-            crate::passes::tensor_partition::tests::spec(crate::cost::config::SyncScheme::Ring),
+            crate::passes::testkit::spec(crate::cost::config::SyncScheme::Ring),
             1,
         );
         let p = crate::search::Progress {
