@@ -522,8 +522,8 @@ pub fn parse(text: &str, file: &str) -> Result<DeclarativePass, PassError> {
             &r.referenced,
             format!(
                 "field rules: {} rules, more than the limit of {} rules in a pass file (README, Limits)",
-                crate::cli::output::thousands(f.rules.len() as u64),
-                crate::cli::output::thousands(crate::limits::MAX_PASS_RULES as u64)
+                crate::units::thousands(f.rules.len() as u64),
+                crate::units::thousands(crate::limits::MAX_PASS_RULES as u64)
             ),
         ));
     }
@@ -1350,10 +1350,10 @@ impl<'a> Ctx<'a> {
                 format!(
                     "joins {} ops to {} ops: {} edges in this pass, more than the limit of {} \
                      edges a pass may add (README, Limits); select fewer ops",
-                    crate::cli::output::thousands(n as u64),
-                    crate::cli::output::thousands(targets.len() as u64),
-                    crate::cli::output::thousands(total),
-                    crate::cli::output::thousands(max)
+                    crate::units::thousands(n as u64),
+                    crate::units::thousands(targets.len() as u64),
+                    crate::units::thousands(total),
+                    crate::units::thousands(max)
                 ),
             ));
         }
