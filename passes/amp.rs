@@ -208,7 +208,46 @@ pub fn memory_bound_ratio(job: &Job, half: Dtype) -> f64 {
     t(half) / t(job.dtype)
 }
 
+/// The AMP patch: compute re-costed in `half`, half-precision activations, the fp16 weight
+/// copy, the weight casts, optionally fp16 gradients, then the job's dtype.
 fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
+    let l = &job.local;
+    let (mut edits, before_ns, after_ns) = recost_in_half(job, half);
+    let act_saved = half_activations(job, half, &mut edits);
+    // The fp16 weight copy, and one cast kernel per weight tensor before its layer's first FW.
+    let params: u64 = l.tensors.iter().map(|t| t.bytes / job.dtype.bytes()).sum();
+    edits.push(Edit::StaticMemory {
+        bytes: l.static_mem_bytes + params * half.bytes(),
+    });
+    let cast_ns = weight_casts(job, half, cast_launch_ns(job), &mut edits);
+    if fp16_allreduce {
+        edits.push(Edit::ScaleSyncBytes {
+            syncs: (0..job.syncs.len()).collect(),
+            factor: half.bytes() as f64 / job.dtype.bytes() as f64,
+        });
+    }
+    edits.push(Edit::Dtype(half));
+    Patch {
+        pass: NAME.into(),
+        why: format!(
+            "{half:?} forward/backward: GPU FW+BW {:.2} ms → {:.2} ms by the roofline (+{:.2} ms of {} weight casts); activations {:.2} GB → {:.2} GB; +{:.2} GB fp16 weight copy; gradients all-reduced in {}",
+            before_ns as f64 / 1e6,
+            after_ns as f64 / 1e6,
+            cast_ns as f64 / 1e6,
+            l.tensors.len(),
+            act_saved as f64 / 1e9,
+            (act_saved * half.bytes()).div_ceil(job.dtype.bytes()) as f64 / 1e9,
+            (params * half.bytes()) as f64 / 1e9,
+            if fp16_allreduce { "fp16" } else { "fp32" },
+        ),
+        edits,
+    }
+}
+
+/// The GPU's forward and backward ops in `half`: an op with work re-costed by the roofline
+/// (`Job::recost_ns`), one without scaled by [`memory_bound_ratio`]. Returns the edits and the
+/// ops' total time before and after, ns.
+fn recost_in_half(job: &Job, half: Dtype) -> (Vec<Edit>, u64, u64) {
     let l = &job.local;
     let mut edits = Vec::new();
     let (mut before_ns, mut after_ns) = (0u64, 0u64);
@@ -247,7 +286,15 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
             factor: ratio,
         });
     }
-    // Saved activations in half precision.
+    (edits, before_ns, after_ns)
+}
+
+/// Saved activations in half precision: the memory effects of forward and backward ops
+/// shrunk by `half`'s size over the job's dtype, except autocast's FP32 ops (which keep FP32
+/// outputs and what they save). Pushes one `SetMem` per op; returns the activation bytes
+/// allocated before (alloc-at-start effects of FW/BW ops).
+fn half_activations(job: &Job, half: Dtype, edits: &mut Vec<Edit>) -> u64 {
+    let l = &job.local;
     let mut by_op: std::collections::BTreeMap<OpId, Vec<MemEffect>> = Default::default();
     let fp32_op = |op: OpId| {
         l.ops[op as usize]
@@ -273,38 +320,42 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
     for (op, effects) in by_op {
         edits.push(Edit::SetMem { op, effects });
     }
-    // The fp16 weight copy, and one cast kernel per weight tensor before its layer's first FW.
-    let params: u64 = l.tensors.iter().map(|t| t.bytes / job.dtype.bytes()).sum();
-    edits.push(Edit::StaticMemory {
-        bytes: l.static_mem_bytes + params * half.bytes(),
-    });
-    // A cast is one more operator for the host to issue (autocast's `aten::to` per weight):
-    // priced by the host model when the job's ops carry launches, else none (a trace's
-    // launches are recorded, not modelled: take their median).
-    let launch_ns = if l.ops.iter().any(|o| o.spec.kind == OpKind::Launch) {
-        Some(match job.meta.source.as_str() {
-            "zoo" => ns(job.host.op_ns(OpClass::Copy, false, 1)),
-            _ => {
-                let mut v: Vec<u64> = l
-                    .ops
-                    .iter()
-                    .filter(|o| o.spec.kind == OpKind::Launch)
-                    .map(|o| o.spec.dur_ns)
-                    .collect();
-                v.sort_unstable();
-                v[v.len() / 2]
-            }
-        })
-    } else {
-        None
-    };
+    act_saved
+}
+
+/// The host's cost of issuing one weight cast (autocast's `aten::to` per weight): priced by
+/// the host model when a zoo job's ops carry launches, the median recorded launch for a trace
+/// (its launches are recorded, not modelled), none when the job has no launches.
+fn cast_launch_ns(job: &Job) -> Option<u64> {
+    let l = &job.local;
+    if !l.ops.iter().any(|o| o.spec.kind == OpKind::Launch) {
+        return None;
+    }
+    Some(match job.meta.source.as_str() {
+        "zoo" => ns(job.host.op_ns(OpClass::Copy, false, 1)),
+        _ => {
+            let mut v: Vec<u64> = l
+                .ops
+                .iter()
+                .filter(|o| o.spec.kind == OpKind::Launch)
+                .map(|o| o.spec.dur_ns)
+                .collect();
+            v.sort_unstable();
+            v[v.len() / 2]
+        }
+    })
+}
+
+/// One cast kernel per weight tensor before each forward run of its layer (autocast's cast
+/// cache lives for one autocast region: one micro-step, and again in a checkpoint's re-run),
+/// after that run's forward predecessors. Pushes the inserts; returns their total time, ns.
+fn weight_casts(job: &Job, half: Dtype, launch_ns: Option<u64>, edits: &mut Vec<Edit>) -> u64 {
+    let l = &job.local;
     let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); l.ops.len()];
     for &(a, b) in &l.edges {
         preds[b as usize].push(a);
     }
     let mut cast_ns = 0u64;
-    // Autocast casts a layer's weights each time the layer runs forward (its cast cache lives
-    // for one autocast region: one micro-step, and again in a checkpoint's re-run).
     let fw_runs: Vec<(usize, &crate::graph::job::LocalOp)> = l
         .ops
         .iter()
@@ -350,28 +401,7 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
             });
         }
     }
-    if fp16_allreduce {
-        edits.push(Edit::ScaleSyncBytes {
-            syncs: (0..job.syncs.len()).collect(),
-            factor: half.bytes() as f64 / job.dtype.bytes() as f64,
-        });
-    }
-    edits.push(Edit::Dtype(half));
-    Patch {
-        pass: NAME.into(),
-        why: format!(
-            "{half:?} forward/backward: GPU FW+BW {:.2} ms → {:.2} ms by the roofline (+{:.2} ms of {} weight casts); activations {:.2} GB → {:.2} GB; +{:.2} GB fp16 weight copy; gradients all-reduced in {}",
-            before_ns as f64 / 1e6,
-            after_ns as f64 / 1e6,
-            cast_ns as f64 / 1e6,
-            l.tensors.len(),
-            act_saved as f64 / 1e9,
-            (act_saved * half.bytes()).div_ceil(job.dtype.bytes()) as f64 / 1e9,
-            (params * half.bytes()) as f64 / 1e9,
-            if fp16_allreduce { "fp16" } else { "fp32" },
-        ),
-        edits,
-    }
+    cast_ns
 }
 
 #[cfg(test)]

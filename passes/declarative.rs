@@ -103,7 +103,7 @@ use serde::de::{self, Deserializer, IntoDeserializer, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
 use super::{Edit, Evaluated, KnobSpec, KnobValue, Knobs, Pass, PassError, Patch, apply};
-use crate::cost::compute::ns;
+use crate::cost::compute::{Roofline, ns};
 use crate::graph::job::{Job, OpWork};
 use crate::graph::{DeviceKind, MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase};
 use crate::zoo::MathClass;
@@ -506,24 +506,71 @@ pub fn parse(text: &str, file: &str) -> Result<DeclarativePass, PassError> {
         crate::cost::config::parse_yaml_as(text, file, crate::limits::InputKind::PassFile)
             .map_err(|e| PassError::File(e.to_string()))?;
     let top = |msg: String| PassError::File(format!("{file}: {msg}"));
-    let ok_name = |s: &str| {
-        !s.is_empty()
-            && s.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
-    };
-    if !ok_name(&f.name) {
+    if !valid_name(&f.name) {
         return Err(top(format!(
             "field name: `{}` must be lowercase letters, digits, `-` or `_`",
             f.name
         )));
     }
-    // Knobs.
+    let (knobs, declared) = check_knobs(&f.knobs, file)?;
+    if f.rules.is_empty() {
+        return Err(top("field rules: a pass needs at least one rule".into()));
+    }
+    if let Some(r) = f.rules.get(crate::limits::MAX_PASS_RULES) {
+        return Err(at(
+            file,
+            &r.referenced,
+            format!(
+                "field rules: {} rules, more than the limit of {} rules in a pass file (README, Limits)",
+                crate::units::thousands(f.rules.len() as u64),
+                crate::units::thousands(crate::limits::MAX_PASS_RULES as u64)
+            ),
+        ));
+    }
+    let mut rules = Vec::new();
+    for (i, r) in f.rules.iter().enumerate() {
+        let loc = &r.referenced;
+        let rule = CheckedRule {
+            index: i + 1,
+            line: loc.line(),
+            select: r.value.select.clone(),
+            optional: r.value.optional,
+            action: rule_action(&r.value, i + 1, loc, file)?,
+        };
+        check_rule(&rule, file, &declared)?;
+        rules.push(rule);
+    }
+    Ok(DeclarativePass {
+        name: f.name,
+        doc: f.doc.trim().to_string(),
+        applies_to: f.applies_to.unwrap_or_default(),
+        file: file.to_string(),
+        knobs,
+        rules,
+    })
+}
+
+/// A pass or knob name: lowercase ASCII letters, digits, `-` and `_`, not empty.
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+/// Each declared knob's `(min, max)` by name, for checking the rules' knob arguments.
+type KnobRanges = BTreeMap<String, (f64, f64)>;
+
+/// The declared knobs as specs (integer when default, min and max all are), and their ranges.
+fn check_knobs(
+    decls: &[Spanned<KnobDecl>],
+    file: &str,
+) -> Result<(Vec<KnobSpec>, KnobRanges), PassError> {
     let mut knobs = Vec::new();
-    let mut declared: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for k in &f.knobs {
+    let mut declared = KnobRanges::new();
+    for k in decls {
         let d = &k.value;
         let loc = &k.referenced;
-        if !ok_name(&d.name) {
+        if !valid_name(&d.name) {
             return Err(at(
                 file,
                 loc,
@@ -565,118 +612,87 @@ pub fn parse(text: &str, file: &str) -> Result<DeclarativePass, PassError> {
         });
         declared.insert(d.name.clone(), (min, max));
     }
-    if f.rules.is_empty() {
-        return Err(top("field rules: a pass needs at least one rule".into()));
+    Ok((knobs, declared))
+}
+
+/// Rule number `index`'s one action; none or several is an error at `loc`, and so are
+/// `remove: false` and a partition with both or neither of pieces and slice_bytes.
+fn rule_action(
+    r: &Rule,
+    index: usize,
+    loc: &serde_saphyr::Location,
+    file: &str,
+) -> Result<Action, PassError> {
+    let mut actions = Vec::new();
+    if let Some(a) = &r.scale {
+        actions.push(Action::Scale(a.clone()));
     }
-    if let Some(r) = f.rules.get(crate::limits::MAX_PASS_RULES) {
-        return Err(at(
+    if let Some(a) = &r.set_duration_us {
+        actions.push(Action::SetDuration(a.clone()));
+    }
+    if let Some(rm) = r.remove {
+        if !rm {
+            return Err(at(
+                file,
+                loc,
+                "field remove: only `remove: true` means anything",
+            ));
+        }
+        actions.push(Action::Remove);
+    }
+    if let Some(a) = &r.insert {
+        actions.push(Action::Insert(a.clone()));
+    }
+    if let Some(a) = &r.merge {
+        actions.push(Action::Merge(a.duration.clone()));
+    }
+    if let Some(a) = &r.add_edge {
+        actions.push(Action::AddEdge(a.to.clone()));
+    }
+    if let Some(a) = &r.priority {
+        actions.push(Action::Priority(a.clone()));
+    }
+    if let Some(a) = &r.sync_bytes {
+        actions.push(Action::SyncBytes(a.clone()));
+    }
+    if let Some(a) = &r.partition {
+        if a.pieces.is_some() == a.slice_bytes.is_some() {
+            return Err(at(
+                file,
+                loc,
+                "field partition: give exactly one of pieces or slice_bytes",
+            ));
+        }
+        actions.push(Action::Partition(a.clone()));
+    }
+    if let Some(a) = &r.memory {
+        actions.push(Action::Memory(a.clone()));
+    }
+    if let Some(a) = &r.offload {
+        actions.push(Action::Offload(a.clone()));
+    }
+    match actions.len() {
+        1 => Ok(actions.pop().expect("one")),
+        0 => Err(at(
             file,
-            &r.referenced,
+            loc,
             format!(
-                "field rules: {} rules, more than the limit of {} rules in a pass file (README, Limits)",
-                crate::cli::output::thousands(f.rules.len() as u64),
-                crate::cli::output::thousands(crate::limits::MAX_PASS_RULES as u64)
+                "rule {index}: no action (scale, set_duration_us, remove, insert, merge, add_edge, priority, sync_bytes, partition, memory, offload)"
             ),
-        ));
+        )),
+        _ => Err(at(
+            file,
+            loc,
+            format!(
+                "rule {index}: one action per rule, found {}",
+                actions
+                    .iter()
+                    .map(Action::name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
     }
-    let mut rules = Vec::new();
-    for (i, r) in f.rules.iter().enumerate() {
-        let loc = &r.referenced;
-        let r = &r.value;
-        let mut actions = Vec::new();
-        if let Some(a) = &r.scale {
-            actions.push(Action::Scale(a.clone()));
-        }
-        if let Some(a) = &r.set_duration_us {
-            actions.push(Action::SetDuration(a.clone()));
-        }
-        if let Some(rm) = r.remove {
-            if !rm {
-                return Err(at(
-                    file,
-                    loc,
-                    "field remove: only `remove: true` means anything",
-                ));
-            }
-            actions.push(Action::Remove);
-        }
-        if let Some(a) = &r.insert {
-            actions.push(Action::Insert(a.clone()));
-        }
-        if let Some(a) = &r.merge {
-            actions.push(Action::Merge(a.duration.clone()));
-        }
-        if let Some(a) = &r.add_edge {
-            actions.push(Action::AddEdge(a.to.clone()));
-        }
-        if let Some(a) = &r.priority {
-            actions.push(Action::Priority(a.clone()));
-        }
-        if let Some(a) = &r.sync_bytes {
-            actions.push(Action::SyncBytes(a.clone()));
-        }
-        if let Some(a) = &r.partition {
-            if a.pieces.is_some() == a.slice_bytes.is_some() {
-                return Err(at(
-                    file,
-                    loc,
-                    "field partition: give exactly one of pieces or slice_bytes",
-                ));
-            }
-            actions.push(Action::Partition(a.clone()));
-        }
-        if let Some(a) = &r.memory {
-            actions.push(Action::Memory(a.clone()));
-        }
-        if let Some(a) = &r.offload {
-            actions.push(Action::Offload(a.clone()));
-        }
-        let action = match actions.len() {
-            1 => actions.pop().expect("one"),
-            0 => {
-                return Err(at(
-                    file,
-                    loc,
-                    format!(
-                        "rule {}: no action (scale, set_duration_us, remove, insert, merge, add_edge, priority, sync_bytes, partition, memory, offload)",
-                        i + 1
-                    ),
-                ));
-            }
-            _ => {
-                return Err(at(
-                    file,
-                    loc,
-                    format!(
-                        "rule {}: one action per rule, found {}",
-                        i + 1,
-                        actions
-                            .iter()
-                            .map(Action::name)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                ));
-            }
-        };
-        let rule = CheckedRule {
-            index: i + 1,
-            line: loc.line(),
-            select: r.select.clone(),
-            optional: r.optional,
-            action,
-        };
-        check_rule(&rule, file, &declared)?;
-        rules.push(rule);
-    }
-    Ok(DeclarativePass {
-        name: f.name,
-        doc: f.doc.trim().to_string(),
-        applies_to: f.applies_to.unwrap_or_default(),
-        file: file.to_string(),
-        knobs,
-        rules,
-    })
 }
 
 /// A literal's or knob's allowed range for one field.
@@ -1200,387 +1216,550 @@ impl<'a> Ctx<'a> {
         self.job().gpu.launch_overhead_us * 1e3
     }
 
-    /// Turn one rule into edits.
-    fn rule(&mut self, r: &CheckedRule) -> Result<(Vec<Edit>, String), PassError> {
+    /// Turn one rule into edits: select its ops, then apply its primitive to them. A rule
+    /// that selects nothing (or whose primitive finds nothing to change) makes no edits.
+    fn rule(&mut self, r: &CheckedRule) -> Result<Made, PassError> {
         let ops = self.select(&r.select);
         if ops.is_empty() {
-            return Ok((Vec::new(), String::new()));
+            return Ok(nothing());
+        }
+        match &r.action {
+            Action::Scale(a) => self.scale(r, a, ops),
+            Action::SetDuration(a) => self.set_duration(r, a, ops),
+            Action::Remove => Ok(self.remove(ops)),
+            Action::Merge(a) => self.merge(r, a, ops),
+            Action::AddEdge(to) => self.add_edge(r, to, ops),
+            Action::Priority(a) => self.priority(r, a, ops),
+            Action::SyncBytes(a) => self.sync_bytes(r, a, &ops),
+            Action::Partition(p) => self.partition(r, p, &ops),
+            Action::Memory(a) => self.memory(r, a, &ops),
+            Action::Insert(s) => self.insert(r, s, &ops),
+            Action::Offload(o) => self.offload(r, o, &ops),
+        }
+    }
+
+    /// `scale`: every selected op's duration × the factor.
+    fn scale(&self, r: &CheckedRule, a: &Spanned<Arg>, ops: Vec<OpId>) -> Result<Made, PassError> {
+        let f = self.chk(r, self.num(a), "scale", 0.0)?;
+        let why = format!("scale {} ops × {f}", ops.len());
+        Ok((vec![Edit::Scale { ops, factor: f }], why))
+    }
+
+    /// `set_duration_us`: every selected op takes that long.
+    fn set_duration(
+        &self,
+        r: &CheckedRule,
+        a: &Spanned<Arg>,
+        ops: Vec<OpId>,
+    ) -> Result<Made, PassError> {
+        let d = ns(self.chk(r, self.num(a), "set_duration_us", 0.0)? * 1e3);
+        let why = format!("set {} ops to {} µs", ops.len(), d as f64 / 1e3);
+        let edits = ops
+            .iter()
+            .map(|&op| Edit::SetDuration { op, dur_ns: d })
+            .collect();
+        Ok((edits, why))
+    }
+
+    /// `remove: true`: the selected ops go (later rules no longer see them).
+    fn remove(&mut self, ops: Vec<OpId>) -> Made {
+        let why = format!("remove {} ops", ops.len());
+        self.gone.extend(ops.iter().copied());
+        (vec![Edit::Remove { ops }], why)
+    }
+
+    /// `merge`: the selected ops (at least two) become the first of them, lasting the sum, the
+    /// max, the sum less the launches saved (`sum_minus_launch`, which also merges their work
+    /// into one kernel) or a literal time.
+    fn merge(
+        &mut self,
+        r: &CheckedRule,
+        a: &Spanned<Arg>,
+        ops: Vec<OpId>,
+    ) -> Result<Made, PassError> {
+        let n = ops.len();
+        if n < 2 {
+            return Ok(nothing());
         }
         let job = self.job();
-        let n = ops.len();
-        let mut edits = Vec::new();
-        let why;
-        match &r.action {
-            Action::Scale(a) => {
-                let f = self.chk(r, self.num(a), "scale", 0.0)?;
-                why = format!("scale {n} ops × {f}");
-                edits.push(Edit::Scale { ops, factor: f });
-            }
-            Action::SetDuration(a) => {
-                let d = ns(self.chk(r, self.num(a), "set_duration_us", 0.0)? * 1e3);
-                why = format!("set {n} ops to {} µs", d as f64 / 1e3);
-                edits.extend(ops.iter().map(|&op| Edit::SetDuration { op, dur_ns: d }));
-            }
-            Action::Remove => {
-                why = format!("remove {n} ops");
-                self.gone.extend(ops.iter().copied());
-                edits.push(Edit::Remove { ops });
-            }
-            Action::Merge(a) => {
-                if n < 2 {
-                    return Ok((Vec::new(), String::new()));
-                }
-                let durs: Vec<u64> = ops
+        let durs: Vec<u64> = ops
+            .iter()
+            .map(|&o| job.local.ops[o as usize].spec.dur_ns)
+            .collect();
+        let sum: u64 = durs.iter().sum();
+        let max = durs.iter().copied().max().unwrap_or(0);
+        let works: Vec<OpWork> = ops
+            .iter()
+            .filter_map(|&o| job.local.ops[o as usize].work)
+            .collect();
+        let dur_ns = match &a.value {
+            Arg::Word(w) if w == "sum" => sum,
+            Arg::Word(w) if w == "max" => max,
+            Arg::Word(_) => {
+                // sum_minus_launch: one launch for all the merged kernels.
+                let kernels: u64 = ops
                     .iter()
-                    .map(|&o| job.local.ops[o as usize].spec.dur_ns)
-                    .collect();
-                let sum: u64 = durs.iter().sum();
-                let max = durs.iter().copied().max().unwrap_or(0);
-                let works: Vec<OpWork> = ops
-                    .iter()
-                    .filter_map(|&o| job.local.ops[o as usize].work)
-                    .collect();
-                let dur_ns = match &a.value {
-                    Arg::Word(w) if w == "sum" => sum,
-                    Arg::Word(w) if w == "max" => max,
-                    Arg::Word(_) => {
-                        // sum_minus_launch: one launch for all the merged kernels.
-                        let kernels: u64 = ops
-                            .iter()
-                            .map(|&o| {
-                                job.local.ops[o as usize]
-                                    .work
-                                    .map_or(1, |w| w.kernels.max(1) as u64)
-                            })
-                            .sum();
-                        let saved = ns(self.launch_ns() * kernels.saturating_sub(1) as f64);
-                        sum.saturating_sub(saved).max(max)
-                    }
-                    _ => ns(self.chk(r, self.num(a), "merge.duration", 0.0)? * 1e3),
-                };
-                why = format!(
-                    "merge {n} ops into one of {:.1} µs (were {:.1} µs in all)",
-                    dur_ns as f64 / 1e3,
-                    sum as f64 / 1e3
-                );
-                self.gone.extend(ops[1..].iter().copied());
-                let first = ops[0];
-                edits.push(Edit::Merge { ops, dur_ns });
-                if matches!(&a.value, Arg::Word(w) if w == "sum_minus_launch") && works.len() == n {
-                    let w = works
-                        .iter()
-                        .copied()
-                        .reduce(|a, b| a.merged(&b))
-                        .map(|w| OpWork { kernels: 1, ..w });
-                    edits.push(Edit::SetWork { op: first, work: w });
-                }
+                    .map(|&o| {
+                        job.local.ops[o as usize]
+                            .work
+                            .map_or(1, |w| w.kernels.max(1) as u64)
+                    })
+                    .sum();
+                let saved = ns(self.launch_ns() * kernels.saturating_sub(1) as f64);
+                sum.saturating_sub(saved).max(max)
             }
-            Action::AddEdge(to) => {
-                let targets = self.select(to);
-                // Counted before a single edge is made: n × m edges from two lines of YAML.
-                let max = crate::limits::MAX_PASS_EDGES;
-                let total = (n as u64)
-                    .saturating_mul(targets.len() as u64)
-                    .saturating_add(self.edges_added);
-                if total > max {
-                    return Err(self.err(
-                        r,
-                        format!(
-                            "joins {} ops to {} ops: {} edges in this pass, more than the limit of {} \
-                             edges a pass may add (README, Limits); select fewer ops",
-                            crate::cli::output::thousands(n as u64),
-                            crate::cli::output::thousands(targets.len() as u64),
-                            crate::cli::output::thousands(total),
-                            crate::cli::output::thousands(max)
-                        ),
-                    ));
-                }
-                self.edges_added = total;
-                for &a in &ops {
-                    for &b in &targets {
-                        if a != b {
-                            edits.push(Edit::AddEdge { from: a, to: b });
-                        }
-                    }
-                }
-                why = format!("{} edges from {n} ops", edits.len());
-            }
-            Action::Priority(a) => {
-                let mut by: BTreeMap<i32, Vec<OpId>> = BTreeMap::new();
-                for &o in &ops {
-                    let layer = job.local.ops[o as usize].spec.layer;
-                    let p = match &a.value {
-                        Arg::Word(w) if w == "by_layer_order" => {
-                            if layer == NONE {
-                                continue;
-                            }
-                            layer.min(i32::MAX as u32) as i32
-                        }
-                        Arg::Word(_) => {
-                            if layer == NONE {
-                                continue;
-                            }
-                            -(layer.min(i32::MAX as u32) as i32)
-                        }
-                        _ => {
-                            let v = self.num(a);
-                            if !(v.is_finite() && v.fract() == 0.0 && v.abs() <= i32::MAX as f64) {
-                                return Err(self.err(r, format!("priority {v} is not an i32")));
-                            }
-                            v as i32
-                        }
-                    };
-                    by.entry(p).or_default().push(o);
-                }
-                why = format!("priorities of {n} ops");
-                edits.extend(
-                    by.into_iter()
-                        .map(|(priority, ops)| Edit::Priority { ops, priority }),
-                );
-            }
-            Action::SyncBytes(a) => {
-                let syncs = self.syncs_of(&ops, &r.select);
-                let f = match &a.value {
-                    Arg::Word(_) => hierarchical_factor(job),
-                    _ => self.num(a),
-                };
-                if !(f.is_finite() && f > 0.0) {
-                    return Err(self.err(r, format!("sync bytes factor {f} must be > 0")));
-                }
-                if syncs.is_empty() {
-                    return Ok((Vec::new(), String::new()));
-                }
-                why = format!("bytes of {} syncs × {f:.4}", syncs.len());
-                edits.push(Edit::ScaleSyncBytes { syncs, factor: f });
-            }
-            Action::Partition(p) => {
-                let syncs = self.syncs_of(&ops, &r.select);
-                let mut cut = 0;
-                for s in syncs {
-                    let k = match (&p.pieces, &p.slice_bytes) {
-                        (Some(a), _) => self.chk(r, self.num(a), "partition.pieces", 1.0)?,
-                        (_, Some(a)) => {
-                            let b = self.chk(r, self.num(a), "partition.slice_bytes", 1.0)?;
-                            (job.syncs[s].bytes as f64 / b).ceil().max(1.0)
-                        }
-                        _ => 1.0,
-                    };
-                    let k = k.min(1e6) as u32;
-                    if k > 1 {
-                        cut += 1;
-                        edits.push(Edit::PartitionSync { sync: s, k });
-                    }
-                }
-                why = format!("partition {cut} syncs");
-            }
-            Action::Memory(a) => {
-                let f = self.chk(r, self.num(a), "memory", 0.0)?;
-                for &o in &ops {
-                    let effects: Vec<MemEffect> = job
-                        .local
-                        .mem
-                        .iter()
-                        .filter(|m| m.op == o)
-                        .map(|m| MemEffect {
-                            bytes: (m.bytes as f64 * f).round() as u64,
-                            ..*m
-                        })
-                        .collect();
-                    if !effects.is_empty() {
-                        edits.push(Edit::SetMem { op: o, effects });
-                    }
-                }
-                why = format!("memory of {} ops × {f}", edits.len());
-            }
-            Action::Insert(s) => {
-                let dev = self.device(s.device, 1);
-                let launch = match (s.device, &s.launch_us) {
-                    (InsertDevice::Gpu, Some(l)) if self.has_cpu_thread() => {
-                        Some(ns(self.chk(r, self.num(l), "launch_us", 0.0)? * 1e3))
-                    }
-                    _ => None,
-                };
-                let kind = s.kind.map(KindSel::kind).unwrap_or(match s.device {
-                    InsertDevice::Gpu => OpKind::Compute,
-                    InsertDevice::Cpu => OpKind::CpuOther,
-                    InsertDevice::Copy => OpKind::Memcpy,
-                });
-                if kind.is_virtual() {
-                    return Err(self.err(r, "cannot insert a virtual op (in/out)"));
-                }
-                let job = self.job();
-                let roof = job.roofline(job.dtype);
-                let fixed = s
-                    .duration_us
-                    .as_ref()
-                    .map_or(Ok(0.0), |a| self.chk(r, self.num(a), "duration_us", 0.0))?
-                    * 1e3;
-                let gbps = s
-                    .gbps
-                    .as_ref()
-                    .map(|a| self.chk(r, self.num(a), "gbps", 1e-9))
-                    .transpose()?;
-                let passes = s
-                    .memory_passes
-                    .as_ref()
-                    .map_or(Ok(0.0), |a| self.chk(r, self.num(a), "memory_passes", 0.0))?;
-                let kernels = s
-                    .kernels
-                    .as_ref()
-                    .map_or(Ok(0.0), |a| self.chk(r, self.num(a), "kernels", 0.0))?;
-                let mut total = 0u64;
-                for &o in &ops {
-                    let src = &job.local.ops[o as usize].spec;
-                    let bytes = op_bytes(job, o) as f64;
-                    let dur = ns(fixed
-                        + gbps.map_or(0.0, |g| bytes / g)
-                        + passes * roof.mem_time_ns(bytes)
-                        + kernels * self.launch_ns());
-                    total += dur;
-                    let (after, before) = match s.at {
-                        Where::After => (
-                            vec![o],
-                            self.succs[o as usize]
-                                .iter()
-                                .copied()
-                                .filter(|x| !self.gone.contains(x))
-                                .collect(),
-                        ),
-                        Where::Before => (
-                            self.preds[o as usize]
-                                .iter()
-                                .copied()
-                                .filter(|x| !self.gone.contains(x))
-                                .collect(),
-                            vec![o],
-                        ),
-                    };
-                    let spec = OpSpec {
-                        layer: src.layer,
-                        tensor: src.tensor,
-                        ..OpSpec::new(kind, s.phase.map_or(src.phase, PhaseSel::phase), dev, dur)
-                    };
-                    edits.push(Edit::Insert {
-                        spec,
-                        work: None,
-                        after,
-                        before,
-                        launch_ns: launch,
-                    });
-                    self.next_id += if launch.is_some() { 2 } else { 1 };
-                }
-                why = format!("insert {n} ops ({:.1} µs in all)", total as f64 / 1e3);
-            }
-            Action::Offload(o) => {
-                let g = self.chk(r, self.num(&o.gbps), "offload.gbps", 1e-9)?;
-                let (d2h, h2d) = match o.device {
-                    InsertDevice::Copy => (self.device(o.device, 1), self.device(o.device, 2)),
-                    _ => {
-                        let d = self.device(InsertDevice::Gpu, 0);
-                        (d, d)
-                    }
-                };
-                let job = self.job();
-                let bw_compute = |x: OpId| {
-                    let s = &job.local.ops[x as usize].spec;
-                    s.kind == OpKind::Compute && s.phase == Phase::Bw
-                };
-                let mut moved = 0u64;
-                let mut count = 0;
-                for &u in &ops {
-                    let spec = &job.local.ops[u as usize].spec;
-                    let bytes: u64 = job
-                        .local
-                        .mem
-                        .iter()
-                        .filter(|m| m.op == u && m.when == MemWhen::AllocAtStart)
-                        .map(|m| m.bytes)
-                        .sum();
-                    if spec.phase != Phase::Fw || bytes == 0 || spec.layer == NONE {
-                        continue;
-                    }
-                    // The BW op of the same layer that frees the activation.
-                    let Some(v) = job.local.ops.iter().enumerate().find_map(|(i, x)| {
-                        let i = i as OpId;
-                        (x.spec.phase == Phase::Bw
-                            && x.spec.layer == spec.layer
-                            && !self.gone.contains(&i)
-                            && job
-                                .local
-                                .mem
-                                .iter()
-                                .any(|m| m.op == i && m.when == MemWhen::FreeAtEnd))
-                        .then_some(i)
-                    }) else {
-                        continue;
-                    };
-                    // Prefetch when the backward of the layer after this one starts: after the
-                    // BW ops that precede that layer's BW (two BW hops back from v).
-                    let hop = |xs: &[OpId]| -> Vec<OpId> {
-                        let mut s: BTreeSet<OpId> = BTreeSet::new();
-                        for &x in xs {
-                            s.extend(
-                                self.preds[x as usize]
-                                    .iter()
-                                    .copied()
-                                    .filter(|&p| bw_compute(p) && !self.gone.contains(&p)),
-                            );
-                        }
-                        s.into_iter().collect()
-                    };
-                    let one = hop(&[v]);
-                    let two = hop(&one);
-                    let trigger = if two.is_empty() { one } else { two };
-                    let dur = ns(bytes as f64 / g);
-                    let out_id = self.next_id;
-                    let in_id = out_id + 1;
-                    self.next_id += 2;
-                    edits.push(Edit::Insert {
-                        spec: OpSpec {
-                            layer: spec.layer,
-                            ..OpSpec::new(OpKind::Memcpy, Phase::Fw, d2h, dur)
-                        },
-                        work: None,
-                        after: vec![u],
-                        before: vec![],
-                        launch_ns: None,
-                    });
-                    let mut after = vec![out_id];
-                    after.extend(trigger);
-                    edits.push(Edit::Insert {
-                        spec: OpSpec {
-                            layer: spec.layer,
-                            ..OpSpec::new(OpKind::Memcpy, Phase::Bw, h2d, dur)
-                        },
-                        work: None,
-                        after,
-                        before: vec![v],
-                        launch_ns: None,
-                    });
-                    let eff = |op, when| MemEffect {
-                        op,
-                        worker: 0,
-                        bytes,
-                        when,
-                    };
-                    edits.push(Edit::SetMem {
-                        op: out_id,
-                        effects: vec![eff(out_id, MemWhen::FreeAtEnd)],
-                    });
-                    edits.push(Edit::SetMem {
-                        op: in_id,
-                        effects: vec![eff(in_id, MemWhen::AllocAtStart)],
-                    });
-                    moved += bytes;
-                    count += 1;
-                }
-                why = format!(
-                    "offload the activations of {count} layers ({:.1} MB each way at {g} GB/s)",
-                    moved as f64 / 1e6
-                );
-            }
+            _ => ns(self.chk(r, self.num(a), "merge.duration", 0.0)? * 1e3),
+        };
+        let why = format!(
+            "merge {n} ops into one of {:.1} µs (were {:.1} µs in all)",
+            dur_ns as f64 / 1e3,
+            sum as f64 / 1e3
+        );
+        self.gone.extend(ops[1..].iter().copied());
+        let first = ops[0];
+        let mut edits = vec![Edit::Merge { ops, dur_ns }];
+        if matches!(&a.value, Arg::Word(w) if w == "sum_minus_launch") && works.len() == n {
+            let w = works
+                .iter()
+                .copied()
+                .reduce(|a, b| a.merged(&b))
+                .map(|w| OpWork { kernels: 1, ..w });
+            edits.push(Edit::SetWork { op: first, work: w });
         }
         Ok((edits, why))
+    }
+
+    /// `add_edge`: an edge from every selected op to every op of the `to` selection, refused
+    /// beyond [`crate::limits::MAX_PASS_EDGES`] in the pass (counted before an edge is made).
+    fn add_edge(
+        &mut self,
+        r: &CheckedRule,
+        to: &Select,
+        ops: Vec<OpId>,
+    ) -> Result<Made, PassError> {
+        let n = ops.len();
+        let targets = self.select(to);
+        // Counted before a single edge is made: n × m edges from two lines of YAML.
+        let max = crate::limits::MAX_PASS_EDGES;
+        let total = (n as u64)
+            .saturating_mul(targets.len() as u64)
+            .saturating_add(self.edges_added);
+        if total > max {
+            return Err(self.err(
+                r,
+                format!(
+                    "joins {} ops to {} ops: {} edges in this pass, more than the limit of {} \
+                     edges a pass may add (README, Limits); select fewer ops",
+                    crate::units::thousands(n as u64),
+                    crate::units::thousands(targets.len() as u64),
+                    crate::units::thousands(total),
+                    crate::units::thousands(max)
+                ),
+            ));
+        }
+        self.edges_added = total;
+        let mut edits = Vec::new();
+        for &a in &ops {
+            for &b in &targets {
+                if a != b {
+                    edits.push(Edit::AddEdge { from: a, to: b });
+                }
+            }
+        }
+        let why = format!("{} edges from {n} ops", edits.len());
+        Ok((edits, why))
+    }
+
+    /// `priority`: a literal i32, or the layer order (`by_layer_order`, else reversed); ops
+    /// without a layer keep theirs under the layer orders.
+    fn priority(
+        &self,
+        r: &CheckedRule,
+        a: &Spanned<Arg>,
+        ops: Vec<OpId>,
+    ) -> Result<Made, PassError> {
+        let job = self.job();
+        let mut by: BTreeMap<i32, Vec<OpId>> = BTreeMap::new();
+        for &o in &ops {
+            let layer = job.local.ops[o as usize].spec.layer;
+            let p = match &a.value {
+                Arg::Word(w) if w == "by_layer_order" => {
+                    if layer == NONE {
+                        continue;
+                    }
+                    layer.min(i32::MAX as u32) as i32
+                }
+                Arg::Word(_) => {
+                    if layer == NONE {
+                        continue;
+                    }
+                    -(layer.min(i32::MAX as u32) as i32)
+                }
+                _ => {
+                    let v = self.num(a);
+                    if !(v.is_finite() && v.fract() == 0.0 && v.abs() <= i32::MAX as f64) {
+                        return Err(self.err(r, format!("priority {v} is not an i32")));
+                    }
+                    v as i32
+                }
+            };
+            by.entry(p).or_default().push(o);
+        }
+        let why = format!("priorities of {} ops", ops.len());
+        let edits = by
+            .into_iter()
+            .map(|(priority, ops)| Edit::Priority { ops, priority })
+            .collect();
+        Ok((edits, why))
+    }
+
+    /// `sync_bytes`: the bytes of the selected ops' syncs × a factor (`hierarchical`: BlueConnect's,
+    /// [`hierarchical_factor`]).
+    fn sync_bytes(
+        &self,
+        r: &CheckedRule,
+        a: &Spanned<Arg>,
+        ops: &[OpId],
+    ) -> Result<Made, PassError> {
+        let syncs = self.syncs_of(ops, &r.select);
+        let f = match &a.value {
+            Arg::Word(_) => hierarchical_factor(self.job()),
+            _ => self.num(a),
+        };
+        if !(f.is_finite() && f > 0.0) {
+            return Err(self.err(r, format!("sync bytes factor {f} must be > 0")));
+        }
+        if syncs.is_empty() {
+            return Ok(nothing());
+        }
+        let why = format!("bytes of {} syncs × {f:.4}", syncs.len());
+        Ok((vec![Edit::ScaleSyncBytes { syncs, factor: f }], why))
+    }
+
+    /// `partition`: each of the selected ops' syncs cut into `pieces`, or into slices of
+    /// `slice_bytes` (at most 10⁶ pieces); a sync left whole makes no edit.
+    fn partition(
+        &self,
+        r: &CheckedRule,
+        p: &PartitionSpec,
+        ops: &[OpId],
+    ) -> Result<Made, PassError> {
+        let job = self.job();
+        let syncs = self.syncs_of(ops, &r.select);
+        let mut edits = Vec::new();
+        let mut cut = 0;
+        for s in syncs {
+            let k = match (&p.pieces, &p.slice_bytes) {
+                (Some(a), _) => self.chk(r, self.num(a), "partition.pieces", 1.0)?,
+                (_, Some(a)) => {
+                    let b = self.chk(r, self.num(a), "partition.slice_bytes", 1.0)?;
+                    (job.syncs[s].bytes as f64 / b).ceil().max(1.0)
+                }
+                _ => 1.0,
+            };
+            let k = k.min(1e6) as u32;
+            if k > 1 {
+                cut += 1;
+                edits.push(Edit::PartitionSync { sync: s, k });
+            }
+        }
+        Ok((edits, format!("partition {cut} syncs")))
+    }
+
+    /// `memory`: the bytes of every selected op's memory effects × a factor.
+    fn memory(&self, r: &CheckedRule, a: &Spanned<Arg>, ops: &[OpId]) -> Result<Made, PassError> {
+        let job = self.job();
+        let f = self.chk(r, self.num(a), "memory", 0.0)?;
+        let mut edits = Vec::new();
+        for &o in ops {
+            let effects: Vec<MemEffect> = job
+                .local
+                .mem
+                .iter()
+                .filter(|m| m.op == o)
+                .map(|m| MemEffect {
+                    bytes: (m.bytes as f64 * f).round() as u64,
+                    ..*m
+                })
+                .collect();
+            if !effects.is_empty() {
+                edits.push(Edit::SetMem { op: o, effects });
+            }
+        }
+        let why = format!("memory of {} ops × {f}", edits.len());
+        Ok((edits, why))
+    }
+
+    /// `insert`: one new op before or after each selected op (see [`InsertCost`] for its
+    /// duration), on the GPU, a CPU thread or a copy stream, with a CPU launch when
+    /// `launch_us` is given and the job has a CPU thread.
+    fn insert(&mut self, r: &CheckedRule, s: &InsertSpec, ops: &[OpId]) -> Result<Made, PassError> {
+        let dev = self.device(s.device, 1);
+        let launch = match (s.device, &s.launch_us) {
+            (InsertDevice::Gpu, Some(l)) if self.has_cpu_thread() => {
+                Some(ns(self.chk(r, self.num(l), "launch_us", 0.0)? * 1e3))
+            }
+            _ => None,
+        };
+        let kind = s.kind.map(KindSel::kind).unwrap_or(match s.device {
+            InsertDevice::Gpu => OpKind::Compute,
+            InsertDevice::Cpu => OpKind::CpuOther,
+            InsertDevice::Copy => OpKind::Memcpy,
+        });
+        if kind.is_virtual() {
+            return Err(self.err(r, "cannot insert a virtual op (in/out)"));
+        }
+        let cost = self.insert_cost(r, s)?;
+        let job = self.job();
+        let mut edits = Vec::new();
+        let mut total = 0u64;
+        for &o in ops {
+            let src = &job.local.ops[o as usize].spec;
+            let dur = cost.dur_ns(op_bytes(job, o) as f64);
+            total += dur;
+            let (after, before) = self.neighbours(o, s.at);
+            let spec = OpSpec {
+                layer: src.layer,
+                tensor: src.tensor,
+                ..OpSpec::new(kind, s.phase.map_or(src.phase, PhaseSel::phase), dev, dur)
+            };
+            edits.push(Edit::Insert {
+                spec,
+                work: None,
+                after,
+                before,
+                launch_ns: launch,
+            });
+            self.next_id += if launch.is_some() { 2 } else { 1 };
+        }
+        let why = format!(
+            "insert {} ops ({:.1} µs in all)",
+            ops.len(),
+            total as f64 / 1e3
+        );
+        Ok((edits, why))
+    }
+
+    /// An insert's duration terms, each checked (in this order: duration_us, gbps,
+    /// memory_passes, kernels).
+    fn insert_cost(&self, r: &CheckedRule, s: &InsertSpec) -> Result<InsertCost, PassError> {
+        let job = self.job();
+        let roof = job.roofline(job.dtype);
+        let fixed_ns = s
+            .duration_us
+            .as_ref()
+            .map_or(Ok(0.0), |a| self.chk(r, self.num(a), "duration_us", 0.0))?
+            * 1e3;
+        let gbps = s
+            .gbps
+            .as_ref()
+            .map(|a| self.chk(r, self.num(a), "gbps", 1e-9))
+            .transpose()?;
+        let passes = s
+            .memory_passes
+            .as_ref()
+            .map_or(Ok(0.0), |a| self.chk(r, self.num(a), "memory_passes", 0.0))?;
+        let kernels = s
+            .kernels
+            .as_ref()
+            .map_or(Ok(0.0), |a| self.chk(r, self.num(a), "kernels", 0.0))?;
+        Ok(InsertCost {
+            fixed_ns,
+            gbps,
+            passes,
+            kernels,
+            roof,
+            launch_ns: self.launch_ns(),
+        })
+    }
+
+    /// `(after, before)` of an op inserted at `at` of `o`: `o` and its live successors, or its
+    /// live predecessors and `o`.
+    fn neighbours(&self, o: OpId, at: Where) -> (Vec<OpId>, Vec<OpId>) {
+        let live = |xs: &[OpId]| -> Vec<OpId> {
+            xs.iter()
+                .copied()
+                .filter(|x| !self.gone.contains(x))
+                .collect()
+        };
+        match at {
+            Where::After => (vec![o], live(&self.succs[o as usize])),
+            Where::Before => (live(&self.preds[o as usize]), vec![o]),
+        }
+    }
+
+    /// `offload`: for each selected forward op holding an activation, a device-to-host copy
+    /// after it and a host-to-device copy back before the backward op that frees it (see
+    /// [`Ctx::offload_one`]), at `gbps`, on copy streams or the GPU's stream.
+    fn offload(
+        &mut self,
+        r: &CheckedRule,
+        o: &OffloadSpec,
+        ops: &[OpId],
+    ) -> Result<Made, PassError> {
+        let g = self.chk(r, self.num(&o.gbps), "offload.gbps", 1e-9)?;
+        let (d2h, h2d) = match o.device {
+            InsertDevice::Copy => (self.device(o.device, 1), self.device(o.device, 2)),
+            _ => {
+                let d = self.device(InsertDevice::Gpu, 0);
+                (d, d)
+            }
+        };
+        let mut edits = Vec::new();
+        let mut moved = 0u64;
+        let mut count = 0;
+        for &u in ops {
+            if let Some(bytes) = self.offload_one(u, g, (d2h, h2d), &mut edits) {
+                moved += bytes;
+                count += 1;
+            }
+        }
+        let why = format!(
+            "offload the activations of {count} layers ({:.1} MB each way at {g} GB/s)",
+            moved as f64 / 1e6
+        );
+        Ok((edits, why))
+    }
+
+    /// Offload forward op `u`'s activation (its alloc-at-start bytes) at `g` GB/s on the
+    /// (device-to-host, host-to-device) devices: the two copies and their memory effects go to
+    /// `edits`, and the bytes moved are returned; `None` when `u` is not a forward op of a layer
+    /// holding memory or no live backward op of its layer frees memory.
+    fn offload_one(
+        &mut self,
+        u: OpId,
+        g: f64,
+        (d2h, h2d): (u32, u32),
+        edits: &mut Vec<Edit>,
+    ) -> Option<u64> {
+        let job = self.job();
+        let spec = &job.local.ops[u as usize].spec;
+        let bytes: u64 = job
+            .local
+            .mem
+            .iter()
+            .filter(|m| m.op == u && m.when == MemWhen::AllocAtStart)
+            .map(|m| m.bytes)
+            .sum();
+        if spec.phase != Phase::Fw || bytes == 0 || spec.layer == NONE {
+            return None;
+        }
+        let v = self.freeing_backward(spec.layer)?;
+        let trigger = self.prefetch_trigger(v);
+        let dur = ns(bytes as f64 / g);
+        let out_id = self.next_id;
+        let in_id = out_id + 1;
+        self.next_id += 2;
+        edits.push(Edit::Insert {
+            spec: OpSpec {
+                layer: spec.layer,
+                ..OpSpec::new(OpKind::Memcpy, Phase::Fw, d2h, dur)
+            },
+            work: None,
+            after: vec![u],
+            before: vec![],
+            launch_ns: None,
+        });
+        let mut after = vec![out_id];
+        after.extend(trigger);
+        edits.push(Edit::Insert {
+            spec: OpSpec {
+                layer: spec.layer,
+                ..OpSpec::new(OpKind::Memcpy, Phase::Bw, h2d, dur)
+            },
+            work: None,
+            after,
+            before: vec![v],
+            launch_ns: None,
+        });
+        let eff = |op, when| MemEffect {
+            op,
+            worker: 0,
+            bytes,
+            when,
+        };
+        edits.push(Edit::SetMem {
+            op: out_id,
+            effects: vec![eff(out_id, MemWhen::FreeAtEnd)],
+        });
+        edits.push(Edit::SetMem {
+            op: in_id,
+            effects: vec![eff(in_id, MemWhen::AllocAtStart)],
+        });
+        Some(bytes)
+    }
+
+    /// The first live backward op of `layer` that frees memory at its end: the one that frees
+    /// the layer's activation.
+    fn freeing_backward(&self, layer: u32) -> Option<OpId> {
+        let job = self.job();
+        job.local.ops.iter().enumerate().find_map(|(i, x)| {
+            let i = i as OpId;
+            (x.spec.phase == Phase::Bw
+                && x.spec.layer == layer
+                && !self.gone.contains(&i)
+                && job
+                    .local
+                    .mem
+                    .iter()
+                    .any(|m| m.op == i && m.when == MemWhen::FreeAtEnd))
+            .then_some(i)
+        })
+    }
+
+    /// When to prefetch an activation freed by backward op `v`: when the backward of the layer
+    /// after this one starts, i.e. after the BW compute ops two hops back from `v` (one hop
+    /// when there is no second).
+    fn prefetch_trigger(&self, v: OpId) -> Vec<OpId> {
+        let job = self.job();
+        let bw_compute = |x: OpId| {
+            let s = &job.local.ops[x as usize].spec;
+            s.kind == OpKind::Compute && s.phase == Phase::Bw
+        };
+        let hop = |xs: &[OpId]| -> Vec<OpId> {
+            let mut s: BTreeSet<OpId> = BTreeSet::new();
+            for &x in xs {
+                s.extend(
+                    self.preds[x as usize]
+                        .iter()
+                        .copied()
+                        .filter(|&p| bw_compute(p) && !self.gone.contains(&p)),
+                );
+            }
+            s.into_iter().collect()
+        };
+        let one = hop(&[v]);
+        let two = hop(&one);
+        if two.is_empty() { one } else { two }
+    }
+}
+
+/// What one rule made: its edits and the `why` text.
+type Made = (Vec<Edit>, String);
+
+/// A rule that changes nothing.
+fn nothing() -> Made {
+    (Vec::new(), String::new())
+}
+
+/// An inserted op's duration: fixed + bytes / `gbps` + `passes` memory passes over the bytes
+/// at the job's roofline + `kernels` launches.
+struct InsertCost {
+    fixed_ns: f64,
+    gbps: Option<f64>,
+    passes: f64,
+    kernels: f64,
+    roof: Roofline,
+    launch_ns: f64,
+}
+
+impl InsertCost {
+    /// The duration of an op inserted next to one of `bytes` bytes.
+    fn dur_ns(&self, bytes: f64) -> u64 {
+        ns(self.fixed_ns
+            + self.gbps.map_or(0.0, |g| bytes / g)
+            + self.passes * self.roof.mem_time_ns(bytes)
+            + self.kernels * self.launch_ns)
     }
 }
 

@@ -16,8 +16,11 @@ pub mod grad_accumulation;
 pub mod op_fusion;
 pub mod recompute;
 pub mod shard;
+mod sync_time;
 pub mod tensor_fusion;
 pub mod tensor_partition;
+#[cfg(test)]
+pub(crate) mod testkit;
 
 use std::collections::BTreeMap;
 

@@ -41,7 +41,7 @@
 //! **Theorem 1** (decision, `scope=critical`): fuse `p_{n−1}` (possibly already a fused chain)
 //! and `p_n` iff `q^d_{n−1} < p^d_{n−1} + p^d_n − opfs_time(p_{n−1}, p_n)` (strict, as in
 //! Algorithm 1 line 6), where `q^d_{n−1}` is the synchronisation time of the gradients `p_{n−1}`
-//! produces (`tensor_partition::sync_time_ns` at their current partition count, summed over
+//! produces (`sync_time::sync_time_ns` at their current partition count, summed over
 //! them; 0 for forward ops, whose `q` is null). Theorem 1 holds under its own assumptions: the
 //! segment is computation-bound (every gradient's sync finishes before the next compute op on
 //! the path would release the next gradient) and the communication stream is idle when the
@@ -87,7 +87,7 @@
 
 use std::collections::BTreeSet;
 
-use super::tensor_partition::{SyncTimes, scope_is_all};
+use super::sync_time::{SyncTimes, scope_is_all};
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::compute::ns;
 use crate::graph::job::{Job, OpWork};
@@ -751,102 +751,17 @@ impl<'a> Fuser<'a> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::cost::config::SyncScheme;
     use crate::graph::comm::CommSpec;
-    use crate::graph::job::{JobMeta, LocalGraph, LocalOp, Sync};
-    use crate::graph::{DeviceKind, OpSpec, Tensor};
+    use crate::graph::job::LocalOp;
+    use crate::graph::{DeviceKind, OpSpec};
+    use crate::passes::testkit::{chain_job, spec};
     use crate::passes::{apply_all, evaluate, resolve_knobs};
 
-    /// A chain of backward compute ops on GPU device 1 (trace-like: no work); op `i` with
-    /// `grads[i] = (dur, true)` produces a gradient of `bytes` B: `op → Out → sync → In`.
-    /// Syncs are in chain order. `workers` copies over `spec`.
-    pub(crate) fn chain_job(ops: &[(u64, bool)], bytes: u64, spec: CommSpec, workers: u32) -> Job {
-        let sizes: Vec<(u64, Option<u64>)> =
-            ops.iter().map(|&(d, g)| (d, g.then_some(bytes))).collect();
-        chain_job_sizes(&sizes, spec, workers)
-    }
-
-    /// Like [`chain_job`] with a gradient size per op.
-    pub(crate) fn chain_job_sizes(ops: &[(u64, Option<u64>)], spec: CommSpec, workers: u32) -> Job {
-        let mut g = LocalGraph {
-            devices: vec![
-                DeviceKind::Virtual,
-                DeviceKind::GpuStream {
-                    worker: 0,
-                    stream: 0,
-                },
-            ],
-            layers: (0..ops.len()).map(|i| format!("l{i}")).collect(),
-            ..LocalGraph::default()
-        };
-        let mut syncs = Vec::new();
-        let mut prev: Option<OpId> = None;
-        for (i, &(dur, grad)) in ops.iter().enumerate() {
-            let o = g.ops.len() as OpId;
-            g.ops.push(LocalOp {
-                spec: OpSpec::compute(1, Phase::Bw, i as u32, dur),
-                work: None,
-            });
-            if let Some(p) = prev {
-                g.edges.push((p, o));
-            }
-            prev = Some(o);
-            if let Some(bytes) = grad {
-                let t = g.tensors.len() as u32;
-                g.tensors.push(Tensor {
-                    name: format!("w{i}"),
-                    bytes,
-                    layer: i as u32,
-                });
-                let out = g.ops.len() as OpId;
-                g.ops.push(LocalOp {
-                    spec: OpSpec {
-                        tensor: t,
-                        ..OpSpec::new(OpKind::Out, Phase::Comm, 0, 0)
-                    },
-                    work: None,
-                });
-                let inn = out + 1;
-                g.ops.push(LocalOp {
-                    spec: OpSpec {
-                        tensor: t,
-                        ..OpSpec::new(OpKind::In, Phase::Comm, 0, 0)
-                    },
-                    work: None,
-                });
-                g.edges.push((o, out));
-                syncs.push(Sync {
-                    tensors: vec![t],
-                    bytes,
-                    partitions: 1,
-                    kind: crate::graph::comm::CollectiveKind::AllReduce,
-                    group: crate::graph::comm::Group::ALL,
-                    ready: vec![out],
-                    done: vec![inn],
-                });
-            }
-        }
-        Job {
-            local: g,
-            syncs,
-            comm: spec,
-            workers,
-            symmetric: false,
-            gpu: crate::cost::config::load_gpu("v100-32gb").unwrap(),
-            dtype: crate::cost::config::Dtype::Fp32,
-            math: Default::default(),
-            framework: Default::default(),
-            exec: Default::default(),
-            host: Default::default(),
-            memory: Default::default(),
-            meta: JobMeta::default(),
-        }
-    }
-
     fn ring() -> CommSpec {
-        crate::passes::tensor_partition::tests::spec(SyncScheme::Ring)
+        spec(SyncScheme::Ring)
     }
 
     fn knobs(kv: &[(&str, &str)]) -> Knobs {
@@ -1211,10 +1126,10 @@ pub(crate) mod tests {
 /// Numerical check of Theorems 1 and 3 against full replay on random chains (proptest).
 #[cfg(test)]
 mod theorem_checks {
-    use super::tests::chain_job_sizes;
     use super::*;
     use crate::cost::config::SyncScheme;
     use crate::passes::tensor_fusion::TensorFusion;
+    use crate::passes::testkit::chain_job_sizes;
     use crate::passes::{apply_all, evaluate, resolve_knobs};
     use proptest::prelude::*;
     use proptest::strategy::ValueTree;
@@ -1240,7 +1155,7 @@ mod theorem_checks {
     }
 
     fn spec() -> crate::graph::comm::CommSpec {
-        crate::passes::tensor_partition::tests::spec(SyncScheme::Ring)
+        crate::passes::testkit::spec(SyncScheme::Ring)
     }
 
     /// Theorem 1: every fusion it decides never makes the full replay slower.

@@ -224,17 +224,55 @@ fn sqrt_ceil(m: usize) -> usize {
 /// across segments, in order, as [`super::apply_all`] assigns them.
 fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassError> {
     let all = units(job);
-    let layer_name = |l: LayerId| {
-        job.local
-            .layers
-            .get(l as usize)
-            .cloned()
-            .unwrap_or_default()
-    };
+    let dropped = dropped_units(job, &all, pattern, every)?;
+    let last_unit = last_unit_per_step(&all);
+    let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); job.local.ops.len()];
+    for &(a, b) in &job.local.edges {
+        preds[b as usize].push(a);
+    }
+    let mut segments = Vec::new();
+    let mut next_id = job.local.ops.len() as OpId;
+    for run in dropped_runs(&all, &dropped) {
+        let seg = &all[run.clone()];
+        if last_unit[seg[0].step].is_some_and(|l| run.contains(&l)) {
+            continue;
+        }
+        let Some(after) = rerun_after(job, &preds, seg) else {
+            continue;
+        };
+        segments.push(rerun_segment(job, seg, after, &mut next_id));
+    }
+    Ok(segments)
+}
+
+/// A layer's name (empty when the layer has none).
+fn layer_name(job: &Job, l: LayerId) -> String {
+    job.local
+        .layers
+        .get(l as usize)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Micro-steps in `all` (at least 1).
+fn step_count(all: &[Unit]) -> usize {
+    all.iter().map(|u| u.step + 1).max().unwrap_or(1)
+}
+
+/// Which units drop their saved activations: in scope (`pattern` matches the layer, or
+/// `all`/`auto`/`sqrt`), holding saved bytes, and not every `every`-th of its micro-step (the
+/// last of each group is kept; `every = 0` means ⌈√m⌉ of the m layers per micro-step in scope).
+/// Not applicable when no layer is in scope.
+fn dropped_units(
+    job: &Job,
+    all: &[Unit],
+    pattern: &str,
+    every: usize,
+) -> Result<Vec<bool>, PassError> {
     let whole = matches!(pattern, "all" | "auto" | "sqrt");
     let in_scope: Vec<bool> = all
         .iter()
-        .map(|u| whole || glob_match(pattern, &layer_name(u.layer)))
+        .map(|u| whole || glob_match(pattern, &layer_name(job, u.layer)))
         .collect();
     let m = in_scope.iter().filter(|&&x| x).count();
     if m == 0 {
@@ -243,11 +281,9 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
             why: format!("no layer with a forward and a backward op matches `{pattern}`"),
         });
     }
-    let steps = all.iter().map(|u| u.step + 1).max().unwrap_or(1);
+    let steps = step_count(all);
     let m = m / steps.max(1);
     let every = if every == 0 { sqrt_ceil(m) } else { every };
-    // Dropped flags: in scope and not every `every`-th of its micro-step (the last of each
-    // group is kept).
     let mut dropped = vec![false; all.len()];
     let mut pos = vec![0usize; steps];
     for (i, &s) in in_scope.iter().enumerate() {
@@ -257,19 +293,23 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
             *p += 1;
         }
     }
-    // The last layer of each micro-step in forward order (units are sorted by their first
-    // FW op, which is in forward order; inserted ops such as casts come later by id): a segment
-    // reaching it is not dropped.
-    let mut last_unit: Vec<Option<usize>> = vec![None; steps];
+    Ok(dropped)
+}
+
+/// The last unit of each micro-step in forward order (units are sorted by their first FW op,
+/// which is in forward order; inserted ops such as casts come later by id): a segment reaching
+/// it is not dropped.
+fn last_unit_per_step(all: &[Unit]) -> Vec<Option<usize>> {
+    let mut last_unit: Vec<Option<usize>> = vec![None; step_count(all)];
     for (i, u) in all.iter().enumerate() {
         last_unit[u.step] = Some(i);
     }
-    let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); job.local.ops.len()];
-    for &(a, b) in &job.local.edges {
-        preds[b as usize].push(a);
-    }
-    let mut segments = Vec::new();
-    let mut next_id = job.local.ops.len() as OpId;
+    last_unit
+}
+
+/// The maximal runs of consecutive dropped units within one micro-step, in order.
+fn dropped_runs(all: &[Unit], dropped: &[bool]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
     let mut i = 0;
     while i < all.len() {
         if !dropped[i] {
@@ -280,108 +320,124 @@ fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassErro
         while j < all.len() && dropped[j] && all[j].step == all[i].step {
             j += 1;
         }
-        let (first, seg) = (i, &all[i..j]);
+        runs.push(i..j);
         i = j;
-        if last_unit[seg[0].step].is_some_and(|l| (first..j).contains(&l)) {
-            continue;
-        }
-        let seg_bw: Vec<OpId> = seg.iter().flat_map(|u| u.bw.iter().copied()).collect();
-        let seg_fw: Vec<OpId> = seg.iter().flat_map(|u| u.fw.iter().copied()).collect();
-        let mut after: Vec<OpId> = seg_bw
-            .iter()
-            .flat_map(|&b| preds[b as usize].iter().copied())
-            .filter(|p| {
-                let s = &job.local.ops[*p as usize].spec;
-                !seg_bw.contains(p) && s.phase != Phase::Fw && s.kind != OpKind::Launch
-            })
-            .collect();
-        after.sort_unstable();
-        after.dedup();
-        // A recorded step can interleave a layer's backward with host work that waits on it (a
-        // synchronising copy): re-running the forward after the backward's predecessors would
-        // then close a cycle. Such a segment is kept.
-        let reach = job.reachable_from(&seg_bw);
-        if after.iter().any(|&a| reach[a as usize]) {
-            continue;
-        }
-        let mut fw: Vec<OpId> = seg_fw.clone();
-        fw.sort_unstable();
-        let mut seg_out = Segment {
-            reruns: Vec::new(),
-            bw_of: BTreeMap::new(),
-            after: after.clone(),
-            names: seg.iter().map(|u| layer_name(u.layer)).collect(),
-            saved_bytes: seg.iter().map(|u| u.saved_bytes).sum(),
-            rerun_ns: fw
-                .iter()
-                .map(|&f| job.local.ops[f as usize].spec.dur_ns)
-                .sum(),
-            edits: Vec::new(),
-        };
-        for u in seg {
-            for &f in &u.fw {
-                seg_out.bw_of.insert(f, u.bw.clone());
-            }
-        }
-        let mut prev: Option<OpId> = None;
-        for &f in &fw {
-            let op = &job.local.ops[f as usize];
-            let mut spec = op.spec.clone();
-            spec.phase = Phase::Fw;
-            // The original first: `search::describe` names the recomputed layers by it.
-            let mut after_r = vec![f];
-            match prev {
-                Some(p) => after_r.push(p),
-                None => after_r.extend(&seg_out.after),
-            }
-            let before = seg_out.bw_of.get(&f).cloned().unwrap_or_default();
-            // The re-run is dispatched again by the host (checkpointing re-runs the forward
-            // code), at the cost the original forward op's launch had. The editor appends the
-            // op, then its launch: both take an id.
-            let launch_ns = job.launch_ns_of(f);
-            let id = next_id;
-            next_id += if launch_ns.is_some() { 2 } else { 1 };
-            seg_out.edits.push(Edit::Insert {
-                spec,
-                work: op.work,
-                after: after_r,
-                before,
-                launch_ns,
-            });
-            // The original FW: its saved activations live only while it runs.
-            let (alloc, mut rest): (Vec<MemEffect>, Vec<MemEffect>) = job
-                .local
-                .mem
-                .iter()
-                .filter(|m| m.op == f)
-                .partition(|m| m.when == MemWhen::AllocAtStart);
-            let bytes: u64 = alloc.iter().map(|m| m.bytes).sum();
-            if bytes > 0 {
-                let mut fx = alloc.clone();
-                fx.push(MemEffect {
-                    op: f,
-                    worker: 0,
-                    bytes,
-                    when: MemWhen::FreeAtEnd,
-                });
-                fx.append(&mut rest);
-                seg_out.edits.push(Edit::SetMem { op: f, effects: fx });
-                seg_out.edits.push(Edit::SetMem {
-                    op: id,
-                    effects: vec![MemEffect {
-                        op: id,
-                        worker: 0,
-                        bytes,
-                        when: MemWhen::AllocAtStart,
-                    }],
-                });
-            }
-            seg_out.reruns.push((f, id));
-            prev = Some(id);
-        }
-        segments.push(seg_out);
     }
-    Ok(segments)
+    runs
+}
+
+/// What a segment's first re-run waits for: the non-forward, non-launch predecessors of its
+/// backward ops outside it (the backward before the segment's), sorted. `None` when one of
+/// them is reachable from the segment's backward: a recorded step can interleave a layer's
+/// backward with host work that waits on it (a synchronising copy), and re-running the forward
+/// after it would close a cycle, so such a segment is kept.
+fn rerun_after(job: &Job, preds: &[Vec<OpId>], seg: &[Unit]) -> Option<Vec<OpId>> {
+    let seg_bw: Vec<OpId> = seg.iter().flat_map(|u| u.bw.iter().copied()).collect();
+    let mut after: Vec<OpId> = seg_bw
+        .iter()
+        .flat_map(|&b| preds[b as usize].iter().copied())
+        .filter(|p| {
+            let s = &job.local.ops[*p as usize].spec;
+            !seg_bw.contains(p) && s.phase != Phase::Fw && s.kind != OpKind::Launch
+        })
+        .collect();
+    after.sort_unstable();
+    after.dedup();
+    let reach = job.reachable_from(&seg_bw);
+    if after.iter().any(|&a| reach[a as usize]) {
+        return None;
+    }
+    Some(after)
+}
+
+/// The segment `seg` dropped: its forward ops re-run in id order, the first after `after`,
+/// each before the backward ops of its unit (see [`rerun_op`]); ids from `next_id` on.
+fn rerun_segment(job: &Job, seg: &[Unit], after: Vec<OpId>, next_id: &mut OpId) -> Segment {
+    let mut fw: Vec<OpId> = seg.iter().flat_map(|u| u.fw.iter().copied()).collect();
+    fw.sort_unstable();
+    let mut seg_out = Segment {
+        reruns: Vec::new(),
+        bw_of: BTreeMap::new(),
+        after,
+        names: seg.iter().map(|u| layer_name(job, u.layer)).collect(),
+        saved_bytes: seg.iter().map(|u| u.saved_bytes).sum(),
+        rerun_ns: fw
+            .iter()
+            .map(|&f| job.local.ops[f as usize].spec.dur_ns)
+            .sum(),
+        edits: Vec::new(),
+    };
+    for u in seg {
+        for &f in &u.fw {
+            seg_out.bw_of.insert(f, u.bw.clone());
+        }
+    }
+    let mut prev: Option<OpId> = None;
+    for &f in &fw {
+        let id = rerun_op(job, f, prev, &mut seg_out, next_id);
+        seg_out.reruns.push((f, id));
+        prev = Some(id);
+    }
+    seg_out
+}
+
+/// The re-run of forward op `f` (after the previous re-run, or the segment's `after` for the
+/// first), with its launch when it had one; the original's saved activations then live only
+/// while it runs, and the re-run allocates them again. Pushes the edits to `seg`; returns the
+/// re-run's id.
+fn rerun_op(job: &Job, f: OpId, prev: Option<OpId>, seg: &mut Segment, next_id: &mut OpId) -> OpId {
+    let op = &job.local.ops[f as usize];
+    let mut spec = op.spec.clone();
+    spec.phase = Phase::Fw;
+    // The original first: `search::describe` names the recomputed layers by it.
+    let mut after_r = vec![f];
+    match prev {
+        Some(p) => after_r.push(p),
+        None => after_r.extend(&seg.after),
+    }
+    let before = seg.bw_of.get(&f).cloned().unwrap_or_default();
+    // The re-run is dispatched again by the host (checkpointing re-runs the forward code), at
+    // the cost the original forward op's launch had. The editor appends the op, then its
+    // launch: both take an id.
+    let launch_ns = job.launch_ns_of(f);
+    let id = *next_id;
+    *next_id += if launch_ns.is_some() { 2 } else { 1 };
+    seg.edits.push(Edit::Insert {
+        spec,
+        work: op.work,
+        after: after_r,
+        before,
+        launch_ns,
+    });
+    // The original FW: its saved activations live only while it runs.
+    let (alloc, mut rest): (Vec<MemEffect>, Vec<MemEffect>) = job
+        .local
+        .mem
+        .iter()
+        .filter(|m| m.op == f)
+        .partition(|m| m.when == MemWhen::AllocAtStart);
+    let bytes: u64 = alloc.iter().map(|m| m.bytes).sum();
+    if bytes > 0 {
+        let mut fx = alloc.clone();
+        fx.push(MemEffect {
+            op: f,
+            worker: 0,
+            bytes,
+            when: MemWhen::FreeAtEnd,
+        });
+        fx.append(&mut rest);
+        seg.edits.push(Edit::SetMem { op: f, effects: fx });
+        seg.edits.push(Edit::SetMem {
+            op: id,
+            effects: vec![MemEffect {
+                op: id,
+                worker: 0,
+                bytes,
+                when: MemWhen::AllocAtStart,
+            }],
+        });
+    }
+    id
 }
 
 #[cfg(test)]

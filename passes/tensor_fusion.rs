@@ -22,7 +22,7 @@
 //! `q_{n−1}` ends (its `In` ops' latest end in the replay; for a group already fused in this
 //! proposal, its predicted end), `p^e_n` when `q_n` is ready (its `Out` ops' latest end; for a
 //! group, the latest ready time of its members), and `t_sync(s)` is
-//! `tensor_partition::sync_time_ns`: a partial replay of one synchronisation of `s` bytes
+//! `sync_time::sync_time_ns`: a partial replay of one synchronisation of `s` bytes
 //! alone on the job's topology. The left side is when `q_n` ends unfused if the segment is
 //! communication-bound (`q_n` waits for `q_{n−1}`), the right side when the fused sync ends.
 //! `t_sync` is taken at the sync's current partition count for `q_n` and at `k = 1` for the fused
@@ -53,7 +53,7 @@
 //! BytePS group file (dPRO fork); TF/XLA and JAX all-reduce combine threshold; PyTorch
 //! `bucket_cap_mb_list` (contiguous buckets in gradient-ready order) or `bucket_cap_mb`.
 
-use super::tensor_partition::{SyncTimes, scope_is_all, tensor_label};
+use super::sync_time::{SyncTimes, scope_is_all, tensor_label};
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::graph::OpId;
 
@@ -276,8 +276,7 @@ mod tests {
     use crate::cost::config::SyncScheme;
     use crate::graph::comm::CommSpec;
     use crate::graph::job::Job;
-    use crate::passes::op_fusion::tests::{chain_job, chain_job_sizes};
-    use crate::passes::tensor_partition::tests::spec;
+    use crate::passes::testkit::{chain_job, chain_job_sizes, spec};
     use crate::passes::{apply_all, evaluate, resolve_knobs};
 
     fn ring() -> CommSpec {

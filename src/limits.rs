@@ -3,7 +3,7 @@
 //! checks that the two agree.
 //!
 //! * **Per-kind caps** ([`InputKind`]): the size of the file on disk and, for gzip-compressed
-//!   traces, of the decompressed stream. Enforced by [`crate::input`], the one way to open an
+//!   traces, of the decompressed stream. Enforced by the `input` module, the one way to open an
 //!   input file.
 //! * **JSON strings** in traces: at most [`MAX_JSON_STRING_BYTES`] each (a 4 GiB string in a 4 MB
 //!   gzip would otherwise be buffered whole by the parser).
@@ -30,7 +30,8 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-pub use crate::cost::config::MAX_WORKERS;
+/// Largest cluster accepted: beyond this the fine-grained graph would not fit in memory.
+pub const MAX_WORKERS: u32 = 1 << 16;
 
 pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;

@@ -62,7 +62,7 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
     let err = measured.map(|m| 100.0 * (r.iteration_ns as f64 / m.max(1) as f64 - 1.0));
     let mut o = super::output::stdout();
     if a.json {
-        let top = super::replay::top_items_json(&items);
+        let top = super::report::top_items_json(&items);
         let v = json!({
             "iteration_ms": r.iteration_ns as f64 / 1e6,
             "measured_iteration_ms": measured.map(|m| m as f64 / 1e6),
@@ -130,5 +130,5 @@ pub fn replay(a: &ReplayArgs, path: &Path) -> Result<(), CliError> {
             super::output::dur(dep, 3)
         ),
     ];
-    super::replay::write_report(&mut o, &lines, &items)
+    super::report::write_report(&mut o, &lines, &items)
 }

@@ -18,10 +18,13 @@ mod export;
 mod lower_bound;
 mod memory;
 pub(crate) mod output;
+mod pass_plan;
 pub(crate) mod plan;
 mod ranks;
 mod replay;
+mod report;
 mod show;
+mod source;
 mod traceinfo;
 mod whatif;
 

@@ -27,15 +27,14 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::output::gb;
-use super::replay::{Input, input_job};
-use super::whatif::all_passes;
-use super::{CliError, PlanArgs, exit, write_atomic};
+use super::pass_plan::all_passes;
+use super::report;
+use super::source::{self, Input, Source};
+use super::{CliError, PlanArgs, exit};
 use crate::cost::framework::Framework;
 use crate::cost::memory::MemoryPeaks;
 use crate::graph::job::Job;
-use crate::plan::{
-    FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload, round_ms,
-};
+use crate::plan::{FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, round_ms};
 use crate::search::framework::Names;
 use crate::search::{self, Advice, Decision, SearchError, SearchOptions, Speedups, StopReason};
 
@@ -207,75 +206,13 @@ fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::Thre
         .map_err(CliError::internal)
 }
 
-/// `trainplan plan`.
+/// `trainplan plan`: the settings, the input, the outputs checked; the search on a worker
+/// thread watched by this one; the plan (the worker's outcome, or the snapshot of the best so
+/// far) gated on memory, written and reported.
 pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     let t0 = Instant::now();
-    let budget = parse_budget(&a.budget).map_err(|e| CliError::usage(format!("--budget: {e}")))?;
-    let deadline = t0 + budget;
-    let memory_budget = a
-        .memory_budget
-        .as_deref()
-        .map(parse_bytes)
-        .transpose()
-        .map_err(|e| CliError::usage(format!("--memory-budget: {e}")))?;
-    let all = all_passes(&a.pass_file)?;
-    let passes = match &a.passes {
-        None => None,
-        Some(list) => {
-            let names: Vec<String> = list
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect();
-            for n in &names {
-                crate::passes::find(&all, n).map_err(CliError::bad_input)?;
-            }
-            Some(names)
-        }
-    };
-    // Several ranks (a folder of traces): the search runs on the slowest rank (collectives hold
-    // every rank to it); its decisions are then applied to every rank and all are replayed
-    // together.
-    let files = if a.input.trace.is_empty() {
-        Vec::new()
-    } else {
-        super::replay::refuse_trace_precision(&a.input)?;
-        crate::trace::expand_inputs(&a.input.trace).map_err(CliError::bad_input)?
-    };
-    let ranks = if files.len() > 1 {
-        let l = super::ranks::load_ranks(&a.input, &files)?;
-        let base =
-            crate::trace::multi::predict(&l.ranks, &l.offsets).map_err(CliError::bad_input)?;
-        Some((l, base))
-    } else {
-        None
-    };
-    let input = match &ranks {
-        Some((l, base)) => {
-            let slowest = (0..l.ranks.len())
-                .max_by_key(|&i| (base.predicted_ns[i], std::cmp::Reverse(i)))
-                .unwrap_or(0);
-            let r = &l.ranks[slowest];
-            tracing::info!(rank = r.rank, "planning on the slowest rank");
-            let mut job = r.built.job.clone();
-            let dir = a
-                .input
-                .trace
-                .first()
-                .and_then(|p| p.file_name())
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_else(|| "trace".into());
-            job.meta.model = format!("{dir} (search on the slowest, rank {})", r.rank);
-            super::replay::Input {
-                job,
-                sync: None,
-                model: None,
-                cluster: None,
-                trace: None,
-            }
-        }
-        None => input_job(&a.input)?,
-    };
+    let s = Settings::parse(a, t0)?;
+    let (ranks, input) = plan_input(a)?;
     // Every input is read by now: refuse (exit 2) a plan or picture path that is one of them, or
     // a plan named `.svg` (its picture would replace it), before the search.
     let svg_path = a.output.with_extension("svg");
@@ -287,29 +224,218 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         &[],
         &[],
     )?;
-    // The memory budget: the GPU's memory unless --memory-budget asks for less (never more:
-    // the device-used peak must fit the GPU).
-    let gpu_bytes = input.job.gpu.memory_bytes();
-    if let Some(b) = memory_budget
-        && b > gpu_bytes
-    {
-        return Err(CliError::usage(format!(
-            "--memory-budget {} ({b} bytes) is above the {} ({gpu_bytes} bytes) of a {}: a plan must fit the GPU",
-            a.memory_budget.as_deref().unwrap_or(""),
-            gb(gpu_bytes),
-            input.job.gpu.model
-        )));
+    let w = Workload::of(a, &s, &input, ranks.as_ref())?;
+    let opts = search_options(a, &s, &w);
+    // Ctrl-C stops the search, which then writes its best plan (a second Ctrl-C exits at once).
+    super::atomic::interrupt_flag(&INTERRUPTED);
+    let bar = progress_bar(a, s.budget);
+    let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+    let rx = spawn_search(input, w.fw, &opts, s.all, &snapshot, bar.clone())?;
+    let (finished, stopped_at) = watch(&rx, s.deadline, &snapshot)?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
     }
-    let memory_budget = Some(memory_budget.unwrap_or(gpu_bytes));
-    let fw = a.input.framework;
-    let is_trace = input.trace.is_some() || input.job.is_recorded();
-    let baseline_precision = precision_name(&input.job, a.input.precision);
-    let half = half_baseline(a, &input, fw);
-    let names = if is_trace { Names::Trace } else { Names::Zoo };
-    let opts = SearchOptions {
-        budget,
-        memory_budget,
-        passes,
+    let snap = snapshot.lock().map(|s| s.clone()).unwrap_or_default();
+    let headline = headline(&snap, w.fw, w.is_trace)?;
+    // The worker did not return within GRACE of the deadline: the best plan so far gets the
+    // same report a finished search gives (issue 20), evaluated here; after Ctrl-C the user
+    // asked to stop, so the snapshot is written as it is.
+    let finished = match finished {
+        None if stopped_at.is_some_and(|s| s.1 == StopReason::Budget) => {
+            snapshot_report(&snap, all_passes(&a.pass_file)?, w.is_trace)?
+        }
+        f => f,
+    };
+    // Several ranks: the decisions applied to every rank, all replayed together (unless
+    // interrupted: then the slowest rank is reported).
+    let multi = match (&ranks, &finished) {
+        (Some((l, base)), Some(f)) if f.outcome.stop != StopReason::Interrupted => {
+            Some(ranks_plan(a, l, base, &f.outcome.decisions)?)
+        }
+        _ => None,
+    };
+    let extra = finished
+        .as_ref()
+        .map(|f| TraceExtra::of(&f.outcome, multi.as_ref()));
+    let chosen = Chosen::of(finished, stopped_at, &snap, &headline, w.fw, multi.as_ref());
+    let memory_modelled =
+        headline.peaks.allocated > 0 && super::traceinfo::has_memory(&headline.job);
+    check_memory_gate(&w, &chosen, memory_modelled)?;
+    let plan = make_plan(
+        &w,
+        &opts,
+        s.budget,
+        &snap,
+        &headline,
+        &chosen,
+        memory_modelled,
+        multi.as_ref(),
+    );
+    write_plan(a, &plan, &svg_path)?;
+    report(a, &plan, t0.elapsed(), &svg_path, extra.as_ref())?;
+    if chosen.stop == StopReason::Interrupted {
+        return Err(CliError {
+            code: exit::INTERRUPTED,
+            message: format!(
+                "interrupted: the best plan so far is in {}",
+                a.output.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `plan`'s own flags, parsed and checked before any input is read.
+struct Settings {
+    budget: Duration,
+    /// The start of the command plus the budget.
+    deadline: Instant,
+    /// `--memory-budget`, bytes.
+    memory_budget: Option<u64>,
+    /// Every pass (built-in and `--pass-file`).
+    all: Vec<Box<dyn crate::passes::Pass>>,
+    /// `--passes`, each name known.
+    passes: Option<Vec<String>>,
+}
+
+impl Settings {
+    fn parse(a: &PlanArgs, t0: Instant) -> Result<Settings, CliError> {
+        let budget =
+            parse_budget(&a.budget).map_err(|e| CliError::usage(format!("--budget: {e}")))?;
+        let memory_budget = a
+            .memory_budget
+            .as_deref()
+            .map(parse_bytes)
+            .transpose()
+            .map_err(|e| CliError::usage(format!("--memory-budget: {e}")))?;
+        let all = all_passes(&a.pass_file)?;
+        let passes = match &a.passes {
+            None => None,
+            Some(list) => {
+                let names: Vec<String> = list
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                for n in &names {
+                    crate::passes::find(&all, n).map_err(CliError::bad_input)?;
+                }
+                Some(names)
+            }
+        };
+        Ok(Settings {
+            budget,
+            deadline: t0 + budget,
+            memory_budget,
+            all,
+            passes,
+        })
+    }
+}
+
+/// Several ranks loaded, with their prediction before any change.
+type LoadedRanks = (super::ranks::Loaded, crate::trace::multi::RanksPrediction);
+
+/// The job the search runs on. Several ranks (a folder of traces): the slowest rank
+/// (collectives hold every rank to it); its decisions are later applied to every rank and all
+/// are replayed together.
+fn plan_input(a: &PlanArgs) -> Result<(Option<LoadedRanks>, Input), CliError> {
+    let src = source::resolve(&a.input)?;
+    let Source::Ranks(files) = &src else {
+        return Ok((None, source::load(&a.input, &src)?));
+    };
+    let l = super::ranks::load_ranks(&a.input, files)?;
+    let base = crate::trace::multi::predict(&l.ranks, &l.offsets).map_err(CliError::bad_input)?;
+    let slowest = (0..l.ranks.len())
+        .max_by_key(|&i| (base.predicted_ns[i], std::cmp::Reverse(i)))
+        .unwrap_or(0);
+    let r = &l.ranks[slowest];
+    tracing::info!(rank = r.rank, "planning on the slowest rank");
+    let mut job = r.built.job.clone();
+    let dir = a
+        .input
+        .trace
+        .first()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "trace".into());
+    job.meta.model = format!("{dir} (search on the slowest, rank {})", r.rank);
+    let input = Input {
+        job,
+        sync: None,
+        model: None,
+        cluster: None,
+        trace: None,
+    };
+    Ok((Some((l, base)), input))
+}
+
+/// What the plan is of, read off the input before the search takes it.
+struct Workload {
+    fw: Framework,
+    is_trace: bool,
+    /// The GPU's memory, bytes.
+    gpu_bytes: u64,
+    /// The memory budget: the GPU's memory unless --memory-budget asks for less.
+    memory_budget: Option<u64>,
+    baseline_precision: String,
+    half: Option<(&'static str, u64)>,
+    /// Ranks of the traced run (or the job's workers).
+    world: u32,
+    meta: crate::graph::job::JobMeta,
+    workers: u32,
+}
+
+impl Workload {
+    fn of(
+        a: &PlanArgs,
+        s: &Settings,
+        input: &Input,
+        ranks: Option<&LoadedRanks>,
+    ) -> Result<Workload, CliError> {
+        // The memory budget: the GPU's memory unless --memory-budget asks for less (never
+        // more: the device-used peak must fit the GPU).
+        let gpu_bytes = input.job.gpu.memory_bytes();
+        if let Some(b) = s.memory_budget
+            && b > gpu_bytes
+        {
+            return Err(CliError::usage(format!(
+                "--memory-budget {} ({b} bytes) is above the {} ({gpu_bytes} bytes) of a {}: a plan must fit the GPU",
+                a.memory_budget.as_deref().unwrap_or(""),
+                gb(gpu_bytes),
+                input.job.gpu.model
+            )));
+        }
+        let fw = a.input.framework;
+        let baseline_precision = precision_name(&input.job, a.input.precision);
+        let half = half_baseline(a, input, fw);
+        let facts_world = input.job.meta.trace.as_deref().and_then(|f| f.world_size);
+        let world = match (ranks, &input.trace) {
+            (Some((l, _)), _) => facts_world.unwrap_or(l.ranks.len() as u32),
+            (None, Some(t)) => facts_world.unwrap_or(t.world_size),
+            (None, None) => facts_world.unwrap_or(input.job.workers),
+        };
+        Ok(Workload {
+            fw,
+            is_trace: input.trace.is_some() || input.job.is_recorded(),
+            gpu_bytes,
+            memory_budget: Some(s.memory_budget.unwrap_or(gpu_bytes)),
+            baseline_precision,
+            half,
+            world,
+            meta: input.job.meta.clone(),
+            workers: input.job.workers,
+        })
+    }
+}
+
+/// The search's options from the flags.
+fn search_options(a: &PlanArgs, s: &Settings, w: &Workload) -> SearchOptions {
+    let names = if w.is_trace { Names::Trace } else { Names::Zoo };
+    SearchOptions {
+        budget: s.budget,
+        memory_budget: w.memory_budget,
+        passes: s.passes.clone(),
         strategy: a.strategy,
         seed: a.seed,
         speedups: Speedups {
@@ -317,19 +443,21 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             partial_replay: !a.no_partial_replay,
             symmetry: !a.no_symmetry,
         },
-        framework: Some((fw, names)),
-        deadline: Some(deadline),
+        framework: Some((w.fw, names)),
+        deadline: Some(s.deadline),
         max_rounds: a.max_rounds.map(|n| n as usize),
         ..SearchOptions::default()
-    };
-    // Ctrl-C stops the search, which then writes its best plan (a second Ctrl-C exits at once).
-    super::atomic::interrupt_flag(&INTERRUPTED);
+    }
+}
+
+/// The progress bar, when it shows ([`show_progress`]).
+fn progress_bar(a: &PlanArgs, budget: Duration) -> Option<indicatif::ProgressBar> {
     let show = show_progress(
         a.json,
         std::io::stderr().is_terminal(),
         std::env::var_os("CI").is_some(),
     );
-    let bar = show.then(|| {
+    show.then(|| {
         let b = indicatif::ProgressBar::new(budget.as_millis() as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template(
@@ -340,43 +468,52 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         b.enable_steady_tick(Duration::from_millis(200));
         b.set_message("baselines");
         b
-    });
+    })
+}
 
-    let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+/// Start [`work`] on its own thread; it reports how it ended on the returned channel.
+fn spawn_search(
+    input: Input,
+    fw: Framework,
+    opts: &SearchOptions,
+    all: Vec<Box<dyn crate::passes::Pass>>,
+    snapshot: &Arc<Mutex<Snapshot>>,
+    bar: Option<indicatif::ProgressBar>,
+) -> Result<std::sync::mpsc::Receiver<WorkerEnd>, CliError> {
     let (tx, rx) = std::sync::mpsc::channel::<WorkerEnd>();
-    let facts_world = input.job.meta.trace.as_deref().and_then(|f| f.world_size);
-    let world = match (&ranks, &input.trace) {
-        (Some((l, _)), _) => facts_world.unwrap_or(l.ranks.len() as u32),
-        (None, Some(t)) => facts_world.unwrap_or(t.world_size),
-        (None, None) => facts_world.unwrap_or(input.job.workers),
-    };
-    let job_meta = input.job.meta.clone();
-    let workers = input.job.workers;
-    {
-        let snapshot = Arc::clone(&snapshot);
-        let opts = opts.clone();
-        let bar = bar.clone();
-        std::thread::Builder::new()
-            .name("trainplan-search".into())
-            .spawn(move || {
-                // A panic is a bug; it still ends the command with a message naming it, not
-                // with "the search thread ended without a result" (issue 20).
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    work(input, fw, &opts, all, &snapshot, bar.as_ref())
-                }));
-                let _ = tx.send(match r {
-                    Ok(r) => WorkerEnd::Done(r),
-                    Err(p) => WorkerEnd::Panicked(panic_message(p.as_ref())),
-                });
-            })
-            .map_err(|e| CliError::internal(format!("failed to start the search thread: {e}")))?;
-    }
+    let snapshot = Arc::clone(snapshot);
+    let opts = opts.clone();
+    std::thread::Builder::new()
+        .name("trainplan-search".into())
+        .spawn(move || {
+            // A panic is a bug; it still ends the command with a message naming it, not
+            // with "the search thread ended without a result" (issue 20).
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                work(input, fw, &opts, all, &snapshot, bar.as_ref())
+            }));
+            let _ = tx.send(match r {
+                Ok(r) => WorkerEnd::Done(r),
+                Err(p) => WorkerEnd::Panicked(panic_message(p.as_ref())),
+            });
+        })
+        .map_err(|e| CliError::internal(format!("failed to start the search thread: {e}")))?;
+    Ok(rx)
+}
 
-    // Watch: the result, Ctrl-C, or the deadline.
-    let mut stopped_at: Option<(Instant, StopReason)> = None;
-    let finished = loop {
+/// When and why the main thread stopped waiting for the worker.
+type Stopped = Option<(Instant, StopReason)>;
+
+/// Watch for the worker's result, Ctrl-C, or the deadline; give up on the worker [`GRACE`]
+/// after Ctrl-C or the deadline (`None`: the plan comes from the snapshot).
+fn watch(
+    rx: &std::sync::mpsc::Receiver<WorkerEnd>,
+    deadline: Instant,
+    snapshot: &Mutex<Snapshot>,
+) -> Result<(Option<Finished>, Stopped), CliError> {
+    let mut stopped_at: Stopped = None;
+    loop {
         match rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(WorkerEnd::Done(r)) => break Some(r?),
+            Ok(WorkerEnd::Done(r)) => return Ok((Some(r?), stopped_at)),
             Ok(WorkerEnd::Panicked(m)) => {
                 return Err(CliError::internal(format!(
                     "the search failed (a bug in trainplan; please report it with the command): {m}"
@@ -393,7 +530,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         if stopped_at.is_none() {
             if INTERRUPTED.load(Ordering::SeqCst) {
                 stopped_at = Some((now, StopReason::Interrupted));
-            } else if now >= deadline && searching(&snapshot) {
+            } else if now >= deadline && searching(snapshot) {
                 // A budget shorter than the baselines: the worker stops after the first ones
                 // (it checks the deadline between them), and the plan starts from those.
                 stopped_at = Some((now, StopReason::Budget));
@@ -402,13 +539,14 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         if let Some((at, _)) = stopped_at
             && now.duration_since(at) >= GRACE
         {
-            break None;
+            return Ok((None, stopped_at));
         }
-    };
-    if let Some(b) = &bar {
-        b.finish_and_clear();
     }
-    let snap = snapshot.lock().map(|s| s.clone()).unwrap_or_default();
+}
+
+/// The baseline the plan is compared with: the framework's default, else (a budget that
+/// ended before it) the first evaluated, with a warning; none at all is an interruption.
+fn headline(snap: &Snapshot, fw: Framework, is_trace: bool) -> Result<BaseRow, CliError> {
     let default = default_name(fw, is_trace);
     let headline = snap
         .baselines
@@ -429,9 +567,117 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             headline.name
         );
     }
-    // A trace without memory events models no memory.
-    let memory_modelled =
-        headline.peaks.allocated > 0 && super::traceinfo::has_memory(&headline.job);
+    Ok(headline)
+}
+
+/// The plan chosen: the worker's outcome, or the snapshot's best so far; and the baseline
+/// and planned figures it reports (several ranks: all replayed together).
+struct Chosen {
+    best_job: Job,
+    decisions: Vec<Decision>,
+    advice: Vec<Advice>,
+    stop: StopReason,
+    replays: u64,
+    rounds: usize,
+    lower_ns: Option<u64>,
+    base_ns: u64,
+    base_peak: MemoryPeaks,
+    best_ns: u64,
+    best_peak: MemoryPeaks,
+}
+
+impl Chosen {
+    fn of(
+        finished: Option<Finished>,
+        stopped_at: Stopped,
+        snap: &Snapshot,
+        headline: &BaseRow,
+        fw: Framework,
+        multi: Option<&RanksPlan>,
+    ) -> Chosen {
+        let mut c = match finished {
+            Some(f) => {
+                let o = f.outcome;
+                Chosen {
+                    best_job: o.best.job.clone(),
+                    decisions: o.decisions,
+                    best_ns: o.best.iteration_ns(),
+                    best_peak: o.best.memory.peaks,
+                    advice: o.advice,
+                    stop: o.stop,
+                    replays: o.replays,
+                    rounds: o.rounds,
+                    lower_ns: f.lower_ns,
+                    base_ns: headline.ns,
+                    base_peak: headline.peaks,
+                }
+            }
+            None => {
+                let (j, d, ns, pk) = snap.best.clone().unwrap_or_else(|| {
+                    let b = snap
+                        .baselines
+                        .iter()
+                        .filter(|b| b.name != "none")
+                        .min_by_key(|b| b.ns)
+                        .unwrap_or(headline);
+                    let d = start_decision(b, &snap.baselines, fw);
+                    (b.job.clone(), d.into_iter().collect(), b.ns, b.peaks)
+                });
+                Chosen {
+                    best_job: j,
+                    decisions: d,
+                    best_ns: ns,
+                    best_peak: pk,
+                    advice: Vec::new(),
+                    stop: stopped_at.map_or(StopReason::Budget, |s| s.1),
+                    replays: snap.replays,
+                    rounds: snap.rounds,
+                    lower_ns: None,
+                    base_ns: headline.ns,
+                    base_peak: headline.peaks,
+                }
+            }
+        };
+        if let Some(m) = multi {
+            (c.base_ns, c.base_peak, c.best_ns, c.best_peak) =
+                (m.baseline_ns, m.baseline_peak, m.planned_ns, m.planned_peak);
+        }
+        c
+    }
+}
+
+/// The gate: no plan over the memory budget is written (an interrupted or budget-cut search
+/// can hold a start that does not fit).
+fn check_memory_gate(w: &Workload, c: &Chosen, memory_modelled: bool) -> Result<(), CliError> {
+    if let Some(budget) = w.memory_budget
+        && memory_modelled
+        && c.best_peak.device_used > budget
+    {
+        return Err(CliError {
+            code: exit::INFEASIBLE,
+            message: format!(
+                "no plan within the memory budget of {} was reached before the search stopped ({:?}): the best plan so far needs {} of device memory; nothing written",
+                gb(budget),
+                c.stop,
+                gb(c.best_peak.device_used)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The plan file's content.
+#[allow(clippy::too_many_arguments)]
+fn make_plan(
+    w: &Workload,
+    opts: &SearchOptions,
+    budget: Duration,
+    snap: &Snapshot,
+    headline: &BaseRow,
+    c: &Chosen,
+    memory_modelled: bool,
+    multi: Option<&RanksPlan>,
+) -> Plan {
     let point = |ms: f64, p: &MemoryPeaks| Point {
         iteration_ms: ms,
         peak_memory_bytes: memory_modelled.then_some(p.allocated),
@@ -439,195 +685,99 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         device_used_bytes: memory_modelled.then_some(p.device_used),
     };
     let ms3 = |ns: u64| round_ms(ns as f64 / 1e6);
-    // The worker did not return within GRACE of the deadline: the best plan so far gets the
-    // same report a finished search gives (issue 20), evaluated here; after Ctrl-C the user
-    // asked to stop, so the snapshot is written as it is.
-    let finished = match finished {
-        None if stopped_at.is_some_and(|s| s.1 == StopReason::Budget) => {
-            snapshot_report(&snap, all_passes(&a.pass_file)?, is_trace)?
-        }
-        f => f,
-    };
-    // Several ranks: the decisions applied to every rank, all replayed together (unless
-    // interrupted: then the slowest rank is reported).
-    let multi = match (&ranks, &finished) {
-        (Some((l, base)), Some(f)) if f.outcome.stop != StopReason::Interrupted => {
-            Some(ranks_plan(a, l, base, &f.outcome.decisions)?)
-        }
-        _ => None,
-    };
-    let extra = finished
-        .as_ref()
-        .map(|f| TraceExtra::of(&f.outcome, multi.as_ref()));
-    // The plan: the worker's outcome, or the snapshot.
-    let (best_job, decisions, best_ns, best_peak, advice, stop, replays, rounds, lower_ns) =
-        match finished {
-            Some(f) => {
-                let o = f.outcome;
-                (
-                    o.best.job.clone(),
-                    o.decisions,
-                    o.best.iteration_ns(),
-                    o.best.memory.peaks,
-                    o.advice,
-                    o.stop,
-                    o.replays,
-                    o.rounds,
-                    f.lower_ns,
-                )
-            }
-            None => {
-                let stop = stopped_at.map_or(StopReason::Budget, |s| s.1);
-                let (j, d, ns, pk) = snap.best.clone().unwrap_or_else(|| {
-                    let b = snap
-                        .baselines
-                        .iter()
-                        .filter(|b| b.name != "none")
-                        .min_by_key(|b| b.ns)
-                        .unwrap_or(&headline);
-                    let d = start_decision(b, &snap.baselines, fw);
-                    (b.job.clone(), d.into_iter().collect(), b.ns, b.peaks)
-                });
-                (
-                    j,
-                    d,
-                    ns,
-                    pk,
-                    Vec::<Advice>::new(),
-                    stop,
-                    snap.replays,
-                    snap.rounds,
-                    None,
-                )
-            }
-        };
-    let (base_ns, base_peak, best_ns, best_peak) = match &multi {
-        Some(m) => (m.baseline_ns, m.baseline_peak, m.planned_ns, m.planned_peak),
-        None => (headline.ns, headline.peaks, best_ns, best_peak),
-    };
-    // The gate: no plan over the memory budget is written (an interrupted or budget-cut search
-    // can hold a start that does not fit).
-    if let Some(budget) = memory_budget
-        && memory_modelled
-        && best_peak.device_used > budget
-    {
-        return Err(CliError {
-            code: exit::INFEASIBLE,
-            message: format!(
-                "no plan within the memory budget of {} was reached before the search stopped ({:?}): the best plan so far needs {} of device memory; nothing written",
-                gb(budget),
-                stop,
-                gb(best_peak.device_used)
-            ),
-        });
-    }
-    let cluster = if is_trace {
+    let cluster = if w.is_trace {
         format!(
-            "the traced run ({world} rank{})",
-            if world == 1 { "" } else { "s" }
+            "the traced run ({} rank{})",
+            w.world,
+            if w.world == 1 { "" } else { "s" }
         )
     } else {
-        job_meta.cluster.clone()
+        w.meta.cluster.clone()
     };
-    let plan = Plan {
+    Plan {
         trainplan: SCHEMA_VERSION,
-        workload: Workload {
-            source: job_meta.source.clone(),
-            ranks: if is_trace { world } else { workers },
-            model: job_meta.model.clone(),
-            batch: (job_meta.batch > 0).then_some(job_meta.batch),
+        workload: crate::plan::Workload {
+            source: w.meta.source.clone(),
+            ranks: if w.is_trace { w.world } else { w.workers },
+            model: w.meta.model.clone(),
+            batch: (w.meta.batch > 0).then_some(w.meta.batch),
             cluster,
-            names: job_meta.source.clone(),
-            framework: fw,
+            names: w.meta.source.clone(),
+            framework: w.fw,
         },
         predicted: Predicted {
             baseline_name: headline.name.to_string(),
-            baseline: point(ms3(base_ns), &base_peak),
-            planned: point(ms3(best_ns), &best_peak),
-            speedup: round_ms(base_ns as f64 / best_ns.max(1) as f64),
-            lower_bound_ms: lower_ns.map(|l| ms3(l.min(best_ns))),
-            gpu_memory_bytes: Some(gpu_bytes),
-            memory_budget_bytes: memory_budget,
-            baseline_precision: if is_trace {
+            baseline: point(ms3(c.base_ns), &c.base_peak),
+            planned: point(ms3(c.best_ns), &c.best_peak),
+            speedup: round_ms(c.base_ns as f64 / c.best_ns.max(1) as f64),
+            lower_bound_ms: c.lower_ns.map(|l| ms3(l.min(c.best_ns))),
+            gpu_memory_bytes: Some(w.gpu_bytes),
+            memory_budget_bytes: w.memory_budget,
+            baseline_precision: if w.is_trace {
                 String::new()
             } else {
-                baseline_precision.clone()
+                w.baseline_precision.clone()
             },
-            half_baseline: half.map(|(p, ns)| crate::plan::HalfBaseline {
+            half_baseline: w.half.map(|(p, ns)| crate::plan::HalfBaseline {
                 precision: p.to_string(),
                 iteration_ms: ms3(ns),
-                speedup: round_ms(ns as f64 / best_ns.max(1) as f64),
+                speedup: round_ms(ns as f64 / c.best_ns.max(1) as f64),
             }),
         },
         baselines: snap
             .baselines
             .iter()
             .map(|x| {
-                let ns = match (&multi, x.name) {
+                let ns = match (multi, x.name) {
                     (Some(m), search::baselines::AS_RECORDED) => m.baseline_ns,
                     _ => x.ns,
                 };
                 (x.name.to_string(), ms3(ns))
             })
             .collect(),
-        decisions: decisions
+        decisions: c
+            .decisions
             .iter()
             .map(|d| Decision {
                 effect_ms: round_ms(d.effect_ms),
                 ..d.clone()
             })
             .collect(),
-        advice: advice
-            .into_iter()
+        advice: c
+            .advice
+            .iter()
             .map(|x| Advice {
                 effect_ms: round_ms(x.effect_ms),
-                ..x
+                ..x.clone()
             })
             .collect(),
-        config: FinalConfig::of(&best_job, &decisions),
+        config: FinalConfig::of(&c.best_job, &c.decisions),
         search: SearchStats {
             strategy: opts.strategy,
             budget_s: budget.as_secs_f64(),
-            replays,
-            rounds,
-            stop,
+            replays: c.replays,
+            rounds: c.rounds,
+            stop: c.stop,
             seed: opts.seed,
         },
-    };
-    // The plan meets the ranges its readers check (`plan::validate`); one that does not is a
-    // bug here, not a file for `show` and `export` to refuse later.
+    }
+}
+
+/// Check the plan against the ranges its readers check (`plan::validate`: one out of them is
+/// a bug here, not a file for `show` and `export` to refuse later), then write it and its
+/// picture atomically.
+fn write_plan(a: &PlanArgs, plan: &Plan, svg_path: &std::path::Path) -> Result<(), CliError> {
     plan.check().map_err(|e| {
         CliError::internal(format!(
             "the planner made a plan out of its own ranges: {e}"
         ))
     })?;
-    write_atomic(&a.output, |w| w.write_all(plan.to_yaml().as_bytes())).map_err(|e| {
-        CliError::output(format!(
-            "failed to write the plan to {}: {e}",
-            a.output.display()
-        ))
+    report::write_file(&a.output, "the plan to", |w| {
+        w.write_all(plan.to_yaml().as_bytes())
     })?;
-    write_atomic(&svg_path, |w| {
+    report::write_file(svg_path, "the plan's picture to", |w| {
         w.write_all(crate::plan::svg::waterfall(&plan).as_bytes())
     })
-    .map_err(|e| {
-        CliError::output(format!(
-            "failed to write the plan's picture to {}: {e}",
-            svg_path.display()
-        ))
-    })?;
-    let wall = t0.elapsed();
-    report(a, &plan, wall, &svg_path, extra.as_ref())?;
-    if stop == StopReason::Interrupted {
-        return Err(CliError {
-            code: exit::INTERRUPTED,
-            message: format!(
-                "interrupted: the best plan so far is in {}",
-                a.output.display()
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// The precision a zoo job computes in, as `--precision` names it: the one given, else what
@@ -960,7 +1110,7 @@ fn ranks_plan(
             args.push(arg);
         }
     }
-    let plan = super::whatif::resolve(&all, &args)?;
+    let plan = super::pass_plan::resolve(&all, &args)?;
     let (after, evals, _) = super::ranks::apply_to_ranks(&l.ranks, &plan)?;
     let planned = crate::trace::multi::predict(&after, &l.offsets).map_err(CliError::bad_input)?;
     // Each peak is the highest over the ranks.
@@ -1156,30 +1306,35 @@ pub fn versus(speedup: f64, name: &str) -> String {
     }
 }
 
-/// The human summary of a plan (shared with `trainplan show`).
+/// The human summary of a plan (shared with `trainplan show`): the headline, the baselines
+/// against the plan, memory, the decisions and the advice.
 pub fn summary(plan: &Plan) -> Vec<String> {
+    let mut lines = headline_lines(plan);
+    lines.extend(iteration_table(plan));
+    lines.extend(memory_lines(&plan.predicted));
+    lines.push(String::new());
+    lines.extend(decision_lines(plan));
+    lines.extend(advice_lines(plan));
+    lines.push(String::new());
+    lines
+}
+
+/// Who the plan is for, what it gains against the headline baseline, and against a
+/// half-precision baseline when there is one.
+fn headline_lines(plan: &Plan) -> Vec<String> {
     let w = &plan.workload;
     let p = &plan.predicted;
+    let batch = w.batch().map_or("batch not recorded".to_string(), |b| {
+        format!("batch {b}/GPU")
+    });
     let who = if w.source == "trace" {
-        let batch = w.batch().map_or("batch not recorded".to_string(), |b| {
-            format!("batch {b}/GPU")
-        });
         if w.ranks > 1 {
             format!("{} ({batch}), {} ranks as traced", w.model, w.ranks)
         } else {
             format!("{} ({batch}), 1 GPU as traced", w.model)
         }
     } else {
-        format!(
-            "{} ({}) on {} ({} GPUs)",
-            w.model,
-            w.batch()
-                .map_or("batch not recorded".to_string(), |b| format!(
-                    "batch {b}/GPU"
-                )),
-            w.cluster,
-            w.ranks
-        )
+        format!("{} ({batch}) on {} ({} GPUs)", w.model, w.cluster, w.ranks)
     };
     let mut lines = vec![
         format!(
@@ -1203,7 +1358,14 @@ pub fn summary(plan: &Plan) -> Vec<String> {
             ),
         );
     }
-    lines.push(format!("{:<18} {:>10}", "", "iteration"));
+    lines
+}
+
+/// Every baseline's iteration, the plan's (against the best baseline) and the lower bound.
+fn iteration_table(plan: &Plan) -> Vec<String> {
+    let w = &plan.workload;
+    let p = &plan.predicted;
+    let mut lines = vec![format!("{:<18} {:>10}", "", "iteration")];
     // The headline is the framework's default only when that was evaluated: a budget that ends
     // before it leaves another baseline (`none`) as the headline, and says so.
     let default = default_name(w.framework, w.source == "trace");
@@ -1247,45 +1409,52 @@ pub fn summary(plan: &Plan) -> Vec<String> {
             super::output::dur_ms(lb, 1)
         ));
     }
-    match (p.baseline.peak_memory_bytes, p.planned.peak_memory_bytes) {
-        (Some(b), Some(a)) => {
-            lines.push(format!(
-                "peak memory        {} → {} allocated",
-                gb(b),
-                gb(a)
-            ));
-            if let (Some(b), Some(a)) = (
-                p.baseline.reserved_peak_bytes,
-                p.planned.reserved_peak_bytes,
-            ) {
-                lines.push(format!("                   {} → {} reserved", gb(b), gb(a)));
-            }
-            if let (Some(b), Some(a)) = (p.baseline.device_used_bytes, p.planned.device_used_bytes)
-            {
-                let of = match (p.gpu_memory_bytes, p.memory_budget_bytes) {
-                    (Some(g), Some(m)) if m < g => format!(" (budget {}, GPU {})", gb(m), gb(g)),
-                    (Some(g), _) => format!(" (GPU {})", gb(g)),
-                    _ => String::new(),
-                };
-                lines.push(format!(
-                    "                   {} → {} device used{of}",
-                    gb(b),
-                    gb(a)
-                ));
-            }
-        }
-        _ => lines.push(
+    lines
+}
+
+/// Peak memory before → after: allocated, reserved, device used (against the budget and the
+/// GPU), or why it is not modelled.
+fn memory_lines(p: &Predicted) -> Vec<String> {
+    let (Some(b), Some(a)) = (p.baseline.peak_memory_bytes, p.planned.peak_memory_bytes) else {
+        return vec![
             "peak memory        not modelled: not in the trace (record with profile_memory=True, \
              or record_shapes=True for an estimate)"
                 .into(),
-        ),
+        ];
+    };
+    let mut lines = vec![format!(
+        "peak memory        {} → {} allocated",
+        gb(b),
+        gb(a)
+    )];
+    if let (Some(b), Some(a)) = (
+        p.baseline.reserved_peak_bytes,
+        p.planned.reserved_peak_bytes,
+    ) {
+        lines.push(format!("                   {} → {} reserved", gb(b), gb(a)));
     }
-    lines.push(String::new());
-    lines.push(format!(
+    if let (Some(b), Some(a)) = (p.baseline.device_used_bytes, p.planned.device_used_bytes) {
+        let of = match (p.gpu_memory_bytes, p.memory_budget_bytes) {
+            (Some(g), Some(m)) if m < g => format!(" (budget {}, GPU {})", gb(m), gb(g)),
+            (Some(g), _) => format!(" (GPU {})", gb(g)),
+            _ => String::new(),
+        };
+        lines.push(format!(
+            "                   {} → {} device used{of}",
+            gb(b),
+            gb(a)
+        ));
+    }
+    lines
+}
+
+/// The first twelve decisions with their effect and what they touch.
+fn decision_lines(plan: &Plan) -> Vec<String> {
+    let mut lines = vec![format!(
         "{} decisions, each applied by the {} export:",
         plan.decisions.len(),
-        w.framework
-    ));
+        plan.workload.framework
+    )];
     for d in plan.decisions.iter().take(12) {
         let what = if !d.tensors.is_empty() {
             format!("{} tensors", d.tensors.len())
@@ -1314,22 +1483,29 @@ pub fn summary(plan: &Plan) -> Vec<String> {
             plan.decisions.len() - 12
         ));
     }
-    if !plan.advice.is_empty() {
-        lines.push(String::new());
-        lines.push(format!(
-            "advice, not counted ({} cannot apply it):",
-            w.framework
-        ));
-        for x in &plan.advice {
-            lines.push(format!(
-                "  {:>11}  {:<18} {}",
-                super::output::dur_ms_signed(x.effect_ms, 2),
-                x.pass,
-                x.why_not
-            ));
-        }
+    lines
+}
+
+/// What the framework's export cannot apply, with its effect (none: no lines).
+fn advice_lines(plan: &Plan) -> Vec<String> {
+    if plan.advice.is_empty() {
+        return Vec::new();
     }
-    lines.push(String::new());
+    let mut lines = vec![
+        String::new(),
+        format!(
+            "advice, not counted ({} cannot apply it):",
+            plan.workload.framework
+        ),
+    ];
+    for x in &plan.advice {
+        lines.push(format!(
+            "  {:>11}  {:<18} {}",
+            super::output::dur_ms_signed(x.effect_ms, 2),
+            x.pass,
+            x.why_not
+        ));
+    }
     lines
 }
 
@@ -1340,10 +1516,10 @@ mod tests {
     /// only on a terminal, never with --json or in CI.
     #[test]
     fn progress_says_round_best_plan_and_rate() {
-        let job = crate::passes::op_fusion::tests::chain_job(
+        let job = crate::passes::testkit::chain_job(
             &[(1_000, false)],
             0,
-            crate::passes::tensor_partition::tests::spec(crate::cost::config::SyncScheme::Ring),
+            crate::passes::testkit::spec(crate::cost::config::SyncScheme::Ring),
             1,
         );
         let p = crate::search::Progress {

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::output::thousands;
-use super::replay::out;
+use super::report::out;
 use super::{CliError, InputArgs, ReplayArgs, WhatifArgs, write_atomic};
 use crate::passes::Evaluated;
 use crate::replay::{dependency_bound_ns, timeline};
@@ -291,7 +291,7 @@ pub fn replay_ranks_cmd(a: &ReplayArgs, files: &[PathBuf]) -> Result<(), CliErro
 /// the evaluations before and after of each.
 pub fn apply_to_ranks(
     ranks: &[RankStep],
-    plan: &super::whatif::PassPlan,
+    plan: &super::pass_plan::PassPlan,
 ) -> Result<
     (
         Vec<RankStep>,
@@ -304,7 +304,7 @@ pub fn apply_to_ranks(
     let mut evals = Vec::with_capacity(ranks.len());
     let mut applied = Vec::new();
     for (i, r) in ranks.iter().enumerate() {
-        let (b, c, ap) = super::whatif::run_passes(r.built.job.clone(), plan, i == 0)?;
+        let (b, c, ap) = super::pass_plan::run_passes(r.built.job.clone(), plan, i == 0)?;
         if i == 0 {
             applied = ap;
         }
@@ -320,7 +320,7 @@ pub fn apply_to_ranks(
 pub fn whatif_ranks_cmd(
     a: &WhatifArgs,
     files: &[PathBuf],
-    plan: &super::whatif::PassPlan,
+    plan: &super::pass_plan::PassPlan,
 ) -> Result<(), CliError> {
     let t = Instant::now();
     let Loaded { ranks, offsets, .. } = load_ranks(&a.input, files)?;

@@ -439,7 +439,7 @@ fn budget_message(
 ) -> String {
     use serde_saphyr::budget::BudgetBreach as B;
     let what = kind.what();
-    let nodes = crate::cli::output::thousands(kind.max_yaml_nodes() as u64);
+    let nodes = crate::units::thousands(kind.max_yaml_nodes() as u64);
     match breach {
         B::Nodes { .. } | B::Events { .. } => format!(
             "more than {nodes} YAML values (keys, values, lists, maps), the limit for a {what} (README, Limits)"
@@ -721,8 +721,8 @@ pub fn parse_network(text: &str, file: &str) -> Result<NetworkSpec, ConfigError>
     Ok(n)
 }
 
-/// Largest cluster accepted: beyond this the fine-grained graph would not fit in memory.
-pub const MAX_WORKERS: u32 = 1 << 16;
+/// Largest cluster accepted (defined with the other input limits).
+pub use crate::limits::MAX_WORKERS;
 
 /// Where a referenced file is looked up: built-ins first, then a path next to the referrer.
 fn load_ref<T>(

@@ -249,7 +249,7 @@ impl OpWork {
 }
 
 /// The kernel cost model of one GPU: how long an op's kernels take on the GPU (launch
-/// overhead included, host dispatch not: that is [`crate::cost::host`]).
+/// overhead included, host dispatch not: that is the host model, `cost/host.rs`).
 ///
 /// ```text
 /// matrix op:  max(Σ_gemm T_gemm, bytes / (bw · e_mem)) + extra FLOPs / (vector peak · e_vec) + kernels · launch

@@ -33,7 +33,7 @@ use super::{
 
 /// Layer name of the zero-length op that marks the end of a recorded step on the step's CPU
 /// thread (a trace job): its replayed end is the predicted step, and the steady-state period
-/// is measured between its copies (`crate::replay::steady`).
+/// is measured between its copies (`replay/steady.rs`).
 pub const STEP_END_LAYER: &str = "(step end)";
 /// Layer name of GPU work a recorded step inherits from the previous one (still running when
 /// the step opens): the previous step's tail, which a steady-state copy of the step replaces

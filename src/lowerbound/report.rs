@@ -139,47 +139,92 @@ pub fn ratio(a: &Analysis, m: Option<&Measurement>) -> Option<f64> {
         .map(|m| a.bounds.sequential_ms / m.ms)
 }
 
+/// One question's answer from the analysis and the measurement (when given).
+type AnswerRule = fn(&Analysis, Option<&Measurement>) -> String;
+
+/// Benanza's questions in order: id, question, and the function that answers it.
+const QUESTIONS: &[(&str, &str, AnswerRule)] = &[
+    ("Q1", "How far is the run from the lower bound?", q1_gap),
+    (
+        "Q2",
+        "Are independent layers executed in parallel, and what would it buy?",
+        q2_parallel,
+    ),
+    (
+        "Q3",
+        "Do convolutions use the best algorithm?",
+        q3_convolutions,
+    ),
+    (
+        "Q4",
+        "Is the framework adding overhead between kernels?",
+        q4_overhead,
+    ),
+    ("Q5", "What would layer fusion buy?", q5_fusion),
+    (
+        "Q6",
+        "Does the run use tensor cores, and what do they buy?",
+        q6_tensor_cores,
+    ),
+];
+
 /// Answers to Q1–Q6.
 pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
+    QUESTIONS
+        .iter()
+        .map(|&(id, question, answer)| Answer {
+            id,
+            question,
+            answer: answer(a, m),
+        })
+        .collect()
+}
+
+/// The trace step behind the measurement, when it comes from one.
+fn trace_of(m: Option<&Measurement>) -> Option<&TraceStats> {
+    m.and_then(|m| m.trace.as_ref())
+}
+
+/// Q1: the measurement against the sequential and fused-parallel bounds, with a warning when
+/// it is a training step or below the bound.
+fn q1_gap(a: &Analysis, m: Option<&Measurement>) -> String {
     let b = &a.bounds;
-    let (k_unfused, k_fused) = a.kernels();
-    let trace = m.and_then(|m| m.trace.as_ref());
-    let mut out = Vec::new();
-    out.push(Answer {
-        id: "Q1",
-        question: "How far is the run from the lower bound?",
-        answer: match m {
-            Some(m) if m.ms > 0.0 => {
-                let mut s = format!(
-                    "measured {} ({}) is {:.2}x the sequential bound {} (Benanza \
-                     ratio {:.2}); with fusion and parallel layers the bound is {} and the \
-                     run {:.2}x that",
-                    crate::units::dur_ms(m.ms, 3),
-                    m.source,
-                    m.ms / b.sequential_ms,
-                    crate::units::dur_ms(b.sequential_ms, 3),
-                    b.sequential_ms / m.ms,
-                    crate::units::dur_ms(b.fused_parallel_ms, 3),
-                    m.ms / b.fused_parallel_ms
+    match m {
+        Some(m) if m.ms > 0.0 => {
+            let mut s = format!(
+                "measured {} ({}) is {:.2}x the sequential bound {} (Benanza \
+                 ratio {:.2}); with fusion and parallel layers the bound is {} and the \
+                 run {:.2}x that",
+                crate::units::dur_ms(m.ms, 3),
+                m.source,
+                m.ms / b.sequential_ms,
+                crate::units::dur_ms(b.sequential_ms, 3),
+                b.sequential_ms / m.ms,
+                crate::units::dur_ms(b.fused_parallel_ms, 3),
+                m.ms / b.fused_parallel_ms
+            );
+            if m.trace.as_ref().is_some_and(|t| t.training) {
+                s.push_str(
+                    "; but the trace step runs a backward pass (a training step) while the \
+                     bound is one forward pass, so this ratio overstates the gap: compare an \
+                     inference trace, or use the other answers",
                 );
-                if m.trace.as_ref().is_some_and(|t| t.training) {
-                    s.push_str(
-                        "; but the trace step runs a backward pass (a training step) while the \
-                         bound is one forward pass, so this ratio overstates the gap: compare an \
-                         inference trace, or use the other answers",
-                    );
-                } else if m.ms < b.fused_parallel_ms {
-                    s.push_str(
-                        "; the measurement is below the bound: the GPU config's peaks are too \
-                         low for this GPU (run `trainplan calibrate`), or the run is not this \
-                         model at this batch size and dtype",
-                    );
-                }
-                s
+            } else if m.ms < b.fused_parallel_ms {
+                s.push_str(
+                    "; the measurement is below the bound: the GPU config's peaks are too \
+                     low for this GPU (run `trainplan calibrate`), or the run is not this \
+                     model at this batch size and dtype",
+                );
             }
-            _ => "no measurement given: pass --measured-ms MS or --trace FILE".into(),
-        },
-    });
+            s
+        }
+        _ => "no measurement given: pass --measured-ms MS or --trace FILE".into(),
+    }
+}
+
+/// Q2: the parallel bound against the sequential one, and the trace's GPU overlap.
+fn q2_parallel(a: &Analysis, m: Option<&Measurement>) -> String {
+    let b = &a.bounds;
     let mut q2 = format!(
         "parallel bound {} vs sequential {}: running independent layers concurrently \
          saves {:.1} % ({} of {} layers are on the critical path)",
@@ -189,7 +234,7 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         a.critical_path.len(),
         a.layers.len()
     );
-    if let Some(t) = trace {
+    if let Some(t) = trace_of(m) {
         q2.push_str(&format!(
             "; in the trace, GPU work overlapped for {} (sum {}, busy {})",
             crate::units::dur_ms(t.gpu_time_ms - t.gpu_busy_ms, 3),
@@ -197,11 +242,12 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
             crate::units::dur_ms(t.gpu_busy_ms, 3)
         ));
     }
-    out.push(Answer {
-        id: "Q2",
-        question: "Are independent layers executed in parallel, and what would it buy?",
-        answer: q2,
-    });
+    q2
+}
+
+/// Q3: on how many eligible convolutions Winograd beats implicit GEMM, and what it saves.
+fn q3_convolutions(a: &Analysis, _: Option<&Measurement>) -> String {
+    let b = &a.bounds;
     let convs: Vec<usize> = (0..a.layers.len())
         .filter(|&i| a.layers[i].op_type == "Conv")
         .collect();
@@ -243,35 +289,39 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
              which trainplan does not read",
         );
     }
-    out.push(Answer {
-        id: "Q3",
-        question: "Do convolutions use the best algorithm?",
-        answer: q3,
-    });
-    out.push(Answer {
-        id: "Q4",
-        question: "Is the framework adding overhead between kernels?",
-        answer: match trace {
-            Some(t) => format!(
-                "in {} the GPU was idle {} of the {} step ({:.1} %); {} kernels ran \
-                 where the bound needs {} unfused / {} fused; kernel time {} vs the \
-                 sequential bound {}",
-                t.step,
-                crate::units::dur_ms(t.step_ms - t.gpu_busy_ms, 3),
-                crate::units::dur_ms(t.step_ms, 3),
-                pct(t.step_ms - t.gpu_busy_ms, t.step_ms),
-                t.kernels,
-                k_unfused,
-                k_fused,
-                crate::units::dur_ms(t.gpu_time_ms, 3),
-                crate::units::dur_ms(b.sequential_ms, 3)
-            ),
-            None => format!(
-                "needs a trace (--trace FILE); the bound launches {k_unfused} kernels unfused, \
-                 {k_fused} fused"
-            ),
-        },
-    });
+    q3
+}
+
+/// Q4: the trace step's GPU idle time and kernel count against the bound's.
+fn q4_overhead(a: &Analysis, m: Option<&Measurement>) -> String {
+    let b = &a.bounds;
+    let (k_unfused, k_fused) = a.kernels();
+    match trace_of(m) {
+        Some(t) => format!(
+            "in {} the GPU was idle {} of the {} step ({:.1} %); {} kernels ran \
+             where the bound needs {} unfused / {} fused; kernel time {} vs the \
+             sequential bound {}",
+            t.step,
+            crate::units::dur_ms(t.step_ms - t.gpu_busy_ms, 3),
+            crate::units::dur_ms(t.step_ms, 3),
+            pct(t.step_ms - t.gpu_busy_ms, t.step_ms),
+            t.kernels,
+            k_unfused,
+            k_fused,
+            crate::units::dur_ms(t.gpu_time_ms, 3),
+            crate::units::dur_ms(b.sequential_ms, 3)
+        ),
+        None => format!(
+            "needs a trace (--trace FILE); the bound launches {k_unfused} kernels unfused, \
+             {k_fused} fused"
+        ),
+    }
+}
+
+/// Q5: the fused sequential bound against the sequential one, and the fusion groups by
+/// pattern.
+fn q5_fusion(a: &Analysis, _: Option<&Measurement>) -> String {
+    let b = &a.bounds;
     let fusion: Vec<String> = a
         .fusion_rows()
         .iter()
@@ -286,22 +336,24 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         })
         .collect();
     let fused_layers: usize = a.fused.iter().map(|f| f.members.len()).sum();
-    out.push(Answer {
-        id: "Q5",
-        question: "What would layer fusion buy?",
-        answer: format!(
-            "fused sequential bound {} vs {}: {:.1} % less; {} of {} layers in {} \
-             groups{}{}",
-            crate::units::dur_ms(b.fused_sequential_ms, 3),
-            crate::units::dur_ms(b.sequential_ms, 3),
-            pct(b.sequential_ms - b.fused_sequential_ms, b.sequential_ms),
-            fused_layers,
-            a.layers.len(),
-            a.fused.len(),
-            if fusion.is_empty() { "" } else { ": " },
-            fusion.join(", ")
-        ),
-    });
+    format!(
+        "fused sequential bound {} vs {}: {:.1} % less; {} of {} layers in {} \
+         groups{}{}",
+        crate::units::dur_ms(b.fused_sequential_ms, 3),
+        crate::units::dur_ms(b.sequential_ms, 3),
+        pct(b.sequential_ms - b.fused_sequential_ms, b.sequential_ms),
+        fused_layers,
+        a.layers.len(),
+        a.fused.len(),
+        if fusion.is_empty() { "" } else { ": " },
+        fusion.join(", ")
+    )
+}
+
+/// Q6: the tensor-core bound (or why there is none), and the trace's tensor-core share of
+/// GEMM/conv kernel time.
+fn q6_tensor_cores(a: &Analysis, m: Option<&Measurement>) -> String {
+    let b = &a.bounds;
     let mut q6 = match &a.tensor_core {
         Some((c, tb)) => format!(
             "in {} on tensor cores the bound is {} ({:.2}x faster than {}), {} fused",
@@ -330,7 +382,7 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
         }
         None => format!("{} has no fp16/bf16 matrix peak in its config", a.gpu),
     };
-    if let Some(t) = trace {
+    if let Some(t) = trace_of(m) {
         q6.push_str(&format!(
             "; in the trace {:.3} of {} of GEMM/conv kernel time ran in tensor-core kernels \
              ({:.0} %, by kernel name)",
@@ -339,12 +391,7 @@ pub fn answers(a: &Analysis, m: Option<&Measurement>) -> Vec<Answer> {
             pct(t.tensor_core_kernel_ms, t.matrix_kernel_ms)
         ));
     }
-    out.push(Answer {
-        id: "Q6",
-        question: "Does the run use tensor cores, and what do they buy?",
-        answer: q6,
-    });
-    out
+    q6
 }
 
 /// The config-file spelling of a dtype.

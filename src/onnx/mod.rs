@@ -1,6 +1,6 @@
 //! ONNX import: decode a model file (protobuf through prost, messages in `proto.rs`), check it,
 //! and infer every value's concrete shape at a chosen batch size (`shape.rs`), giving a
-//! [`Graph`] of nodes with shapes that `crate::lowerbound` turns into layers.
+//! [`Graph`] of nodes with shapes that the lower-bound analysis turns into layers.
 //!
 //! What is read: the nodes, their attributes, the initializers' dims (their data only when they
 //! are small integer tensors such as Reshape shapes), the graph inputs' declared shapes. Weight

@@ -27,81 +27,8 @@ pub struct InferOptions {
     pub dims: BTreeMap<String, i64>,
 }
 
-/// The operator types with a shape rule (and a cost in `crate::lowerbound`).
-pub const SUPPORTED: &[&str] = &[
-    "Abs",
-    "Add",
-    "And",
-    "AveragePool",
-    "BatchNormalization",
-    "Cast",
-    "Ceil",
-    "Clip",
-    "Concat",
-    "Constant",
-    "ConstantOfShape",
-    "Conv",
-    "Div",
-    "Dropout",
-    "Elu",
-    "Equal",
-    "Erf",
-    "Exp",
-    "Expand",
-    "Flatten",
-    "Floor",
-    "Gather",
-    "Gelu",
-    "Gemm",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
-    "Greater",
-    "GreaterOrEqual",
-    "HardSigmoid",
-    "HardSwish",
-    "Identity",
-    "IsInf",
-    "IsNaN",
-    "LayerNormalization",
-    "LeakyRelu",
-    "Less",
-    "LessOrEqual",
-    "Log",
-    "LogSoftmax",
-    "MatMul",
-    "Max",
-    "MaxPool",
-    "Min",
-    "Mod",
-    "Mul",
-    "Neg",
-    "Not",
-    "Or",
-    "Pow",
-    "Range",
-    "Reciprocal",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceSum",
-    "Relu",
-    "Reshape",
-    "Round",
-    "Shape",
-    "Sigmoid",
-    "Sign",
-    "Slice",
-    "Softmax",
-    "Softplus",
-    "Split",
-    "Sqrt",
-    "Squeeze",
-    "Sub",
-    "Tanh",
-    "Transpose",
-    "Unsqueeze",
-    "Where",
-    "Xor",
-];
+/// The operator types with a shape rule (each also costed by the lower-bound analysis).
+pub const SUPPORTED: &[&str] = &rule_names();
 
 /// Largest tensor accepted (elements): beyond this a dim is surely wrong.
 const MAX_ELEMS: i64 = 1 << 48;
@@ -336,6 +263,132 @@ fn axes_of(n: &Node, ins: &[Option<&Value>], k: usize) -> Result<Option<Vec<i64>
     }
 }
 
+/// What a shape rule sees: the node, its inputs' values in order (`None` for an absent optional
+/// input) and the model's opset.
+struct Cx<'a> {
+    n: &'a Node,
+    ins: &'a [Option<&'a Value>],
+    opset: i64,
+}
+
+impl<'a> Cx<'a> {
+    /// The operator type.
+    fn op(&self) -> &'a str {
+        self.n.op_type.as_str()
+    }
+
+    /// Input `k`, which the operator needs.
+    fn need(&self, k: usize) -> Result<&'a Value, String> {
+        self.opt(k)
+            .ok_or_else(|| format!("needs input {k}, which is missing"))
+    }
+
+    /// Input `k` when present (an optional input).
+    fn opt(&self, k: usize) -> Option<&'a Value> {
+        self.ins.get(k).copied().flatten()
+    }
+}
+
+/// One operator's shape rule: its outputs' values from its inputs'.
+type ShapeRule = fn(&Cx) -> Result<Vec<Value>, String>;
+
+/// The shape rules, one per operator type, sorted by name (several types share a rule).
+const RULES: &[(&str, ShapeRule)] = &[
+    ("Abs", rule_elementwise),
+    ("Add", rule_binary),
+    ("And", rule_binary),
+    ("AveragePool", rule_pool),
+    ("BatchNormalization", rule_batch_norm),
+    ("Cast", rule_cast),
+    ("Ceil", rule_elementwise),
+    ("Clip", rule_elementwise),
+    ("Concat", rule_concat),
+    ("Constant", rule_constant),
+    ("ConstantOfShape", rule_constant_of_shape),
+    ("Conv", rule_conv),
+    ("Div", rule_binary),
+    ("Dropout", rule_dropout),
+    ("Elu", rule_elementwise),
+    ("Equal", rule_binary),
+    ("Erf", rule_elementwise),
+    ("Exp", rule_elementwise),
+    ("Expand", rule_expand),
+    ("Flatten", rule_flatten),
+    ("Floor", rule_elementwise),
+    ("Gather", rule_gather),
+    ("Gelu", rule_elementwise),
+    ("Gemm", rule_gemm),
+    ("GlobalAveragePool", rule_global_pool),
+    ("GlobalMaxPool", rule_global_pool),
+    ("Greater", rule_binary),
+    ("GreaterOrEqual", rule_binary),
+    ("HardSigmoid", rule_elementwise),
+    ("HardSwish", rule_elementwise),
+    ("Identity", rule_elementwise),
+    ("IsInf", rule_elementwise),
+    ("IsNaN", rule_elementwise),
+    ("LayerNormalization", rule_layer_norm),
+    ("LeakyRelu", rule_elementwise),
+    ("Less", rule_binary),
+    ("LessOrEqual", rule_binary),
+    ("Log", rule_elementwise),
+    ("LogSoftmax", rule_softmax),
+    ("MatMul", rule_matmul),
+    ("Max", rule_binary),
+    ("MaxPool", rule_pool),
+    ("Min", rule_binary),
+    ("Mod", rule_binary),
+    ("Mul", rule_binary),
+    ("Neg", rule_elementwise),
+    ("Not", rule_elementwise),
+    ("Or", rule_binary),
+    ("Pow", rule_binary),
+    ("Range", rule_range),
+    ("Reciprocal", rule_elementwise),
+    ("ReduceMax", rule_reduce),
+    ("ReduceMean", rule_reduce),
+    ("ReduceSum", rule_reduce),
+    ("Relu", rule_elementwise),
+    ("Reshape", rule_reshape),
+    ("Round", rule_elementwise),
+    ("Shape", rule_shape),
+    ("Sigmoid", rule_elementwise),
+    ("Sign", rule_elementwise),
+    ("Slice", rule_slice),
+    ("Softmax", rule_softmax),
+    ("Softplus", rule_elementwise),
+    ("Split", rule_split),
+    ("Sqrt", rule_elementwise),
+    ("Squeeze", rule_squeeze),
+    ("Sub", rule_binary),
+    ("Tanh", rule_elementwise),
+    ("Transpose", rule_transpose),
+    ("Unsqueeze", rule_unsqueeze),
+    ("Where", rule_where),
+    ("Xor", rule_binary),
+];
+
+/// The names of [`RULES`], in its order.
+const fn rule_names() -> [&'static str; RULES.len()] {
+    let mut names = [""; RULES.len()];
+    let mut i = 0;
+    while i < RULES.len() {
+        names[i] = RULES[i].0;
+        i += 1;
+    }
+    names
+}
+
+/// The rule for operator type `op` (the table is sorted: a test checks it).
+fn rule_for(op: &str) -> Option<ShapeRule> {
+    RULES
+        .binary_search_by(|&(name, _)| name.cmp(op))
+        .ok()
+        .map(|i| RULES[i].1)
+}
+
+/// One node's output values: the default domain only, the rule of its operator type, and at
+/// least as many values as the node names outputs.
 fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>, String> {
     if !(n.domain.is_empty() || n.domain == "ai.onnx") {
         return Err(format!(
@@ -343,428 +396,14 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
             n.domain
         ));
     }
-    let need = |k: usize| -> Result<&Value, String> {
-        ins.get(k)
-            .copied()
-            .flatten()
-            .ok_or_else(|| format!("needs input {k}, which is missing"))
-    };
     let op = n.op_type.as_str();
-    let out = match op {
-        "Conv" => vec![conv(n, need(0)?, need(1)?, ins.get(2).copied().flatten())?],
-        "MaxPool" | "AveragePool" => {
-            let x = need(0)?;
-            let mut outs = vec![pool(n, x)?];
-            if op == "MaxPool" && n.outputs.len() > 1 {
-                let d = outs[0].dims.clone();
-                outs.push(ints(d, Vec::new()));
-                outs[1].ints = None;
-            }
-            outs
-        }
-        "GlobalAveragePool" | "GlobalMaxPool" => {
-            let x = need(0)?;
-            if x.dims.len() < 3 {
-                return Err(format!("input must be N×C×spatial, got {:?}", x.dims));
-            }
-            let mut d = x.dims[..2].to_vec();
-            d.extend(std::iter::repeat_n(1, x.dims.len() - 2));
-            vec![like(x, d)]
-        }
-        "Gemm" => vec![gemm(n, need(0)?, need(1)?, ins.get(2).copied().flatten())?],
-        "MatMul" => vec![matmul(need(0)?, need(1)?)?],
-        "BatchNormalization" => {
-            let x = need(0)?;
-            if x.dims.len() < 2 {
-                return Err(format!("input must be N×C×..., got {:?}", x.dims));
-            }
-            let c = x.dims[1];
-            for k in 1..5 {
-                let p = need(k)?;
-                if p.dims != [c] {
-                    return Err(format!(
-                        "input {k} must have shape [{c}] (the channels), got {:?}",
-                        p.dims
-                    ));
-                }
-            }
-            let mut outs = vec![like(x, x.dims.clone())];
-            for _ in 1..n.outputs.len() {
-                outs.push(float(vec![c]));
-            }
-            outs
-        }
-        "LayerNormalization" => {
-            let x = need(0)?;
-            let a = axis(n.int("axis").unwrap_or(-1), x.dims.len())?;
-            let mut outs = vec![like(x, x.dims.clone())];
-            let mut stat = x.dims.clone();
-            for d in stat.iter_mut().skip(a) {
-                *d = 1;
-            }
-            for _ in 1..n.outputs.len() {
-                outs.push(float(stat.clone()));
-            }
-            outs
-        }
-        "Relu" | "Gelu" | "Sigmoid" | "Tanh" | "Erf" | "Sqrt" | "Exp" | "Log" | "Neg" | "Abs"
-        | "Reciprocal" | "LeakyRelu" | "Elu" | "Softplus" | "HardSigmoid" | "HardSwish"
-        | "Clip" | "Identity" | "Not" | "IsNaN" | "IsInf" | "Sign" | "Floor" | "Ceil" | "Round" => {
-            let x = need(0)?;
-            let mut v = like(x, x.dims.clone());
-            if matches!(op, "Identity" | "Neg" | "Abs") {
-                v.ints = x.ints.as_ref().and_then(|i| {
-                    i.iter()
-                        .map(|&a| match op {
-                            "Neg" => a.checked_neg(),
-                            "Abs" => a.checked_abs(),
-                            _ => Some(a),
-                        })
-                        .collect()
-                });
-            }
-            vec![v]
-        }
-        "Softmax" | "LogSoftmax" => {
-            let x = need(0)?;
-            let default = if opset >= 13 { -1 } else { 1 };
-            axis(n.int("axis").unwrap_or(default), x.dims.len())?;
-            vec![like(x, x.dims.clone())]
-        }
-        "Dropout" => {
-            let x = need(0)?;
-            let mut outs = vec![like(x, x.dims.clone())];
-            if n.outputs.len() > 1 {
-                let mut m = like(x, x.dims.clone());
-                m.elem = Elem::Int;
-                outs.push(m);
-            }
-            outs
-        }
-        "Cast" => {
-            let x = need(0)?;
-            let to = n.int("to").ok_or("needs the attribute `to`")?;
-            let mut v = like(x, x.dims.clone());
-            v.elem = Elem::from_onnx(to as i32);
-            if v.elem == Elem::Int {
-                v.ints = x.ints.clone();
-            }
-            vec![v]
-        }
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
-        | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
-            let (a, b) = (need(0)?, need(1)?);
-            let dims = broadcast(&[&a.dims, &b.dims])?;
-            let mut v = like(a, dims);
-            if matches!(
-                op,
-                "Equal"
-                    | "Less"
-                    | "Greater"
-                    | "LessOrEqual"
-                    | "GreaterOrEqual"
-                    | "And"
-                    | "Or"
-                    | "Xor"
-            ) {
-                v.elem = Elem::Int;
-            }
-            if let (Some(x), Some(y)) = (&a.ints, &b.ints) {
-                let n = v.dims.iter().fold(1i64, |n, &d| n.saturating_mul(d));
-                v.ints = fold_binary(op, x, y, n as usize);
-            }
-            vec![v]
-        }
-        "Where" => {
-            let (c, a, b) = (need(0)?, need(1)?, need(2)?);
-            vec![like(a, broadcast(&[&c.dims, &a.dims, &b.dims])?)]
-        }
-        "Concat" => {
-            let first = need(0)?;
-            let rank = first.dims.len();
-            let a = axis(n.int("axis").ok_or("needs the attribute `axis`")?, rank)?;
-            let mut dims = first.dims.clone();
-            dims[a] = 0;
-            let mut folded: Option<Vec<i64>> = Some(Vec::new());
-            for k in 0..n.inputs.len() {
-                let v = need(k)?;
-                if v.dims.len() != rank
-                    || v.dims
-                        .iter()
-                        .zip(&first.dims)
-                        .enumerate()
-                        .any(|(i, (x, y))| i != a && x != y)
-                {
-                    return Err(format!(
-                        "input {k} has shape {:?}, which does not concatenate with {:?} on axis {a}",
-                        v.dims, first.dims
-                    ));
-                }
-                dims[a] = dims[a].saturating_add(v.dims[a]);
-                folded = match (folded, &v.ints) {
-                    (Some(mut f), Some(i)) if rank == 1 => {
-                        f.extend(i);
-                        Some(f)
-                    }
-                    _ => None,
-                };
-            }
-            let mut v = like(first, dims);
-            v.ints = folded;
-            vec![v]
-        }
-        "Reshape" => {
-            let x = need(0)?;
-            let target = const_ints(ins, 1)
-                .ok_or("its shape input is not a constant the importer can compute")?;
-            let allowzero = n.int("allowzero").unwrap_or(0) != 0;
-            let mut dims = Vec::with_capacity(target.len());
-            let mut infer_at = None;
-            for (k, &t) in target.iter().enumerate() {
-                match t {
-                    0 if !allowzero => dims.push(
-                        *x.dims
-                            .get(k)
-                            .ok_or(format!("target dim {k} copies an input dim that is absent"))?,
-                    ),
-                    -1 if infer_at.is_none() => {
-                        infer_at = Some(k);
-                        dims.push(1);
-                    }
-                    t if t >= 0 => dims.push(t),
-                    t => return Err(format!("invalid target dim {t} in {target:?}")),
-                }
-            }
-            let total = x.elems() as i64;
-            let known = dims
-                .iter()
-                .try_fold(1i64, |n, &d| n.checked_mul(d))
-                .ok_or_else(|| format!("target shape {target:?} is too large"))?;
-            if let Some(k) = infer_at {
-                if known == 0 || total % known != 0 {
-                    return Err(format!(
-                        "cannot reshape {:?} ({total} elements) to {target:?}",
-                        x.dims
-                    ));
-                }
-                dims[k] = total / known;
-            } else if known != total {
-                return Err(format!(
-                    "cannot reshape {:?} ({total} elements) to {target:?} ({known} elements)",
-                    x.dims
-                ));
-            }
-            let mut v = like(x, dims);
-            v.ints = x.ints.clone();
-            vec![v]
-        }
-        "Flatten" => {
-            let x = need(0)?;
-            let r = x.dims.len();
-            let a = n.int("axis").unwrap_or(1);
-            let a = if a == r as i64 { r } else { axis(a, r.max(1))? };
-            let outer: i64 = x.dims[..a].iter().product();
-            let inner: i64 = x.dims[a..].iter().product();
-            vec![like(x, vec![outer, inner])]
-        }
-        "Transpose" => {
-            let x = need(0)?;
-            let r = x.dims.len();
-            let perm: Vec<usize> = match n.ints("perm") {
-                Some(p) => p
-                    .iter()
-                    .map(|&a| axis(a, r))
-                    .collect::<Result<Vec<_>, _>>()?,
-                None => (0..r).rev().collect(),
-            };
-            let mut seen = vec![false; r];
-            if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
-                return Err(format!("perm {perm:?} is not a permutation of {r} axes"));
-            }
-            vec![like(x, perm.iter().map(|&p| x.dims[p]).collect())]
-        }
-        "Squeeze" => {
-            let x = need(0)?;
-            let r = x.dims.len();
-            let dims: Dims = match axes_of(n, ins, 1)? {
-                Some(a) => {
-                    let a: Vec<usize> = a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?;
-                    for &k in &a {
-                        if x.dims[k] != 1 {
-                            return Err(format!("cannot squeeze axis {k} of {:?}", x.dims));
-                        }
-                    }
-                    (0..r)
-                        .filter(|k| !a.contains(k))
-                        .map(|k| x.dims[k])
-                        .collect()
-                }
-                None => x.dims.iter().copied().filter(|&d| d != 1).collect(),
-            };
-            let mut v = like(x, dims);
-            v.ints = x.ints.clone();
-            vec![v]
-        }
-        "Unsqueeze" => {
-            let x = need(0)?;
-            let a = axes_of(n, ins, 1)?.ok_or("needs axes")?;
-            let r = x.dims.len() + a.len();
-            let mut a: Vec<usize> = a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?;
-            a.sort_unstable();
-            a.dedup();
-            let mut src = x.dims.iter();
-            let dims = (0..r)
-                .map(|k| {
-                    if a.contains(&k) {
-                        1
-                    } else {
-                        *src.next().unwrap_or(&1)
-                    }
-                })
-                .collect();
-            let mut v = like(x, dims);
-            v.ints = x.ints.clone();
-            vec![v]
-        }
-        "Shape" => {
-            let x = need(0)?;
-            let r = x.dims.len() as i64;
-            let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-            let s = clamp(n.int("start").unwrap_or(0));
-            let e = clamp(n.int("end").unwrap_or(r));
-            let d = x.dims[s..e.max(s)].to_vec();
-            vec![ints(vec![d.len() as i64], d)]
-        }
-        "Constant" => vec![constant(n)?],
-        "ConstantOfShape" => {
-            let target = const_ints(ins, 0)
-                .ok_or("its shape input is not a constant the importer can compute")?
-                .to_vec();
-            check_size(&target)?;
-            let mut v = float(target.clone());
-            if let Some(Attr::Tensor { ints: Some(i), .. }) = n.attrs.get("value") {
-                let count = target.iter().product::<i64>();
-                if count <= 1 << 16 && i.len() == 1 {
-                    v = ints(target, vec![i[0]; count as usize]);
-                } else {
-                    v.elem = Elem::Int;
-                }
-            }
-            vec![v]
-        }
-        "Expand" => {
-            let x = need(0)?;
-            let target = const_ints(ins, 1)
-                .ok_or("its shape input is not a constant the importer can compute")?;
-            vec![like(x, broadcast(&[&x.dims, target])?)]
-        }
-        "Slice" => vec![slice(n, ins, need(0)?)?],
-        "Range" => {
-            let scalar = |k: usize| const_ints(ins, k).and_then(|v| v.first().copied());
-            let (start, limit, delta) = match (scalar(0), scalar(1), scalar(2)) {
-                (Some(a), Some(b), Some(c)) if c != 0 => (a, b, c),
-                _ => {
-                    return Err(
-                        "start, limit and delta must be integer constants, delta ≠ 0".into(),
-                    );
-                }
-            };
-            let n = ((limit.saturating_sub(start) as f64) / delta as f64)
-                .ceil()
-                .max(0.0) as i64;
-            check_size(&[n])?;
-            let v = if n <= 1 << 16 {
-                ints(vec![n], (0..n).map(|i| start + i * delta).collect())
-            } else {
-                let mut v = float(vec![n]);
-                v.elem = Elem::Int;
-                v
-            };
-            vec![v]
-        }
-        "Split" => {
-            let x = need(0)?;
-            let a = axis(n.int("axis").unwrap_or(0), x.dims.len())?;
-            let parts = n.outputs.len().max(1) as i64;
-            let sizes: Vec<i64> = match n
-                .ints("split")
-                .map(<[i64]>::to_vec)
-                .or_else(|| const_ints(ins, 1).map(<[i64]>::to_vec))
-            {
-                Some(s) => s,
-                None if x.dims[a] % parts == 0 => vec![x.dims[a] / parts; parts as usize],
-                None => {
-                    let chunk = (x.dims[a] + parts - 1) / parts;
-                    (0..parts)
-                        .map(|i| chunk.min(x.dims[a] - i * chunk).max(0))
-                        .collect()
-                }
-            };
-            if sizes.len() != n.outputs.len()
-                || sizes.iter().sum::<i64>() != x.dims[a]
-                || sizes.iter().any(|&s| s < 0)
-            {
-                return Err(format!(
-                    "split sizes {sizes:?} do not cover axis {a} of {:?} in {} outputs",
-                    x.dims,
-                    n.outputs.len()
-                ));
-            }
-            sizes
-                .iter()
-                .map(|&s| {
-                    let mut d = x.dims.clone();
-                    d[a] = s;
-                    like(x, d)
-                })
-                .collect()
-        }
-        "Gather" => {
-            let (data, idx) = (need(0)?, need(1)?);
-            let a = axis(n.int("axis").unwrap_or(0), data.dims.len())?;
-            let mut dims = data.dims[..a].to_vec();
-            dims.extend(&idx.dims);
-            dims.extend(&data.dims[a + 1..]);
-            let mut v = like(data, dims);
-            if let (Some(d), Some(i), 1) = (&data.ints, &idx.ints, data.dims.len()) {
-                let len = d.len() as i64;
-                v.ints = i
-                    .iter()
-                    .map(|&k| {
-                        let k = if k < 0 { k + len } else { k };
-                        d.get(k as usize).copied()
-                    })
-                    .collect();
-            }
-            vec![v]
-        }
-        "ReduceMean" | "ReduceSum" | "ReduceMax" => {
-            let x = need(0)?;
-            let r = x.dims.len();
-            let keep = n.int("keepdims").unwrap_or(1) != 0;
-            let axes: Vec<usize> = match axes_of(n, ins, 1)? {
-                Some(a) if !a.is_empty() => {
-                    a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?
-                }
-                _ if n.int("noop_with_empty_axes").unwrap_or(0) != 0 => Vec::new(),
-                _ => (0..r).collect(),
-            };
-            let dims = (0..r)
-                .filter_map(|k| match (axes.contains(&k), keep) {
-                    (true, true) => Some(1),
-                    (true, false) => None,
-                    (false, _) => Some(x.dims[k]),
-                })
-                .collect();
-            vec![like(x, dims)]
-        }
-        _ => {
-            return Err(format!(
-                "unsupported operator type `{op}`; supported: {}",
-                SUPPORTED.join(", ")
-            ));
-        }
-    };
+    let rule = rule_for(op).ok_or_else(|| {
+        format!(
+            "unsupported operator type `{op}`; supported: {}",
+            SUPPORTED.join(", ")
+        )
+    })?;
+    let out = rule(&Cx { n, ins, opset })?;
     if out.len() < n.outputs.iter().filter(|o| !o.is_empty()).count() {
         return Err(format!(
             "has {} outputs; the importer knows {} for this operator",
@@ -773,6 +412,481 @@ fn infer_node(n: &Node, ins: &[Option<&Value>], opset: i64) -> Result<Vec<Value>
         ));
     }
     Ok(out)
+}
+
+/// `Conv`: see [`conv`].
+fn rule_conv(cx: &Cx) -> Result<Vec<Value>, String> {
+    Ok(vec![conv(cx.n, cx.need(0)?, cx.need(1)?, cx.opt(2))?])
+}
+
+/// `MaxPool` / `AveragePool`: see [`pool`]; MaxPool's optional indices output has the same
+/// dims, integer elements.
+fn rule_pool(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let mut outs = vec![pool(cx.n, x)?];
+    if cx.op() == "MaxPool" && cx.n.outputs.len() > 1 {
+        let d = outs[0].dims.clone();
+        outs.push(ints(d, Vec::new()));
+        outs[1].ints = None;
+    }
+    Ok(outs)
+}
+
+/// `GlobalAveragePool` / `GlobalMaxPool`: N×C×1×…×1.
+fn rule_global_pool(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    if x.dims.len() < 3 {
+        return Err(format!("input must be N×C×spatial, got {:?}", x.dims));
+    }
+    let mut d = x.dims[..2].to_vec();
+    d.extend(std::iter::repeat_n(1, x.dims.len() - 2));
+    Ok(vec![like(x, d)])
+}
+
+/// `Gemm`: see [`gemm`].
+fn rule_gemm(cx: &Cx) -> Result<Vec<Value>, String> {
+    Ok(vec![gemm(cx.n, cx.need(0)?, cx.need(1)?, cx.opt(2))?])
+}
+
+/// `MatMul`: see [`matmul_dims`].
+fn rule_matmul(cx: &Cx) -> Result<Vec<Value>, String> {
+    Ok(vec![matmul(cx.need(0)?, cx.need(1)?)?])
+}
+
+/// `BatchNormalization`: the input's shape; scale, bias, mean and variance must be `[C]`, and
+/// so are the optional running-statistics outputs.
+fn rule_batch_norm(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    if x.dims.len() < 2 {
+        return Err(format!("input must be N×C×..., got {:?}", x.dims));
+    }
+    let c = x.dims[1];
+    for k in 1..5 {
+        let p = cx.need(k)?;
+        if p.dims != [c] {
+            return Err(format!(
+                "input {k} must have shape [{c}] (the channels), got {:?}",
+                p.dims
+            ));
+        }
+    }
+    let mut outs = vec![like(x, x.dims.clone())];
+    for _ in 1..cx.n.outputs.len() {
+        outs.push(float(vec![c]));
+    }
+    Ok(outs)
+}
+
+/// `LayerNormalization`: the input's shape; the optional mean / inverse-deviation outputs keep
+/// the dims before `axis` and are 1 from it on.
+fn rule_layer_norm(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let a = axis(cx.n.int("axis").unwrap_or(-1), x.dims.len())?;
+    let mut outs = vec![like(x, x.dims.clone())];
+    let mut stat = x.dims.clone();
+    for d in stat.iter_mut().skip(a) {
+        *d = 1;
+    }
+    for _ in 1..cx.n.outputs.len() {
+        outs.push(float(stat.clone()));
+    }
+    Ok(outs)
+}
+
+/// Element-wise unary operators: the input's shape; `Identity`, `Neg` and `Abs` fold integer
+/// contents.
+fn rule_elementwise(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let op = cx.op();
+    let mut v = like(x, x.dims.clone());
+    if matches!(op, "Identity" | "Neg" | "Abs") {
+        v.ints = x.ints.as_ref().and_then(|i| {
+            i.iter()
+                .map(|&a| match op {
+                    "Neg" => a.checked_neg(),
+                    "Abs" => a.checked_abs(),
+                    _ => Some(a),
+                })
+                .collect()
+        });
+    }
+    Ok(vec![v])
+}
+
+/// `Softmax` / `LogSoftmax`: the input's shape; the axis (default 1 before opset 13, -1 from
+/// it) must exist.
+fn rule_softmax(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let default = if cx.opset >= 13 { -1 } else { 1 };
+    axis(cx.n.int("axis").unwrap_or(default), x.dims.len())?;
+    Ok(vec![like(x, x.dims.clone())])
+}
+
+/// `Dropout`: the input's shape, and an integer mask of the same shape when asked for.
+fn rule_dropout(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let mut outs = vec![like(x, x.dims.clone())];
+    if cx.n.outputs.len() > 1 {
+        let mut m = like(x, x.dims.clone());
+        m.elem = Elem::Int;
+        outs.push(m);
+    }
+    Ok(outs)
+}
+
+/// `Cast`: the input's shape in the element type `to`; integer contents survive a cast to an
+/// integer type.
+fn rule_cast(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let to = cx.n.int("to").ok_or("needs the attribute `to`")?;
+    let mut v = like(x, x.dims.clone());
+    v.elem = Elem::from_onnx(to as i32);
+    if v.elem == Elem::Int {
+        v.ints = x.ints.clone();
+    }
+    Ok(vec![v])
+}
+
+/// Binary element-wise operators: the broadcast shape; comparisons and logic give integers;
+/// integer arithmetic on known contents is folded ([`fold_binary`]).
+fn rule_binary(cx: &Cx) -> Result<Vec<Value>, String> {
+    let op = cx.op();
+    let (a, b) = (cx.need(0)?, cx.need(1)?);
+    let dims = broadcast(&[&a.dims, &b.dims])?;
+    let mut v = like(a, dims);
+    if matches!(
+        op,
+        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor"
+    ) {
+        v.elem = Elem::Int;
+    }
+    if let (Some(x), Some(y)) = (&a.ints, &b.ints) {
+        let n = v.dims.iter().fold(1i64, |n, &d| n.saturating_mul(d));
+        v.ints = fold_binary(op, x, y, n as usize);
+    }
+    Ok(vec![v])
+}
+
+/// `Where`: the broadcast of the condition and both branches, in the first branch's type.
+fn rule_where(cx: &Cx) -> Result<Vec<Value>, String> {
+    let (c, a, b) = (cx.need(0)?, cx.need(1)?, cx.need(2)?);
+    Ok(vec![like(a, broadcast(&[&c.dims, &a.dims, &b.dims])?)])
+}
+
+/// `Concat`: the inputs agree off `axis` and add up on it; 1-d integer contents are joined.
+fn rule_concat(cx: &Cx) -> Result<Vec<Value>, String> {
+    let first = cx.need(0)?;
+    let rank = first.dims.len();
+    let a = axis(cx.n.int("axis").ok_or("needs the attribute `axis`")?, rank)?;
+    let mut dims = first.dims.clone();
+    dims[a] = 0;
+    let mut folded: Option<Vec<i64>> = Some(Vec::new());
+    for k in 0..cx.n.inputs.len() {
+        let v = cx.need(k)?;
+        if v.dims.len() != rank
+            || v.dims
+                .iter()
+                .zip(&first.dims)
+                .enumerate()
+                .any(|(i, (x, y))| i != a && x != y)
+        {
+            return Err(format!(
+                "input {k} has shape {:?}, which does not concatenate with {:?} on axis {a}",
+                v.dims, first.dims
+            ));
+        }
+        dims[a] = dims[a].saturating_add(v.dims[a]);
+        folded = match (folded, &v.ints) {
+            (Some(mut f), Some(i)) if rank == 1 => {
+                f.extend(i);
+                Some(f)
+            }
+            _ => None,
+        };
+    }
+    let mut v = like(first, dims);
+    v.ints = folded;
+    Ok(vec![v])
+}
+
+/// `Reshape` to a computable target: `0` copies the input dim (unless `allowzero`), one `-1`
+/// takes what is left; the element count must not change.
+fn rule_reshape(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let target = const_ints(cx.ins, 1)
+        .ok_or("its shape input is not a constant the importer can compute")?;
+    let allowzero = cx.n.int("allowzero").unwrap_or(0) != 0;
+    let mut dims = Vec::with_capacity(target.len());
+    let mut infer_at = None;
+    for (k, &t) in target.iter().enumerate() {
+        match t {
+            0 if !allowzero => dims.push(
+                *x.dims
+                    .get(k)
+                    .ok_or(format!("target dim {k} copies an input dim that is absent"))?,
+            ),
+            -1 if infer_at.is_none() => {
+                infer_at = Some(k);
+                dims.push(1);
+            }
+            t if t >= 0 => dims.push(t),
+            t => return Err(format!("invalid target dim {t} in {target:?}")),
+        }
+    }
+    let total = x.elems() as i64;
+    let known = dims
+        .iter()
+        .try_fold(1i64, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| format!("target shape {target:?} is too large"))?;
+    if let Some(k) = infer_at {
+        if known == 0 || total % known != 0 {
+            return Err(format!(
+                "cannot reshape {:?} ({total} elements) to {target:?}",
+                x.dims
+            ));
+        }
+        dims[k] = total / known;
+    } else if known != total {
+        return Err(format!(
+            "cannot reshape {:?} ({total} elements) to {target:?} ({known} elements)",
+            x.dims
+        ));
+    }
+    let mut v = like(x, dims);
+    v.ints = x.ints.clone();
+    Ok(vec![v])
+}
+
+/// `Flatten`: a matrix of the dims before `axis` (default 1) by the dims from it.
+fn rule_flatten(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let r = x.dims.len();
+    let a = cx.n.int("axis").unwrap_or(1);
+    let a = if a == r as i64 { r } else { axis(a, r.max(1))? };
+    let outer: i64 = x.dims[..a].iter().product();
+    let inner: i64 = x.dims[a..].iter().product();
+    Ok(vec![like(x, vec![outer, inner])])
+}
+
+/// `Transpose` by `perm` (default: reversed axes), which must be a permutation.
+fn rule_transpose(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let r = x.dims.len();
+    let perm: Vec<usize> = match cx.n.ints("perm") {
+        Some(p) => p
+            .iter()
+            .map(|&a| axis(a, r))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => (0..r).rev().collect(),
+    };
+    let mut seen = vec![false; r];
+    if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+        return Err(format!("perm {perm:?} is not a permutation of {r} axes"));
+    }
+    Ok(vec![like(x, perm.iter().map(|&p| x.dims[p]).collect())])
+}
+
+/// `Squeeze` the given axes (each must be 1), or every 1 when none are given.
+fn rule_squeeze(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let r = x.dims.len();
+    let dims: Dims = match axes_of(cx.n, cx.ins, 1)? {
+        Some(a) => {
+            let a: Vec<usize> = a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?;
+            for &k in &a {
+                if x.dims[k] != 1 {
+                    return Err(format!("cannot squeeze axis {k} of {:?}", x.dims));
+                }
+            }
+            (0..r)
+                .filter(|k| !a.contains(k))
+                .map(|k| x.dims[k])
+                .collect()
+        }
+        None => x.dims.iter().copied().filter(|&d| d != 1).collect(),
+    };
+    let mut v = like(x, dims);
+    v.ints = x.ints.clone();
+    Ok(vec![v])
+}
+
+/// `Unsqueeze`: a 1 at each of the axes (of the output's rank).
+fn rule_unsqueeze(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let a = axes_of(cx.n, cx.ins, 1)?.ok_or("needs axes")?;
+    let r = x.dims.len() + a.len();
+    let mut a: Vec<usize> = a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?;
+    a.sort_unstable();
+    a.dedup();
+    let mut src = x.dims.iter();
+    let dims = (0..r)
+        .map(|k| {
+            if a.contains(&k) {
+                1
+            } else {
+                *src.next().unwrap_or(&1)
+            }
+        })
+        .collect();
+    let mut v = like(x, dims);
+    v.ints = x.ints.clone();
+    Ok(vec![v])
+}
+
+/// `Shape`: the input's dims from `start` to `end` (clamped), as a folded integer vector.
+fn rule_shape(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let r = x.dims.len() as i64;
+    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let s = clamp(cx.n.int("start").unwrap_or(0));
+    let e = clamp(cx.n.int("end").unwrap_or(r));
+    let d = x.dims[s..e.max(s)].to_vec();
+    Ok(vec![ints(vec![d.len() as i64], d)])
+}
+
+/// `Constant`: see [`constant`].
+fn rule_constant(cx: &Cx) -> Result<Vec<Value>, String> {
+    Ok(vec![constant(cx.n)?])
+}
+
+/// `ConstantOfShape` with a computable shape; an integer fill of at most 2¹⁶ elements is
+/// folded.
+fn rule_constant_of_shape(cx: &Cx) -> Result<Vec<Value>, String> {
+    let target = const_ints(cx.ins, 0)
+        .ok_or("its shape input is not a constant the importer can compute")?
+        .to_vec();
+    check_size(&target)?;
+    let mut v = float(target.clone());
+    if let Some(Attr::Tensor { ints: Some(i), .. }) = cx.n.attrs.get("value") {
+        let count = target.iter().product::<i64>();
+        if count <= 1 << 16 && i.len() == 1 {
+            v = ints(target, vec![i[0]; count as usize]);
+        } else {
+            v.elem = Elem::Int;
+        }
+    }
+    Ok(vec![v])
+}
+
+/// `Expand`: the input broadcast with a computable target shape.
+fn rule_expand(cx: &Cx) -> Result<Vec<Value>, String> {
+    let x = cx.need(0)?;
+    let target = const_ints(cx.ins, 1)
+        .ok_or("its shape input is not a constant the importer can compute")?;
+    Ok(vec![like(x, broadcast(&[&x.dims, target])?)])
+}
+
+/// `Slice`: see [`slice`].
+fn rule_slice(cx: &Cx) -> Result<Vec<Value>, String> {
+    Ok(vec![slice(cx.n, cx.ins, cx.need(0)?)?])
+}
+
+/// `Range` of integer constants: its length, and its contents up to 2¹⁶ elements.
+fn rule_range(cx: &Cx) -> Result<Vec<Value>, String> {
+    let scalar = |k: usize| const_ints(cx.ins, k).and_then(|v| v.first().copied());
+    let (start, limit, delta) = match (scalar(0), scalar(1), scalar(2)) {
+        (Some(a), Some(b), Some(c)) if c != 0 => (a, b, c),
+        _ => {
+            return Err("start, limit and delta must be integer constants, delta ≠ 0".into());
+        }
+    };
+    let n = ((limit.saturating_sub(start) as f64) / delta as f64)
+        .ceil()
+        .max(0.0) as i64;
+    check_size(&[n])?;
+    let v = if n <= 1 << 16 {
+        ints(vec![n], (0..n).map(|i| start + i * delta).collect())
+    } else {
+        let mut v = float(vec![n]);
+        v.elem = Elem::Int;
+        v
+    };
+    Ok(vec![v])
+}
+
+/// `Split` along `axis` into the given sizes (attribute or input), else into equal parts (the
+/// last one smaller when the axis does not divide); the sizes must cover the axis.
+fn rule_split(cx: &Cx) -> Result<Vec<Value>, String> {
+    let n = cx.n;
+    let x = cx.need(0)?;
+    let a = axis(n.int("axis").unwrap_or(0), x.dims.len())?;
+    let parts = n.outputs.len().max(1) as i64;
+    let sizes: Vec<i64> = match n
+        .ints("split")
+        .map(<[i64]>::to_vec)
+        .or_else(|| const_ints(cx.ins, 1).map(<[i64]>::to_vec))
+    {
+        Some(s) => s,
+        None if x.dims[a] % parts == 0 => vec![x.dims[a] / parts; parts as usize],
+        None => {
+            let chunk = (x.dims[a] + parts - 1) / parts;
+            (0..parts)
+                .map(|i| chunk.min(x.dims[a] - i * chunk).max(0))
+                .collect()
+        }
+    };
+    if sizes.len() != n.outputs.len()
+        || sizes.iter().sum::<i64>() != x.dims[a]
+        || sizes.iter().any(|&s| s < 0)
+    {
+        return Err(format!(
+            "split sizes {sizes:?} do not cover axis {a} of {:?} in {} outputs",
+            x.dims,
+            n.outputs.len()
+        ));
+    }
+    Ok(sizes
+        .iter()
+        .map(|&s| {
+            let mut d = x.dims.clone();
+            d[a] = s;
+            like(x, d)
+        })
+        .collect())
+}
+
+/// `Gather` along `axis`: the data's dims with the indices' dims in place of the axis; a 1-d
+/// integer gather with known contents is folded.
+fn rule_gather(cx: &Cx) -> Result<Vec<Value>, String> {
+    let (data, idx) = (cx.need(0)?, cx.need(1)?);
+    let a = axis(cx.n.int("axis").unwrap_or(0), data.dims.len())?;
+    let mut dims = data.dims[..a].to_vec();
+    dims.extend(&idx.dims);
+    dims.extend(&data.dims[a + 1..]);
+    let mut v = like(data, dims);
+    if let (Some(d), Some(i), 1) = (&data.ints, &idx.ints, data.dims.len()) {
+        let len = d.len() as i64;
+        v.ints = i
+            .iter()
+            .map(|&k| {
+                let k = if k < 0 { k + len } else { k };
+                d.get(k as usize).copied()
+            })
+            .collect();
+    }
+    Ok(vec![v])
+}
+
+/// `ReduceMean` / `ReduceSum` / `ReduceMax` over the given axes (all when none, none with
+/// `noop_with_empty_axes`), kept as 1s unless `keepdims=0`.
+fn rule_reduce(cx: &Cx) -> Result<Vec<Value>, String> {
+    let n = cx.n;
+    let x = cx.need(0)?;
+    let r = x.dims.len();
+    let keep = n.int("keepdims").unwrap_or(1) != 0;
+    let axes: Vec<usize> = match axes_of(n, cx.ins, 1)? {
+        Some(a) if !a.is_empty() => a.iter().map(|&a| axis(a, r)).collect::<Result<_, _>>()?,
+        _ if n.int("noop_with_empty_axes").unwrap_or(0) != 0 => Vec::new(),
+        _ => (0..r).collect(),
+    };
+    let dims = (0..r)
+        .filter_map(|k| match (axes.contains(&k), keep) {
+            (true, true) => Some(1),
+            (true, false) => None,
+            (false, _) => Some(x.dims[k]),
+        })
+        .collect();
+    Ok(vec![like(x, dims)])
 }
 
 /// `Slice`: starts/ends/axes/steps from inputs (opset ≥ 10) or attributes (older).

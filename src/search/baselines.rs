@@ -1188,7 +1188,6 @@ pub fn for_framework(
     let mut none = evaluate(job.clone()).map_err(edit_err("none"))?;
     let ready = ready_times(&none);
     super::lean(&mut none);
-    let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
     let order = match fw {
         Framework::Pytorch => {
             autograd_order(job, is_half(job.dtype)).unwrap_or_else(|| ready_order(&ready))
@@ -1203,17 +1202,35 @@ pub fn for_framework(
         eval: none,
         knobs: BTreeMap::new(),
     }];
-    let bucketed = |first: u64, cap: u64| -> Result<(Job, usize), PassError> {
-        let groups = buckets_by_size(&bytes, &order, first, cap);
-        let len = groups.len();
-        Ok((
-            fused_job(job, &groups, &[]).map_err(edit_err(fw.name()))?,
-            len,
-        ))
-    };
-    let mib = |b: u64| format!("{}", b >> 20);
     // The framework's default: the same rewrite `replay` and `whatif` start from.
-    let (default_name, default_knobs) = match fw {
+    let (default_name, default_knobs) = default_point(fw);
+    let (dj, dcfg) = default_from_ready(job, fw, &ready)?;
+    let default_job = dj.clone();
+    out.extend(best_point(
+        default_name,
+        vec![(dj, dcfg, default_knobs)],
+        evaluate,
+        stop,
+    )?);
+    let tuned = match fw {
+        Framework::Pytorch => best_point("ddp_tuned", ddp_points(job, &order)?, evaluate, stop)?,
+        Framework::Horovod => best_point(
+            "horovod_autotune",
+            horovod_points(job, &ready)?,
+            evaluate,
+            stop,
+        )?,
+        Framework::Byteps => best_point("byteps_tuned", byteps_points(job)?, evaluate, stop)?,
+        Framework::Tf => xla_baseline(default_job, evaluate, stop)?,
+        Framework::Jax => best_point("jax_tuned", jax_points(job, &order)?, evaluate, stop)?,
+    };
+    out.extend(tuned);
+    Ok(out)
+}
+
+/// The name of `fw`'s default baseline and the knobs it is written with.
+fn default_point(fw: Framework) -> (&'static str, BTreeMap<String, String>) {
+    match fw {
         Framework::Pytorch => ("ddp_default", BTreeMap::new()),
         Framework::Horovod => {
             let SyncDefault::Fusion {
@@ -1237,99 +1254,126 @@ pub fn for_framework(
         ),
         Framework::Tf => ("tf_default", BTreeMap::new()),
         Framework::Jax => ("jax_default", BTreeMap::new()),
-    };
-    let (dj, dcfg) = default_from_ready(job, fw, &ready)?;
-    let default_job = dj.clone();
-    out.extend(best_point(
-        default_name,
-        vec![(dj, dcfg, default_knobs)],
-        evaluate,
-        stop,
-    )?);
-    let mut push = |b: Option<Baseline>| out.extend(b);
-    match fw {
-        Framework::Pytorch => {
-            let mut points = Vec::new();
-            for c in DDP_CAPS_MIB {
-                let (j, len) = bucketed(c << 20, c << 20)?;
-                let cfg = format!("bucket_cap_mb {c}: {len} buckets for {n} tensors");
-                points.push((
-                    j,
-                    cfg,
-                    knobs(&[("bucket_cap_bytes", (c << 20).to_string())]),
-                ));
-            }
-            push(best_point("ddp_tuned", points, evaluate, stop)?);
-        }
-        Framework::Horovod => {
-            let mut points = Vec::new();
-            for t in AUTOTUNE_THRESHOLDS_MIB {
-                for c in AUTOTUNE_CYCLES_US {
-                    let ticks = horovod_groups(&bytes, &ready, t << 20, c * 1000);
-                    let j = horovod_job(job, &ticks).map_err(edit_err("horovod_autotune"))?;
-                    let cfg = horovod_config(t << 20, c * 1000, &ticks);
-                    let k = knobs(&[
-                        ("threshold_bytes", (t << 20).to_string()),
-                        ("cycle_ms", format!("{}", c as f64 / 1000.0)),
-                    ]);
-                    points.push((j, cfg, k));
-                }
-            }
-            push(best_point("horovod_autotune", points, evaluate, stop)?);
-        }
-        Framework::Byteps => {
-            let cut = |piece: u64| -> Result<Point, PassError> {
-                let edits = partition_edits(job, piece);
-                let cut = edits.len();
-                let j = passes::apply(
-                    job,
-                    &Patch {
-                        pass: "byteps".into(),
-                        why: format!("BYTEPS_PARTITION_BYTES={piece}"),
-                        edits,
-                    },
-                )?;
-                let cfg = format!("partition bytes {piece}: {cut} of {n} tensors cut");
-                Ok((j, cfg, knobs(&[("partition_bytes", piece.to_string())])))
-            };
-            let points = BYTEPS_PARTITION_MIB
-                .iter()
-                .map(|&m| cut(m << 20))
-                .collect::<Result<Vec<_>, _>>()?;
-            push(best_point("byteps_tuned", points, evaluate, stop)?);
-        }
-        Framework::Tf => {
-            if !stop() {
-                let packed = evaluate(default_job).map_err(edit_err("xla_default"))?;
-                let (xj, xcfg) = xla_default(&packed)?;
-                let k = knobs(&[("auto_jit", "2".into())]);
-                push(best_point(
-                    "xla_default",
-                    vec![(xj, xcfg, k)],
-                    evaluate,
-                    stop,
-                )?);
-            }
-        }
-        Framework::Jax => {
-            let mut points = Vec::new();
-            for m in JAX_THRESHOLDS_MIB {
-                // Threshold 0: every gradient its own all-reduce.
-                let (j, len) = bucketed((m << 20).max(1), (m << 20).max(1))?;
-                let cfg = format!(
-                    "combine threshold {} MiB: {len} collectives for {n} tensors",
-                    mib(m << 20)
-                );
-                points.push((
-                    j,
-                    cfg,
-                    knobs(&[("combine_threshold_bytes", (m << 20).to_string())]),
-                ));
-            }
-            push(best_point("jax_tuned", points, evaluate, stop)?);
+    }
+}
+
+/// `job` with its gradients bucketed by size in `order` (first bucket `first` bytes, then
+/// `cap`), and the number of buckets; an edit error names `who`.
+fn bucketed(
+    job: &Job,
+    order: &[usize],
+    first: u64,
+    cap: u64,
+    who: &str,
+) -> Result<(Job, usize), PassError> {
+    let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+    let groups = buckets_by_size(&bytes, order, first, cap);
+    let len = groups.len();
+    Ok((fused_job(job, &groups, &[]).map_err(edit_err(who))?, len))
+}
+
+/// `ddp_tuned`'s grid: one point per `bucket_cap_mb` of [`DDP_CAPS_MIB`] (first bucket the
+/// same size), in autograd order.
+fn ddp_points(job: &Job, order: &[usize]) -> Result<Vec<Point>, PassError> {
+    let n = job.syncs.len();
+    let mut points = Vec::new();
+    for c in DDP_CAPS_MIB {
+        let (j, len) = bucketed(job, order, c << 20, c << 20, Framework::Pytorch.name())?;
+        let cfg = format!("bucket_cap_mb {c}: {len} buckets for {n} tensors");
+        points.push((
+            j,
+            cfg,
+            knobs(&[("bucket_cap_bytes", (c << 20).to_string())]),
+        ));
+    }
+    Ok(points)
+}
+
+/// `horovod_autotune`'s grid: every fusion threshold of [`AUTOTUNE_THRESHOLDS_MIB`] × cycle of
+/// [`AUTOTUNE_CYCLES_US`], grouped by ready time.
+fn horovod_points(job: &Job, ready: &[u64]) -> Result<Vec<Point>, PassError> {
+    let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+    let mut points = Vec::new();
+    for t in AUTOTUNE_THRESHOLDS_MIB {
+        for c in AUTOTUNE_CYCLES_US {
+            let ticks = horovod_groups(&bytes, ready, t << 20, c * 1000);
+            let j = horovod_job(job, &ticks).map_err(edit_err("horovod_autotune"))?;
+            let cfg = horovod_config(t << 20, c * 1000, &ticks);
+            let k = knobs(&[
+                ("threshold_bytes", (t << 20).to_string()),
+                ("cycle_ms", format!("{}", c as f64 / 1000.0)),
+            ]);
+            points.push((j, cfg, k));
         }
     }
-    Ok(out)
+    Ok(points)
+}
+
+/// `byteps_tuned`'s grid: one point per partition size of [`BYTEPS_PARTITION_MIB`].
+fn byteps_points(job: &Job) -> Result<Vec<Point>, PassError> {
+    let n = job.syncs.len();
+    let cut = |piece: u64| -> Result<Point, PassError> {
+        let edits = partition_edits(job, piece);
+        let cut = edits.len();
+        let j = passes::apply(
+            job,
+            &Patch {
+                pass: "byteps".into(),
+                why: format!("BYTEPS_PARTITION_BYTES={piece}"),
+                edits,
+            },
+        )?;
+        let cfg = format!("partition bytes {piece}: {cut} of {n} tensors cut");
+        Ok((j, cfg, knobs(&[("partition_bytes", piece.to_string())])))
+    };
+    BYTEPS_PARTITION_MIB
+        .iter()
+        .map(|&m| cut(m << 20))
+        .collect::<Result<Vec<_>, _>>()
+}
+
+/// `xla_default`: TF's default job (`default_job`, one pack) with XLA auto-clustering; none
+/// when `stop()` already holds.
+fn xla_baseline(
+    default_job: Job,
+    evaluate: &Evaluator,
+    stop: &(dyn Fn() -> bool + std::marker::Sync),
+) -> Result<Option<Baseline>, PassError> {
+    if stop() {
+        return Ok(None);
+    }
+    let packed = evaluate(default_job).map_err(edit_err("xla_default"))?;
+    let (xj, xcfg) = xla_default(&packed)?;
+    let k = knobs(&[("auto_jit", "2".into())]);
+    best_point("xla_default", vec![(xj, xcfg, k)], evaluate, stop)
+}
+
+/// `jax_tuned`'s grid: one point per combine threshold of [`JAX_THRESHOLDS_MIB`] (threshold 0:
+/// every gradient its own all-reduce).
+fn jax_points(job: &Job, order: &[usize]) -> Result<Vec<Point>, PassError> {
+    let n = job.syncs.len();
+    let mib = |b: u64| format!("{}", b >> 20);
+    let mut points = Vec::new();
+    for m in JAX_THRESHOLDS_MIB {
+        // Threshold 0: every gradient its own all-reduce.
+        let (j, len) = bucketed(
+            job,
+            order,
+            (m << 20).max(1),
+            (m << 20).max(1),
+            Framework::Jax.name(),
+        )?;
+        let cfg = format!(
+            "combine threshold {} MiB: {len} collectives for {n} tensors",
+            mib(m << 20)
+        );
+        points.push((
+            j,
+            cfg,
+            knobs(&[("combine_threshold_bytes", (m << 20).to_string())]),
+        ));
+    }
+    Ok(points)
 }
 
 #[cfg(test)]

@@ -618,17 +618,6 @@ pub fn search_from(
     for n in &names {
         allowed.push(passes::find(all, n)?);
     }
-    let memory_options: Vec<&str> = ["amp", "recompute", "grad-accumulation"]
-        .into_iter()
-        .filter(|p| match &opts.passes {
-            Some(list) => list.iter().any(|l| l == p),
-            None => true,
-        })
-        .filter(|p| {
-            opts.framework
-                .is_none_or(|(fw, n)| framework::mechanism(fw, p, n).is_ok())
-        })
-        .collect();
     let plain = evaluator(opts.speedups.symmetry);
     let eval = |job: Job| match &opts.ddp {
         Some(layout) => plain(layout.apply(job)),
@@ -644,126 +633,12 @@ pub fn search_from(
         start: started,
         deadline,
         memory_budget: opts.memory_budget,
-        prefix: prefix.clone(),
+        prefix,
     };
-    let run = |ctx: &Ctx, cur: Evaluated, replays: u64| -> Result<Walk, SearchError> {
-        ctx.report(&cur, &[], replays, 0);
-        match opts.strategy {
-            Strategy::CriticalPath => critical_path_rounds(ctx, cur, replays),
-            Strategy::Mcmc => mcmc::run(ctx, cur, replays),
-        }
-    };
-    let over = |e: &Evaluated| opts.memory_budget.is_some_and(|b| budget_peak(e) > b);
-    let (walk, decisions) = if !over(&start) {
-        let w = run(&ctx, start.clone(), 1)?;
-        let mut d = prefix.clone();
-        d.extend(w.decisions.iter().cloned());
-        (w, d)
-    } else {
-        let budget = opts.memory_budget.unwrap_or(u64::MAX);
-        // A. Unconstrained.
-        ctx.memory_budget = None;
-        let free = run(&ctx, start.clone(), 1)?;
-        ctx.memory_budget = opts.memory_budget;
-        let mut replays = free.replays;
-        if !over(&free.best) || free.stop != StopReason::Converged {
-            let mut d = prefix.clone();
-            d.extend(free.decisions.iter().cloned());
-            if over(&free.best) {
-                // Stopped early over the budget: the start plus the memory step is the plan.
-                let (fit, n, step) =
-                    memory_step(&start, budget, &memory_options, all, &eval, opts.lean_ops)?;
-                let mut d = prefix.clone();
-                d.extend(step);
-                let w = Walk {
-                    best: fit,
-                    decisions: Vec::new(),
-                    replays: replays + n,
-                    stop: free.stop,
-                    rounds: free.rounds,
-                };
-                (w, d)
-            } else {
-                (free, d)
-            }
-        } else {
-            // B. A memory option on the unconstrained best and on the start, then constrained
-            // rounds from each; the faster wins.
-            let mut tries: Vec<(Walk, Vec<Decision>)> = Vec::new();
-            let mut smallest: Option<SearchError> = None;
-            let bases = [
-                (free.best.clone(), free.decisions.clone()),
-                (start.clone(), Vec::new()),
-            ];
-            for (base, path) in bases {
-                match memory_step(&base, budget, &memory_options, all, &eval, opts.lean_ops) {
-                    Ok((fit, n, step)) => {
-                        replays += n;
-                        let mut pre = prefix.clone();
-                        pre.extend(path);
-                        pre.extend(step);
-                        ctx.prefix = pre.clone();
-                        let w = run(&ctx, fit, replays)?;
-                        replays = w.replays;
-                        pre.extend(w.decisions.iter().cloned());
-                        tries.push((w, pre));
-                    }
-                    Err(e @ SearchError::Infeasible { .. }) => {
-                        let keep = match (&smallest, &e) {
-                            (
-                                Some(SearchError::Infeasible { smallest_gb: a, .. }),
-                                SearchError::Infeasible { smallest_gb: b, .. },
-                            ) => b < a,
-                            _ => true,
-                        };
-                        if keep {
-                            smallest = Some(e);
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            match tries.into_iter().min_by_key(|(w, _)| w.best.iteration_ns()) {
-                Some((mut w, d)) => {
-                    w.replays = replays;
-                    (w, d)
-                }
-                None => return Err(smallest.expect("an infeasible option was recorded")),
-            }
-        }
-    };
-    let mut decisions = decisions;
-    if let Some((fw, n)) = opts.framework {
-        for d in &mut decisions {
-            let m = match d.pass.strip_prefix("baseline:") {
-                Some(b) => framework::baseline_mechanism(b),
-                None => framework::mechanism(fw, &d.pass, n),
-            };
-            if let Ok(m) = m {
-                d.mechanism = m.to_string();
-            }
-        }
-    }
-    let stop = walk.stop;
-    // A plan cut by the budget or the round limit carries the same report as a converged one
-    // (issue 20: a budget-cut plan on a trace lost its host-bound explanation); only Ctrl-C
-    // skips it, since the user asked to stop now.
-    let interrupted = stop == StopReason::Interrupted;
-    let mut replays = walk.replays;
-    let best = if interrupted {
-        walk.best
-    } else {
-        replays += 1;
-        let symmetric_report = report_symmetric(&walk.best.job);
-        evaluate_full(walk.best.job, symmetric_report, opts.lean_ops)?
-    };
-    let advice = if interrupted {
-        Vec::new()
-    } else {
-        let (advice, n) = advise(&best, &not_exported, opts, all, &eval)?;
-        replays += n;
-        advice
-    };
+    let (walk, mut decisions) = walk_within_memory(&mut ctx, &start, all)?;
+    name_mechanisms(opts, &mut decisions);
+    let (stop, rounds) = (walk.stop, walk.rounds);
+    let (best, advice, replays) = report_form(walk, &not_exported, opts, all, &eval)?;
     Ok(Outcome {
         baseline: start,
         best,
@@ -772,8 +647,200 @@ pub fn search_from(
         replays,
         wall: started.elapsed(),
         stop,
-        rounds: walk.rounds,
+        rounds,
     })
+}
+
+/// The passes the memory step may use: amp, recompute and grad-accumulation, those of them
+/// `opts.passes` names (all without a list) and the framework's export applies.
+fn memory_passes(opts: &SearchOptions) -> Vec<&'static str> {
+    ["amp", "recompute", "grad-accumulation"]
+        .into_iter()
+        .filter(|p| match &opts.passes {
+            Some(list) => list.iter().any(|l| l == p),
+            None => true,
+        })
+        .filter(|p| {
+            opts.framework
+                .is_none_or(|(fw, n)| framework::mechanism(fw, p, n).is_ok())
+        })
+        .collect()
+}
+
+/// Whether `e`'s peak is over the options' memory budget (never without one).
+fn over_budget(opts: &SearchOptions, e: &Evaluated) -> bool {
+    opts.memory_budget.is_some_and(|b| budget_peak(e) > b)
+}
+
+/// The options' strategy run from `cur`, handed the replays counted before it.
+fn run_strategy(ctx: &Ctx, cur: Evaluated, replays: u64) -> Result<Walk, SearchError> {
+    ctx.report(&cur, &[], replays, 0);
+    match ctx.opts.strategy {
+        Strategy::CriticalPath => critical_path_rounds(ctx, cur, replays),
+        Strategy::Mcmc => mcmc::run(ctx, cur, replays),
+    }
+}
+
+/// The strategy's walk from `start` and the plan's decisions (`ctx.prefix` first), under the
+/// memory budget as [`search_from`] describes: directly when the start fits; else
+/// unconstrained first, then, when that best is over the budget, from the memory options.
+fn walk_within_memory(
+    ctx: &mut Ctx,
+    start: &Evaluated,
+    all: &[Box<dyn Pass>],
+) -> Result<(Walk, Vec<Decision>), SearchError> {
+    let opts = ctx.opts;
+    let prefix = ctx.prefix.clone();
+    if !over_budget(opts, start) {
+        let w = run_strategy(ctx, start.clone(), 1)?;
+        let mut d = prefix;
+        d.extend(w.decisions.iter().cloned());
+        return Ok((w, d));
+    }
+    // A. Unconstrained.
+    ctx.memory_budget = None;
+    let free = run_strategy(ctx, start.clone(), 1)?;
+    ctx.memory_budget = opts.memory_budget;
+    if !over_budget(opts, &free.best) || free.stop != StopReason::Converged {
+        return unconstrained_plan(ctx, start, &prefix, free, all);
+    }
+    // B. A memory option on the unconstrained best and on the start, then constrained rounds
+    // from each; the faster wins.
+    constrained_from_memory_options(ctx, start, &prefix, free, all)
+}
+
+/// The plan when the unconstrained walk `free` fits the budget or stopped early: that walk;
+/// but stopped early over the budget, the start plus the memory step.
+fn unconstrained_plan(
+    ctx: &Ctx,
+    start: &Evaluated,
+    prefix: &[Decision],
+    free: Walk,
+    all: &[Box<dyn Pass>],
+) -> Result<(Walk, Vec<Decision>), SearchError> {
+    let opts = ctx.opts;
+    if !over_budget(opts, &free.best) {
+        let mut d = prefix.to_vec();
+        d.extend(free.decisions.iter().cloned());
+        return Ok((free, d));
+    }
+    // Stopped early over the budget: the start plus the memory step is the plan.
+    let budget = opts.memory_budget.unwrap_or(u64::MAX);
+    let (fit, n, step) = memory_step(
+        start,
+        budget,
+        &memory_passes(opts),
+        all,
+        ctx.eval,
+        opts.lean_ops,
+    )?;
+    let mut d = prefix.to_vec();
+    d.extend(step);
+    let w = Walk {
+        best: fit,
+        decisions: Vec::new(),
+        replays: free.replays + n,
+        stop: free.stop,
+        rounds: free.rounds,
+    };
+    Ok((w, d))
+}
+
+/// The memory step on the unconstrained best `free` and on the start, the strategy continued
+/// under the budget from each that fits; the faster result, or the infeasibility with the
+/// smallest peak when neither fits.
+fn constrained_from_memory_options(
+    ctx: &mut Ctx,
+    start: &Evaluated,
+    prefix: &[Decision],
+    free: Walk,
+    all: &[Box<dyn Pass>],
+) -> Result<(Walk, Vec<Decision>), SearchError> {
+    let opts = ctx.opts;
+    let budget = opts.memory_budget.unwrap_or(u64::MAX);
+    let memory_options = memory_passes(opts);
+    let mut replays = free.replays;
+    let mut tries: Vec<(Walk, Vec<Decision>)> = Vec::new();
+    let mut smallest: Option<SearchError> = None;
+    let bases = [
+        (free.best.clone(), free.decisions.clone()),
+        (start.clone(), Vec::new()),
+    ];
+    for (base, path) in bases {
+        match memory_step(&base, budget, &memory_options, all, ctx.eval, opts.lean_ops) {
+            Ok((fit, n, step)) => {
+                replays += n;
+                let mut pre = prefix.to_vec();
+                pre.extend(path);
+                pre.extend(step);
+                ctx.prefix = pre.clone();
+                let w = run_strategy(ctx, fit, replays)?;
+                replays = w.replays;
+                pre.extend(w.decisions.iter().cloned());
+                tries.push((w, pre));
+            }
+            Err(e @ SearchError::Infeasible { .. }) => {
+                let keep = match (&smallest, &e) {
+                    (
+                        Some(SearchError::Infeasible { smallest_gb: a, .. }),
+                        SearchError::Infeasible { smallest_gb: b, .. },
+                    ) => b < a,
+                    _ => true,
+                };
+                if keep {
+                    smallest = Some(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match tries.into_iter().min_by_key(|(w, _)| w.best.iteration_ns()) {
+        Some((mut w, d)) => {
+            w.replays = replays;
+            Ok((w, d))
+        }
+        None => Err(smallest.expect("an infeasible option was recorded")),
+    }
+}
+
+/// Each decision's mechanism in the options' framework (a start point's through
+/// [`framework::baseline_mechanism`]); unchanged without a framework or a mechanism.
+fn name_mechanisms(opts: &SearchOptions, decisions: &mut [Decision]) {
+    let Some((fw, n)) = opts.framework else {
+        return;
+    };
+    for d in decisions {
+        let m = match d.pass.strip_prefix("baseline:") {
+            Some(b) => framework::baseline_mechanism(b),
+            None => framework::mechanism(fw, &d.pass, n),
+        };
+        if let Ok(m) = m {
+            d.mechanism = m.to_string();
+        }
+    }
+}
+
+/// The walk's best job in the report's form and the advice, with the replays counted. A plan
+/// cut by the budget or the round limit carries the same report as a converged one (issue 20:
+/// a budget-cut plan on a trace lost its host-bound explanation); only Ctrl-C skips it, since
+/// the user asked to stop now.
+fn report_form(
+    walk: Walk,
+    not_exported: &[String],
+    opts: &SearchOptions,
+    all: &[Box<dyn Pass>],
+    eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
+) -> Result<(Evaluated, Vec<Advice>, u64), SearchError> {
+    let mut replays = walk.replays;
+    if walk.stop == StopReason::Interrupted {
+        return Ok((walk.best, Vec::new(), replays));
+    }
+    replays += 1;
+    let symmetric_report = report_symmetric(&walk.best.job);
+    let best = evaluate_full(walk.best.job, symmetric_report, opts.lean_ops)?;
+    let (advice, n) = advise(&best, not_exported, opts, all, eval)?;
+    replays += n;
+    Ok((best, advice, replays))
 }
 
 /// The advice for a plan whose best job is `best` (any form, lean or not): each pass the
@@ -1058,6 +1125,10 @@ fn label(steps: &[KnobbedPass]) -> String {
         .join(" + ")
 }
 
+/// The memory step: every memory option the passes `allowed` give (see [`memory_options`])
+/// tried on `cur` in parallel; the fastest whose peak fits `budget`, with the replays taken
+/// and its decisions. None fitting is [`SearchError::Infeasible`], naming the smallest peak
+/// reached and what would fit.
 fn memory_step(
     cur: &Evaluated,
     budget: u64,
@@ -1066,6 +1137,39 @@ fn memory_step(
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
     lean_ops: usize,
 ) -> Result<(Evaluated, u64, Vec<Decision>), SearchError> {
+    let options = memory_options(cur, allowed);
+    if options.is_empty() {
+        return Err(SearchError::Infeasible {
+            budget_gb: budget as f64 / 1e9,
+            smallest_gb: budget_peak(cur) as f64 / 1e9,
+            how: format!(
+                "no memory option allowed: --passes and the framework's export leave neither amp, recompute nor grad-accumulation; {}",
+                what_would_fit(cur, budget, 1)
+            ),
+        });
+    }
+    let tried: Vec<Tried> = options
+        .par_iter()
+        .map(|steps| {
+            (
+                steps.clone(),
+                try_memory_option(cur, steps, all, eval, lean_ops),
+            )
+        })
+        .collect();
+    let replays = tried
+        .iter()
+        .map(|(s, r)| if r.is_ok() { s.len() as u64 } else { 0 })
+        .sum();
+    let (steps, e, trail) = fastest_fitting(cur, budget, tried)?;
+    let decisions = memory_decisions(cur, budget, &steps, &e, &trail);
+    Ok((e, replays, decisions))
+}
+
+/// The memory options, each a list of passes with knobs: AMP alone (when allowed and the job
+/// is in fp32), then with and without AMP first, recomputation, gradient accumulation at each
+/// k [`accumulation_steps`] gives, and recomputation with the largest k.
+fn memory_options(cur: &Evaluated, allowed: &[&str]) -> Vec<Vec<KnobbedPass>> {
     let has = |p: &str| allowed.contains(&p);
     let amp_on = cur.job.dtype != crate::cost::config::Dtype::Fp32;
     let mut firsts: Vec<Vec<KnobbedPass>> = vec![Vec::new()];
@@ -1105,50 +1209,50 @@ fn memory_step(
             options.push(with(vec![("recompute".into(), vec![]), acc(k)]));
         }
     }
-    if options.is_empty() {
-        return Err(SearchError::Infeasible {
-            budget_gb: budget as f64 / 1e9,
-            smallest_gb: budget_peak(cur) as f64 / 1e9,
-            how: format!(
-                "no memory option allowed: --passes and the framework's export leave neither amp, recompute nor grad-accumulation; {}",
-                what_would_fit(cur, budget, 1)
-            ),
-        });
+    options
+}
+
+/// One memory option's passes applied in turn from `cur` (shown in full even when `cur` is
+/// lean), each result evaluated; the end and the trail, made lean per `lean_ops`.
+fn try_memory_option(
+    cur: &Evaluated,
+    steps: &[KnobbedPass],
+    all: &[Box<dyn Pass>],
+    eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
+    lean_ops: usize,
+) -> Result<(Evaluated, Trail), SearchError> {
+    // A lean start (the unconstrained search's best, scored lean) is shown to the passes in
+    // full.
+    let mut e = if cur.is_lean() {
+        eval(cur.job.clone())?
+    } else {
+        cur.clone()
+    };
+    let mut trail = Vec::new();
+    for (name, knobs) in steps {
+        let p = passes::find(all, name)?;
+        let k = passes::resolve_knobs(p, knobs)?;
+        let patches = passes::propose(p, &e, &k)?;
+        let job = passes::apply_all(&e.job, &patches)?;
+        let next = eval(job)?;
+        trail.push((e, patches));
+        e = next;
     }
-    let tried: Vec<Tried> = options
-        .par_iter()
-        .map(|steps| {
-            let r = (|| {
-                // A lean start (the unconstrained search's best, scored lean) is shown to the
-                // passes in full.
-                let mut e = if cur.is_lean() {
-                    eval(cur.job.clone())?
-                } else {
-                    cur.clone()
-                };
-                let mut trail = Vec::new();
-                for (name, knobs) in steps {
-                    let p = passes::find(all, name)?;
-                    let k = passes::resolve_knobs(p, knobs)?;
-                    let patches = passes::propose(p, &e, &k)?;
-                    let job = passes::apply_all(&e.job, &patches)?;
-                    let next = eval(job)?;
-                    trail.push((e, patches));
-                    e = next;
-                }
-                lean_from(&mut e, lean_ops);
-                for t in &mut trail {
-                    lean_from(&mut t.0, lean_ops);
-                }
-                Ok((e, trail))
-            })();
-            (steps.clone(), r)
-        })
-        .collect();
-    let replays = tried
-        .iter()
-        .map(|(s, r)| if r.is_ok() { s.len() as u64 } else { 0 })
-        .sum();
+    lean_from(&mut e, lean_ops);
+    for t in &mut trail {
+        lean_from(&mut t.0, lean_ops);
+    }
+    Ok((e, trail))
+}
+
+/// The fastest tried option whose peak fits `budget` (the first of equals, in option order).
+/// None fitting: [`SearchError::Infeasible`] naming the smallest peak among the options and
+/// the start, and what would fit from there.
+fn fastest_fitting(
+    cur: &Evaluated,
+    budget: u64,
+    tried: Vec<Tried>,
+) -> Result<(Vec<KnobbedPass>, Evaluated, Trail), SearchError> {
     let k_of = |steps: &[KnobbedPass]| -> u32 {
         steps
             .iter()
@@ -1173,24 +1277,36 @@ fn memory_step(
             best = Some((steps, e, trail));
         }
     }
-    let Some((steps, e, trail)) = best else {
-        let (bytes, how, s, k) =
-            smallest.unwrap_or((budget_peak(cur), "no option ran".into(), cur.clone(), 1));
-        let (bytes, how, s, k) = if bytes <= budget_peak(cur) {
-            (bytes, how, s, k)
-        } else {
-            (budget_peak(cur), "the start".into(), cur.clone(), 1)
-        };
-        return Err(SearchError::Infeasible {
-            budget_gb: budget as f64 / 1e9,
-            smallest_gb: bytes as f64 / 1e9,
-            how: format!("{how}; {}", what_would_fit(&s, budget, k)),
-        });
+    if let Some(best) = best {
+        return Ok(best);
+    }
+    let (bytes, how, s, k) =
+        smallest.unwrap_or((budget_peak(cur), "no option ran".into(), cur.clone(), 1));
+    let (bytes, how, s, k) = if bytes <= budget_peak(cur) {
+        (bytes, how, s, k)
+    } else {
+        (budget_peak(cur), "the start".into(), cur.clone(), 1)
     };
-    let all_label = label(&steps);
+    Err(SearchError::Infeasible {
+        budget_gb: budget as f64 / 1e9,
+        smallest_gb: bytes as f64 / 1e9,
+        how: format!("{how}; {}", what_would_fit(&s, budget, k)),
+    })
+}
+
+/// One decision per step of the chosen memory option `steps` (ending at `e`), each with the
+/// ops its patches touched and its effect along the trail.
+fn memory_decisions(
+    cur: &Evaluated,
+    budget: u64,
+    steps: &[KnobbedPass],
+    e: &Evaluated,
+    trail: &Trail,
+) -> Vec<Decision> {
+    let all_label = label(steps);
     let mut decisions = Vec::new();
-    for (i, ((name, knobs), (before, patches))) in steps.iter().zip(&trail).enumerate() {
-        let after = trail.get(i + 1).map_or(&e, |t| &t.0);
+    for (i, ((name, knobs), (before, patches))) in steps.iter().zip(trail).enumerate() {
+        let after = trail.get(i + 1).map_or(e, |t| &t.0);
         let ops = patches
             .iter()
             .flat_map(|p| describe(&before.job, p).1)
@@ -1205,13 +1321,13 @@ fn memory_step(
                 "memory step: device memory {:.2} GB over the budget of {:.2} GB; {all_label} is the fastest option that fits ({:.2} GB)",
                 budget_peak(cur) as f64 / 1e9,
                 budget as f64 / 1e9,
-                budget_peak(&e) as f64 / 1e9
+                budget_peak(e) as f64 / 1e9
             ),
             effect_ms: (after.iteration_ns() as f64 - before.iteration_ns() as f64) / 1e6,
             mechanism: String::new(),
         });
     }
-    Ok((e, replays, decisions))
+    decisions
 }
 
 /// What would fit when nothing the passes reach does, from the smallest evaluation `s`: the

@@ -182,20 +182,58 @@ fn shifted(times: &[Vec<(i64, i64)>]) -> Result<Shifted, AlignError> {
 }
 
 /// Estimate each rank's clock offset from matched collectives: `times[r][k]` = (start, end) of
-/// the k-th collective on rank r, in ns on rank r's clock.
+/// the k-th collective on rank r, in ns on rank r's clock. The steps: coarse offsets and shifted
+/// times (`shifted`), the objective (`objective`), the dependency constraints (`constraints`),
+/// the solve with its unconstrained fallback (`solve`), the offsets and spreads (`alignment`).
 pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment, AlignError> {
     let (n, k, coarse, s, e) = match shifted(times)? {
         Shifted::One(a) => return Ok(a),
         Shifted::Many(p) => p,
     };
-    // Variables: δ_1..δ_{n−1} (µs, on top of the coarse offsets), m_1..m_K, the mean u of the
-    // δ, then one mean u_h per host. The variance Σ_k ||C(d_k + δ)||² with C = I − 11ᵀ/n is
-    // K·Σ_r (δ_r − δ̄)² + 2·Σ_r D_r δ_r + const (d_k is centred, D_r = Σ_k d_rk), and
-    // Σ_r (δ_r − δ̄)² = min_u Σ_r (δ_r − u)²: with u a variable the Hessian is an arrow
-    // (2K on the diagonal, −2K to u) instead of the dense (n−1)² block of I − J/n, and the same
-    // for each host's mean. Same minimiser in δ; O(n + nK) non-zeros in all.
-    let th = |r: usize| r - 1; // variable index of δ_r, r ≥ 1
-    let mvar = |c: usize| n - 1 + c;
+    let dsum = centred_end_sums(&e);
+    let (pm, q) = objective(n, k, &coarse, &dsum, opts);
+    let (am, b) = constraints(&s, &e, opts.tolerance_ns, q.len());
+    let (delta, constrained) = solve(&pm, &q, &am, &b, &dsum, k)?;
+    Ok(alignment(times, &coarse, &delta, constrained))
+}
+
+/// Variable index of δ_r (r ≥ 1): the offsets come first in every formulation.
+fn delta_var(r: usize) -> usize {
+    r - 1
+}
+
+/// D_r = Σ_k (e_rk − mean_j e_jk): each rank's summed end against the per-collective mean (the
+/// linear term of the variance; centred, so Σ_r D_r = 0).
+fn centred_end_sums(e: &[Vec<f64>]) -> Vec<f64> {
+    let n = e.len();
+    let k = e[0].len();
+    let nf = n as f64;
+    let mut dsum = vec![0.0; n];
+    for c in 0..k {
+        let mean = (0..n).map(|r| e[r][c]).sum::<f64>() / nf;
+        for r in 0..n {
+            dsum[r] += e[r][c] - mean;
+        }
+    }
+    dsum
+}
+
+/// The objective ½xᵀPx + qᵀx (P as its upper triangle in CSC).
+///
+/// Variables: δ_1..δ_{n−1} (µs, on top of the coarse offsets), m_1..m_K, the mean u of the δ,
+/// then one mean u_h per host. The variance Σ_k ||C(d_k + δ)||² with C = I − 11ᵀ/n is
+/// K·Σ_r (δ_r − δ̄)² + 2·Σ_r D_r δ_r + const (d_k is centred, D_r = Σ_k d_rk), and
+/// Σ_r (δ_r − δ̄)² = min_u Σ_r (δ_r − u)²: with u a variable the Hessian is an arrow (2K on the
+/// diagonal, −2K to u) instead of the dense (n−1)² block of I − J/n, and the same for each host's
+/// mean. Same minimiser in δ; O(n + nK) non-zeros in all.
+fn objective(
+    n: usize,
+    k: usize,
+    coarse: &[i64],
+    dsum: &[f64],
+    opts: &AlignOptions,
+) -> (CscMatrix<f64>, Vec<f64>) {
+    let th = delta_var;
     let uvar = n - 1 + k;
     let mut hosts: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
     if !opts.hosts.is_empty() && opts.hosts.len() == n {
@@ -206,13 +244,6 @@ pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment
     let nv = uvar + 1 + hosts.len();
     let nf = n as f64;
     let kf = k as f64;
-    let mut dsum = vec![0.0; n];
-    for c in 0..k {
-        let mean = (0..n).map(|r| e[r][c]).sum::<f64>() / nf;
-        for r in 0..n {
-            dsum[r] += e[r][c] - mean;
-        }
-    }
     // Upper triangle of P as (row, col, value), and q.
     let mut ptrip: Vec<(usize, usize, f64)> = Vec::with_capacity(3 * n + 2 * n);
     let mut q = vec![0.0; nv];
@@ -238,10 +269,23 @@ pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment
         }
         ptrip.push((uh, uh, 2.0 * w * members.len() as f64));
     }
-    let pm = csc(nv, nv, ptrip);
+    (csc(nv, nv, ptrip), q)
+}
 
-    // Constraints A x ≤ b, built row by row as (row, col, value) triplets.
-    let tol = opts.tolerance_ns / 1e3;
+/// The dependency constraints A x ≤ b over `nv` variables (δ_r then m_c first), from the shifted
+/// starts `s` and ends `e` (µs): every rank arrives before m_c (s_rc + δ_r − m_c ≤ 0), and none
+/// finishes before it (m_c − δ_r ≤ e_rc + tol).
+fn constraints(
+    s: &[Vec<f64>],
+    e: &[Vec<f64>],
+    tolerance_ns: f64,
+    nv: usize,
+) -> (CscMatrix<f64>, Vec<f64>) {
+    let n = s.len();
+    let k = s[0].len();
+    let th = delta_var;
+    let mvar = |c: usize| n - 1 + c;
+    let tol = tolerance_ns / 1e3;
     let mut trip: Vec<(usize, usize, f64)> = Vec::with_capacity(4 * n * k);
     let mut b = Vec::with_capacity(2 * n * k);
     for c in 0..k {
@@ -264,22 +308,37 @@ pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment
         }
     }
     let rows = b.len();
-    let am = csc(rows, nv, trip);
-    let cones = [NonnegativeConeT(rows)];
+    (csc(rows, nv, trip), b)
+}
+
+/// Solve the QP for δ (µs, δ_0 = 0) and say whether the constraints held; when they are
+/// infeasible (timestamp noise beyond the tolerance), the unconstrained minimum
+/// δ_r = −D_r/K up to a common shift.
+fn solve(
+    pm: &CscMatrix<f64>,
+    q: &[f64],
+    am: &CscMatrix<f64>,
+    b: &[f64],
+    dsum: &[f64],
+    k: usize,
+) -> Result<(Vec<f64>, bool), AlignError> {
+    let n = dsum.len();
+    let kf = k as f64;
+    let cones = [NonnegativeConeT(b.len())];
     let settings = DefaultSettings {
         verbose: false,
         ..DefaultSettings::default()
     };
-    let mut solver = DefaultSolver::new(&pm, &q, &am, &b, &cones, settings)
+    let mut solver = DefaultSolver::new(pm, q, am, b, &cones, settings)
         .map_err(|e| AlignError::Solver(format!("{e:?}")))?;
     solver.solve();
     let status = solver.solution.status;
-    let (delta, constrained): (Vec<f64>, bool) = match status {
+    Ok(match status {
         SolverStatus::Solved | SolverStatus::AlmostSolved => {
             let x = &solver.solution.x;
             let mut d = vec![0.0; n];
             for r in 1..n {
-                d[r] = x[th(r)];
+                d[r] = x[delta_var(r)];
             }
             (d, true)
         }
@@ -293,17 +352,27 @@ pub fn align(times: &[Vec<(i64, i64)>], opts: &AlignOptions) -> Result<Alignment
             (d, false)
         }
         other => return Err(AlignError::Solver(format!("{other:?}"))),
-    };
+    })
+}
+
+/// The offsets (coarse + δ, ns) and the transfer spreads before and after them.
+fn alignment(
+    times: &[Vec<(i64, i64)>],
+    coarse: &[i64],
+    delta: &[f64],
+    constrained: bool,
+) -> Alignment {
+    let n = times.len();
     let offsets_ns: Vec<i64> = (0..n)
         .map(|r| coarse[r] + (delta[r] * 1e3).round() as i64)
         .collect();
     let theta_after: Vec<f64> = offsets_ns.iter().map(|&o| o as f64).collect();
-    Ok(Alignment {
+    Alignment {
         spread_before_ns: spread(times, &vec![0.0; n]),
         spread_after_ns: spread(times, &theta_after),
         offsets_ns,
         constrained,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -402,13 +471,7 @@ mod tests {
                 p[i][j] = 2.0 * kf * (if i == j { 1.0 } else { 0.0 } - 1.0 / nf);
             }
         }
-        let mut dsum = vec![0.0; n];
-        for c in 0..k {
-            let mean = (0..n).map(|r| e[r][c]).sum::<f64>() / nf;
-            for r in 0..n {
-                dsum[r] += e[r][c] - mean;
-            }
-        }
+        let dsum = centred_end_sums(&e);
         // (Cᵀ D)_i = D_{i} − mean(D) = D_i (D is centred).
         for r in 1..n {
             q[th(r)] = 2.0 * dsum[r];
@@ -455,84 +518,9 @@ mod tests {
         }
         let pm = CscMatrix::new(nv, nv, colptr, rowval, nzval);
 
-        // Constraints A x ≤ b, built row by row as (row, col, value) triplets.
-        let tol = opts.tolerance_ns / 1e3;
-        let mut trip: Vec<(usize, usize, f64)> = Vec::new();
-        let mut b = Vec::new();
-        for c in 0..k {
-            let mk = n - 1 + c;
-            for r in 0..n {
-                // s_rc + δ_r − m_c ≤ 0
-                let row = b.len();
-                if r > 0 {
-                    trip.push((row, th(r), 1.0));
-                }
-                trip.push((row, mk, -1.0));
-                b.push(-s[r][c]);
-                // m_c − δ_r ≤ e_rc + tol
-                let row = b.len();
-                trip.push((row, mk, 1.0));
-                if r > 0 {
-                    trip.push((row, th(r), -1.0));
-                }
-                b.push(e[r][c] + tol);
-            }
-        }
-        let rows = b.len();
-        trip.sort_by_key(|&(r, c, _)| (c, r));
-        let mut colptr = vec![0usize; nv + 1];
-        for &(_, c, _) in &trip {
-            colptr[c + 1] += 1;
-        }
-        for j in 0..nv {
-            colptr[j + 1] += colptr[j];
-        }
-        let am = CscMatrix::new(
-            rows,
-            nv,
-            colptr,
-            trip.iter().map(|t| t.0).collect(),
-            trip.iter().map(|t| t.2).collect(),
-        );
-        let cones = [NonnegativeConeT(rows)];
-        let settings = DefaultSettings {
-            verbose: false,
-            ..DefaultSettings::default()
-        };
-        let mut solver = DefaultSolver::new(&pm, &q, &am, &b, &cones, settings)
-            .map_err(|e| AlignError::Solver(format!("{e:?}")))?;
-        solver.solve();
-        let status = solver.solution.status;
-        let (delta, constrained): (Vec<f64>, bool) = match status {
-            SolverStatus::Solved | SolverStatus::AlmostSolved => {
-                let x = &solver.solution.x;
-                let mut d = vec![0.0; n];
-                for r in 1..n {
-                    d[r] = x[th(r)];
-                }
-                (d, true)
-            }
-            SolverStatus::PrimalInfeasible | SolverStatus::AlmostPrimalInfeasible => {
-                // Unconstrained minimum: δ_r = −D_r/K up to a common shift, δ_0 = 0.
-                let mut d: Vec<f64> = dsum.iter().map(|v| -v / kf).collect();
-                let d0 = d[0];
-                for v in &mut d {
-                    *v -= d0;
-                }
-                (d, false)
-            }
-            other => return Err(AlignError::Solver(format!("{other:?}"))),
-        };
-        let offsets_ns: Vec<i64> = (0..n)
-            .map(|r| coarse[r] + (delta[r] * 1e3).round() as i64)
-            .collect();
-        let theta_after: Vec<f64> = offsets_ns.iter().map(|&o| o as f64).collect();
-        Ok(Alignment {
-            spread_before_ns: spread(times, &vec![0.0; n]),
-            spread_after_ns: spread(times, &theta_after),
-            offsets_ns,
-            constrained,
-        })
+        let (am, b) = constraints(&s, &e, opts.tolerance_ns, nv);
+        let (delta, constrained) = solve(&pm, &q, &am, &b, &dsum, k)?;
+        Ok(alignment(times, &coarse, &delta, constrained))
     }
 
     /// The sparse QP (a mean variable per variance term) has the dense one's minimiser, with and

@@ -24,6 +24,7 @@
 //! warning). Without start times the order on each device is the replayer's (ready time, then
 //! file position), as in Chakra's own simulators.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
@@ -665,55 +666,110 @@ pub struct ChakraJob {
     pub warnings: Vec<String>,
 }
 
-/// Builds a one-worker job from a Chakra trace (see the module docs for the rules).
+/// Builds a one-worker job from a Chakra trace (see the module docs for the rules): the nodes
+/// checked and indexed, put in data-dependency order, one op per node, the edges, then what was
+/// dropped or missing as warnings.
 pub fn build_job(trace: &ChakraTrace, name: &str) -> Result<ChakraJob, TraceGraphError> {
-    use std::collections::{BTreeMap, BTreeSet, HashMap};
     let invalid = |message: String| TraceGraphError::Invalid {
         name: name.to_string(),
         message,
     };
     let nodes = &trace.nodes;
+    let index = index_nodes(nodes).map_err(invalid)?;
+    let data = data_order(nodes, &index).map_err(invalid)?;
+    let mut local = LocalGraph {
+        devices: vec![DeviceKind::Virtual],
+        ..Default::default()
+    };
+    let ops = push_ops(nodes, &data.order, &mut local);
+    let ctrl = push_edges(nodes, &index, &data, &mut local.edges);
+    let mut warnings = dependency_warnings(&data, &ctrl);
+    let measured_ns = measured_ns(nodes);
+    if measured_ns.is_none() {
+        warnings.push(
+            "the nodes have no start times: there is no measured iteration to compare with, and \
+             the order on each device is the replayer's (dependencies, then file order)"
+                .into(),
+        );
+    }
+    let gpu = crate::cost::config::load_gpu("a100-80gb").map_err(|e| invalid(e.to_string()))?;
+    let job = super::graph::one_worker_job(local, gpu, name);
+    job.local_dfg()
+        .map_err(|e| invalid(format!("the dependency graph is invalid: {e}")))?;
+    Ok(ChakraJob {
+        job,
+        node_of_op: ops.node_of_op,
+        measured_ns,
+        gpu_collectives: ops.gpu_collectives,
+        collective_bytes: ops.collective_bytes,
+        warnings,
+    })
+}
+
+/// Node id → index in the file, after refusing what cannot be a real trace: no nodes, durations
+/// adding up to more than 100 × [`MAX_DURATION_US`], a node id given twice, a node whose start or
+/// duration is not plausible. `Err` holds the message.
+fn index_nodes(nodes: &[Node]) -> Result<HashMap<u64, usize>, String> {
     if nodes.is_empty() {
-        return Err(invalid("the trace has no nodes".into()));
+        return Err("the trace has no nodes".into());
     }
     let mut index: HashMap<u64, usize> = HashMap::with_capacity(nodes.len());
     let total_us = nodes
         .iter()
         .fold(0u64, |acc, n| acc.saturating_add(n.duration_micros));
     if total_us > 100 * MAX_DURATION_US {
-        return Err(invalid(format!(
+        return Err(format!(
             "the node durations add up to {total_us} µs: not plausible (the file is corrupt)"
-        )));
+        ));
     }
     for (i, n) in nodes.iter().enumerate() {
         if index.insert(n.id, i).is_some() {
-            return Err(invalid(format!("node id {} appears twice", n.id)));
+            return Err(format!("node id {} appears twice", n.id));
         }
         if n.duration_micros > MAX_DURATION_US || n.start_time_micros > MAX_DURATION_US * 1000 {
-            return Err(invalid(format!(
+            return Err(format!(
                 "node {} (message {}) has start {} µs and duration {} µs: not plausible times \
                  (the file is corrupt)",
                 n.id,
                 i + 1,
                 n.start_time_micros,
                 n.duration_micros
-            )));
+            ));
         }
     }
-    // Data dependencies → a topological order (Kahn, lowest node id first).
+    Ok(index)
+}
+
+/// The nodes in data-dependency order, and what that order ignored.
+struct DataOrder {
+    /// Each node's data successors (node indices).
+    succ: Vec<Vec<usize>>,
+    /// Node indices in topological order (Kahn, lowest node id first): op `p` is node `order[p]`.
+    order: Vec<usize>,
+    /// Each node's position in `order`, i.e. its op id.
+    pos: Vec<usize>,
+    /// Data dependencies on nodes that are not in the file.
+    dangling: usize,
+    /// Data dependencies of a node on itself.
+    self_refs: usize,
+}
+
+/// The data dependencies → a topological order (Kahn, lowest node id first); a cycle is refused
+/// (`Err` holds the message, naming a node on or behind it).
+fn data_order(nodes: &[Node], index: &HashMap<u64, usize>) -> Result<DataOrder, String> {
     let mut succ: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     let mut indeg = vec![0usize; nodes.len()];
-    let (mut dangling_data, mut self_data) = (0usize, 0usize);
+    let (mut dangling, mut self_refs) = (0usize, 0usize);
     for (i, n) in nodes.iter().enumerate() {
         let deps: BTreeSet<u64> = n.data_deps.iter().copied().collect();
         for d in deps {
             match index.get(&d) {
-                Some(&j) if j == i => self_data += 1,
+                Some(&j) if j == i => self_refs += 1,
                 Some(&j) => {
                     succ[j].push(i);
                     indeg[i] += 1;
                 }
-                None => dangling_data += 1,
+                None => dangling += 1,
             }
         }
     }
@@ -733,102 +789,96 @@ pub fn build_job(trace: &ChakraTrace, name: &str) -> Result<ChakraJob, TraceGrap
     }
     if order.len() < nodes.len() {
         let stuck = (0..nodes.len()).find(|&i| indeg[i] > 0).unwrap_or(0);
-        return Err(invalid(format!(
+        return Err(format!(
             "the data dependencies form a cycle ({} of {} nodes are on or behind one, e.g. node {})",
             nodes.len() - order.len(),
             nodes.len(),
             nodes[stuck].id
-        )));
+        ));
     }
     let mut pos = vec![0usize; nodes.len()];
     for (p, &i) in order.iter().enumerate() {
         pos[i] = p;
     }
+    Ok(DataOrder {
+        succ,
+        order,
+        pos,
+        dangling,
+        self_refs,
+    })
+}
 
-    // Devices.
-    let mut local = LocalGraph {
-        devices: vec![DeviceKind::Virtual],
-        ..Default::default()
-    };
-    let mut cpu_dev: BTreeMap<i64, u32> = BTreeMap::new();
-    let mut gpu_dev: BTreeMap<i64, u32> = BTreeMap::new();
-    let mut comm_dev: Option<u32> = None;
-    let mut layers: HashMap<String, u32> = HashMap::new();
-    let (mut gpu_collectives, mut collective_bytes) = (0usize, 0u64);
-    let mut node_of_op = Vec::with_capacity(nodes.len());
-    for &i in &order {
-        let n = &nodes[i];
+/// The job's devices as the nodes ask for them, numbered in first-use order: a CPU thread per CPU
+/// node `tid`, a GPU stream per GPU node `tid`, one comm stream for the GPU collectives.
+#[derive(Default)]
+struct Devices {
+    cpu: BTreeMap<i64, u32>,
+    gpu: BTreeMap<i64, u32>,
+    comm: Option<u32>,
+}
+
+impl Devices {
+    /// The device of node `n`, appended to `devices` on first use.
+    fn of(&mut self, devices: &mut Vec<DeviceKind>, n: &Node) -> u32 {
+        if n.is_gpu_collective() {
+            return *self.comm.get_or_insert_with(|| {
+                devices.push(DeviceKind::CommStream { worker: 0 });
+                (devices.len() - 1) as u32
+            });
+        }
         let gpu = n.is_cpu_op() == Some(false);
-        let device = if n.is_gpu_collective() {
-            *comm_dev.get_or_insert_with(|| {
-                local.devices.push(DeviceKind::CommStream { worker: 0 });
-                (local.devices.len() - 1) as u32
-            })
-        } else {
-            let (map, kind) = if gpu {
-                (
-                    &mut gpu_dev,
-                    DeviceKind::GpuStream {
-                        worker: 0,
-                        stream: 0,
-                    },
-                )
+        let map = if gpu { &mut self.gpu } else { &mut self.cpu };
+        let next = map.len() as u32;
+        *map.entry(n.tid()).or_insert_with(|| {
+            devices.push(if gpu {
+                DeviceKind::GpuStream {
+                    worker: 0,
+                    stream: next,
+                }
             } else {
-                (
-                    &mut cpu_dev,
-                    DeviceKind::CpuThread {
-                        worker: 0,
-                        thread: 0,
-                    },
-                )
-            };
-            let next = map.len() as u32;
-            *map.entry(n.tid()).or_insert_with(|| {
-                local.devices.push(match kind {
-                    DeviceKind::GpuStream { .. } => DeviceKind::GpuStream {
-                        worker: 0,
-                        stream: next,
-                    },
-                    _ => DeviceKind::CpuThread {
-                        worker: 0,
-                        thread: next,
-                    },
-                });
-                (local.devices.len() - 1) as u32
-            })
-        };
+                DeviceKind::CpuThread {
+                    worker: 0,
+                    thread: next,
+                }
+            });
+            (devices.len() - 1) as u32
+        })
+    }
+}
+
+/// What the ops of the nodes hold beside the graph.
+struct NodeOps {
+    /// Node id of each local op.
+    node_of_op: Vec<u64>,
+    /// GPU collectives and the bytes they move in all.
+    gpu_collectives: usize,
+    collective_bytes: u64,
+}
+
+/// One op per node, in data order (`order`), on its device, in a layer named after the node, with
+/// its recorded duration.
+fn push_ops(nodes: &[Node], order: &[usize], local: &mut LocalGraph) -> NodeOps {
+    let mut devices = Devices::default();
+    let mut layers: HashMap<String, u32> = HashMap::new();
+    let mut out = NodeOps {
+        node_of_op: Vec::with_capacity(nodes.len()),
+        gpu_collectives: 0,
+        collective_bytes: 0,
+    };
+    for &i in order {
+        let n = &nodes[i];
+        let device = devices.of(&mut local.devices, n);
         let label = n.name.clone();
         let layer = *layers.entry(label.clone()).or_insert_with(|| {
             local.layers.push(label);
             (local.layers.len() - 1) as u32
         });
-        let (kind, phase, tensor) = if n.is_gpu_collective() {
-            let bytes = n.comm_size().unwrap_or(0);
-            gpu_collectives += 1;
-            collective_bytes += bytes;
-            local.tensors.push(Tensor {
-                name: format!("node {} {}", n.id, n.name),
-                bytes,
-                layer,
-            });
-            (
-                OpKind::Collective,
-                Phase::Comm,
-                (local.tensors.len() - 1) as u32,
-            )
-        } else if gpu {
-            let copy = n.name.starts_with("Memcpy") || n.name.starts_with("Memset");
-            let kind = if copy {
-                OpKind::Memcpy
-            } else {
-                OpKind::Compute
-            };
-            (kind, Phase::Other, NONE)
-        } else if n.node_type() == NodeType::CommColl {
-            (OpKind::CpuOther, Phase::Comm, NONE)
-        } else {
-            (OpKind::CpuOther, Phase::Other, NONE)
-        };
+        let (kind, phase, tensor) = op_kind(n, layer, &mut local.tensors);
+        if n.is_gpu_collective() {
+            out.gpu_collectives += 1;
+            out.collective_bytes += local.tensors[tensor as usize].bytes;
+        }
         local.ops.push(LocalOp {
             spec: OpSpec {
                 kind,
@@ -843,36 +893,94 @@ pub fn build_job(trace: &ChakraTrace, name: &str) -> Result<ChakraJob, TraceGrap
             },
             work: None,
         });
-        node_of_op.push(n.id);
+        out.node_of_op.push(n.id);
     }
-    // Edges: data deps, then forward control deps.
-    for (i, s) in succ.iter().enumerate() {
+    out
+}
+
+/// A node's op kind, phase and tensor: a GPU collective is a `Collective` of a new tensor of
+/// `comm_size` bytes (pushed onto `tensors`); a GPU copy or set a `Memcpy`, another GPU node a
+/// `Compute`; a CPU node `CpuOther` (in the comm phase for a host-side collective).
+fn op_kind(n: &Node, layer: u32, tensors: &mut Vec<Tensor>) -> (OpKind, Phase, u32) {
+    if n.is_gpu_collective() {
+        tensors.push(Tensor {
+            name: format!("node {} {}", n.id, n.name),
+            bytes: n.comm_size().unwrap_or(0),
+            layer,
+        });
+        (OpKind::Collective, Phase::Comm, (tensors.len() - 1) as u32)
+    } else if n.is_cpu_op() == Some(false) {
+        let copy = n.name.starts_with("Memcpy") || n.name.starts_with("Memset");
+        let kind = if copy {
+            OpKind::Memcpy
+        } else {
+            OpKind::Compute
+        };
+        (kind, Phase::Other, NONE)
+    } else if n.node_type() == NodeType::CommColl {
+        (OpKind::CpuOther, Phase::Comm, NONE)
+    } else {
+        (OpKind::CpuOther, Phase::Other, NONE)
+    }
+}
+
+/// Control dependencies that [`push_edges`] dropped.
+struct DroppedControl {
+    /// On the node itself.
+    self_refs: usize,
+    /// On nodes that are not in the file.
+    missing: usize,
+    /// Against the data-dependency order (they would close a cycle).
+    backward: usize,
+}
+
+/// The edges between the ops: every data dependency, then each control dependency that points
+/// forward in the data order; sorted, without duplicates.
+fn push_edges(
+    nodes: &[Node],
+    index: &HashMap<u64, usize>,
+    data: &DataOrder,
+    edges: &mut Vec<(OpId, OpId)>,
+) -> DroppedControl {
+    let pos = &data.pos;
+    for (i, s) in data.succ.iter().enumerate() {
         for &j in s {
-            local.edges.push((pos[i] as OpId, pos[j] as OpId));
+            edges.push((pos[i] as OpId, pos[j] as OpId));
         }
     }
-    let (mut ctrl_self, mut ctrl_missing, mut ctrl_backward) = (0usize, 0usize, 0usize);
+    let mut dropped = DroppedControl {
+        self_refs: 0,
+        missing: 0,
+        backward: 0,
+    };
     for (i, n) in nodes.iter().enumerate() {
         for d in &n.ctrl_deps {
             match index.get(d) {
-                Some(&j) if j == i => ctrl_self += 1,
+                Some(&j) if j == i => dropped.self_refs += 1,
                 Some(&j) if pos[j] < pos[i] => {
-                    local.edges.push((pos[j] as OpId, pos[i] as OpId));
+                    edges.push((pos[j] as OpId, pos[i] as OpId));
                 }
-                Some(_) => ctrl_backward += 1,
-                None => ctrl_missing += 1,
+                Some(_) => dropped.backward += 1,
+                None => dropped.missing += 1,
             }
         }
     }
-    local.edges.sort_unstable();
-    local.edges.dedup();
+    edges.sort_unstable();
+    edges.dedup();
+    dropped
+}
+
+/// One warning per kind of dependency ignored (data, control), when there are any.
+fn dependency_warnings(data: &DataOrder, ctrl: &DroppedControl) -> Vec<String> {
     let mut warnings = Vec::new();
+    let (dangling_data, self_data) = (data.dangling, data.self_refs);
     if dangling_data + self_data > 0 {
         warnings.push(format!(
             "{dangling_data} data dependencies name nodes that are not in the file and \
              {self_data} name their own node; they were ignored"
         ));
     }
+    let (ctrl_self, ctrl_missing, ctrl_backward) = (ctrl.self_refs, ctrl.missing, ctrl.backward);
     if ctrl_self + ctrl_missing + ctrl_backward > 0 {
         warnings.push(format!(
             "ignored control dependencies: {ctrl_self} on the node itself, {ctrl_missing} on nodes \
@@ -880,6 +988,12 @@ pub fn build_job(trace: &ChakraTrace, name: &str) -> Result<ChakraJob, TraceGrap
              a cycle or contradict the data flow)"
         ));
     }
+    warnings
+}
+
+/// Recorded span of the nodes that have a start time (last end − first start), ns; `None` when
+/// none has.
+fn measured_ns(nodes: &[Node]) -> Option<u64> {
     let starts: Vec<(u64, u64)> = nodes
         .iter()
         .filter(|n| n.start_time_micros > 0)
@@ -890,32 +1004,13 @@ pub fn build_job(trace: &ChakraTrace, name: &str) -> Result<ChakraJob, TraceGrap
             )
         })
         .collect();
-    let measured_ns = match (
+    match (
         starts.iter().map(|s| s.0).min(),
         starts.iter().map(|s| s.1).max(),
     ) {
         (Some(a), Some(b)) => Some((b - a).saturating_mul(1000)),
         _ => None,
-    };
-    if measured_ns.is_none() {
-        warnings.push(
-            "the nodes have no start times: there is no measured iteration to compare with, and \
-             the order on each device is the replayer's (dependencies, then file order)"
-                .into(),
-        );
     }
-    let gpu = crate::cost::config::load_gpu("a100-80gb").map_err(|e| invalid(e.to_string()))?;
-    let job = super::graph::one_worker_job(local, gpu, name);
-    job.local_dfg()
-        .map_err(|e| invalid(format!("the dependency graph is invalid: {e}")))?;
-    Ok(ChakraJob {
-        job,
-        node_of_op,
-        measured_ns,
-        gpu_collectives,
-        collective_bytes,
-        warnings,
-    })
 }
 
 #[cfg(test)]

@@ -23,55 +23,10 @@ use crate::cost::comm::AlphaBeta;
 use crate::cost::config::Cluster;
 use crate::graph::comm::CommCost;
 
-use super::graph::{TraceCollective, TraceJob};
+use super::collective::collective_type;
+pub use super::collective::{CollectiveKind, CollectiveSize};
 use super::kineto::KinetoTrace;
-use super::multi::collective_type;
-
-/// What a collective does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CollectiveKind {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    Broadcast,
-    Reduce,
-    SendRecv,
-    Barrier,
-}
-
-impl CollectiveKind {
-    /// From a collective name as PyTorch, NCCL or an execution trace writes it (`allreduce`,
-    /// `all_reduce`, `AllReduce`, `all_to_all`, `alltoall_base`, `_allgather_base`, …).
-    pub fn parse(name: &str) -> Option<CollectiveKind> {
-        let n: String = name
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric())
-            .collect::<String>()
-            .to_ascii_lowercase();
-        let n = n.strip_prefix("nccl").unwrap_or(&n);
-        Some(if n.contains("allreduce") {
-            CollectiveKind::AllReduce
-        } else if n.contains("reducescatter") {
-            CollectiveKind::ReduceScatter
-        } else if n.contains("allgather") {
-            CollectiveKind::AllGather
-        } else if n.contains("alltoall") {
-            CollectiveKind::AllToAll
-        } else if n.contains("broadcast") {
-            CollectiveKind::Broadcast
-        } else if n.contains("barrier") {
-            CollectiveKind::Barrier
-        } else if n.contains("reduce") {
-            CollectiveKind::Reduce
-        } else if n.contains("sendrecv") || n == "send" || n == "recv" {
-            CollectiveKind::SendRecv
-        } else {
-            return None;
-        })
-    }
-}
+use super::step::{TraceCollective, TraceJob};
 
 /// Size of one element of a PyTorch dtype name (`Float`, `float32`, `Half`, `BFloat16`, `Long`,
 /// `Int`, `Byte`, `c10::Half`, …).
@@ -86,13 +41,6 @@ pub fn dtype_bytes(dtype: &str) -> Option<u64> {
         "complexdouble" => 16,
         _ => return None,
     })
-}
-
-/// A collective's type and size in bytes (the full buffer of one rank; for all-gather the output).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CollectiveSize {
-    pub kind: CollectiveKind,
-    pub bytes: u64,
 }
 
 /// Type and size of a recorded collective from its kernel's args, when the trace has them.
@@ -226,25 +174,6 @@ pub fn sizes_beside(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kinds_from_every_spelling() {
-        for (s, k) in [
-            ("allreduce", CollectiveKind::AllReduce),
-            ("nccl:all_reduce", CollectiveKind::AllReduce),
-            ("AllReduce", CollectiveKind::AllReduce),
-            ("all_to_all", CollectiveKind::AllToAll),
-            ("alltoall_base", CollectiveKind::AllToAll),
-            ("_allgather_base", CollectiveKind::AllGather),
-            ("reduce_scatter_tensor", CollectiveKind::ReduceScatter),
-            ("broadcast", CollectiveKind::Broadcast),
-            ("SendRecv", CollectiveKind::SendRecv),
-            ("reduce", CollectiveKind::Reduce),
-        ] {
-            assert_eq!(CollectiveKind::parse(s), Some(k), "{s}");
-        }
-        assert_eq!(CollectiveKind::parse("gemm"), None);
-    }
 
     #[test]
     fn model_times() {

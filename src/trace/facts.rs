@@ -11,9 +11,9 @@
 //! capability (an RTX 2080 Ti is re-costed as a V100: a stated approximation). The recorded
 //! memory size replaces the config's.
 
-use super::graph::{StepWindow, TraceCollective};
+use super::collective::collective_type;
 use super::kineto::KinetoTrace;
-use super::multi::collective_type;
+use super::step::{StepWindow, TraceCollective};
 use super::work::StepContext;
 use crate::cost::config::GpuSpec;
 use crate::graph::job::{Bucketing, Job, TraceFacts};

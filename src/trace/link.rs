@@ -21,10 +21,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use std::path::{Path, PathBuf};
 
-use super::extrapolate::{self, CollectiveSize};
-use super::graph::TraceJob;
+use super::collective::{self, CollectiveSize};
 use super::host_et::{CollectiveKind, CommCall, HostEt, dtype_bytes, read_host_et};
 use super::kineto::{Category, Event, KinetoTrace, Phase};
+use super::step::TraceJob;
 
 /// How a kernel's size was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -255,26 +255,103 @@ pub fn collective_sizes(
     host_et: Option<&HostEt>,
 ) -> Result<Vec<CollectiveInfo>, LinkError> {
     let ev = &kineto.events;
+    let kernels = collective_kernels(ev);
+    let comm_ops = CommOps::new(ev);
+    let mut et = EtCalls::new(kineto, host_et);
+    let mut out = Vec::with_capacity(kernels.len());
+    for &i in &kernels {
+        let k = &ev[i];
+        // 1. kernel args
+        if let Some(info) = from_kernel_args(i, k) {
+            out.push(info);
+            continue;
+        }
+        let kind = CollectiveKind::parse(&k.name);
+        let op_index = comm_ops.enclosing(ev, k);
+        // 2. the enclosing op's link to a host-ET node, 3. issue order
+        if let Some(info) = et.take(i, k, &kind, op_index)? {
+            out.push(info);
+            continue;
+        }
+        // 4. operator input shapes
+        out.push(from_operator_inputs(i, k, kind, op_index.map(|o| &ev[o])));
+    }
+    et.check_matched()?;
+    Ok(out)
+}
+
+/// The NCCL/RCCL kernels' event indices, in start-time order.
+fn collective_kernels(ev: &[Event]) -> Vec<usize> {
     let mut kernels: Vec<usize> = (0..ev.len())
         .filter(|&i| is_collective_kernel(&ev[i]))
         .collect();
     kernels.sort_by_key(|&i| (ev[i].ts_ns, i));
-    // correlation → launching runtime call
-    let launch: HashMap<i64, usize> = ev
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| matches!(e.cat, Category::CudaRuntime | Category::CudaDriver))
-        .filter_map(|(i, e)| Some((e.args.correlation?, i)))
-        .collect();
-    let cpu_ops: Vec<usize> = (0..ev.len())
-        .filter(|&i| {
-            ev[i].cat == Category::CpuOp && ev[i].ph == Phase::Complete && is_comm_op(&ev[i].name)
-        })
-        .collect();
-    // The innermost communication cpu_op enclosing the kernel's launch (its event index).
-    let enclosing = |k: &Event| -> Option<usize> {
-        let l = &ev[*launch.get(&k.args.correlation?)?];
-        cpu_ops
+    kernels
+}
+
+/// The kernel's size from its own args (`Collective name`, `In msg nelems` × `dtype`; PyTorch ≥
+/// 2.1), when it has them all.
+fn from_kernel_args(i: usize, k: &Event) -> Option<CollectiveInfo> {
+    let a = &k.args;
+    let (Some(name), Some(n)) = (&a.collective_name, a.in_msg_nelems) else {
+        return None;
+    };
+    let size = a.dtype.as_deref().and_then(dtype_bytes);
+    let (Some(s), Ok(n)) = (size, u64::try_from(n)) else {
+        return None;
+    };
+    let ranks = a.process_group_ranks.as_deref().and_then(parse_ranks);
+    Some(CollectiveInfo {
+        event_index: i,
+        kernel: k.name.to_string(),
+        kind: CollectiveKind::parse(name),
+        bytes: Some(n.saturating_mul(s)),
+        out_bytes: a
+            .out_msg_nelems
+            .and_then(|o| u64::try_from(o).ok())
+            .map(|o| o.saturating_mul(s)),
+        dtype: a.dtype.clone(),
+        pg: a.process_group_name.clone(),
+        group_size: a
+            .group_size
+            .and_then(|g| u32::try_from(g).ok())
+            .or(ranks.as_ref().map(|r| r.len() as u32)),
+        ranks,
+        host_et_node_id: None,
+        matched_by: MatchedBy::KernelArgs,
+    })
+}
+
+/// The communication `cpu_op`s of a trace (`record_param_comms`, `nccl:…`, `c10d::…`) and the
+/// runtime calls by correlation, to find the operator a kernel was launched from.
+struct CommOps {
+    /// correlation → launching runtime call (event index).
+    launch: HashMap<i64, usize>,
+    cpu_ops: Vec<usize>,
+}
+
+impl CommOps {
+    fn new(ev: &[Event]) -> CommOps {
+        let launch: HashMap<i64, usize> = ev
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e.cat, Category::CudaRuntime | Category::CudaDriver))
+            .filter_map(|(i, e)| Some((e.args.correlation?, i)))
+            .collect();
+        let cpu_ops: Vec<usize> = (0..ev.len())
+            .filter(|&i| {
+                ev[i].cat == Category::CpuOp
+                    && ev[i].ph == Phase::Complete
+                    && is_comm_op(&ev[i].name)
+            })
+            .collect();
+        CommOps { launch, cpu_ops }
+    }
+
+    /// The innermost communication cpu_op enclosing the kernel's launch (its event index).
+    fn enclosing(&self, ev: &[Event], k: &Event) -> Option<usize> {
+        let l = &ev[*self.launch.get(&k.args.correlation?)?];
+        self.cpu_ops
             .iter()
             .copied()
             .filter(|&i| {
@@ -282,140 +359,159 @@ pub fn collective_sizes(
                 o.pid == l.pid && o.tid == l.tid && o.ts_ns <= l.ts_ns && o.end_ns() >= l.end_ns()
             })
             .max_by_key(|&i| (ev[i].ts_ns, std::cmp::Reverse(ev[i].dur_ns)))
-    };
-    let calls: Vec<CommCall> = host_et.map(HostEt::comm_calls).unwrap_or_default();
-    // Host-ET node → its comm call: the record_param_comms node itself, its nccl:* child or its
-    // c10d::* parent.
-    let mut call_of_node: HashMap<u64, usize> = HashMap::new();
-    if let Some(et) = host_et {
-        for (c, call) in calls.iter().enumerate() {
-            call_of_node.insert(call.host_et_node_id, c);
-            if let Some(p) = et.node(call.host_et_node_id).and_then(|n| n.parent) {
-                call_of_node.entry(p).or_insert(c);
-            }
-        }
-        let own: HashMap<u64, usize> = calls
-            .iter()
-            .enumerate()
-            .map(|(c, call)| (call.host_et_node_id, c))
-            .collect();
-        for n in &et.nodes {
-            if let Some(&c) = n.parent.and_then(|p| own.get(&p)) {
-                call_of_node.entry(n.id).or_insert(c);
-            }
+    }
+}
+
+/// The host ET's collectives, handed out to the kernels that need one: through the kernel's
+/// linked operator, else in issue order.
+struct EtCalls {
+    calls: Vec<CommCall>,
+    /// Host-ET node → its comm call: the record_param_comms node itself, its nccl:* child or its
+    /// c10d::* parent.
+    call_of_node: HashMap<u64, usize>,
+    /// Kineto CPU event → its host-ET node (see [`link_ops`]).
+    links: HashMap<usize, OpLink>,
+    /// The first call issue order may still give (after the last one taken).
+    next_call: usize,
+    /// Kernels that asked, and kernels that got a call.
+    needed: usize,
+    got: usize,
+}
+
+impl EtCalls {
+    fn new(kineto: &KinetoTrace, host_et: Option<&HostEt>) -> EtCalls {
+        let calls: Vec<CommCall> = host_et.map(HostEt::comm_calls).unwrap_or_default();
+        let call_of_node = host_et.map_or_else(HashMap::new, |et| call_of_node(et, &calls));
+        let links: HashMap<usize, OpLink> = match host_et {
+            Some(et) if !calls.is_empty() => link_ops(kineto, et)
+                .into_iter()
+                .map(|l| (l.event_index, l))
+                .collect(),
+            _ => HashMap::new(),
+        };
+        EtCalls {
+            calls,
+            call_of_node,
+            links,
+            next_call: 0,
+            needed: 0,
+            got: 0,
         }
     }
-    let links: HashMap<usize, OpLink> = match host_et {
-        Some(et) if !calls.is_empty() => link_ops(kineto, et)
-            .into_iter()
-            .map(|l| (l.event_index, l))
-            .collect(),
-        _ => HashMap::new(),
-    };
-    let mut out = Vec::with_capacity(kernels.len());
-    let mut next_call = 0usize;
-    let (mut needed_et, mut got_et) = (0usize, 0usize);
-    for &i in &kernels {
-        let k = &ev[i];
-        let kind = CollectiveKind::parse(&k.name);
-        let a = &k.args;
-        // 1. kernel args
-        if let (Some(name), Some(n)) = (&a.collective_name, a.in_msg_nelems) {
-            let size = a.dtype.as_deref().and_then(dtype_bytes);
-            if let (Some(s), Ok(n)) = (size, u64::try_from(n)) {
-                let ranks = a.process_group_ranks.as_deref().and_then(parse_ranks);
-                out.push(CollectiveInfo {
+
+    /// The host-ET collective of kernel `k` (event `i`, launched from operator `op_index`): the
+    /// call its operator is linked to (a call the kernel cannot run is an error: the traces are
+    /// not of one run), else the next unused call in issue order that it can run. `None` when
+    /// the host ET has no collectives, or none left for it.
+    fn take(
+        &mut self,
+        i: usize,
+        k: &Event,
+        kind: &CollectiveKind,
+        op_index: Option<usize>,
+    ) -> Result<Option<CollectiveInfo>, LinkError> {
+        if self.calls.is_empty() {
+            return Ok(None);
+        }
+        self.needed += 1;
+        if let Some(link) = op_index.and_then(|o| self.links.get(&o))
+            && let Some(&c) = self.call_of_node.get(&link.node_id)
+        {
+            let call = &self.calls[c];
+            if !kind.kernel_runs(&call.kind) {
+                return Err(LinkError::KindMismatch {
                     event_index: i,
                     kernel: k.name.to_string(),
-                    kind: CollectiveKind::parse(name),
-                    bytes: Some(n.saturating_mul(s)),
-                    out_bytes: a
-                        .out_msg_nelems
-                        .and_then(|o| u64::try_from(o).ok())
-                        .map(|o| o.saturating_mul(s)),
-                    dtype: a.dtype.clone(),
-                    pg: a.process_group_name.clone(),
-                    group_size: a
-                        .group_size
-                        .and_then(|g| u32::try_from(g).ok())
-                        .or(ranks.as_ref().map(|r| r.len() as u32)),
-                    ranks,
-                    host_et_node_id: None,
-                    matched_by: MatchedBy::KernelArgs,
+                    kind: kind.clone(),
+                    node: call.host_et_node_id,
+                    call: call.kind.clone(),
                 });
-                continue;
             }
+            self.next_call = self.next_call.max(c + 1);
+            self.got += 1;
+            let how = match link.method {
+                OpLinkMethod::RecordFunctionId => MatchedBy::RecordFunctionId,
+                OpLinkMethod::ExternalIdOffset { .. } => MatchedBy::ExternalIdOffset,
+            };
+            return Ok(Some(from_call(i, k, call, how)));
         }
-        let op_index = enclosing(k);
-        let op = op_index.map(|o| &ev[o]);
-        if !calls.is_empty() {
-            needed_et += 1;
-            // 2. the enclosing op's link to a host-ET node
-            if let Some(link) = op_index.and_then(|o| links.get(&o))
-                && let Some(&c) = call_of_node.get(&link.node_id)
-            {
-                let call = &calls[c];
-                if !kind.kernel_runs(&call.kind) {
-                    return Err(LinkError::KindMismatch {
-                        event_index: i,
-                        kernel: k.name.to_string(),
-                        kind,
-                        node: call.host_et_node_id,
-                        call: call.kind.clone(),
-                    });
-                }
-                next_call = next_call.max(c + 1);
-                got_et += 1;
-                let how = match link.method {
-                    OpLinkMethod::RecordFunctionId => MatchedBy::RecordFunctionId,
-                    OpLinkMethod::ExternalIdOffset { .. } => MatchedBy::ExternalIdOffset,
-                };
-                out.push(from_call(i, k, call, how));
-                continue;
-            }
-            // 3. issue order
-            if let Some(off) = calls[next_call.min(calls.len())..]
-                .iter()
-                .position(|c| kind.kernel_runs(&c.kind))
-            {
-                let c = next_call + off;
-                next_call = c + 1;
-                got_et += 1;
-                out.push(from_call(i, k, &calls[c], MatchedBy::IssueOrder));
-                continue;
-            }
+        if let Some(off) = self.calls[self.next_call.min(self.calls.len())..]
+            .iter()
+            .position(|c| kind.kernel_runs(&c.kind))
+        {
+            let c = self.next_call + off;
+            self.next_call = c + 1;
+            self.got += 1;
+            return Ok(Some(from_call(i, k, &self.calls[c], MatchedBy::IssueOrder)));
         }
-        // 4. operator input shapes
-        let (bytes, dtype, how) = match op.and_then(operator_input_bytes) {
-            Some((b, t)) => (Some(b), Some(t), MatchedBy::OperatorInputs),
-            None => (None, None, MatchedBy::Unmatched),
-        };
-        out.push(CollectiveInfo {
-            event_index: i,
-            kernel: k.name.to_string(),
-            kind,
-            bytes,
-            out_bytes: bytes,
-            dtype,
-            pg: None,
-            ranks: None,
-            group_size: None,
-            host_et_node_id: None,
-            matched_by: how,
-        });
+        Ok(None)
     }
-    if needed_et > 0 && got_et == 0 {
-        return Err(LinkError::NoMatch {
-            calls: calls.len(),
-            kernels: needed_et,
-        });
+
+    /// Kernels needed the host ET but not one got a call: the traces are not of the same run.
+    fn check_matched(&self) -> Result<(), LinkError> {
+        if self.needed > 0 && self.got == 0 {
+            return Err(LinkError::NoMatch {
+                calls: self.calls.len(),
+                kernels: self.needed,
+            });
+        }
+        Ok(())
     }
-    Ok(out)
+}
+
+/// Host-ET node → the index of its comm call in `calls`: the record_param_comms node itself, its
+/// c10d::* parent, and its nccl:* children.
+fn call_of_node(et: &HostEt, calls: &[CommCall]) -> HashMap<u64, usize> {
+    let mut call_of_node: HashMap<u64, usize> = HashMap::new();
+    for (c, call) in calls.iter().enumerate() {
+        call_of_node.insert(call.host_et_node_id, c);
+        if let Some(p) = et.node(call.host_et_node_id).and_then(|n| n.parent) {
+            call_of_node.entry(p).or_insert(c);
+        }
+    }
+    let own: HashMap<u64, usize> = calls
+        .iter()
+        .enumerate()
+        .map(|(c, call)| (call.host_et_node_id, c))
+        .collect();
+    for n in &et.nodes {
+        if let Some(&c) = n.parent.and_then(|p| own.get(&p)) {
+            call_of_node.entry(n.id).or_insert(c);
+        }
+    }
+    call_of_node
+}
+
+/// The kernel's size from the enclosing operator's first input (`Input Dims` × `Input type`),
+/// else unmatched (`bytes: None`).
+fn from_operator_inputs(
+    i: usize,
+    k: &Event,
+    kind: CollectiveKind,
+    op: Option<&Event>,
+) -> CollectiveInfo {
+    let (bytes, dtype, how) = match op.and_then(operator_input_bytes) {
+        Some((b, t)) => (Some(b), Some(t), MatchedBy::OperatorInputs),
+        None => (None, None, MatchedBy::Unmatched),
+    };
+    CollectiveInfo {
+        event_index: i,
+        kernel: k.name.to_string(),
+        kind,
+        bytes,
+        out_bytes: bytes,
+        dtype,
+        pg: None,
+        ranks: None,
+        group_size: None,
+        host_et_node_id: None,
+        matched_by: how,
+    }
 }
 
 /// The one-rank-to-n model's kind for a collective (`None` for kinds it has no formula for).
-pub fn model_kind(k: &CollectiveKind) -> Option<extrapolate::CollectiveKind> {
-    use extrapolate::CollectiveKind as M;
+pub fn model_kind(k: &CollectiveKind) -> Option<collective::CollectiveKind> {
+    use collective::CollectiveKind as M;
     Some(match k {
         CollectiveKind::AllReduce => M::AllReduce,
         CollectiveKind::AllToAll => M::AllToAll,
@@ -443,7 +539,7 @@ pub fn sizes_for_step(built: &TraceJob, infos: &[CollectiveInfo]) -> Vec<Option<
         .map(|c| {
             let info = by_event.get(&c.event)?;
             let kind = model_kind(&info.kind)?;
-            let bytes = if kind == extrapolate::CollectiveKind::AllGather {
+            let bytes = if kind == collective::CollectiveKind::AllGather {
                 info.out_bytes.or(info.bytes)?
             } else {
                 info.bytes?

@@ -25,9 +25,9 @@
 
 use std::collections::BTreeMap;
 
-use super::graph::StepWindow;
 use super::kineto::{Id, KinetoTrace, MemoryEvent};
 use super::shapes::{self, Input};
+use super::step::StepWindow;
 use super::work::StepContext;
 use crate::graph::job::{Job, MemoryFacts};
 use crate::graph::{MemEffect, MemWhen, OpId, OpKind, Phase};
@@ -97,28 +97,68 @@ pub fn attach(
     cx: &StepContext,
     optimizer: Option<&str>,
 ) -> Option<MemoryFacts> {
-    let device: Vec<&MemoryEvent> = {
-        let mut count: BTreeMap<i16, usize> = BTreeMap::new();
-        for m in trace.memory.iter().filter(|m| m.on_device()) {
-            *count.entry(m.device_id).or_default() += 1;
-        }
-        let dev = count.iter().max_by_key(|(_, n)| **n).map(|(d, _)| *d);
-        let mut v: Vec<&MemoryEvent> = trace
-            .memory
-            .iter()
-            .filter(|m| m.on_device() && Some(m.device_id) == dev)
-            .collect();
-        v.sort_by_key(|m| (m.ts_ns, m.event));
-        v
-    };
+    let device = device_events(trace);
     if device.is_empty() {
         return from_shapes(job, trace, timeline, cx, optimizer);
     }
+    let m = measure(&device, win);
+    let step_thread = timeline.get(&win.tid);
+    let mut paired = event_effects(job, trace, &device[m.first..m.end], timeline, step_thread);
+    let carried = carry_in_blocks(job, step_thread, &mut paired.effects, paired.unpaired);
+    move_saved_to_kernels(job, &mut paired.effects, paired.saved);
+    job.local.mem = paired.effects;
+    settle_static(job, m.at_start, carried, m.peak);
+    Some(MemoryFacts {
+        source: if m.absolute {
+            "profile_memory events (Total Allocated)".into()
+        } else {
+            "profile_memory events (Bytes, summed from the profiler's start)".into()
+        },
+        peak_bytes: m.peak,
+        at_start_bytes: m.at_start,
+        reserved_peak_bytes: m.reserved_peak_bytes,
+        events: (m.end - m.first) as u64,
+        absolute: m.absolute,
+    })
+}
+
+/// The memory events of the device most of them are on, in time order (then event order).
+fn device_events(trace: &KinetoTrace) -> Vec<&MemoryEvent> {
+    let mut count: BTreeMap<i16, usize> = BTreeMap::new();
+    for m in trace.memory.iter().filter(|m| m.on_device()) {
+        *count.entry(m.device_id).or_default() += 1;
+    }
+    let dev = count.iter().max_by_key(|(_, n)| **n).map(|(d, _)| *d);
+    let mut v: Vec<&MemoryEvent> = trace
+        .memory
+        .iter()
+        .filter(|m| m.on_device() && Some(m.device_id) == dev)
+        .collect();
+    v.sort_by_key(|m| (m.ts_ns, m.event));
+    v
+}
+
+/// What the memory events say about the step, before any op is involved.
+struct Measured {
+    /// Every event carries `Total Allocated` (else the levels are sums from the profiler's start).
+    absolute: bool,
+    /// The step's events: `device[first..end]`.
+    first: usize,
+    end: usize,
+    /// The allocator's level at the step's start, and its highest level in the step (bytes).
+    at_start: u64,
+    peak: u64,
+    /// Highest `Total Reserved` in the step, when recorded.
+    reserved_peak_bytes: Option<u64>,
+}
+
+/// The allocator's level after each event (`Total Allocated`, else the running sum of `Bytes`),
+/// and from it the step's events, its level at the start and its peak.
+fn measure(device: &[&MemoryEvent], win: &StepWindow) -> Measured {
     let absolute = device.iter().all(|m| m.total_allocated.is_some());
-    // The allocator's level after each event.
     let mut level = Vec::with_capacity(device.len());
     let mut sum: i64 = 0;
-    for m in &device {
+    for m in device {
         sum = sum.saturating_add(m.bytes);
         level.push(if absolute {
             m.total_allocated.unwrap_or(sum)
@@ -149,27 +189,64 @@ pub fn attach(
         .filter_map(|m| m.total_reserved)
         .max()
         .map(|r| r.max(0) as u64);
+    Measured {
+        absolute,
+        first: a,
+        end: b,
+        at_start,
+        peak,
+        reserved_peak_bytes,
+    }
+}
 
-    // Effects on the op running at each event.
-    let step_thread = timeline.get(&win.tid);
-    let mut effects: Vec<MemEffect> = Vec::with_capacity(b - a);
+/// The step's events as effects, with how their allocations and frees paired up.
+struct Paired {
+    effects: Vec<MemEffect>,
+    /// (allocation, free) effect indices of blocks allocated in the forward and freed in the
+    /// backward: saved activations.
+    saved: Vec<(usize, usize)>,
+    /// Frees of blocks allocated before the step.
+    unpaired: Vec<usize>,
+}
+
+/// The timeline of the thread an event is on; thread ids are numbers on some events and strings
+/// on others (2021 traces), so a failed lookup compares them as text. Else the step's thread.
+fn event_thread<'a>(
+    timeline: &'a BTreeMap<Id, Vec<(i64, i64, OpId)>>,
+    tid: &Id,
+    step_thread: Option<&'a Vec<(i64, i64, OpId)>>,
+) -> Option<&'a Vec<(i64, i64, OpId)>> {
+    timeline
+        .get(tid)
+        .or_else(|| {
+            let want = tid.to_string();
+            timeline
+                .iter()
+                .find(|(k, _)| k.to_string() == want)
+                .map(|(_, v)| v)
+        })
+        .or(step_thread)
+}
+
+/// Each event as an effect of the op running when it happened on its thread, allocations paired
+/// with their frees by address, else the latest unmatched allocation of the same size.
+fn event_effects(
+    job: &Job,
+    trace: &KinetoTrace,
+    events: &[&MemoryEvent],
+    timeline: &BTreeMap<Id, Vec<(i64, i64, OpId)>>,
+    step_thread: Option<&Vec<(i64, i64, OpId)>>,
+) -> Paired {
+    let mut out = Paired {
+        effects: Vec::with_capacity(events.len()),
+        saved: Vec::new(),
+        unpaired: Vec::new(),
+    };
     // Unmatched allocations: by address, else by size (the latest first).
     let mut open: BTreeMap<(bool, i64), Vec<usize>> = BTreeMap::new();
-    let mut saved: Vec<(usize, usize)> = Vec::new();
-    let mut unpaired: Vec<usize> = Vec::new();
-    for m in &device[a..b] {
+    for m in events {
         let e = &trace.events[m.event as usize];
-        // Thread ids are numbers on some events and strings on others (2021 traces).
-        let tl = timeline
-            .get(&e.tid)
-            .or_else(|| {
-                let want = e.tid.to_string();
-                timeline
-                    .iter()
-                    .find(|(k, _)| k.to_string() == want)
-                    .map(|(_, v)| v)
-            })
-            .or(step_thread);
+        let tl = event_thread(timeline, &e.tid, step_thread);
         let Some(op) = tl.and_then(|tl| op_at(tl, m.ts_ns, m.bytes > 0)) else {
             continue;
         };
@@ -177,8 +254,8 @@ pub fn attach(
             Some(addr) => (true, addr),
             None => (false, m.bytes.abs()),
         };
-        let idx = effects.len();
-        effects.push(MemEffect {
+        let idx = out.effects.len();
+        out.effects.push(MemEffect {
             op,
             worker: 0,
             bytes: m.bytes.unsigned_abs(),
@@ -192,17 +269,26 @@ pub fn attach(
             open.entry(key).or_default().push(idx);
         } else if let Some(j) = open.get_mut(&key).and_then(Vec::pop) {
             let phase = |o: OpId| job.local.ops[o as usize].spec.phase;
-            if phase(effects[j].op) == Phase::Fw && phase(op) == Phase::Bw {
-                saved.push((j, idx));
+            if phase(out.effects[j].op) == Phase::Fw && phase(op) == Phase::Bw {
+                out.saved.push((j, idx));
             }
         } else {
-            unpaired.push(idx);
+            out.unpaired.push(idx);
         }
     }
-    // A block the previous step allocated in its forward or backward and this one frees there:
-    // allocated at the step's first forward op rather than counted in static memory, so that a
-    // pass scaling this step's forward/backward memory (AMP, accumulation) scales it on both
-    // ends, as it would have in the previous step.
+    out
+}
+
+/// A block the previous step allocated in its forward or backward and this one frees there:
+/// allocated at the step's first forward op rather than counted in static memory, so that a pass
+/// scaling this step's forward/backward memory (AMP, accumulation) scales it on both ends, as it
+/// would have in the previous step. Returns the bytes so moved out of static memory.
+fn carry_in_blocks(
+    job: &Job,
+    step_thread: Option<&Vec<(i64, i64, OpId)>>,
+    effects: &mut Vec<MemEffect>,
+    unpaired: Vec<usize>,
+) -> u64 {
     let first_fw = step_thread.and_then(|tl| {
         tl.iter()
             .map(|x| x.2)
@@ -225,6 +311,12 @@ pub fn attach(
             }
         }
     }
+    carried
+}
+
+/// Saved activations move to their layer's first forward kernel (allocation) and last backward
+/// kernel (free), where recomputation looks for them.
+fn move_saved_to_kernels(job: &Job, effects: &mut [MemEffect], saved: Vec<(usize, usize)>) {
     let kernels = layer_kernels(job);
     for (j, k) in saved {
         let layer = job.local.ops[effects[j].op as usize].spec.layer;
@@ -233,24 +325,16 @@ pub fn attach(
             effects[k].op = l;
         }
     }
-    job.local.mem = effects;
+}
+
+/// Static memory: the level at the step's start less what [`carry_in_blocks`] moved into the
+/// step, then adjusted once so that the replayed step peaks at the measured `peak`.
+fn settle_static(job: &mut Job, at_start: u64, carried: u64, peak: u64) {
     let base = at_start.saturating_sub(carried);
     job.local.static_mem_bytes = base;
     if let Some(p) = replayed_peak(job) {
         job.local.static_mem_bytes = (base as i128 + peak as i128 - p as i128).max(0) as u64;
     }
-    Some(MemoryFacts {
-        source: if absolute {
-            "profile_memory events (Total Allocated)".into()
-        } else {
-            "profile_memory events (Bytes, summed from the profiler's start)".into()
-        },
-        peak_bytes: peak,
-        at_start_bytes: at_start,
-        reserved_peak_bytes,
-        events: (b - a) as u64,
-        absolute,
-    })
 }
 
 /// Tensors a forward operator keeps as parameters: (input index) by operator family.

@@ -6,7 +6,9 @@
 //!   one → a `Job`, in stages; [`shapes`] and [`work`]: each kernel's work from its operator's
 //!   recorded shapes (or its name); [`memory`]: the step's device memory from `[memory]` events
 //!   (or shapes); [`facts`]: what the trace says about the job (batch, GPU, ranks, buckets);
-//!   [`peers`]: a rank alone, whose collectives wait for absent peers.
+//!   [`peers`]: a rank alone, whose collectives wait for absent peers. [`step`]: what a built
+//!   step is (its window, job and collective kernels), the types all of these share; `phase`: the
+//!   training phase an event's name implies.
 //! * [`chakra`]: Chakra execution traces (protobuf, varint-length-delimited), streamed one message
 //!   at a time, and a `Job` from the nodes.
 //! * [`host_et`]: PyTorch host execution traces (JSON): operators, tensor data dependencies,
@@ -15,13 +17,15 @@
 //!   args, else the host ET of the same run, else the operator's input shapes).
 //! * [`horovod`]: Horovod timelines (a Chrome event array, often without its closing `]`).
 //! * [`multi`], [`align`], [`extrapolate`]: several ranks in one graph, their clock alignment, and
-//!   one rank standing for n workers.
+//!   one rank standing for n workers; [`collective`]: a kernel's collective type and the kinds and
+//!   sizes the one-rank-to-n model prices, shared by them and [`link`].
 //!
 //! Every error names the file and where in it (line/column of the JSON, or message index and
 //! byte offset of a protobuf stream); ignorable oddities become warnings on the result.
 
 pub mod align;
 pub mod chakra;
+pub mod collective;
 pub mod extrapolate;
 pub mod facts;
 pub mod graph;
@@ -32,7 +36,9 @@ pub mod link;
 pub mod memory;
 pub mod multi;
 pub mod peers;
+pub(crate) mod phase;
 pub mod shapes;
+pub mod step;
 pub mod work;
 
 pub use kineto::{KinetoTrace, parse_kineto, read_kineto};

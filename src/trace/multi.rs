@@ -29,8 +29,10 @@ use std::collections::BTreeMap;
 use crate::graph::{DeviceKind, Dfg, DfgBuilder, GraphError, NONE, OpId, OpKind, OpSpec, Phase};
 use crate::replay::{self, Replay};
 
-use super::graph::{Peers, TraceCollective, TraceGraphError, TraceJob, build, steps};
+use super::collective::collective_type;
+use super::graph::{Peers, TraceGraphError, build, steps};
 use super::kineto::KinetoTrace;
+use super::step::{TraceCollective, TraceJob};
 
 /// Why several rank traces could not be put together.
 #[derive(Debug, thiserror::Error)]
@@ -64,15 +66,6 @@ impl RankStep {
     pub fn measured_ns(&self) -> u64 {
         self.built.window.measured_ns()
     }
-}
-
-/// Kernel type of a collective from its kernel name: `AllReduce`, `SendRecv`, `AllGather`,
-/// `ReduceScatter`, `Broadcast`, `Reduce`, … (`ncclKernel_AllReduce_RING_LL_Sum_float` →
-/// `AllReduce`; `ncclDevKernel_…` and RCCL names likewise).
-pub fn collective_type(name: &str) -> &str {
-    let rest = name.split_once("Kernel_").map(|(_, r)| r).unwrap_or(name);
-    let end = rest.find(['_', '(', ' ']).unwrap_or(rest.len());
-    &rest[..end]
 }
 
 /// The last step number complete in every trace (`ProfilerStep#N` numbers).
@@ -577,26 +570,4 @@ pub fn collective_times(ranks: &[RankStep]) -> Vec<Vec<(i64, i64)>> {
                 .collect()
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn collective_types_from_kernel_names() {
-        assert_eq!(
-            collective_type("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"),
-            "AllReduce"
-        );
-        assert_eq!(
-            collective_type("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)"),
-            "SendRecv"
-        );
-        assert_eq!(
-            collective_type("ncclDevKernel_Broadcast_RING_LL(ncclDevComm*)"),
-            "Broadcast"
-        );
-        assert_eq!(collective_type("weird"), "weird");
-    }
 }

@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use super::graph::TraceJob;
+use super::step::TraceJob;
 
 /// Most replays spent re-deriving the durations.
 const ROUNDS: usize = 10;

@@ -21,8 +21,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::graph::name_phase;
 use super::kineto::{Category, Event, Id};
+use super::phase::name_phase;
 use super::shapes::{self, Input, OpContext, ShapedWork};
 use crate::cost::config::Dtype;
 use crate::cost::kernel::{MathClass, OpClass};

@@ -8,90 +8,18 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use serde_json::Value;
 
-/// The binary, with the environment a test must not inherit (log filters, backtraces).
-fn trainplan() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trainplan"));
-    c.env_remove("RUST_LOG").env_remove("RUST_BACKTRACE");
-    c
-}
-
-/// Run the binary: (exit code, stdout, stderr).
-pub(crate) fn run(args: &[&str]) -> (i32, String, String) {
-    let out = trainplan()
-        .args(args)
-        .output()
-        .expect("failed to run trainplan");
-    (
-        out.status.code().expect("trainplan was killed by a signal"),
-        String::from_utf8(out.stdout).expect("stdout is UTF-8"),
-        String::from_utf8(out.stderr).expect("stderr is UTF-8"),
-    )
-}
-
-/// Run with `--json` appended and parse stdout, which must be exactly one JSON object.
-pub(crate) fn run_json(args: &[&str]) -> Value {
-    let mut a = args.to_vec();
-    a.push("--json");
-    let (code, stdout, stderr) = run(&a);
-    assert_eq!(code, 0, "{a:?}: {stderr}");
-    one_json_object(&stdout)
-}
-
-/// `text` is one JSON object followed by a newline, and nothing else.
-fn one_json_object(text: &str) -> Value {
-    assert!(text.ends_with('\n'), "no final newline: {text:?}");
-    assert_eq!(text.lines().count(), 1, "more than one line: {text:?}");
-    let values: Vec<Value> = serde_json::Deserializer::from_str(text)
-        .into_iter::<Value>()
-        .collect::<Result<_, _>>()
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
-    assert_eq!(values.len(), 1, "{text:?}");
-    let v = values.into_iter().next().unwrap();
-    assert!(v.is_object(), "{v}");
-    v
-}
-
-/// Bad input: exit 3, nothing on stdout, and one line on stderr, `error: …`, containing
-/// `expect`, with no panic or backtrace hint. Returns the message after `error: `.
-pub(crate) fn check_bad_input(args: &[&str], expect: &str) -> String {
-    check_error(args, 3, expect)
-}
-
-pub(crate) fn check_error(args: &[&str], code: i32, expect: &str) -> String {
-    let (got, stdout, stderr) = run(args);
-    assert_eq!(got, code, "{args:?}: exit code; stderr: {stderr}");
-    assert_eq!(stdout, "", "{args:?}: stdout");
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
-        "{args:?}: a panic: {stderr}"
-    );
-    let msg = stderr
-        .strip_prefix("error: ")
-        .unwrap_or_else(|| panic!("{args:?}: stderr does not start with `error: `: {stderr:?}"));
-    let msg = msg
-        .strip_suffix('\n')
-        .unwrap_or_else(|| panic!("{args:?}: no final newline: {stderr:?}"));
-    assert!(
-        !msg.contains('\n'),
-        "{args:?}: more than one line: {stderr:?}"
-    );
-    assert!(msg.contains(expect), "{args:?}: {msg:?} lacks {expect:?}");
-    msg.to_string()
-}
+use crate::support::{check_bad_input, check_error, run, run_json, scratch, trainplan};
 
 /// A directory under the system temp dir, unique to this process and test, removed on drop.
 struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(test: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("trainplan-it-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+        TempDir(scratch(test))
     }
     fn path(&self) -> &Path {
         &self.0

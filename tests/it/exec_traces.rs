@@ -1,12 +1,12 @@
 //! `trainplan replay --trace FILE.et`: Chakra execution traces end to end — a hand-made stream
 //! replayed exactly, the real ResNet DDP trace, and broken files refused with exit 3.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use prost::Message;
 use trainplan::trace::chakra::{AttrValue, AttributeProto, GlobalMetadata, Node, NodeType};
 
-use crate::cli::{check_bad_input, run, run_json};
+use crate::support::{check_bad_input, run, run_json, write_tmp};
 
 fn attr(name: &str, value: AttrValue) -> AttributeProto {
     AttributeProto {
@@ -37,14 +37,6 @@ pub(crate) fn tiny_stream() -> Vec<u8> {
         n.encode_length_delimited(&mut out).unwrap();
     }
     out
-}
-
-fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainplan-it-et-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
 }
 
 #[test]

@@ -5,16 +5,9 @@
 
 use std::path::PathBuf;
 
-use crate::cli::{check_bad_input, run, run_json};
+use crate::support::{check_bad_input, run, run_json, scratch};
 
 const FRAMEWORKS: [&str; 5] = ["horovod", "xla", "byteps", "pytorch", "jax"];
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainplan-export-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// A quick ResNet-50 plan (batch 2 on the dPRO TCP testbed, 20 s budget).
 fn make_plan(dir: &std::path::Path) -> PathBuf {

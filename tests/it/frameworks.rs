@@ -28,7 +28,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::cli::run;
+use crate::support::{run, scratch};
 
 /// The venv's python, or `None` (with a message) when the registry cannot be reached.
 fn python() -> Option<PathBuf> {
@@ -60,13 +60,6 @@ fn python() -> Option<PathBuf> {
         }
     })
     .clone()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainplan-fw-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// `trainplan plan ARGS -o DIR/plan.yaml`, then `export --to TO`; the export folder.

@@ -20,7 +20,7 @@
 //! a trace file name (non-UTF-8 bytes included) with injections, `plan`, then `export`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use proptest::prelude::*;
@@ -30,6 +30,8 @@ use trainplan::plan::emit::escape::{env_line, parse_record_field};
 use trainplan::plan::emit::{Framework, emit};
 use trainplan::plan::{FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload};
 use trainplan::search::{Decision, StopReason, Strategy as SearchStrategy};
+
+use crate::support::{TINY_TRACE, scratch};
 
 /// Pieces of hostile names. Each would run `touch PWNED` (or corrupt a file) if it reached a
 /// Python file, a comment or a shell line unescaped.
@@ -57,13 +59,6 @@ const FRAGMENTS: [&str; 22] = [
     "#comment",
     "layer1.0.conv1",
 ];
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainplan-hostile-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn has(cmd: &str) -> bool {
     Command::new(cmd)
@@ -610,21 +605,10 @@ proptest! {
     }
 }
 
-/// A small complete Kineto trace (one step, one kernel behind a device synchronize).
-const TINY_TRACE: &str = r#"{"traceEvents":[
-{"ph":"X","cat":"user_annotation","name":"ProfilerStep#7","pid":1,"tid":1,"ts":0,"dur":100},
-{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":20,"dur":10,"args":{"correlation":1}},
-{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":25,"dur":50,"args":{"correlation":1,"stream":7}},
-{"ph":"s","cat":"ac2g","name":"ac2g","id":1,"pid":1,"tid":1,"ts":20},
-{"ph":"f","cat":"ac2g","name":"ac2g","id":1,"pid":0,"tid":7,"ts":25,"bp":"e"},
-{"ph":"X","cat":"cuda_runtime","name":"cudaDeviceSynchronize","pid":1,"tid":1,"ts":50,"dur":30,"args":{"correlation":2}}
-]}"#;
-
 /// `trainplan ARGS` in `dir`: (exit code, stderr).
 fn trainplan(dir: &Path, args: &[&std::ffi::OsStr]) -> (i32, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_trainplan"))
+    let o = crate::support::trainplan()
         .args(args)
-        .env_remove("RUST_LOG")
         .current_dir(dir)
         .output()
         .unwrap();

@@ -9,16 +9,11 @@
 //! Every run has a deadline: a hang fails the test instead of blocking the suite.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainplan-hin-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::support::scratch;
 
 /// Run the binary in `dir` with a 60 s deadline: (exit code, stdout, stderr). A run past the
 /// deadline is killed and fails the test (a hang).
@@ -30,10 +25,9 @@ fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
 /// `prlimit --as`), set in the child before it runs.
 fn run_limited(dir: &Path, args: &[&str], address_space: Option<u64>) -> (i32, String, String) {
     use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainplan"));
+    let mut cmd = crate::support::trainplan();
     cmd.args(args)
         .current_dir(dir)
-        .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use serde_json::Value;
 
-use super::cli::{check_bad_input, check_error, run, run_json};
+use crate::support::{check_bad_input, check_error, run, run_json};
 use trainplan::cost::config::{Dtype, load_gpu};
 use trainplan::lowerbound::{Analysis, PerfDb};
 use trainplan::onnx::{self, InferOptions};

@@ -35,6 +35,8 @@
 //!   rank, the steady-state period, host-bound steps.
 //! * [`trace_fuzz`]: mutated real and fixture traces through import, graph and replay: no panic,
 //!   and every error names the file; the inputs that once crashed, kept as regressions.
+//!
+//! [`support`] holds what they share: running the binary, scratch folders, the shared traces.
 
 /// Say why a test is skipped on the process's real stderr: libtest captures `eprintln!` and
 /// shows it only for a failing test, so a test that skipped (no `../shared`, no python3) looked
@@ -65,6 +67,7 @@ mod properties;
 mod safe_output;
 mod sharding;
 mod show;
+mod support;
 mod trace_bad_input;
 mod trace_fuzz;
 mod trace_multi;

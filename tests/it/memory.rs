@@ -4,18 +4,9 @@
 //! samples per micro-step in the search, `whatif` and every export, and a GPU config without its
 //! memory size.
 
-use std::path::PathBuf;
-
 use serde_json::Value;
 
-use super::cli::{check_bad_input, check_error, run, run_json};
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainplan-it-mem-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("a scratch folder");
-    d
-}
+use crate::support::{check_bad_input, check_error, run, run_json, scratch};
 
 fn u(v: &Value, k: &str) -> u64 {
     v[k].as_u64()

@@ -8,22 +8,15 @@
 //! 1e308 ms, a database entry of 1e300 ms) are refused instead of printed as `inf`.
 
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainplan-msg-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::support::scratch;
 
 /// (code, stdout bytes, stderr bytes), run in `dir`.
 fn run(dir: &std::path::Path, args: &[&std::ffi::OsStr]) -> (i32, Vec<u8>, Vec<u8>) {
-    let o = Command::new(env!("CARGO_BIN_EXE_trainplan"))
+    let o = crate::support::trainplan()
         .args(args)
         .current_dir(dir)
-        .env_remove("RUST_LOG")
         .output()
         .unwrap();
     (o.status.code().unwrap(), o.stdout, o.stderr)

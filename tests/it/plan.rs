@@ -3,19 +3,10 @@
 //! round-trips, errors and their exit codes (usage 2 without touching the output, bad pass 3,
 //! infeasible memory budget 4), and Ctrl-C (130 with the best plan so far written).
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use super::cli::{check_bad_input, check_error, run, run_json};
-
-/// A fresh scratch folder for one test.
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainplan-it-plan-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("a scratch folder");
-    d
-}
+use crate::support::{check_bad_input, check_error, run, run_json, scratch};
 
 const SMALL: [&str; 6] = ["plan", "--model", "resnet50", "--batch", "4", "--cluster"];
 

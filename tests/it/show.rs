@@ -9,14 +9,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::cli::{check_bad_input, run, run_json};
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainplan-it-show-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::support::{check_bad_input, run, run_json, scratch};
 
 /// A plan for ResNet-50 (batch 4) on one H200 server with `--framework fw`.
 fn plan(dir: &std::path::Path, fw: &str) -> (PathBuf, trainplan::plan::Plan) {

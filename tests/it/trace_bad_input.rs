@@ -4,9 +4,8 @@
 //! ignorable. The fixtures are made here from one small complete trace.
 
 use std::io::Write;
-use std::path::PathBuf;
 
-use crate::cli::{check_bad_input, run, run_json};
+use crate::support::{check_bad_input, run, run_json, write_tmp};
 
 /// A small complete trace, one event per line (event #k is on line k + 2): step 0–100 µs, one
 /// kernel behind a device synchronize.
@@ -31,14 +30,6 @@ fn gzip(b: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     e.write_all(b).unwrap();
     e.finish().unwrap()
-}
-
-fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainplan-it-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
 }
 
 /// `replay --trace` on `bytes` written as `name` exits 3 with one line naming the file and
@@ -313,7 +304,7 @@ fn not_replayable_traces_are_refused() {
         no_steps.as_bytes(),
         &["no iteration markers"],
     );
-    let Some(d) = crate::trace_replay::traces() else {
+    let Some(d) = crate::support::traces() else {
         return;
     };
     for r in [0, 1] {

@@ -1,13 +1,13 @@
 //! `trainplan replay --trace` with several ranks: matching collectives, "a collective ends when
 //! its last rank arrives", clock alignment, and the mismatches that must be refused (exit 3).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use trainplan::trace::KinetoTrace;
 use trainplan::trace::align::{AlignOptions, align};
 use trainplan::trace::multi::{collective_times, global_graph, rank_steps, replay_ranks};
 
-use crate::cli::{check_bad_input, run_json};
+use crate::support::{check_bad_input, run_json, shared_traces, write_tmp};
 
 /// One rank of a 2-rank job: a step of `len` µs from `t0`, one all-reduce launched at `t0 + 10`
 /// whose kernel runs `k0..k1` (recorded, including the wait for the other rank), then a
@@ -30,14 +30,6 @@ fn rank(r: u32, world: u32, t0: i64, len: i64, k0: i64, k1: i64, kernel: &str) -
 }
 
 const AR: &str = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)";
-
-fn write_tmp(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainplan-it-multi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
 
 /// Rank 0 starts at 0 and waits in the all-reduce (15–95 µs) for rank 1, which starts at 60 and
 /// arrives at 75; the transfer is rank 1's 20 µs. `skew` shifts rank 1's whole clock.
@@ -152,13 +144,7 @@ fn mismatched_ranks_are_refused() {
 }
 
 fn dlrm() -> Option<PathBuf> {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/multi-rank-dlrm");
-    if d.is_dir() {
-        Some(d)
-    } else {
-        crate::skip_note!("skipping: ../shared/traces is absent (the real-trace tests need it)");
-        None
-    }
+    shared_traces("multi-rank-dlrm")
 }
 
 #[test]
@@ -283,7 +269,7 @@ fn ranks_on_different_gpu_models_are_counted() {
         "gpus_r1.json",
         &with(rank(1, 2, 60, 40, 75, 95, AR), "Tesla V100-SXM2-32GB"),
     );
-    let (code, out, err) = crate::cli::run(&[
+    let (code, out, err) = crate::support::run(&[
         "replay",
         "--trace",
         a.to_str().unwrap(),
@@ -303,7 +289,7 @@ fn ranks_on_different_gpu_models_are_counted() {
         "gpus_r1b.json",
         &with(rank(1, 2, 60, 40, 75, 95, AR), "NVIDIA A100-SXM4-80GB"),
     );
-    let (code, _, err) = crate::cli::run(&[
+    let (code, _, err) = crate::support::run(&[
         "replay",
         "--trace",
         a.to_str().unwrap(),

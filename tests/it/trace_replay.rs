@@ -1,44 +1,7 @@
 //! `trainplan replay --trace`: one rank's Kineto trace replayed against its measured step, and
 //! the traces that must be refused (sampled, truncated, one file given twice) with exit 3.
 
-use std::path::{Path, PathBuf};
-
-use crate::cli::{check_bad_input, run, run_json};
-
-/// `../shared`, or `TRAINPLAN_TEST_SHARED` when set (the skip test points it at nothing).
-pub(crate) fn shared_dir() -> PathBuf {
-    std::env::var_os("TRAINPLAN_TEST_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
-}
-
-pub(crate) fn traces() -> Option<PathBuf> {
-    let d = shared_dir().join("traces/pytorch-kineto");
-    if d.is_dir() {
-        Some(d)
-    } else {
-        crate::skip_note!("skipping: ../shared/traces is absent (the real-trace tests need it)");
-        None
-    }
-}
-
-/// A small complete trace: step 0–100 µs, one kernel behind a device synchronize.
-const TINY: &str = r#"{"traceEvents":[
-{"ph":"X","cat":"user_annotation","name":"ProfilerStep#7","pid":1,"tid":1,"ts":0,"dur":100},
-{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":20,"dur":10,"args":{"correlation":1}},
-{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":25,"dur":50,"args":{"correlation":1,"stream":7}},
-{"ph":"s","cat":"ac2g","name":"ac2g","id":1,"pid":1,"tid":1,"ts":20},
-{"ph":"f","cat":"ac2g","name":"ac2g","id":1,"pid":0,"tid":7,"ts":25,"bp":"e"},
-{"ph":"X","cat":"cuda_runtime","name":"cudaDeviceSynchronize","pid":1,"tid":1,"ts":50,"dur":30,"args":{"correlation":2}}
-]}"#;
-
-fn write_tmp(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainplan-it-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
+use crate::support::{TINY_TRACE as TINY, check_bad_input, run, run_json, traces, write_tmp};
 
 /// Issue 27: a test that skips without `../shared` says so in `cargo test`'s output (libtest
 /// captured the `eprintln!`, so a skip looked like a pass). Runs this test binary again on one

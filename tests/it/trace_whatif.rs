@@ -12,8 +12,7 @@ use trainplan::graph::job::Job;
 use trainplan::passes::{self, Evaluated};
 use trainplan::trace::graph::{TraceJob, build_job};
 
-use crate::cli::{run, run_json};
-use crate::trace_replay::traces;
+use crate::support::{run, run_json, traces};
 
 fn kineto(name: &str) -> Option<PathBuf> {
     traces().map(|d| d.join(name))

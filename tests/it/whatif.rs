@@ -2,7 +2,7 @@
 //! fields, each built-in pass moving time and memory the way its cost model says, and bad input
 //! (unknown pass or knob, knob out of range, bad pass files) exiting 3 with one line.
 
-use crate::cli::{check_bad_input, check_error, run, run_json};
+use crate::support::{check_bad_input, check_error, run, run_json};
 
 const BERT: &[&str] = &[
     "--model",

@@ -24,10 +24,10 @@
 //! (`tests/frameworks/stubs/horovod`, checked signatures and argument rules) in
 //! `tests/frameworks/horovod_stub.py`.
 
-use super::pytorch::TORCH_HELPERS_PY;
+use super::torch_helpers::TORCH_HELPERS_PY;
 use super::{
-    EmitError, Emitted, Facts, comment_text, env_line, header, py_groups, py_ints, py_str,
-    unmapped_passes,
+    EmitError, Emitted, Facts, comment_text, env_line, header, names_doc, py_groups, py_ints,
+    py_str, unmapped_passes,
 };
 use crate::plan::Plan;
 
@@ -155,19 +155,6 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         ],
         notes,
     })
-}
-
-/// Whose names the plan uses, in words. Holds the plan's model name: for a `#` comment through
-/// [`comment_text`], never a docstring.
-pub(super) fn names_doc(plan: &Plan) -> String {
-    if plan.workload.names == "zoo" {
-        format!(
-            "the zoo's ({} in torchvision / Hugging Face naming); they match those models — for another model, plan from its trace",
-            plan.workload.model
-        )
-    } else {
-        "the trace's own parameter and operator names".into()
-    }
 }
 
 const HOROVOD_PY: &str = r#"

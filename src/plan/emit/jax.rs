@@ -22,9 +22,9 @@
 //!
 //! Checked against real JAX and optax on CPU in `tests/frameworks/jax_optax.py`.
 
-use super::horovod::names_doc;
 use super::{
-    EmitError, Emitted, Facts, comment_text, env_line, header, py_list, py_str, unmapped_passes,
+    EmitError, Emitted, Facts, comment_text, env_line, header, names_doc, py_list, py_str,
+    unmapped_passes,
 };
 use crate::plan::Plan;
 

@@ -35,6 +35,7 @@ pub mod escape;
 mod horovod;
 mod jax;
 mod pytorch;
+mod torch_helpers;
 mod xla;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -514,6 +515,19 @@ pub(crate) fn header(plan: &Plan, what: &str) -> String {
         crate::units::dur_ms(plan.predicted.planned.iteration_ms, 1),
         plan.predicted.speedup
     )
+}
+
+/// Whose names the plan uses, in words. Holds the plan's model name: for a `#` comment through
+/// [`comment_text`], never a docstring.
+pub(crate) fn names_doc(plan: &Plan) -> String {
+    if plan.workload.names == "zoo" {
+        format!(
+            "the zoo's ({} in torchvision / Hugging Face naming); they match those models — for another model, plan from its trace",
+            plan.workload.model
+        )
+    } else {
+        "the trace's own parameter and operator names".into()
+    }
 }
 
 /// Passes of the plan that `fw` has no knob for, as a note.

@@ -25,10 +25,9 @@
 //!
 //! Checked against real TensorFlow / Keras on CPU in `tests/frameworks/tf_keras.py`.
 
-use super::horovod::names_doc;
 use super::{
-    EmitError, Emitted, Facts, comment_text, env_line, header, py_list, py_str, split_member,
-    unmapped_passes,
+    EmitError, Emitted, Facts, comment_text, env_line, header, names_doc, py_list, py_str,
+    split_member, unmapped_passes,
 };
 use crate::plan::Plan;
 

@@ -74,10 +74,10 @@ use crate::cost::config::{Dtype, SyncScheme};
 use crate::cost::framework::{Exec, Framework, Math};
 use crate::graph::comm::{CommCost, CommSpec};
 use crate::graph::job::{Job, JobMeta, LocalGraph, LocalOp};
-use crate::graph::{OpId, OpKind, OpSpec, Phase};
+use crate::graph::{OpId, OpKind, OpSpec};
 
 use super::kineto::{Category, Event, Id, KinetoTrace, RuntimeCall};
-use super::work::WorkSource;
+pub use super::step::{StepWindow, TraceCollective, TraceJob};
 
 mod crossthread;
 mod launches;
@@ -104,68 +104,6 @@ pub enum TraceGraphError {
     NoStep { name: String, what: String },
     #[error("{name}: {message}")]
     Invalid { name: String, message: String },
-}
-
-/// One iteration window of a trace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepWindow {
-    /// `ProfilerStep#N` or `Optimizer.step iteration i`.
-    pub label: String,
-    /// `N` of `ProfilerStep#N`, or the iteration index `i` (1-based) between Optimizer.step ends.
-    pub number: u64,
-    pub start_ns: i64,
-    pub end_ns: i64,
-    /// The CPU thread the marker is on (pid, tid).
-    pub pid: Id,
-    pub tid: Id,
-    /// Launched GPU work and every launch's GPU activity is in the file.
-    pub complete: bool,
-}
-
-impl StepWindow {
-    pub fn measured_ns(&self) -> u64 {
-        (self.end_ns - self.start_ns).max(0) as u64
-    }
-}
-
-/// A job built from one iteration of a trace.
-#[derive(Clone, Debug)]
-pub struct TraceJob {
-    /// The job; `job.meta.trace` holds what the trace says about it ([`TraceFacts`]).
-    ///
-    /// [`TraceFacts`]: crate::graph::job::TraceFacts
-    pub job: Job,
-    pub window: StepWindow,
-    /// Local op marking the end of the step on the step's thread: its replayed end is the
-    /// predicted step time.
-    pub step_end: OpId,
-    /// Recorded start of each local op, ns from the window's start (a blocking call's wait op:
-    /// the call's start).
-    pub recorded_start_ns: Vec<i64>,
-    /// The trace event each local op came from (`None` for gaps and markers).
-    pub op_event: Vec<Option<usize>>,
-    /// How each local op's work is known (shapes, kernel name, none).
-    pub work_source: Vec<WorkSource>,
-    /// The step's NCCL/RCCL kernels in stream order: the collectives other ranks must match.
-    pub collectives: Vec<TraceCollective>,
-    /// Collectives whose duration was re-derived because their peers are absent (see
-    /// [`super::peers`]).
-    pub peer_waits: usize,
-    /// Ignorable oddities met while building.
-    pub warnings: Vec<String>,
-}
-
-/// One recorded collective kernel of a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TraceCollective {
-    /// Its `Collective` op in the job's local graph.
-    pub op: OpId,
-    /// Index of the kernel event in the trace's `traceEvents`.
-    pub event: usize,
-    pub name: String,
-    /// Recorded start and duration on the trace's own clock (ns).
-    pub start_ns: i64,
-    pub dur_ns: u64,
 }
 
 pub(crate) fn is_cpu(e: &Event) -> bool {
@@ -317,20 +255,6 @@ pub fn pick_step(
             }),
     }
 }
-/// Phase implied by an event's name, if any.
-pub(crate) fn name_phase(name: &str) -> Option<Phase> {
-    if name.starts_with("Optimizer.step") {
-        Some(Phase::Update)
-    } else if name.starts_with("Optimizer.zero_grad") {
-        // Before the forward, once per iteration: not the update (whose ops an optimizer pass
-        // fuses), nor part of a micro-step.
-        Some(Phase::Other)
-    } else if name.starts_with("autograd::engine::evaluate_function") || name.contains("Backward") {
-        Some(Phase::Bw)
-    } else {
-        None
-    }
-}
 /// The job under construction, with what the stages need to know about its ops.
 #[derive(Default)]
 pub(crate) struct Builder {
@@ -386,7 +310,7 @@ pub fn build_job(
 pub(crate) enum Peers {
     /// One rank alone: its collectives wait for peers as recorded.
     Absent,
-    /// Every rank's trace is built into one graph (`super::multi`): the barrier models them.
+    /// Every rank's trace is built into one graph (the `multi` module): the barrier models them.
     Present,
 }
 
@@ -627,7 +551,7 @@ pub fn replay_step(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::graph::DeviceKind;
+    use crate::graph::{DeviceKind, Phase};
     use crate::replay::replay;
     use std::path::{Path, PathBuf};
 

@@ -14,7 +14,8 @@
 use std::collections::BTreeMap;
 
 use super::super::kineto::{Category, Event, Id, RuntimeCall};
-use super::{Builder, StepWindow, is_cpu, launches_gpu, name_phase, ns};
+use super::super::phase::name_phase;
+use super::{Builder, StepWindow, is_cpu, launches_gpu, ns};
 use crate::graph::{DeviceKind, NONE, OpId, OpKind, OpSpec, Phase};
 
 /// The step's CPU threads (the step marker's process only): thread → its events in the window,
