@@ -776,7 +776,7 @@ fn write_plan(a: &PlanArgs, plan: &Plan, svg_path: &std::path::Path) -> Result<(
         w.write_all(plan.to_yaml().as_bytes())
     })?;
     report::write_file(svg_path, "the plan's picture to", |w| {
-        w.write_all(crate::plan::svg::waterfall(&plan).as_bytes())
+        w.write_all(crate::plan::svg::waterfall(plan).as_bytes())
     })
 }
 

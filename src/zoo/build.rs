@@ -337,7 +337,7 @@ fn backward_op(model: &Model, i: usize, elem: u64, cost: &dyn Fn(&OpWork) -> u64
 
 /// Whether the `n`th tensor of the update opens a new multi-tensor launch.
 fn opens_launch(n: usize) -> bool {
-    n % FOREACH_TENSORS_PER_LAUNCH == 0
+    n.is_multiple_of(FOREACH_TENSORS_PER_LAUNCH)
 }
 
 /// The update of the `n`th gradient tensor. The update is the optimizer's multi-tensor
