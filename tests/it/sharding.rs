@@ -2,7 +2,7 @@
 //! fit one V100 with DDP fits once its states are sharded, and what cannot shard exits 3 with
 //! the reason.
 
-use crate::cli::{check_bad_input, run_json};
+use crate::support::{check_bad_input, run_json};
 
 /// A 1.8 B-parameter GPT (16 layers, hidden 3072) at batch 1: FP32 Adam's 16 bytes per
 /// parameter alone are 29 GB per GPU under DDP.
