@@ -160,8 +160,42 @@ pub fn unit_of(layer: &str) -> &str {
     ""
 }
 
-/// `job` sharded as `s` says.
+/// `job` sharded as `s` says: checked, then its static memory, optimizer step, gradient
+/// collectives and parameter gathers rebuilt in turn.
 pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
+    let g = shard_group_size(job, s)?;
+    let mut j = job.clone();
+    let virt = virtual_device(&mut j);
+    let params: u64 = job.local.tensors.iter().map(|t| t.bytes).sum();
+    j.local.static_mem_bytes = sharded_static_bytes(job, s.stage, g, params);
+    let updates = shard_update_step(&mut j, g);
+    let shard_group = Group { size: g, stride: 1 };
+    let grads = gradient_syncs(&mut j, job, s, g, virt);
+    j.syncs = if s.stage >= 3 {
+        let units = units(job);
+        if units.is_empty() {
+            return Err(not_applicable(
+                "no layer holds parameters: nothing to gather".into(),
+            ));
+        }
+        let gathers = gather_units(&mut j, &units, s, virt, shard_group);
+        in_issue_order(job, &units, gathers, grads, s.prefetch)
+    } else {
+        let mut syncs = grads;
+        syncs.push(gather_after_update(
+            &mut j,
+            &updates,
+            params,
+            shard_group,
+            virt,
+        ));
+        syncs
+    };
+    Ok(j)
+}
+
+/// The shard group's size, or why the job cannot be sharded as asked.
+fn shard_group_size(job: &Job, s: Sharding) -> Result<u32, PassError> {
     let n = job.workers;
     if n < 2 {
         return Err(not_applicable(
@@ -199,28 +233,35 @@ pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
             "the job has no gradient synchronisation".into(),
         ));
     }
-    let mut j = job.clone();
-    let virt = virtual_device(&mut j);
-    let l = &job.local;
-    let params: u64 = l.tensors.iter().map(|t| t.bytes).sum();
-    let states = l.static_mem_bytes.saturating_sub(params);
-    j.local.static_mem_bytes = if s.stage >= 3 {
-        params.div_ceil(u64::from(g)) + states.div_ceil(u64::from(g))
+    Ok(g)
+}
+
+/// Static bytes per rank: the optimizer state (and the master weights) as 1/g shards; the
+/// weights too at stage 3 (ZeRO §5.1).
+fn sharded_static_bytes(job: &Job, stage: u32, g: u32, params: u64) -> u64 {
+    let states = job.local.static_mem_bytes.saturating_sub(params);
+    let g = u64::from(g);
+    if stage >= 3 {
+        params.div_ceil(g) + states.div_ceil(g)
     } else {
-        params + states.div_ceil(u64::from(g))
-    };
-    // The optimizer step runs on the shard.
+        params + states.div_ceil(g)
+    }
+}
+
+/// The optimizer step runs on the shard: its GPU kernels take 1/g of their time and work.
+/// Returns them.
+fn shard_update_step(j: &mut Job, g: u32) -> Vec<OpId> {
+    let l = &j.local;
     let updates: Vec<OpId> = (0..l.ops.len() as OpId)
         .filter(|&o| {
             let sp = &l.ops[o as usize].spec;
-            sp.phase == Phase::Update && !is_virtual(sp.kind) && sp.kind != OpKind::CpuOther
-        })
-        .filter(|&o| {
-            let sp = &l.ops[o as usize].spec;
-            matches!(
-                l.devices.get(sp.device as usize),
-                Some(DeviceKind::GpuStream { .. })
-            )
+            sp.phase == Phase::Update
+                && !is_virtual(sp.kind)
+                && sp.kind != OpKind::CpuOther
+                && matches!(
+                    l.devices.get(sp.device as usize),
+                    Some(DeviceKind::GpuStream { .. })
+                )
         })
         .collect();
     for &u in &updates {
@@ -234,96 +275,109 @@ pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
             w.weight_elems *= f;
         }
     }
+    updates
+}
+
+/// The gradient collectives: all-reduces at stage 1; reduce-scatters from stage 2, each
+/// freeing all but the rank's 1/g of its gradient once done, then (HSDP) an all-reduce of that
+/// shard across the replicas.
+fn gradient_syncs(j: &mut Job, job: &Job, s: Sharding, g: u32, virt: u32) -> Vec<Sync> {
     let shard_group = Group { size: g, stride: 1 };
     let replica_group = Group {
         size: s.replicas,
         stride: g,
     };
-    // Gradients: reduce-scatter (stage >= 2), then HSDP's all-reduce of the shard.
-    let mut grad_syncs = Vec::with_capacity(job.syncs.len());
+    let mut out = Vec::with_capacity(job.syncs.len());
     for sy in &job.syncs {
         if s.stage == 1 {
-            grad_syncs.push(sy.clone());
+            out.push(sy.clone());
             continue;
         }
         let kept = sy.bytes / u64::from(g);
-        if s.replicas > 1 {
-            let mid = push_op(&mut j, OpKind::In, Phase::Comm, virt, NONE);
-            grad_syncs.push(Sync {
-                kind: CollectiveKind::ReduceScatter,
-                group: shard_group,
-                done: vec![mid],
-                ..sy.clone()
-            });
-            free_at_end(&mut j, mid, sy.bytes - kept);
-            grad_syncs.push(Sync {
-                kind: CollectiveKind::AllReduce,
-                group: replica_group,
-                bytes: kept.max(1),
-                ready: vec![mid],
-                ..sy.clone()
-            });
-        } else {
-            grad_syncs.push(Sync {
-                kind: CollectiveKind::ReduceScatter,
-                group: shard_group,
-                ..sy.clone()
-            });
-            if let Some(&d) = sy.done.first() {
-                free_at_end(&mut j, d, sy.bytes - kept);
-            }
-        }
-    }
-    let mut syncs = Vec::new();
-    if s.stage >= 3 {
-        let units = units(job);
-        if units.is_empty() {
-            return Err(not_applicable(
-                "no layer holds parameters: nothing to gather".into(),
-            ));
-        }
-        let plan = gather_units(&mut j, &units, s, virt, shard_group);
-        syncs.extend(plan.forward);
-        // Backward gathers go before the first gradient collective of the unit they must
-        // precede (prefetch: of the unit after it), in issue order.
-        let mut bw: Vec<(usize, Sync)> = plan.backward;
-        for sy in grad_syncs {
-            let unit_here = sy
-                .tensors
-                .iter()
-                .filter_map(|&t| l.tensors.get(t as usize))
-                .map(|t| unit_index(&units, l, t.layer))
-                .max();
-            while let Some((u, _)) = bw.first() {
-                let due = unit_here.is_some_and(|h| h <= u + s.prefetch.max(1) as usize);
-                if !due {
-                    break;
-                }
-                syncs.push(bw.remove(0).1);
-            }
-            syncs.push(sy);
-        }
-        syncs.extend(bw.into_iter().map(|(_, sy)| sy));
-    } else {
-        syncs.extend(grad_syncs);
-        // The updated shards are gathered back into whole parameters after the step.
-        let done = push_op(&mut j, OpKind::In, Phase::Update, virt, NONE);
-        let ready = push_op(&mut j, OpKind::Out, Phase::Update, virt, NONE);
-        for &u in &updates {
-            j.local.edges.push((u, ready));
-        }
-        syncs.push(Sync {
-            tensors: (0..l.tensors.len() as u32).collect(),
-            bytes: params.max(1),
-            partitions: 1,
-            kind: CollectiveKind::AllGather,
+        let scatter = Sync {
+            kind: CollectiveKind::ReduceScatter,
             group: shard_group,
-            ready: vec![ready],
-            done: vec![done],
+            ..sy.clone()
+        };
+        if s.replicas == 1 {
+            if let Some(&d) = sy.done.first() {
+                free_at_end(j, d, sy.bytes - kept);
+            }
+            out.push(scatter);
+            continue;
+        }
+        let mid = push_op(j, OpKind::In, Phase::Comm, virt, NONE);
+        free_at_end(j, mid, sy.bytes - kept);
+        out.push(Sync {
+            done: vec![mid],
+            ..scatter
+        });
+        out.push(Sync {
+            kind: CollectiveKind::AllReduce,
+            group: replica_group,
+            bytes: kept.max(1),
+            ready: vec![mid],
+            ..sy.clone()
         });
     }
-    j.syncs = syncs;
-    Ok(j)
+    out
+}
+
+/// Stage 3's collectives in issue order: the forward gathers, then the gradient collectives
+/// with each backward gather placed before the first gradient collective of the unit it must
+/// precede (with prefetch, of the unit `prefetch` after it).
+fn in_issue_order(
+    job: &Job,
+    units: &[Unit],
+    gathers: Gathers,
+    grads: Vec<Sync>,
+    prefetch: u32,
+) -> Vec<Sync> {
+    let l = &job.local;
+    let mut syncs = gathers.forward;
+    let mut bw: std::collections::VecDeque<(usize, Sync)> = gathers.backward.into();
+    for sy in grads {
+        let unit_here = sy
+            .tensors
+            .iter()
+            .filter_map(|&t| l.tensors.get(t as usize))
+            .map(|t| unit_index(units, l, t.layer))
+            .max();
+        while let Some((u, _)) = bw.front() {
+            let due = unit_here.is_some_and(|h| h <= u + prefetch.max(1) as usize);
+            if !due {
+                break;
+            }
+            syncs.extend(bw.pop_front().map(|(_, s)| s));
+        }
+        syncs.push(sy);
+    }
+    syncs.extend(bw.into_iter().map(|(_, sy)| sy));
+    syncs
+}
+
+/// Stages 1 and 2: the updated shards are gathered back into whole parameters after the step.
+fn gather_after_update(
+    j: &mut Job,
+    updates: &[OpId],
+    params: u64,
+    group: Group,
+    virt: u32,
+) -> Sync {
+    let done = push_op(j, OpKind::In, Phase::Update, virt, NONE);
+    let ready = push_op(j, OpKind::Out, Phase::Update, virt, NONE);
+    for &u in updates {
+        j.local.edges.push((u, ready));
+    }
+    Sync {
+        tensors: (0..j.local.tensors.len() as u32).collect(),
+        bytes: params.max(1),
+        partitions: 1,
+        kind: CollectiveKind::AllGather,
+        group,
+        ready: vec![ready],
+        done: vec![done],
+    }
 }
 
 fn is_virtual(k: OpKind) -> bool {
