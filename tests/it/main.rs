@@ -50,6 +50,7 @@ macro_rules! skip_note {
 pub(crate) use skip_note;
 
 mod cli;
+mod code_shape;
 mod exec_traces;
 mod export;
 mod fidelity;
