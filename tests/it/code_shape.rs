@@ -113,9 +113,6 @@ fn no_two_files_import_each_other() {
     let mut deps: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for (m, path) in &files {
         let text = non_test_lines(&std::fs::read_to_string(path).unwrap()).join("\n");
-        let is_mod_rs = path
-            .file_name()
-            .is_some_and(|f| f == "mod.rs" || f == "lib.rs");
         let here: Vec<&str> = if m.is_empty() {
             Vec::new()
         } else {
