@@ -460,6 +460,39 @@ fn report(
     print!("{summary}");
 }
 
+/// A summary line of errors: rows, mean and max |error|, how many within 10 %.
+fn error_line(label: &str, v: &[&Result_]) -> String {
+    let within = v.iter().filter(|r| err(r).abs() <= 10.0).count();
+    format!(
+        "| {label} | {} | {:.1}% | {:.1}% | {within} of {} within 10 % | |\n",
+        v.len(),
+        v.iter().map(|r| err(r).abs()).sum::<f64>() / v.len() as f64,
+        v.iter().map(|r| err(r).abs()).fold(0.0, f64::max),
+        v.len()
+    )
+}
+
+/// A summary line of facts (right or wrong): how many are right, the first wrong ones.
+fn facts_line(label: &str, v: &[&Result_]) -> String {
+    let right = v.iter().filter(|r| r.predicted == r.measured).count();
+    let wrong: Vec<&str> = v
+        .iter()
+        .filter(|r| r.predicted != r.measured)
+        .map(|r| r.id.as_str())
+        .take(3)
+        .collect();
+    format!(
+        "| {label} | {} | {right} of {} right | {} | | |\n",
+        v.len(),
+        v.len(),
+        if wrong.is_empty() {
+            String::new()
+        } else {
+            format!("wrong: {}", wrong.join(", "))
+        }
+    )
+}
+
 /// The summary's lines for the sharded runs (ZeRO, FSDP; never fitted on).
 fn sharded_rows(results: &[Result_]) -> String {
     let pick = |kind: &str| -> Vec<&Result_> {
@@ -477,18 +510,9 @@ fn sharded_rows(results: &[Result_]) -> String {
         ("memory", "sharded runs: peak memory"),
     ] {
         let v = pick(kind);
-        if v.is_empty() {
-            continue;
+        if !v.is_empty() {
+            s.push_str(&error_line(label, &v));
         }
-        let within = v.iter().filter(|r| err(r).abs() <= 10.0).count();
-        let _ = writeln!(
-            s,
-            "| {label} | {} | {:.1}% | {:.1}% | {within} of {} within 10 % | |",
-            v.len(),
-            v.iter().map(|r| err(r).abs()).sum::<f64>() / v.len() as f64,
-            v.iter().map(|r| err(r).abs()).fold(0.0, f64::max),
-            v.len()
-        );
     }
     for (kind, want, label) in [
         (
@@ -511,27 +535,9 @@ fn sharded_rows(results: &[Result_]) -> String {
             .into_iter()
             .filter(|r| r.measured == want)
             .collect();
-        if v.is_empty() {
-            continue;
+        if !v.is_empty() {
+            s.push_str(&facts_line(label, &v));
         }
-        let wrong: Vec<&str> = v
-            .iter()
-            .filter(|r| r.predicted != r.measured)
-            .map(|r| r.id.as_str())
-            .take(3)
-            .collect();
-        let _ = writeln!(
-            s,
-            "| {label} | {} | {} of {} right | {} | | |",
-            v.len(),
-            v.len() - v.iter().filter(|r| r.predicted != r.measured).count(),
-            v.len(),
-            if wrong.is_empty() {
-                String::new()
-            } else {
-                format!("wrong: {}", wrong.join(", "))
-            }
-        );
     }
     s
 }
@@ -740,15 +746,10 @@ fn summary_table(results: &[Result_]) -> String {
         .filter(|r| r.kind == "memory" && !matches!(r.split, Split::Check | Split::Sharded))
         .collect();
     if !mem.is_empty() {
-        let within = mem.iter().filter(|r| err(r).abs() <= 10.0).count();
-        let _ = writeln!(
-            s,
-            "| peak memory, sources no memory constant was fitted on | {} | {:.1}% | {:.1}% | {within} of {} within 10 % | |",
-            mem.len(),
-            mem.iter().map(|r| err(r).abs()).sum::<f64>() / mem.len() as f64,
-            mem.iter().map(|r| err(r).abs()).fold(0.0, f64::max),
-            mem.len()
-        );
+        s.push_str(&error_line(
+            "peak memory, sources no memory constant was fitted on",
+            &mem,
+        ));
     }
     for (kind, want, label) in [
         (
@@ -771,24 +772,7 @@ fn summary_table(results: &[Result_]) -> String {
             .iter()
             .filter(|r| r.kind == kind && r.measured == want && r.split != Split::Sharded)
             .collect();
-        let right = v.iter().filter(|r| r.predicted == r.measured).count();
-        let wrong: Vec<&str> = v
-            .iter()
-            .filter(|r| r.predicted != r.measured)
-            .map(|r| r.id.as_str())
-            .take(3)
-            .collect();
-        let _ = writeln!(
-            s,
-            "| {label} | {} | {right} of {} right | {} | | |",
-            v.len(),
-            v.len(),
-            if wrong.is_empty() {
-                String::new()
-            } else {
-                format!("wrong: {}", wrong.join(", "))
-            }
-        );
+        s.push_str(&facts_line(label, &v));
     }
     s.push_str(&sharded_rows(results));
     let dpro: Vec<&Result_> = results

@@ -397,9 +397,15 @@ impl CommTopology {
             return;
         }
         match self.scheme {
-            SyncScheme::Ring if self.is_symmetric() => {
-                self.ring_quotient(b, tensor, bytes, ready[0], done[0])
-            }
+            SyncScheme::Ring if self.is_symmetric() => self.group_ring_quotient(
+                b,
+                CollectiveKind::AllReduce,
+                Group::ALL,
+                tensor,
+                bytes,
+                ready[0],
+                done[0],
+            ),
             SyncScheme::Ring => self.ring(b, tensor, bytes, ready, done),
             SyncScheme::Tree => self.tree(b, tensor, bytes, ready, done),
             SyncScheme::Ps => self.ps(b, tensor, bytes, ready, done),
@@ -558,37 +564,6 @@ impl CommTopology {
             .unwrap_or(0);
         let mut prev = ready;
         for s in 0..kind.ring_steps(k) {
-            let send = b.add_op(self.comm_op(OpKind::Send, self.ring_links[0], tensor, s, dur));
-            b.add_edge(prev, send);
-            if s == 0 && self.last[0] != NONE {
-                b.add_edge(self.last[0], send);
-            }
-            let r = b.add_op(self.comm_op(OpKind::Recv, self.comm_stream[0], tensor, s, 0));
-            b.add_edge(send, r);
-            prev = r;
-        }
-        b.add_edge(prev, done);
-        self.last[0] = prev;
-    }
-
-    fn ring_quotient(
-        &mut self,
-        b: &mut DfgBuilder,
-        tensor: TensorId,
-        bytes: u64,
-        ready: OpId,
-        done: OpId,
-    ) {
-        let n = self.n;
-        let chunk = bytes as f64 / n as f64;
-        let dur = self
-            .quotient_hops
-            .iter()
-            .map(|&c| ns(self.cost.link(c).time_ns(chunk)))
-            .max()
-            .unwrap_or(0);
-        let mut prev = ready;
-        for s in 0..2 * (n - 1) {
             let send = b.add_op(self.comm_op(OpKind::Send, self.ring_links[0], tensor, s, dur));
             b.add_edge(prev, send);
             if s == 0 && self.last[0] != NONE {

@@ -2269,7 +2269,12 @@ mod tests {
                 "{f}"
             );
         }
+    }
 
+    #[test]
+    fn real_ddp_trace_metadata_and_collectives() {
+        let Some(dir) = traces_dir() else { return };
+        let d = dir.join("pytorch-kineto");
         let t = read_kineto(&d.join("resnet50_ddp_a100_rank0of2.json.gz")).unwrap();
         let dist = t.distributed.as_ref().unwrap();
         assert_eq!((dist.rank, dist.world_size), (Some(0), Some(2)));
@@ -2301,7 +2306,12 @@ mod tests {
             .find(|e| e.cat == Category::UserAnnotation && e.profiler_step() == Some(4))
             .unwrap();
         assert_eq!(step4.dur_ns, 222_442_191);
+    }
 
+    #[test]
+    fn real_rocm_ns_and_sampled_traces() {
+        let Some(dir) = traces_dir() else { return };
+        let d = dir.join("pytorch-kineto");
         let t = read_kineto(&d.join("toy_train_mi250_rocm.json.gz")).unwrap();
         let rt: Vec<_> = t
             .events
