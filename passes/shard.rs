@@ -15,12 +15,22 @@
 //! groups (stride `g`). The optimizer step runs on the shard: its kernels take 1/g of the time.
 //!
 //! ```text
-//! stage 3, unit u (prefetch p):
-//!   gathered(u−p) ─► issue(u) ═ all-gather(unit u's params) ═► gathered(u) ─► FW ops of u ─► release(u)
-//!   issue(u) allocates the unsharded parameters (bytes of the unit), release(u) frees them
-//!   (reshard=1: after the forward, and again around the backward; reshard=0: after the backward)
+//! stage 3, region r of unit u (prefetch p):
+//!   gathered(r−p) + first op of r−p done ─► issue(r) ═ all-gather(u's params) ═► gathered(r)
+//!   ─► ops of r ─► release(r)
+//!   issue(r) allocates the unsharded parameters (bytes of the unit), release(r) frees them
 //! ```
 //!
+//! **Regions** (one gather each): walking the forward and backward compute ops in one
+//! topological order, a unit's forward run is a region, and its backward from the first
+//! backward op (or recomputed forward: FSDP does not reshard after a forward run inside the
+//! backward) to the last is one; every micro-step gathers again (FSDP's pre-forward and
+//! pre-backward hooks). With `reshard=0`, and always for the root unit, one region runs from
+//! the unit's forward to the end of its backward. So the pass composes with `recompute` and
+//! `grad-accumulation` applied before or after it. Collectives are issued in the order of
+//! what lets each start (positions in that topological order), which keeps the comm stream
+//! acyclic with the compute it feeds.
+
 //! **Units** (what FSDP wraps): a layer belongs to the unit named by its path up to the first
 //! all-digit component (`bert.encoder.layer.3`, `transformer.h.11`, `layer3.1`): one unit per
 //! transformer block or residual block, FSDP2's usual policy; layers without such a component
@@ -178,8 +188,10 @@ pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
                 "no layer holds parameters: nothing to gather".into(),
             ));
         }
-        let gathers = gather_units(&mut j, &units, s, virt, shard_group);
-        in_issue_order(job, &units, gathers, grads, s.prefetch)
+        let pos = topo_positions(job);
+        let regions = regions(job, &units, &pos, s.reshard);
+        let gathers = gather_regions(&mut j, &units, &regions, s, virt, shard_group, &pos);
+        stage3_order(job, &pos, gathers, grads)
     } else {
         let mut syncs = grads;
         syncs.push(gather_after_update(
@@ -323,39 +335,6 @@ fn gradient_syncs(j: &mut Job, job: &Job, s: Sharding, g: u32, virt: u32) -> Vec
     out
 }
 
-/// Stage 3's collectives in issue order: the forward gathers, then the gradient collectives
-/// with each backward gather placed before the first gradient collective of the unit it must
-/// precede (with prefetch, of the unit `prefetch` after it).
-fn in_issue_order(
-    job: &Job,
-    units: &[Unit],
-    gathers: Gathers,
-    grads: Vec<Sync>,
-    prefetch: u32,
-) -> Vec<Sync> {
-    let l = &job.local;
-    let mut syncs = gathers.forward;
-    let mut bw: std::collections::VecDeque<(usize, Sync)> = gathers.backward.into();
-    for sy in grads {
-        let unit_here = sy
-            .tensors
-            .iter()
-            .filter_map(|&t| l.tensors.get(t as usize))
-            .map(|t| unit_index(units, l, t.layer))
-            .max();
-        while let Some((u, _)) = bw.front() {
-            let due = unit_here.is_some_and(|h| h <= u + prefetch.max(1) as usize);
-            if !due {
-                break;
-            }
-            syncs.extend(bw.pop_front().map(|(_, s)| s));
-        }
-        syncs.push(sy);
-    }
-    syncs.extend(bw.into_iter().map(|(_, sy)| sy));
-    syncs
-}
-
 /// Stages 1 and 2: the updated shards are gathered back into whole parameters after the step.
 fn gather_after_update(
     j: &mut Job,
@@ -465,114 +444,169 @@ pub fn units(job: &Job) -> Vec<Unit> {
     v
 }
 
-fn unit_index(units: &[Unit], l: &crate::graph::job::LocalGraph, layer: u32) -> usize {
-    let name = l.layers.get(layer as usize).map_or("", |s| unit_of(s));
-    units.iter().position(|u| u.name == name).unwrap_or(0)
+/// One gather of a unit's parameters: the unit, and the compute ops that use them, in
+/// topological order. The unit is gathered before the first and released after the last.
+struct Region {
+    unit: usize,
+    ops: Vec<OpId>,
+    /// Its parameters stay gathered from its forward to the end of its backward (the root
+    /// unit, or any unit with `reshard=0`).
+    held: bool,
 }
 
-struct Gathers {
-    forward: Vec<Sync>,
-    /// (unit index, its backward all-gather), in backward order.
-    backward: Vec<(usize, Sync)>,
+/// Every op's position in one topological order of the local graph (ties by id, so the order
+/// is the program order wherever the graph leaves a choice).
+fn topo_positions(job: &Job) -> Vec<usize> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let n = job.local.ops.len();
+    let succs = job.local_succs();
+    let mut indeg = vec![0usize; n];
+    for s in &succs {
+        for &t in s {
+            indeg[t as usize] += 1;
+        }
+    }
+    let mut ready: BinaryHeap<Reverse<OpId>> = (0..n as OpId)
+        .filter(|&o| indeg[o as usize] == 0)
+        .map(Reverse)
+        .collect();
+    let mut pos = vec![usize::MAX; n];
+    let mut next = 0;
+    while let Some(Reverse(o)) = ready.pop() {
+        pos[o as usize] = next;
+        next += 1;
+        for &t in &succs[o as usize] {
+            indeg[t as usize] -= 1;
+            if indeg[t as usize] == 0 {
+                ready.push(Reverse(t));
+            }
+        }
+    }
+    pos
 }
 
-/// Stage 3's per-unit all-gathers and the virtual ops that hold their memory.
-fn gather_units(j: &mut Job, units: &[Unit], s: Sharding, virt: u32, group: Group) -> Gathers {
-    let ops_of = |j: &Job, u: &Unit, phase: Phase| -> Vec<OpId> {
-        j.local
-            .ops
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| {
-                o.spec.phase == phase
-                    && o.spec.kind == OpKind::Compute
-                    && u.layers.contains(&o.spec.layer)
-            })
-            .map(|(i, _)| i as OpId)
-            .collect()
-    };
+/// The gathers stage 3 needs, in execution order. Walking the forward and backward compute
+/// ops in topological order, a region is a run of ops of one unit: a forward, a backward, a
+/// recomputed forward with the backward that follows it, and each micro-step's again (FSDP
+/// gathers on every forward and backward pre-hook). A held unit's region runs from a forward
+/// to the end of the backward after it.
+fn regions(job: &Job, units: &[Unit], pos: &[usize], reshard: bool) -> Vec<Region> {
+    let l = &job.local;
+    let unit_of_layer: BTreeMap<u32, usize> = units
+        .iter()
+        .enumerate()
+        .flat_map(|(i, u)| u.layers.iter().map(move |&layer| (layer, i)))
+        .collect();
+    let mut ops: Vec<(usize, OpId, usize)> = l
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| {
+            o.spec.kind == OpKind::Compute && matches!(o.spec.phase, Phase::Fw | Phase::Bw)
+        })
+        .filter_map(|(i, o)| Some((pos[i], i as OpId, *unit_of_layer.get(&o.spec.layer)?)))
+        .collect();
+    ops.sort_unstable();
+    let mut out: Vec<Region> = Vec::new();
+    // Regions open until a fresh forward of their unit after their backward: a held unit's
+    // (from its forward), and every unit's backward (from its first backward op or recomputed
+    // forward: FSDP reshards a unit after its whole backward, and not after a forward run
+    // inside the backward); each with whether it has reached a backward op.
+    let mut open: BTreeMap<usize, (usize, bool)> = BTreeMap::new();
+    // Per layer: whether its last op was a forward, the backward ops seen by then, and
+    // whether it was a recomputation.
+    let mut last: BTreeMap<u32, (bool, usize, bool)> = BTreeMap::new();
+    let mut bw_seen = 0;
+    // The forward run of the op before (a run ends where another unit's op comes).
+    let mut run: Option<usize> = None;
+    for (_, op, u) in ops {
+        let held = !reshard || units[u].name.is_empty();
+        let spec = &l.ops[op as usize].spec;
+        let bw = spec.phase == Phase::Bw;
+        // A layer's forward after its own forward with a backward between (or after its
+        // recomputed forward op: a layer may have several): a recomputation.
+        let rerun = !bw
+            && last
+                .get(&spec.layer)
+                .is_some_and(|&(fw, seen, was)| fw && (seen < bw_seen || was));
+        last.insert(spec.layer, (!bw, bw_seen, rerun));
+        bw_seen += usize::from(bw);
+        let fresh = !bw && !rerun;
+        if let Some(&(r, seen_bw)) = open.get(&u) {
+            if !(fresh && seen_bw) {
+                open.insert(u, (r, seen_bw || bw));
+                out[r].ops.push(op);
+                run = None;
+                continue;
+            }
+            open.remove(&u);
+        }
+        if held || !fresh {
+            open.insert(u, (out.len(), bw));
+            run = None;
+        } else if let Some(r) = run.filter(|&r| out[r].unit == u) {
+            out[r].ops.push(op);
+            continue;
+        } else {
+            run = Some(out.len());
+        }
+        out.push(Region {
+            unit: u,
+            ops: vec![op],
+            held,
+        });
+    }
+    out
+}
+
+/// Stage 3's per-region all-gathers, each with the virtual ops that hold its memory
+/// (allocated when the gather is issued, freed once the region's last op is done); a region
+/// is gathered once the one `prefetch` before it is computing (without prefetch: once the one
+/// before released its parameters). Each gather comes with its place in the comm stream's
+/// issue order (the position of the op whose end lets it start).
+fn gather_regions(
+    j: &mut Job,
+    units: &[Unit],
+    regions: &[Region],
+    s: Sharding,
+    virt: u32,
+    group: Group,
+    pos: &[usize],
+) -> Vec<(usize, Sync)> {
     let p = s.prefetch as usize;
-    let mut forward = Vec::new();
-    let mut gathered_fw: Vec<OpId> = Vec::new();
-    let mut release_fw: Vec<OpId> = Vec::new();
-    for (k, u) in units.iter().enumerate() {
+    let (mut got_of, mut rel_of) = (Vec::new(), Vec::new());
+    let mut out = Vec::with_capacity(regions.len());
+    for (i, r) in regions.iter().enumerate() {
+        let u = &units[r.unit];
         let layer = u.layers.first().copied().unwrap_or(NONE);
-        let fw = ops_of(j, u, Phase::Fw);
-        let issue = push_op(j, OpKind::Out, Phase::Fw, virt, layer);
-        let got = push_op(j, OpKind::In, Phase::Fw, virt, layer);
-        let rel = push_op(j, OpKind::Out, Phase::Fw, virt, layer);
-        if p == 0 {
-            // No prefetch: after the previous unit released its parameters (the root unit
-            // releases only after the whole forward: after it is gathered, then).
-            if k > 0 {
-                let prev = if units[k - 1].name.is_empty() {
-                    gathered_fw[k - 1]
+        let phase = j.local.ops[r.ops[0] as usize].spec.phase;
+        let issue = push_op(j, OpKind::Out, phase, virt, layer);
+        let got = push_op(j, OpKind::In, phase, virt, layer);
+        let rel = push_op(j, OpKind::Out, phase, virt, layer);
+        // What lets the gather start: the region `p` before it has its parameters and has
+        // begun computing (its first op is done); without prefetch, the one before released
+        // its parameters (a held one: has begun computing).
+        let key = if p == 0 {
+            if i > 0 {
+                let prev = if regions[i - 1].held {
+                    regions[i - 1].ops[0]
                 } else {
-                    release_fw[k - 1]
+                    rel_of[i - 1]
                 };
                 j.local.edges.push((prev, issue));
             }
-        } else if k >= p {
-            j.local.edges.push((gathered_fw[k - p], issue));
-        }
-        for &o in &fw {
+            pos[r.ops[0] as usize]
+        } else if i >= p {
+            j.local.edges.push((got_of[i - p], issue));
+            j.local.edges.push((regions[i - p].ops[0], issue));
+            pos[regions[i - p].ops[0] as usize]
+        } else {
+            0
+        };
+        for &o in &r.ops {
             j.local.edges.push((got, o));
             j.local.edges.push((o, rel));
-        }
-        j.local.edges.push((got, rel));
-        j.local.mem.push(MemEffect {
-            op: issue,
-            worker: 0,
-            bytes: u.bytes,
-            when: MemWhen::AllocAtStart,
-        });
-        if s.reshard && !u.name.is_empty() {
-            free_at_end(j, rel, u.bytes);
-        }
-        forward.push(Sync {
-            tensors: u.tensors.clone(),
-            bytes: u.bytes.max(1),
-            partitions: 1,
-            kind: CollectiveKind::AllGather,
-            group,
-            ready: vec![issue],
-            done: vec![got],
-        });
-        gathered_fw.push(got);
-        release_fw.push(rel);
-    }
-    let mut backward = Vec::new();
-    let mut gathered_bw: BTreeMap<usize, OpId> = BTreeMap::new();
-    let mut release_bw: BTreeMap<usize, OpId> = BTreeMap::new();
-    for (k, u) in units.iter().enumerate().rev() {
-        let layer = u.layers.first().copied().unwrap_or(NONE);
-        let bw = ops_of(j, u, Phase::Bw);
-        let rel = push_op(j, OpKind::Out, Phase::Bw, virt, layer);
-        for &o in &bw {
-            j.local.edges.push((o, rel));
-        }
-        j.local.edges.push((release_fw[k], rel));
-        // The root unit (embeddings, heads: its layers open the forward and close it, and open
-        // the backward) keeps its parameters from forward to backward, as FSDP2's root does.
-        if !s.reshard || u.name.is_empty() {
-            // The forward's gathered parameters stay until the unit's backward is done.
-            free_at_end(j, rel, u.bytes);
-            release_bw.insert(k, rel);
-            continue;
-        }
-        let issue = push_op(j, OpKind::Out, Phase::Bw, virt, layer);
-        let got = push_op(j, OpKind::In, Phase::Bw, virt, layer);
-        // The first unit of the backward is gathered once the forward has released it.
-        j.local.edges.push((release_fw[k], issue));
-        if p == 0 {
-            if let Some(&next) = release_bw.get(&(k + 1)) {
-                j.local.edges.push((next, issue));
-            }
-        } else if let Some(&ahead) = gathered_bw.get(&(k + p)) {
-            j.local.edges.push((ahead, issue));
-        }
-        for &o in &bw {
-            j.local.edges.push((got, o));
         }
         j.local.edges.push((got, rel));
         j.local.mem.push(MemEffect {
@@ -582,8 +616,10 @@ fn gather_units(j: &mut Job, units: &[Unit], s: Sharding, virt: u32, group: Grou
             when: MemWhen::AllocAtStart,
         });
         free_at_end(j, rel, u.bytes);
-        backward.push((
-            k,
+        got_of.push(got);
+        rel_of.push(rel);
+        out.push((
+            key,
             Sync {
                 tensors: u.tensors.clone(),
                 bytes: u.bytes.max(1),
@@ -594,10 +630,40 @@ fn gather_units(j: &mut Job, units: &[Unit], s: Sharding, virt: u32, group: Grou
                 done: vec![got],
             },
         ));
-        gathered_bw.insert(k, got);
-        release_bw.insert(k, rel);
     }
-    Gathers { forward, backward }
+    out
+}
+
+/// Stage 3's collectives in issue order: gathers and gradient collectives merged by the
+/// position of what lets each start (a gradient collective: its ready op in the unsharded
+/// job), gathers first among equals. Sorting by positions of one topological order keeps the
+/// comm stream acyclic with the compute it feeds.
+fn stage3_order(
+    job: &Job,
+    pos: &[usize],
+    gathers: Vec<(usize, Sync)>,
+    grads: Vec<Sync>,
+) -> Vec<Sync> {
+    let ready_pos: BTreeMap<OpId, usize> = job
+        .syncs
+        .iter()
+        .flat_map(|s| s.ready.iter().map(|&r| (r, pos[r as usize])))
+        .collect();
+    let mut keyed: Vec<(usize, u8, usize, Sync)> = gathers
+        .into_iter()
+        .enumerate()
+        .map(|(i, (k, s))| (k, 0, i, s))
+        .collect();
+    let mut last = 0;
+    for (i, g) in grads.into_iter().enumerate() {
+        // An HSDP replica all-reduce follows its reduce-scatter (its ready op is new).
+        if let Some(&k) = g.ready.iter().filter_map(|r| ready_pos.get(r)).max() {
+            last = k;
+        }
+        keyed.push((last, 1, i, g));
+    }
+    keyed.sort_by_key(|(k, c, i, _)| (*k, *c, *i));
+    keyed.into_iter().map(|(_, _, _, s)| s).collect()
 }
 
 #[cfg(test)]
@@ -721,6 +787,57 @@ mod tests {
         assert_eq!(ar.len(), job.syncs.len());
         assert!(ar.iter().all(|s| s.group == Group { size: 2, stride: 4 }));
         assert_eq!(ar[0].bytes, job.syncs[0].bytes / 4);
+    }
+
+    /// Stage 3 after accumulation or recomputation (the order a user may type): every
+    /// micro-step's forward and backward gathers again, a recomputed forward runs inside its
+    /// unit's backward gather, and the graph stays acyclic.
+    #[test]
+    fn stage_3_composes_with_accumulation_and_recomputation_in_any_order() {
+        use crate::passes::{apply_all, evaluate, find, propose, registry, resolve_knobs};
+        let (_, job) = test_job("gpt", 4, "8xv100");
+        let all = registry();
+        let apply = |j: &Job, name: &str, knobs: &[(&str, &str)]| -> Job {
+            let e = evaluate(j.clone()).expect("evaluates");
+            let p = find(&all, name).unwrap();
+            let kv: Vec<(String, String)> = knobs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let k = resolve_knobs(p, &kv).unwrap();
+            apply_all(j, &propose(p, &e, &k).unwrap()).unwrap()
+        };
+        let gathers = |j: &Job| {
+            j.syncs
+                .iter()
+                .filter(|s| s.kind == CollectiveKind::AllGather)
+                .count()
+        };
+        let units = units(&job).len();
+        let plain = shard(&job, sharding(3)).unwrap();
+        assert_eq!(gathers(&plain), 2 * units - 1);
+        let acc = apply(&job, "grad-accumulation", &[("k", "2")]);
+        let acc3 = shard(&acc, sharding(3)).expect("accumulation, then stage 3");
+        assert_eq!(
+            gathers(&acc3),
+            2 * (2 * units - 1),
+            "one set per micro-step"
+        );
+        acc3.expand().expect("acyclic");
+        let re = apply(&job, "recompute", &[]);
+        let re3 = shard(&re, sharding(3)).expect("recomputation, then stage 3");
+        // A recomputed block re-runs inside its backward gather: no extra gather.
+        assert_eq!(gathers(&re3), 2 * units - 1);
+        // Under AMP a layer's forward is several ops (casts, then the kernel): still one
+        // gather per unit and direction.
+        let amp_re = apply(&apply(&job, "amp", &[]), "recompute", &[]);
+        let amp_re3 = shard(&amp_re, sharding(3)).expect("amp, recomputation, stage 3");
+        assert_eq!(gathers(&amp_re3), 2 * units - 1);
+        let replayed = evaluate(re3).expect("acyclic, replays");
+        assert!(replayed.iteration_ns() > 0);
+        for j in [&plain, &acc3] {
+            evaluate(j.clone()).expect("replays");
+        }
     }
 
     #[test]
