@@ -168,6 +168,8 @@ fn default_name(fw: Framework, trace: bool) -> &'static str {
         Framework::Byteps => "byteps_default",
         Framework::Tf => "tf_default",
         Framework::Jax => "jax_default",
+        Framework::Deepspeed => "deepspeed_default",
+        Framework::Torchtitan => "fsdp2_default",
     }
 }
 

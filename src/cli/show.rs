@@ -21,8 +21,16 @@ fn treats(fw: Framework, pass: &str, names: Names) -> Result<&'static str, &'sta
                 Framework::Byteps => "byteps_",
                 Framework::Tf => "tf_",
                 Framework::Jax => "jax_",
+                Framework::Deepspeed => "zero",
+                Framework::Torchtitan => "torchtitan_",
             };
-            if b.starts_with(own) || (fw == Framework::Tf && b == "xla_default") {
+            let also = match fw {
+                Framework::Tf => &["xla_default"][..],
+                Framework::Pytorch | Framework::Torchtitan => &["fsdp2_default"][..],
+                Framework::Deepspeed => &["deepspeed_default"][..],
+                _ => &[][..],
+            };
+            if b.starts_with(own) || also.contains(&b) {
                 baseline_mechanism(b)
             } else {
                 Err("a setting of another framework")

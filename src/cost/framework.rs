@@ -2,7 +2,7 @@
 //! issued (eager, one CPU dispatch per operator, or a compiled graph), in which precision its FP32
 //! math runs by default, and how it synchronises gradients by default.
 //!
-//! `--framework pytorch|horovod|tf|jax|byteps` (default `pytorch`) is shared by `replay`,
+//! `--framework pytorch|horovod|tf|jax|byteps|deepspeed|torchtitan` (default `pytorch`) is shared by `replay`,
 //! `whatif` and `plan`: the framework's default is the baseline every prediction starts from.
 //!
 //! | framework | issue | FP32 convolutions | FP32 matmuls | default gradient sync |
@@ -12,6 +12,8 @@
 //! | `byteps` | eager (PyTorch) | as `pytorch` | as `pytorch` | 4,096,000 B partitions |
 //! | `tf` | graph (`tf.function`) | TF32 on Ampere+ (TF ≥ 2.4) | TF32 on Ampere+ | one all-reduce pack after backward (`MirroredStrategy`, `num_packs=1`) |
 //! | `jax` | graph (`jax.jit`, XLA) | TF32 on Ampere+ (default precision) | TF32 on Ampere+ | XLA all-reduce combiner, 30 MiB |
+//! | `deepspeed` | eager (PyTorch) | as `pytorch` | as `pytorch` | all-reduce after the backward (`allreduce_bucket_size` 5e8 elements); ZeRO baselines beside it |
+//! | `torchtitan` | eager (PyTorch) | as `pytorch` | as `pytorch` | FSDP2 baseline (`fully_shard` per block); `replicate` (DDP buckets) without sharding |
 //!
 //! Sources: PyTorch "CUDA semantics — TensorFloat-32 (TF32) on Ampere (and later) devices"
 //! (`torch.backends.cuda.matmul.allow_tf32` default `False` since 1.12, cuDNN's `True`);
@@ -19,7 +21,9 @@
 //! (`DEFAULT` lets XLA use TF32 on Ampere); PyTorch `DistributedDataParallel(bucket_cap_mb=25)`
 //! and `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`; Horovod 0.21 changelog (fusion threshold
 //! 128 MiB, cycle time 1 ms); BytePS `BYTEPS_PARTITION_BYTES` default 4096000; XLA
-//! `xla_gpu_all_reduce_combine_threshold_bytes` (30 MiB).
+//! `xla_gpu_all_reduce_combine_threshold_bytes` (30 MiB); DeepSpeed configuration JSON docs
+//! (`allreduce_bucket_size` 500000000); torchtitan `parallelize_llama` (`replicate` when only
+//! `data_parallel_replicate_degree` > 1).
 
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +57,10 @@ pub enum Framework {
     Jax,
     /// BytePS over PyTorch eager.
     Byteps,
+    /// DeepSpeed over PyTorch eager (ZeRO stages 1–3: `ds_config.json`).
+    Deepspeed,
+    /// torchtitan: PyTorch eager with FSDP2 (`fully_shard` per block) by default.
+    Torchtitan,
 }
 
 /// How a framework issues its kernels.
@@ -123,12 +131,14 @@ impl Default for Math {
 
 impl Framework {
     /// Every framework, in `--help` order.
-    pub const ALL: [Framework; 5] = [
+    pub const ALL: [Framework; 7] = [
         Framework::Pytorch,
         Framework::Horovod,
         Framework::Tf,
         Framework::Jax,
         Framework::Byteps,
+        Framework::Deepspeed,
+        Framework::Torchtitan,
     ];
 
     /// The name as on the command line.
@@ -139,13 +149,19 @@ impl Framework {
             Framework::Tf => "tf",
             Framework::Jax => "jax",
             Framework::Byteps => "byteps",
+            Framework::Deepspeed => "deepspeed",
+            Framework::Torchtitan => "torchtitan",
         }
     }
 
     /// How its kernels are issued.
     pub fn exec(self) -> Exec {
         match self {
-            Framework::Pytorch | Framework::Horovod | Framework::Byteps => Exec::Eager,
+            Framework::Pytorch
+            | Framework::Horovod
+            | Framework::Byteps
+            | Framework::Deepspeed
+            | Framework::Torchtitan => Exec::Eager,
             Framework::Tf | Framework::Jax => Exec::Graph,
         }
     }
@@ -156,7 +172,11 @@ impl Framework {
         let tf32 = gpu.matrix_tflops.contains_key(&Dtype::Tf32);
         let pick = |on: bool| if on && tf32 { Dtype::Tf32 } else { Dtype::Fp32 };
         match self {
-            Framework::Pytorch | Framework::Horovod | Framework::Byteps => Math {
+            Framework::Pytorch
+            | Framework::Horovod
+            | Framework::Byteps
+            | Framework::Deepspeed
+            | Framework::Torchtitan => Math {
                 conv: pick(true),
                 matmul: pick(false),
                 channels_last: false,
@@ -172,10 +192,15 @@ impl Framework {
     /// Its default gradient synchronisation.
     pub fn default_sync(self) -> SyncDefault {
         match self {
-            Framework::Pytorch => SyncDefault::Buckets {
+            // torchtitan without sharding wraps the model in `replicate` (DDP's buckets).
+            Framework::Pytorch | Framework::Torchtitan => SyncDefault::Buckets {
                 first_bytes: 1 << 20,
                 bytes: 25 << 20,
             },
+            // DeepSpeed without ZeRO all-reduces after the whole backward, in buckets of
+            // `allreduce_bucket_size` = 5e8 elements: one pack for any model up to 500 M
+            // parameters.
+            Framework::Deepspeed => SyncDefault::OnePack,
             Framework::Horovod => SyncDefault::Fusion {
                 threshold_bytes: 128 << 20,
                 cycle_ns: 1_000_000,

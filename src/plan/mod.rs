@@ -164,6 +164,44 @@ pub struct FinalConfig {
     /// order; empty when none.
     #[serde(default)]
     pub recompute: Vec<String>,
+    /// Sharded data parallelism (the `shard` pass or a sharded baseline); absent: every rank
+    /// holds whole weights, gradients and optimizer state. `tensor_groups` then lists the
+    /// gradient collectives (reduce-scatters from stage 2), not the parameter all-gathers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<ShardConfig>,
+}
+
+/// What the FSDP2 (`pytorch`), DeepSpeed and torchtitan exports apply for sharding.
+///
+/// | field | FSDP2 | DeepSpeed | torchtitan |
+/// |---|---|---|---|
+/// | `stage` | 3 (`fully_shard`) | `zero_optimization.stage` | 3 (FSDP2) |
+/// | `shard_size`, `replicas` | HSDP mesh `(replicas, shard_size)` | MiCS `mics_shard_size` | `data_parallel_shard_degree`, `data_parallel_replicate_degree` |
+/// | `reshard` | `reshard_after_forward` | — (stage 3 always re-gathers) | `fsdp_reshard_after_forward` |
+/// | `prefetch` | `set_modules_to_forward_prefetch` / `..._backward_prefetch` | `stage3_prefetch_bucket_size` (units' bytes) | — (FSDP2's implicit prefetch of one) |
+/// | `units` | one `fully_shard` per unit, then the root | — (DeepSpeed gathers per module) | per transformer block (torchtitan's own policy) |
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    /// 1: optimizer state sharded; 2: and gradients (reduce-scatter); 3: and parameters
+    /// (gathered per unit). FSDP's FULL_SHARD is 3 with `reshard`, SHARD_GRAD_OP 3 without.
+    pub stage: u32,
+    /// Ranks in one shard group (`workload.ranks / replicas`).
+    pub shard_size: u32,
+    /// Shard groups holding replicas of each other (HSDP); 1: one group of every rank.
+    pub replicas: u32,
+    /// Stage 3: a unit's gathered parameters are freed after its forward and gathered again
+    /// for its backward (`reshard_after_forward`).
+    pub reshard: bool,
+    /// Stage 3: units gathered ahead of the one computing.
+    pub prefetch: u32,
+    /// Optimizer state and step on the CPU.
+    pub offload: bool,
+    /// Wrap units (module paths) in forward order; `""` is the root unit (the whole model,
+    /// wrapped last: embeddings, final norm and head).
+    pub units: Vec<String>,
+    /// Bytes of each unit's parameters (as the plan's dtype holds them), in `units` order.
+    pub unit_bytes: Vec<u64>,
 }
 
 /// Search statistics.
@@ -242,9 +280,15 @@ impl FinalConfig {
     pub fn of(job: &Job, decisions: &[Decision]) -> FinalConfig {
         let name = |t: u32| job.local.tensors[t as usize].name.clone();
         let mut partitions = BTreeMap::new();
+        // Gradient collectives only: a sharded job's parameter all-gathers and HSDP's
+        // all-reduce of each reduce-scattered shard across the replicas carry the same tensors
+        // again (the export derives both from `sharding`).
         let tensor_groups = job
             .syncs
             .iter()
+            .filter(|s| {
+                s.kind != crate::graph::comm::CollectiveKind::AllGather && s.group.stride <= 1
+            })
             .map(|s| {
                 let names: Vec<String> = s.tensors.iter().map(|&t| name(t)).collect();
                 if let Some(first) = names.first().filter(|_| s.partitions > 1) {
@@ -270,10 +314,16 @@ impl FinalConfig {
             .cloned()
             .collect();
         let (mut k, mut recompute) = (1, Vec::<String>::new());
+        let mut sharding = None;
         for d in decisions {
             match d.pass.as_str() {
                 "op-fusion" | "tensor-fusion" | "tensor-partition" => {}
-                b if b.starts_with("baseline:") => {}
+                "shard" => sharding = Some(ShardConfig::of(job, &d.knobs)),
+                b if b.starts_with("baseline:") => {
+                    if d.knobs.contains_key("stage") {
+                        sharding = Some(ShardConfig::of(job, &d.knobs));
+                    }
+                }
                 "recompute" => {
                     for op in &d.ops {
                         let layer = op.strip_suffix(" FW").unwrap_or(op).to_string();
@@ -299,6 +349,32 @@ impl FinalConfig {
             passes,
             grad_accumulation: k,
             recompute,
+            sharding,
+        }
+    }
+}
+
+impl ShardConfig {
+    /// The sharding a `shard` decision (or a sharded baseline) with `knobs` gives `job`: its
+    /// knobs, at their defaults where absent, and the job's wrap units.
+    pub fn of(job: &Job, knobs: &BTreeMap<String, String>) -> ShardConfig {
+        let int = |k: &str, d: u32| {
+            knobs
+                .get(k)
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(d)
+        };
+        let replicas = int("replicas", 1).max(1);
+        let units = crate::passes::shard::units(job);
+        ShardConfig {
+            stage: int("stage", 3),
+            shard_size: job.workers / replicas,
+            replicas,
+            reshard: int("reshard", 1) == 1,
+            prefetch: int("prefetch", 1),
+            offload: int("offload", 0) == 1,
+            units: units.iter().map(|u| u.name.clone()).collect(),
+            unit_bytes: units.iter().map(|u| u.bytes).collect(),
         }
     }
 }

@@ -22,6 +22,7 @@
 //! | `config.dtype` | fp32, fp16, bf16, fp8, fp64 | what `plan` writes |
 //! | `config.tensor_bytes`, each group's sum | ≤ 16 TiB (checked addition) | [`crate::graph::bounds::MAX_TENSOR_BYTES`] |
 //! | `config.tensor_groups` | no empty group, no tensor twice; partitions keyed by a group's first tensor | the job's syncs |
+//! | `config.sharding` | stage 1..=3; shard_size ≥ 2 and shard_size × replicas = ranks; prefetch ≤ 64; one byte count per unit, no unit twice, stage 3 has units | the `shard` pass |
 //! | `search.budget_s` | finite, ≥ 0 | `--budget` |
 
 use std::collections::BTreeSet;
@@ -200,7 +201,7 @@ fn decision_knobs(
     Ok(())
 }
 
-fn config(c: &FinalConfig, batch: u32) -> Result<(), Invalid> {
+fn config(c: &FinalConfig, batch: u32, ranks: u32) -> Result<(), Invalid> {
     if !DTYPES.contains(&c.dtype.as_str()) {
         return Err(invalid(
             "config.dtype",
@@ -261,6 +262,9 @@ fn config(c: &FinalConfig, batch: u32) -> Result<(), Invalid> {
                 })?;
         }
     }
+    if let Some(sh) = &c.sharding {
+        sharding(sh, ranks)?;
+    }
     for (first, &n) in &c.partitions {
         let field = format!("config.partitions[{}]", key(first));
         if n == 0 || n > MAX_K {
@@ -275,6 +279,67 @@ fn config(c: &FinalConfig, batch: u32) -> Result<(), Invalid> {
                 "not the first tensor of a group of config.tensor_groups",
             ));
         }
+    }
+    Ok(())
+}
+
+/// `config.sharding`: a stage the passes know, groups that tile the ranks, units matching
+/// their bytes.
+fn sharding(sh: &crate::plan::ShardConfig, ranks: u32) -> Result<(), Invalid> {
+    if !(1..=3).contains(&sh.stage) {
+        return Err(invalid(
+            "config.sharding.stage",
+            format!("{}: must be 1, 2 or 3 (ZeRO stages)", sh.stage),
+        ));
+    }
+    if sh.replicas == 0
+        || sh.shard_size < 2
+        || sh.shard_size.checked_mul(sh.replicas) != Some(ranks)
+    {
+        return Err(invalid(
+            "config.sharding.shard_size",
+            format!(
+                "{} ranks per shard group x {} replicas must be the {ranks} ranks (workload.ranks), with at least 2 per group",
+                sh.shard_size, sh.replicas
+            ),
+        ));
+    }
+    if sh.prefetch > 64 {
+        return Err(invalid(
+            "config.sharding.prefetch",
+            format!("{}: must be between 0 and 64", sh.prefetch),
+        ));
+    }
+    if sh.units.len() != sh.unit_bytes.len() {
+        return Err(invalid(
+            "config.sharding.unit_bytes",
+            format!(
+                "{} sizes for {} units: one per unit",
+                sh.unit_bytes.len(),
+                sh.units.len()
+            ),
+        ));
+    }
+    if sh.stage == 3 && sh.units.is_empty() {
+        return Err(invalid(
+            "config.sharding.units",
+            "stage 3 gathers parameters per unit: at least one unit",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, u) in sh.units.iter().enumerate() {
+        if !seen.insert(u.as_str()) {
+            return Err(invalid(
+                format!("config.sharding.units[{i}]"),
+                format!("unit {} listed twice", key(u)),
+            ));
+        }
+    }
+    if let Some(i) = sh.unit_bytes.iter().position(|&b| b > MAX_TENSOR_BYTES) {
+        return Err(invalid(
+            format!("config.sharding.unit_bytes[{i}]"),
+            format!("more than the {MAX_TENSOR_BYTES} bytes (16 TiB) one collective may move"),
+        ));
     }
     Ok(())
 }
@@ -373,7 +438,7 @@ impl Plan {
         for (i, a) in self.advice.iter().enumerate() {
             effect(&format!("advice[{i}].effect_ms"), a.effect_ms)?;
         }
-        config(&self.config, w.batch().unwrap_or(0))?;
+        config(&self.config, w.batch().unwrap_or(0), w.ranks)?;
         let b = self.search.budget_s;
         if !(b.is_finite() && b >= 0.0) {
             return Err(invalid(

@@ -76,6 +76,7 @@ use rayon::prelude::*;
 use crate::cost::framework::{Framework, SyncDefault};
 use crate::graph::job::{Job, JobError, LocalOp, Sync};
 use crate::graph::{DeviceKind, OpId, OpKind, OpSpec, Phase};
+use crate::passes::shard::{Sharding, shard};
 use crate::passes::{self, Edit, Evaluated, PassError, Patch};
 
 /// Names as in `--json`, in report order.
@@ -154,6 +155,28 @@ pub fn knob_specs() -> Vec<passes::KnobSpec> {
             max,
         ),
         KnobSpec::int("auto_jit", "--tf_xla_auto_jit", 2, 0, 2),
+        KnobSpec::int("stage", "ZeRO stage of a sharded baseline", 3, 1, 3),
+        KnobSpec::int(
+            "reshard",
+            "sharded baseline: reshard after forward",
+            1,
+            0,
+            1,
+        ),
+        KnobSpec::int(
+            "prefetch",
+            "sharded baseline: units gathered ahead",
+            1,
+            0,
+            64,
+        ),
+        KnobSpec::int(
+            "replicas",
+            "sharded baseline: replica groups (HSDP)",
+            1,
+            1,
+            i64::from(crate::limits::MAX_WORKERS),
+        ),
     ]
 }
 
@@ -1179,6 +1202,11 @@ fn best_point(
 /// | byteps | `byteps_default` (4,096,000 B), `byteps_tuned` (best of [`BYTEPS_PARTITION_MIB`]) |
 /// | tf | `tf_default` (one pack), `xla_default` (the same with XLA auto-clustering) |
 /// | jax | `jax_default` (30 MiB combiner), `jax_tuned` (best of [`JAX_THRESHOLDS_MIB`]) |
+/// | deepspeed | `deepspeed_default` (no ZeRO: one all-reduce pack after the backward), `zero2_default`, `zero3_default` |
+/// | torchtitan | `torchtitan_ddp` (`replicate`, DDP's buckets), `fsdp2_default` |
+///
+/// PyTorch also gets `fsdp2_default` ([`sharded_points`]); sharded baselines need two workers
+/// or more on a ring cluster.
 pub fn for_framework(
     job: &Job,
     fw: Framework,
@@ -1221,11 +1249,100 @@ pub fn for_framework(
             stop,
         )?,
         Framework::Byteps => best_point("byteps_tuned", byteps_points(job)?, evaluate, stop)?,
-        Framework::Tf => xla_baseline(default_job, evaluate, stop)?,
+        Framework::Tf => xla_baseline(default_job.clone(), evaluate, stop)?,
         Framework::Jax => best_point("jax_tuned", jax_points(job, &order)?, evaluate, stop)?,
+        Framework::Deepspeed | Framework::Torchtitan => None,
     };
     out.extend(tuned);
+    for (name, point) in sharded_points(job, &default_job, fw, &order) {
+        out.extend(best_point(name, vec![point], evaluate, stop)?);
+    }
     Ok(out)
+}
+
+/// FSDP2's default: one reduce-scatter (and one all-gather) per wrap unit, reshard after the
+/// forward, prefetch one (`fully_shard` per transformer block, PyTorch's FSDP2 docs).
+const FSDP2_DEFAULT: Sharding = Sharding {
+    stage: 3,
+    replicas: 1,
+    reshard: true,
+    prefetch: 1,
+};
+
+/// The sharded settings a user of `fw` would otherwise run, each the `shard` pass on a job
+/// synchronised the framework's way; none where the job cannot be sharded (one worker, a
+/// parameter-server cluster).
+///
+/// | framework | sharded baselines |
+/// |---|---|
+/// | pytorch, torchtitan | `fsdp2_default`: gradients reduce-scattered per wrap unit (in `order`), stage 3, reshard, prefetch 1 |
+/// | deepspeed | `zero2_default`, `zero3_default` on DeepSpeed's default synchronisation (buckets of 5e8 elements after the backward; `overlap_comm` off for stage 2); prefetch one unit at stage 3 (`stage3_prefetch_bucket_size` 5e7 elements holds about one transformer block of a 1–7 B model) |
+fn sharded_points(
+    job: &Job,
+    default_job: &Job,
+    fw: Framework,
+    order: &[usize],
+) -> Vec<(&'static str, Point)> {
+    let knobs_of = |s: Sharding| {
+        knobs(&[
+            ("stage", s.stage.to_string()),
+            ("replicas", s.replicas.to_string()),
+            ("reshard", u32::from(s.reshard).to_string()),
+            ("prefetch", s.prefetch.to_string()),
+        ])
+    };
+    let mut out = Vec::new();
+    match fw {
+        Framework::Pytorch | Framework::Torchtitan => {
+            let groups = unit_groups(job, order);
+            let n = groups.len();
+            if let Ok(j) = fused_job(job, &groups, &[])
+                && let Ok(j) = shard(&j, FSDP2_DEFAULT)
+            {
+                let cfg = format!(
+                    "FSDP2 fully_shard per unit ({n} units), reshard after forward, prefetch 1"
+                );
+                out.push(("fsdp2_default", (j, cfg, knobs_of(FSDP2_DEFAULT))));
+            }
+        }
+        Framework::Deepspeed => {
+            for (name, stage) in [("zero2_default", 2), ("zero3_default", 3)] {
+                let s = Sharding {
+                    stage,
+                    ..FSDP2_DEFAULT
+                };
+                if let Ok(j) = shard(default_job, s) {
+                    let cfg = format!("DeepSpeed ZeRO-{stage} with its default bucket sizes");
+                    out.push((name, (j, cfg, knobs_of(s))));
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// The per-tensor job's syncs grouped by wrap unit ([`crate::passes::shard::unit_of`] of
+/// each tensor's layer), groups in the order their first sync comes in `order`.
+fn unit_groups(job: &Job, order: &[usize]) -> Vec<Vec<usize>> {
+    let l = &job.local;
+    let unit = |i: usize| -> &str {
+        job.syncs[i]
+            .tensors
+            .first()
+            .and_then(|&t| l.tensors.get(t as usize))
+            .and_then(|t| l.layers.get(t.layer as usize))
+            .map_or("", |n| crate::passes::shard::unit_of(n))
+    };
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for &i in order {
+        let u = unit(i);
+        match groups.iter_mut().find(|(n, _)| n == u) {
+            Some((_, g)) => g.push(i),
+            None => groups.push((u.to_string(), vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
 }
 
 /// The name of `fw`'s default baseline and the knobs it is written with.
@@ -1254,6 +1371,8 @@ fn default_point(fw: Framework) -> (&'static str, BTreeMap<String, String>) {
         ),
         Framework::Tf => ("tf_default", BTreeMap::new()),
         Framework::Jax => ("jax_default", BTreeMap::new()),
+        Framework::Deepspeed => ("deepspeed_default", BTreeMap::new()),
+        Framework::Torchtitan => ("torchtitan_ddp", BTreeMap::new()),
     }
 }
 

@@ -16,6 +16,11 @@
 //! | `recompute` | `torch.utils.checkpoint` | — | — | — | `jax.checkpoint` policy |
 //! | `grad-accumulation` | `no_sync()`, loss ÷ k | `backward_passes_per_step` | `backward_passes_per_step` | `gradient_accumulation_steps` | `optax.MultiSteps` |
 //! | `blueconnect` | — | `HOROVOD_HIERARCHICAL_ALLREDUCE` | — | — | — |
+//! | `shard` | FSDP2 `fully_shard` per unit (stage 3) | — | — | — | — |
+//!
+//! `deepspeed` and `torchtitan` (the sharding issue's frameworks) apply `amp`, `fused-adam`,
+//! `grad-accumulation` and `shard` (stages per [`shard_supported`]) through `ds_config.json`
+//! and `torchtitan.toml`; nothing else.
 //! | `p3`, `reconstruct-batchnorm`, `vdnn`, `dgc`, pass files | — | — | — | — | — |
 //!
 //! A plan from a trace names ATen operators, not modules, so `op-fusion` is never exported for
@@ -68,6 +73,12 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             Tf => Err(
                 "MirroredStrategy packs gradients by its own rule: arbitrary groups cannot be set",
             ),
+            Deepspeed => Err(
+                "DeepSpeed fills its buckets by one size (reduce_bucket_size): arbitrary groups cannot be set",
+            ),
+            Torchtitan => Err(
+                "torchtitan groups gradients by its wrap units (FSDP2) or DDP buckets: arbitrary groups cannot be set",
+            ),
         },
         "tensor-partition" => Err(
             "per-tensor partition numbers need dPRO's BytePS fork: stock BytePS cuts every tensor by one BYTEPS_PARTITION_BYTES (the plan tunes it for --framework byteps)",
@@ -86,6 +97,12 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             (Horovod | Byteps, _) => Err(
                 "the Horovod and BytePS exports set communication only; compile regions come with --framework pytorch",
             ),
+            (Deepspeed, _) => {
+                Err("ds_config.json has no compile regions; they come with --framework pytorch")
+            }
+            (Torchtitan, _) => Err(
+                "torchtitan compiles every block or none (compile.enable): regions cannot be chosen",
+            ),
         },
         "amp" => match fw {
             Pytorch => Ok(
@@ -101,14 +118,23 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "compute dtype inside the loss; fp16: dynamic loss scaling and overflowed steps skipped (trainplan_jax.cast_params, scaled_value_and_grad, make_optimizer)",
             ),
             Byteps => Err("the BytePS export sets communication only (no precision module)"),
+            Deepspeed => Ok(
+                "bf16.enabled, or fp16.enabled with dynamic loss scaling; FP32 master weights in the optimizer (ds_config.json)",
+            ),
+            Torchtitan => Ok(
+                "training.mixed_precision_param in the planned dtype, mixed_precision_reduce = float32 (torchtitan.toml)",
+            ),
         },
-        "fused-adam" => {
-            if torch_like {
+        "fused-adam" => match fw {
+            _ if torch_like => {
                 Ok("torch.optim.Adam/AdamW(fused=True): pass optimizer_kwargs() to the optimizer")
-            } else {
-                Err("the optimizer update is compiled with the step (XLA): no separate switch")
             }
-        }
+            Deepspeed => Ok(
+                "optimizer.type Adam/AdamW: DeepSpeed's fused multi-tensor Adam (ds_config.json)",
+            ),
+            Torchtitan => Ok("optimizer.implementation = \"fused\" (torchtitan.toml)"),
+            _ => Err("the optimizer update is compiled with the step (XLA): no separate switch"),
+        },
         "recompute" => match fw {
             Pytorch => Ok(
                 "torch.utils.checkpoint on the planned modules (trainplan_patch.apply_plan, checkpointing=True)",
@@ -134,7 +160,27 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             Jax => {
                 "optax.MultiSteps(every_k_schedule=k) (trainplan_jax.make_optimizer), micro-batches of batch/k"
             }
+            Deepspeed => {
+                "gradient_accumulation_steps = k, train_micro_batch_size_per_gpu = batch/k (ds_config.json)"
+            }
+            Torchtitan => {
+                "training.local_batch_size = batch/k, global_batch_size = batch x data-parallel ranks: torchtitan accumulates the k micro-batches (torchtitan.toml)"
+            }
         }),
+        "shard" => match fw {
+            Pytorch => Ok(
+                "torch.distributed.fsdp.fully_shard on each planned unit, then the root, with the planned reshard_after_forward, prefetch and MixedPrecisionPolicy; HSDP on a (replicas, shard) mesh (trainplan_patch.apply_fsdp)",
+            ),
+            Deepspeed => Ok(
+                "zero_optimization: stage, reduce/allgather bucket sizes, overlap_comm, stage-3 prefetch bucket; MiCS shard size for replicas (ds_config.json)",
+            ),
+            Torchtitan => Ok(
+                "parallelism.data_parallel_shard_degree and data_parallel_replicate_degree, fsdp_reshard_after_forward (torchtitan.toml)",
+            ),
+            _ => Err(
+                "this framework's export has no sharded data parallelism (FSDP2 comes with --framework pytorch, ZeRO with deepspeed)",
+            ),
+        },
         "blueconnect" => match fw {
             Horovod => Ok("HOROVOD_HIERARCHICAL_ALLREDUCE=1 (horovod.env)"),
             _ => Err("no hierarchical all-reduce switch in this framework's export"),
@@ -142,6 +188,37 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
         _ => Err(
             "a what-if of a technique the framework does not switch on (p3, reconstruct-batchnorm, vdnn, dgc, pass files): nothing in the export applies it",
         ),
+    }
+}
+
+/// Whether `fw`'s export can apply sharding `stage` with `replicas` replica groups and
+/// `reshard`: `Err(why not)` for a combination it has no setting for.
+///
+/// | | stage 1 | stage 2 | stage 3, reshard | stage 3, no reshard | replicas > 1 |
+/// |---|---|---|---|---|---|
+/// | pytorch (FSDP2) | — | — | `reshard_after_forward=True` | `False` | HSDP mesh |
+/// | deepspeed | ZeRO-1 | ZeRO-2 | ZeRO-3 | — (stage 3 always re-gathers) | MiCS, stage 3 |
+/// | torchtitan | — | — | `fsdp_reshard_after_forward = "always"` | `"never"` | `data_parallel_replicate_degree` |
+pub fn shard_supported(
+    fw: Framework,
+    stage: u32,
+    replicas: u32,
+    reshard: bool,
+) -> Result<(), &'static str> {
+    use Framework::*;
+    match fw {
+        Pytorch | Torchtitan if stage != 3 => Err(
+            "FSDP2 shards parameters, gradients and optimizer state together (stage 3); ZeRO-1/2 come with --framework deepspeed",
+        ),
+        Pytorch | Torchtitan => Ok(()),
+        Deepspeed if stage == 3 && !reshard => {
+            Err("DeepSpeed ZeRO-3 gathers parameters again for the backward (reshard=1)")
+        }
+        Deepspeed if replicas > 1 && stage != 3 => {
+            Err("DeepSpeed shards inside groups (MiCS) at stage 3 only")
+        }
+        Deepspeed => Ok(()),
+        _ => Err("this framework's export has no sharded data parallelism"),
     }
 }
 
@@ -172,6 +249,21 @@ pub fn baseline_mechanism(name: &str) -> Result<&'static str, &'static str> {
         "jax_default" => "XLA's all-reduce combiner at its default threshold",
         "jax_tuned" => "XLA_FLAGS=--xla_gpu_all_reduce_combine_threshold_bytes=... (jax.env)",
         "as_recorded" => "the traced run as it was recorded",
+        "fsdp2_default" => {
+            "fully_shard on every wrap unit, then the root: reshard_after_forward=True, implicit prefetch of one (trainplan_patch.apply_fsdp; torchtitan.toml)"
+        }
+        "zero2_default" => {
+            "zero_optimization.stage = 2 with DeepSpeed's default bucket sizes (ds_config.json)"
+        }
+        "zero3_default" => {
+            "zero_optimization.stage = 3 with DeepSpeed's default bucket and prefetch sizes (ds_config.json)"
+        }
+        "deepspeed_default" => {
+            "DeepSpeed without ZeRO: gradients all-reduced after the backward (ds_config.json)"
+        }
+        "torchtitan_ddp" => {
+            "torchtitan with data_parallel_replicate_degree = ranks, no sharding (torchtitan.toml)"
+        }
         "none" => return Err("one collective per tensor: a reference, not a framework setting"),
         _ => return Err("not a setting of this framework"),
     })

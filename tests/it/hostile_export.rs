@@ -228,6 +228,7 @@ fn plan_of(n: &Names) -> Plan {
             passes: vec!["amp".into(), n.pass.clone(), "fused-adam".into()],
             grad_accumulation: 2,
             recompute: n.layers.clone(),
+            sharding: None,
         },
         search: SearchStats {
             strategy: SearchStrategy::CriticalPath,

@@ -31,11 +31,13 @@
 //! look every planned name up in the user's model and raise an error listing a few missing ones.
 
 mod byteps;
+mod deepspeed;
 pub mod escape;
 mod horovod;
 mod jax;
 mod pytorch;
 mod torch_helpers;
+mod torchtitan;
 mod xla;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -58,6 +60,10 @@ pub enum Framework {
     Pytorch,
     /// JAX: env file + remat / dtype / accumulation module.
     Jax,
+    /// DeepSpeed: `ds_config.json` (ZeRO stage and sizes, precision, batch and accumulation).
+    Deepspeed,
+    /// torchtitan: `torchtitan.toml` job config (parallelism degrees, precision, batch).
+    Torchtitan,
 }
 
 impl Framework {
@@ -70,6 +76,8 @@ impl Framework {
             F::Byteps => Framework::Byteps,
             F::Tf => Framework::Xla,
             F::Jax => Framework::Jax,
+            F::Deepspeed => Framework::Deepspeed,
+            F::Torchtitan => Framework::Torchtitan,
         }
     }
 
@@ -82,16 +90,20 @@ impl Framework {
             Framework::Byteps => F::Byteps,
             Framework::Xla => F::Tf,
             Framework::Jax => F::Jax,
+            Framework::Deepspeed => F::Deepspeed,
+            Framework::Torchtitan => F::Torchtitan,
         }
     }
 
     /// Every framework, in the order they are listed.
-    pub const ALL: [Framework; 5] = [
+    pub const ALL: [Framework; 7] = [
         Framework::Horovod,
         Framework::Xla,
         Framework::Byteps,
         Framework::Pytorch,
         Framework::Jax,
+        Framework::Deepspeed,
+        Framework::Torchtitan,
     ];
 
     /// The name on the command line.
@@ -102,6 +114,8 @@ impl Framework {
             Framework::Byteps => "byteps",
             Framework::Pytorch => "pytorch",
             Framework::Jax => "jax",
+            Framework::Deepspeed => "deepspeed",
+            Framework::Torchtitan => "torchtitan",
         }
     }
 }
@@ -157,6 +171,8 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
         Framework::Byteps => byteps::emit(plan, &facts)?,
         Framework::Pytorch => pytorch::emit(plan, &facts)?,
         Framework::Jax => jax::emit(plan, &facts)?,
+        Framework::Deepspeed => deepspeed::emit(plan, &facts)?,
+        Framework::Torchtitan => torchtitan::emit(plan, &facts)?,
     };
     if plan.workload.names == "zoo" {
         out.notes.insert(
@@ -644,6 +660,7 @@ pub(crate) mod tests {
                 passes: s(&["amp", "blueconnect", "fused-adam"]),
                 grad_accumulation: 2,
                 recompute: Vec::new(),
+                sharding: None,
             },
             search: SearchStats {
                 strategy: Strategy::CriticalPath,
