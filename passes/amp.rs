@@ -44,7 +44,7 @@ use crate::cost::compute::ns;
 use crate::cost::config::Dtype;
 use crate::cost::framework::{Math, Precision};
 use crate::cost::kernel::OpClass;
-use crate::graph::job::{Job, OpWork};
+use crate::graph::job::{CollectiveKind, Job, OpWork};
 use crate::graph::{DeviceKind, MemEffect, OpId, OpKind, OpSpec, Phase};
 
 /// The `amp` pass.
@@ -215,15 +215,29 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
     let (mut edits, before_ns, after_ns) = recost_in_half(job, half);
     let act_saved = half_activations(job, half, &mut edits);
     // The fp16 weight copy, and one cast kernel per weight tensor before its layer's first FW.
+    // A job sharded at stage 3 keeps only its shard of the copy (DeepSpeed's fp16 partition;
+    // FSDP2 casts the shard before gathering it), and every parameter all-gather moves the
+    // half-precision parameters (FSDP2's `MixedPrecisionPolicy(param_dtype)`, ZeRO's fp16
+    // params). The gathered units' memory is an effect of forward/backward ops: halved with the
+    // activations.
     let params: u64 = l.tensors.iter().map(|t| t.bytes / job.dtype.bytes()).sum();
     edits.push(Edit::StaticMemory {
-        bytes: l.static_mem_bytes + params * half.bytes(),
+        bytes: static_with_half_copy(job, params * half.bytes()),
     });
     let cast_ns = weight_casts(job, half, cast_launch_ns(job), &mut edits);
+    let factor = half.bytes() as f64 / job.dtype.bytes() as f64;
+    let gathers: Vec<usize> = (0..job.syncs.len())
+        .filter(|&i| job.syncs[i].kind == CollectiveKind::AllGather)
+        .collect();
     if fp16_allreduce {
         edits.push(Edit::ScaleSyncBytes {
             syncs: (0..job.syncs.len()).collect(),
-            factor: half.bytes() as f64 / job.dtype.bytes() as f64,
+            factor,
+        });
+    } else if !gathers.is_empty() {
+        edits.push(Edit::ScaleSyncBytes {
+            syncs: gathers,
+            factor,
         });
     }
     edits.push(Edit::Dtype(half));
@@ -242,6 +256,40 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
         ),
         edits,
     }
+}
+
+/// Static bytes once mixed precision adds its `copy` bytes of half-precision weights. A
+/// sharded job (parameter all-gathers over groups of g): at stage 3 each rank keeps 1/g of the
+/// copy; at stages 1–2 the whole copy, and its FP32 weights become master weights sharded with
+/// the optimizer state (ZeRO's 2Ψ + 12Ψ/N, Rajbhandari et al. §5).
+fn static_with_half_copy(job: &Job, copy: u64) -> u64 {
+    let l = &job.local;
+    let Some(gather) = job
+        .syncs
+        .iter()
+        .find(|s| s.kind == CollectiveKind::AllGather)
+    else {
+        return l.static_mem_bytes + copy;
+    };
+    let g = u64::from(if gather.group.size == 0 {
+        job.workers
+    } else {
+        gather.group.size
+    })
+    .max(1);
+    let stage3 = job.syncs.iter().any(|s| {
+        s.kind == CollectiveKind::AllGather
+            && s.ready.iter().any(|&r| {
+                l.ops
+                    .get(r as usize)
+                    .is_some_and(|o| o.spec.phase == Phase::Fw)
+            })
+    });
+    if stage3 {
+        return l.static_mem_bytes + copy.div_ceil(g);
+    }
+    let fp32: u64 = l.tensors.iter().map(|t| t.bytes).sum();
+    l.static_mem_bytes - fp32.min(l.static_mem_bytes) + fp32.div_ceil(g) + copy
 }
 
 /// The GPU's forward and backward ops in `half`: an op with work re-costed by the roofline

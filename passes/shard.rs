@@ -194,10 +194,11 @@ pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
         stage3_order(job, &pos, gathers, grads)
     } else {
         let mut syncs = grads;
+        let gathered = ((params as f64 * gather_ratio(job)).ceil() as u64).max(1);
         syncs.push(gather_after_update(
             &mut j,
             &updates,
-            params,
+            gathered,
             shard_group,
             virt,
         ));
@@ -249,14 +250,17 @@ fn shard_group_size(job: &Job, s: Sharding) -> Result<u32, PassError> {
 }
 
 /// Static bytes per rank: the optimizer state (and the master weights) as 1/g shards; the
-/// weights too at stage 3 (ZeRO §5.1).
+/// weights too at stage 3 (ZeRO §5.1). Under mixed precision the weights every rank keeps
+/// whole at stages 1–2 are the half-precision copy (2Ψ); the FP32 master weights are
+/// optimizer state (ZeRO's 2Ψ + 12Ψ/N).
 fn sharded_static_bytes(job: &Job, stage: u32, g: u32, params: u64) -> u64 {
-    let states = job.local.static_mem_bytes.saturating_sub(params);
+    let whole = ((params as f64 * gather_ratio(job)).ceil() as u64).min(params);
+    let states = job.local.static_mem_bytes.saturating_sub(whole);
     let g = u64::from(g);
     if stage >= 3 {
-        params.div_ceil(g) + states.div_ceil(g)
+        job.local.static_mem_bytes.div_ceil(g)
     } else {
-        params + states.div_ceil(g)
+        whole + states.div_ceil(g)
     }
 }
 
@@ -560,6 +564,20 @@ fn regions(job: &Job, units: &[Unit], pos: &[usize], reshard: bool) -> Vec<Regio
     out
 }
 
+/// The bytes a unit's all-gather moves per byte of its gradient tensors: the compute dtype's
+/// share when mixed precision keeps FP32 parameters and casts them per step (AMP's weight-cast
+/// ops carry their tensor), else 1 (the parameters are stored in the dtype they compute in).
+fn gather_ratio(job: &Job) -> f64 {
+    let casts = job.local.ops.iter().any(|o| {
+        o.spec.kind == OpKind::Compute && o.spec.phase == Phase::Fw && o.spec.tensor != NONE
+    });
+    if casts && job.dtype.bytes() < 4 {
+        job.dtype.bytes() as f64 / 4.0
+    } else {
+        1.0
+    }
+}
+
 /// Stage 3's per-region all-gathers, each with the virtual ops that hold its memory
 /// (allocated when the gather is issued, freed once the region's last op is done); a region
 /// is gathered once the one `prefetch` before it is computing (without prefetch: once the one
@@ -575,10 +593,12 @@ fn gather_regions(
     pos: &[usize],
 ) -> Vec<(usize, Sync)> {
     let p = s.prefetch as usize;
+    let ratio = gather_ratio(j);
     let (mut got_of, mut rel_of) = (Vec::new(), Vec::new());
     let mut out = Vec::with_capacity(regions.len());
     for (i, r) in regions.iter().enumerate() {
         let u = &units[r.unit];
+        let bytes = ((u.bytes as f64 * ratio).ceil() as u64).max(1);
         let layer = u.layers.first().copied().unwrap_or(NONE);
         let phase = j.local.ops[r.ops[0] as usize].spec.phase;
         let issue = push_op(j, OpKind::Out, phase, virt, layer);
@@ -612,17 +632,17 @@ fn gather_regions(
         j.local.mem.push(MemEffect {
             op: issue,
             worker: 0,
-            bytes: u.bytes,
+            bytes,
             when: MemWhen::AllocAtStart,
         });
-        free_at_end(j, rel, u.bytes);
+        free_at_end(j, rel, bytes);
         got_of.push(got);
         rel_of.push(rel);
         out.push((
             key,
             Sync {
                 tensors: u.tensors.clone(),
-                bytes: u.bytes.max(1),
+                bytes,
                 partitions: 1,
                 kind: CollectiveKind::AllGather,
                 group,

@@ -149,9 +149,10 @@ impl Default for SearchOptions {
 
 /// Passes the search uses unless told otherwise: every registered pass except the lossy ones
 /// (`dgc` changes what is trained) and those that only trade time for memory (`recompute`,
-/// `grad-accumulation`, `vdnn`: the memory step uses the first two when memory demands it).
+/// `grad-accumulation`, `shard`, `vdnn`: the memory step uses the first three when memory
+/// demands it).
 pub fn default_passes(all: &[Box<dyn Pass>]) -> Vec<String> {
-    const EXCLUDED: [&str; 4] = ["dgc", "grad-accumulation", "recompute", "vdnn"];
+    const EXCLUDED: [&str; 5] = ["dgc", "grad-accumulation", "recompute", "shard", "vdnn"];
     all.iter()
         .map(|p| p.name().to_string())
         .filter(|n| !EXCLUDED.contains(&n.as_str()))
@@ -651,10 +652,12 @@ pub fn search_from(
     })
 }
 
-/// The passes the memory step may use: amp, recompute and grad-accumulation, those of them
-/// `opts.passes` names (all without a list) and the framework's export applies.
+/// The passes the memory step may use: amp, recompute, grad-accumulation and shard, those of
+/// them `opts.passes` names (all without a list) and the framework's export applies. Sharding
+/// is a memory move, like recomputation: the unconstrained search meets it through the sharded
+/// baselines (`fsdp2_default`, `zero2_default`, ...), not as a move.
 fn memory_passes(opts: &SearchOptions) -> Vec<&'static str> {
-    ["amp", "recompute", "grad-accumulation"]
+    ["amp", "recompute", "grad-accumulation", "shard"]
         .into_iter()
         .filter(|p| match &opts.passes {
             Some(list) => list.iter().any(|l| l == p),
@@ -730,6 +733,7 @@ fn unconstrained_plan(
         start,
         budget,
         &memory_passes(opts),
+        opts.framework.map(|(fw, _)| fw),
         all,
         ctx.eval,
         opts.lean_ops,
@@ -767,7 +771,15 @@ fn constrained_from_memory_options(
         (start.clone(), Vec::new()),
     ];
     for (base, path) in bases {
-        match memory_step(&base, budget, &memory_options, all, ctx.eval, opts.lean_ops) {
+        match memory_step(
+            &base,
+            budget,
+            &memory_options,
+            opts.framework.map(|(fw, _)| fw),
+            all,
+            ctx.eval,
+            opts.lean_ops,
+        ) {
             Ok((fit, n, step)) => {
                 replays += n;
                 let mut pre = prefix.to_vec();
@@ -1129,21 +1141,23 @@ fn label(steps: &[KnobbedPass]) -> String {
 /// tried on `cur` in parallel; the fastest whose peak fits `budget`, with the replays taken
 /// and its decisions. None fitting is [`SearchError::Infeasible`], naming the smallest peak
 /// reached and what would fit.
+#[allow(clippy::too_many_arguments)]
 fn memory_step(
     cur: &Evaluated,
     budget: u64,
     allowed: &[&str],
+    fw: Option<Framework>,
     all: &[Box<dyn Pass>],
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
     lean_ops: usize,
 ) -> Result<(Evaluated, u64, Vec<Decision>), SearchError> {
-    let options = memory_options(cur, allowed);
+    let options = memory_options(cur, allowed, fw);
     if options.is_empty() {
         return Err(SearchError::Infeasible {
             budget_gb: budget as f64 / 1e9,
             smallest_gb: budget_peak(cur) as f64 / 1e9,
             how: format!(
-                "no memory option allowed: --passes and the framework's export leave neither amp, recompute nor grad-accumulation; {}",
+                "no memory option allowed: --passes and the framework's export leave neither amp, recompute, grad-accumulation nor shard; {}",
                 what_would_fit(cur, budget, 1)
             ),
         });
@@ -1168,8 +1182,13 @@ fn memory_step(
 
 /// The memory options, each a list of passes with knobs: AMP alone (when allowed and the job
 /// is in fp32), then with and without AMP first, recomputation, gradient accumulation at each
-/// k [`accumulation_steps`] gives, and recomputation with the largest k.
-fn memory_options(cur: &Evaluated, allowed: &[&str]) -> Vec<Vec<KnobbedPass>> {
+/// k [`accumulation_steps`] gives, and recomputation with the largest k; then each sharding
+/// the framework's export applies ([`shard_options`]), alone and before those.
+fn memory_options(
+    cur: &Evaluated,
+    allowed: &[&str],
+    fw: Option<Framework>,
+) -> Vec<Vec<KnobbedPass>> {
     let has = |p: &str| allowed.contains(&p);
     let amp_on = cur.job.dtype != crate::cost::config::Dtype::Fp32;
     let mut firsts: Vec<Vec<KnobbedPass>> = vec![Vec::new()];
@@ -1187,29 +1206,74 @@ fn memory_options(cur: &Evaluated, allowed: &[&str]) -> Vec<Vec<KnobbedPass>> {
             vec![("k".into(), k.to_string())],
         )
     };
+    let shards = if has("shard") {
+        shard_options(cur, fw)
+    } else {
+        Vec::new()
+    };
     let mut options: Vec<Vec<KnobbedPass>> = Vec::new();
     for first in &firsts {
-        let with = |rest: Vec<KnobbedPass>| {
-            let mut v = first.clone();
-            v.extend(rest);
-            v
-        };
-        if !first.is_empty() {
-            options.push(first.clone());
+        // Without sharding, then with each sharding the export applies.
+        let mut heads: Vec<Vec<KnobbedPass>> = vec![first.clone()];
+        for sh in &shards {
+            let mut h = first.clone();
+            h.push(sh.clone());
+            heads.push(h);
         }
-        if has("recompute") {
-            options.push(with(vec![("recompute".into(), vec![])]));
-        }
-        for &k in &ks {
-            options.push(with(vec![acc(k)]));
-        }
-        if has("recompute")
-            && let Some(&k) = ks.last()
-        {
-            options.push(with(vec![("recompute".into(), vec![]), acc(k)]));
+        for head in heads {
+            let with = |rest: Vec<KnobbedPass>| {
+                let mut v = head.clone();
+                v.extend(rest);
+                v
+            };
+            if !head.is_empty() {
+                options.push(head.clone());
+            }
+            if has("recompute") {
+                options.push(with(vec![("recompute".into(), vec![])]));
+            }
+            // Every k without sharding; with it, the largest only (the options multiply).
+            let sharded = head.iter().any(|(n, _)| n == "shard");
+            for &k in ks.iter().filter(|&&k| !sharded || Some(&k) == ks.last()) {
+                options.push(with(vec![acc(k)]));
+            }
+            if has("recompute")
+                && let Some(&k) = ks.last()
+            {
+                options.push(with(vec![("recompute".into(), vec![]), acc(k)]));
+            }
         }
     }
     options
+}
+
+/// The shardings the memory step tries: stages 1, 2 and 3 (3 with and without resharding
+/// after the forward), prefetch one, over every worker — those [`framework::shard_supported`]
+/// lets `fw`'s export apply. None for a job already sharded or on one worker.
+fn shard_options(cur: &Evaluated, fw: Option<Framework>) -> Vec<KnobbedPass> {
+    let sharded = cur
+        .job
+        .syncs
+        .iter()
+        .any(|s| s.kind != crate::graph::comm::CollectiveKind::AllReduce);
+    if sharded || cur.job.workers < 2 {
+        return Vec::new();
+    }
+    [(1, true), (2, true), (3, true), (3, false)]
+        .into_iter()
+        .filter(|&(stage, reshard)| {
+            fw.is_none_or(|fw| framework::shard_supported(fw, stage, 1, reshard).is_ok())
+        })
+        .map(|(stage, reshard)| {
+            (
+                "shard".to_string(),
+                vec![
+                    ("stage".to_string(), stage.to_string()),
+                    ("reshard".to_string(), u32::from(reshard).to_string()),
+                ],
+            )
+        })
+        .collect()
 }
 
 /// One memory option's passes applied in turn from `cur` (shown in full even when `cur` is
@@ -1369,7 +1433,7 @@ pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32) -> String {
         );
     }
     format!(
-        "one sample per micro-step does not fit: weights, gradients and optimizer state are {:.2} GB per GPU; shard them (ZeRO-3/FSDP, not planned yet) over >= {} GPUs, or use a smaller model",
+        "one sample per micro-step does not fit: weights, gradients and optimizer state are {:.2} GB per GPU; shard them (ZeRO-3/FSDP: --framework pytorch, deepspeed or torchtitan) over >= {} GPUs, or use a smaller model",
         gb(states),
         states.div_ceil(room)
     )

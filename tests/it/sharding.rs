@@ -64,3 +64,82 @@ fn what_cannot_shard_exits_3_with_the_reason() {
     c.extend_from_slice(&["--pass", "shard:stage=4"]);
     check_bad_input(&c, "stage");
 }
+
+/// A 3.4 B-parameter GPT (16 layers, hidden 4096): FP32 Adam's states alone are 55 GB per GPU
+/// under DDP, over a 34 GB V100 with or without AMP, recomputation or accumulation.
+fn plan_huge(fw: &str, passes: &str, out: &std::path::Path) -> (i32, String, String) {
+    crate::support::run(&[
+        "plan",
+        "--model",
+        "gpt",
+        "--hidden",
+        "4096",
+        "--heads",
+        "32",
+        "--layers",
+        "16",
+        "--batch",
+        "1",
+        "--cluster",
+        "8xv100",
+        "--framework",
+        fw,
+        "--passes",
+        passes,
+        "--json",
+        "-o",
+        out.to_str().expect("utf-8 path"),
+    ])
+}
+
+/// `plan` on a model that does not fit with DDP: the frameworks that shard write a plan that
+/// fits, with its sharding in `config.sharding` and applied by their export; a framework that
+/// cannot shard exits 4 saying sharding would be needed.
+#[test]
+fn plan_shards_a_model_that_does_not_fit_with_ddp() {
+    let dir = crate::support::scratch("plan-shard");
+    for fw in ["pytorch", "deepspeed", "torchtitan"] {
+        let out = dir.join(format!("{fw}.yaml"));
+        let (code, stdout, stderr) = plan_huge(fw, "amp,recompute,grad-accumulation,shard", &out);
+        assert_eq!(code, 0, "{fw}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
+        let gpu = bytes(&v, "gpu_memory_bytes");
+        assert!(bytes(&v, "planned_device_used_bytes") <= gpu, "{fw}: {v}");
+        let text = std::fs::read_to_string(&out).expect("plan written");
+        let plan = trainplan::plan::Plan::from_yaml(&text, "plan.yaml").expect("plan reads");
+        let sh = plan.config.sharding.expect("a sharded plan");
+        assert_eq!(sh.shard_size * sh.replicas, 8, "{fw}");
+        assert!(
+            trainplan::search::framework::shard_supported(
+                plan.workload.framework,
+                sh.stage,
+                sh.replicas,
+                sh.reshard
+            )
+            .is_ok(),
+            "{fw}: stage {} reshard {} is not one its export applies",
+            sh.stage,
+            sh.reshard
+        );
+        // States of 3.4 B parameters over 8 ranks: weights, gradients and Adam state at most
+        // 16 bytes a parameter / 8, so the plan's peak is far below DDP's 55 GB.
+        assert!(
+            bytes(&v, "planned_peak_memory_bytes") < 20_000_000_000,
+            "{fw}: {v}"
+        );
+        for d in &plan.decisions {
+            assert!(
+                !d.mechanism.is_empty(),
+                "{fw}: decision {} has no mechanism",
+                d.pass
+            );
+        }
+    }
+    let (code, _, stderr) = plan_huge(
+        "horovod",
+        "amp,recompute,grad-accumulation",
+        &dir.join("h.yaml"),
+    );
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("shard them"), "{stderr}");
+}

@@ -789,10 +789,14 @@ pub(crate) mod tests {
         assert_eq!("pytorch".parse::<Framework>().unwrap(), Framework::Pytorch);
         assert_eq!("Horovod".parse::<Framework>().unwrap(), Framework::Horovod);
         assert_eq!("tensorflow".parse::<Framework>().unwrap(), Framework::Xla);
-        let e = "deepspeed".parse::<Framework>().unwrap_err().to_string();
+        assert_eq!(
+            "deepspeed".parse::<Framework>().unwrap(),
+            Framework::Deepspeed
+        );
+        let e = "megatron".parse::<Framework>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown framework `deepspeed` (known: horovod, xla, byteps, pytorch, jax)"
+            "unknown framework `megatron` (known: horovod, xla, byteps, pytorch, jax, deepspeed, torchtitan)"
         );
     }
 
