@@ -458,8 +458,11 @@ struct Region {
     held: bool,
 }
 
-/// Every op's position in one topological order of the local graph (ties by id, so the order
-/// is the program order wherever the graph leaves a choice).
+/// Every op's position in the order the ops would start with unbounded resources: by earliest
+/// start (the longest duration-weighted path from a source), ties by a topological order with
+/// the smaller id first. A gradient's ready op then sits right after its layer's backward
+/// (where a plain topological order would defer it behind every smaller id), so issuing
+/// collectives in this order follows the step.
 fn topo_positions(job: &Job) -> Vec<usize> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
@@ -475,17 +478,28 @@ fn topo_positions(job: &Job) -> Vec<usize> {
         .filter(|&o| indeg[o as usize] == 0)
         .map(Reverse)
         .collect();
-    let mut pos = vec![usize::MAX; n];
-    let mut next = 0;
+    let mut est = vec![0u64; n];
+    let mut order = Vec::with_capacity(n);
     while let Some(Reverse(o)) = ready.pop() {
-        pos[o as usize] = next;
-        next += 1;
+        order.push(o);
+        let end = est[o as usize] + job.local.ops[o as usize].spec.dur_ns;
         for &t in &succs[o as usize] {
+            est[t as usize] = est[t as usize].max(end);
             indeg[t as usize] -= 1;
             if indeg[t as usize] == 0 {
                 ready.push(Reverse(t));
             }
         }
+    }
+    let mut keyed: Vec<(u64, usize, OpId)> = order
+        .iter()
+        .enumerate()
+        .map(|(i, &o)| (est[o as usize], i, o))
+        .collect();
+    keyed.sort_unstable();
+    let mut pos = vec![usize::MAX; n];
+    for (p, &(_, _, o)) in keyed.iter().enumerate() {
+        pos[o as usize] = p;
     }
     pos
 }
