@@ -6,6 +6,11 @@
 //!   `tests/frameworks/torch_ddp.py`): DDP's buckets equal the plan's groups with the compiled
 //!   regions on, autocast in the planned dtype, the planned modules checkpointed, one optimizer
 //!   step every k micro-steps with the loss scaled by 1/k, the optimizer fused when planned.
+//! * PyTorch FSDP2 (a sharded GPT plan on a tiny Hugging Face GPT-2, gloo, 2 and 4 processes,
+//!   `tests/frameworks/torch_fsdp2.py`): read back from the library, the FSDP modules are the
+//!   plan's units plus the root, with the planned reshard-after-forward, prefetch lists,
+//!   mixed-precision policy and (HSDP) mesh; gradients are reduced once per accumulation window
+//!   and equal one process's over the global batch; every rank ends with the same parameters.
 //! * JAX / optax (`tests/frameworks/jax_optax.py`): recomputed layers keep no residuals,
 //!   compute dtype, loss scaling wherever fp16 is used (underflow rescued, overflow skipped),
 //!   `optax.MultiSteps` accumulation equal to the whole batch, `jax.env`'s flags accepted by XLA.
