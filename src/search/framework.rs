@@ -14,7 +14,7 @@
 //! | `amp` | autocast + GradScaler | autocast + GradScaler | — | Keras policy + loss scale | dtype + loss scale |
 //! | `fused-adam` | `fused=True` | `fused=True` | — | — | — |
 //! | `recompute` | `torch.utils.checkpoint` | — | — | — | `jax.checkpoint` policy |
-//! | `grad-accumulation` | `no_sync()`, loss ÷ k | `backward_passes_per_step` | `backward_passes_per_step` | `gradient_accumulation_steps` | `optax.MultiSteps` |
+//! | `grad-accumulation` | `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`), loss ÷ k | `backward_passes_per_step` | `backward_passes_per_step` | `gradient_accumulation_steps` | `optax.MultiSteps` |
 //! | `blueconnect` | — | `HOROVOD_HIERARCHICAL_ALLREDUCE` | — | — | — |
 //! | `shard` | FSDP2 `fully_shard` per unit (stage 3) | — | — | — | — |
 //!
@@ -146,7 +146,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
         },
         "grad-accumulation" => Ok(match fw {
             Pytorch => {
-                "DDP no_sync() for k-1 micro-steps of batch/k, loss divided by k (trainplan_patch.accumulate, scale_loss, MICRO_BATCH)"
+                "DDP no_sync() (FSDP2: set_requires_gradient_sync(False)) for k-1 micro-steps of batch/k, loss divided by k (trainplan_patch.accumulate, scale_loss, MICRO_BATCH)"
             }
             Horovod => {
                 "hvd.DistributedOptimizer(backward_passes_per_step=k), micro-batches of batch/k, loss divided by k (trainplan_horovod.distributed_optimizer, scale_loss, MICRO_BATCH)"

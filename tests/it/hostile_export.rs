@@ -5,7 +5,10 @@
 //! (`python3`), every env file is sourced the README's way (`set -a; . FILE; set +a`, with
 //! bash and with /bin/sh), and the test checks that nothing ran (no `PWNED` file appeared) and
 //! that the planned values came back exactly: tensor groups, names, recomputed modules, the
-//! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, every env value.
+//! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, every env value,
+//! and the FSDP2 units of a sharded plan (stage 3 over the plan's 8 ranks, hostile unit names,
+//! the root `""` among them; the worst case runs sharded and unsharded, the proptest plans draw
+//! either).
 //!
 //! Slots with a closed set of values (`workload.source`, `workload.names`, `config.dtype`,
 //! `amp`'s dtype knob) are not escaped but refused: a hostile value there fails the plan check
@@ -28,7 +31,9 @@ use serde_json::Value;
 
 use trainplan::plan::emit::escape::{env_line, parse_record_field};
 use trainplan::plan::emit::{Framework, emit};
-use trainplan::plan::{FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, Workload};
+use trainplan::plan::{
+    FinalConfig, Plan, Point, Predicted, SCHEMA_VERSION, SearchStats, ShardConfig, Workload,
+};
 use trainplan::search::{Decision, StopReason, Strategy as SearchStrategy};
 
 use crate::support::{TINY_TRACE, scratch};
@@ -60,10 +65,11 @@ const FRAGMENTS: [&str; 22] = [
     "layer1.0.conv1",
 ];
 
+/// Whether `cmd` runs. `--version`, which python3 and bash both answer: `-c "exit 0"` is a
+/// syntax error to python3, so the import half was skipped on every machine until issue 23.
 fn has(cmd: &str) -> bool {
     Command::new(cmd)
-        .arg("-c")
-        .arg("exit 0")
+        .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success())
 }
@@ -76,6 +82,10 @@ struct Names {
     layers: Vec<String>,
     dtype: String,
     pass: String,
+    /// FSDP units of a sharded plan (`""`, the root, may be one), or None: not sharded.
+    units: Option<Vec<String>>,
+    /// Replica groups of a sharded plan (1, 2 or 4 of its 8 ranks).
+    replicas: u32,
 }
 
 fn decision(pass: &str, knobs: &[(&str, &str)], why: &str) -> Decision {
@@ -157,7 +167,8 @@ fn check_closed_slots(n: &Names) {
 
 /// A plan with every name from `n`: tensors in groups of two (the first group partitioned in
 /// 3), fused clusters of consecutive layers, every layer recomputed, AMP, k = 2, a Horovod
-/// baseline's cycle; closed-set slots hold a listed value ([`closed`]).
+/// baseline's cycle, and when `n.units` is given stage-3 sharding of those units over its 8
+/// ranks (`n.replicas` groups); closed-set slots hold a listed value ([`closed`]).
 fn plan_of(n: &Names) -> Plan {
     let groups: Vec<Vec<String>> = n.tensors.chunks(2).map(|c| c.to_vec()).collect();
     let fused: Vec<Vec<String>> = n
@@ -228,7 +239,16 @@ fn plan_of(n: &Names) -> Plan {
             passes: vec!["amp".into(), n.pass.clone(), "fused-adam".into()],
             grad_accumulation: 2,
             recompute: n.layers.clone(),
-            sharding: None,
+            sharding: n.units.as_ref().map(|units| ShardConfig {
+                stage: 3,
+                shard_size: 8 / n.replicas,
+                replicas: n.replicas,
+                reshard: true,
+                prefetch: 2,
+                offload: false,
+                units: units.clone(),
+                unit_bytes: vec![1 << 20; units.len()],
+            }),
         },
         search: SearchStats {
             strategy: SearchStrategy::CriticalPath,
@@ -260,17 +280,23 @@ fn worst_case() -> Names {
             FRAGMENTS[10].into(),
         ],
         tensors: distinct(all.clone()),
-        layers: distinct(all),
+        layers: distinct(all.clone()),
         dtype: FRAGMENTS[4].into(),
         pass: FRAGMENTS[11].into(),
+        units: Some(
+            std::iter::once(String::new())
+                .chain(distinct(all))
+                .collect(),
+        ),
+        replicas: 2,
     }
 }
 
 /// Text invariants of every emitted file: no control character but `\n`, no Unicode line
 /// separator; the first two lines of a Python module are the emitter's own (the same as for a
 /// benign plan), so no encoding declaration can come from the plan.
-fn check_text(fw: Framework, files: &[(String, String)]) {
-    let benign = emit(&plan_of(&benign_names()), fw).unwrap();
+fn check_text(fw: Framework, files: &[(String, String)], sharded: bool) {
+    let benign = emit(&plan_of(&benign_names(sharded)), fw).unwrap();
     for (name, text) in files {
         if let Some(c) = text
             .chars()
@@ -286,7 +312,7 @@ fn check_text(fw: Framework, files: &[(String, String)]) {
     }
 }
 
-fn benign_names() -> Names {
+fn benign_names(sharded: bool) -> Names {
     let v = |p: &str| (0..4).map(|i| format!("{p}{i}")).collect::<Vec<_>>();
     Names {
         workload: ["zoo".into(), "m".into(), "c".into(), "zoo".into()],
@@ -294,6 +320,8 @@ fn benign_names() -> Names {
         layers: v("l"),
         dtype: "fp16".into(),
         pass: "my-pass".into(),
+        units: sharded.then(|| v("u")),
+        replicas: 1,
     }
 }
 
@@ -324,7 +352,7 @@ fn check_inert(plan: &Plan, root: &Path) {
     let mut texts: BTreeMap<(Framework, String), String> = BTreeMap::new();
     for fw in Framework::ALL {
         let e = emit(plan, fw).unwrap_or_else(|e| panic!("{fw}: {e}"));
-        check_text(fw, &e.files);
+        check_text(fw, &e.files, plan.config.sharding.is_some());
         let dir = root.join(fw.name());
         std::fs::create_dir_all(&dir).unwrap();
         for (name, text) in &e.files {
@@ -371,6 +399,14 @@ fn check_inert(plan: &Plan, root: &Path) {
         _ => plan.decisions[1].knobs["dtype"].clone(),
     };
     assert_eq!(pt["DTYPE"], Value::from(half));
+    // FSDP2: the unit names come back exactly, and the mesh is the plan's.
+    let sh = plan.config.sharding.as_ref();
+    assert_eq!(pt["SHARDED"], Value::from(sh.is_some()));
+    if let Some(sh) = sh {
+        assert_eq!(pt["FSDP_UNITS"], serde_json::to_value(&sh.units).unwrap());
+        assert_eq!(pt["FSDP_REPLICAS"], sh.replicas);
+        assert_eq!(pt["FSDP_SHARD_SIZE"], sh.shard_size);
+    }
     let xla = module(Framework::Xla);
     let jax = module(Framework::Jax);
     assert_eq!(pt["RECOMPUTE_MODULES"], jax["RECOMPUTE_MODULES"]);
@@ -496,6 +532,14 @@ fn worst_case_plan_exports_inert_files_for_every_framework() {
     check_inert(&plan_of(&worst_case()), &root);
     check_closed_slots(&worst_case());
     let _ = std::fs::remove_dir_all(&root);
+    // The same names without sharding (the DDP path of the PyTorch export).
+    let root = scratch("worst-ddp");
+    let unsharded = Names {
+        units: None,
+        ..worst_case()
+    };
+    check_inert(&plan_of(&unsharded), &root);
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 fn hostile_name() -> impl Strategy<Value = String> {
@@ -522,14 +566,24 @@ fn hostile_names() -> impl Strategy<Value = Names> {
         prop::collection::vec(hostile_name(), 1..5),
         hostile_name(),
         hostile_name(),
+        prop::option::of((prop::collection::vec(hostile_name(), 1..4), any::<bool>())),
+        prop::sample::select(vec![1u32, 2, 4]),
     )
-        .prop_map(|(workload, tensors, layers, dtype, pass)| Names {
-            workload,
-            tensors: distinct(tensors),
-            layers: distinct(layers),
-            dtype,
-            pass,
-        })
+        .prop_map(
+            |(workload, tensors, layers, dtype, pass, units, replicas)| Names {
+                workload,
+                tensors: distinct(tensors),
+                layers: distinct(layers),
+                dtype,
+                pass,
+                // Distinct names, the root unit first when drawn.
+                units: units.map(|(u, root)| {
+                    let root = root.then(String::new);
+                    root.into_iter().chain(distinct(u)).collect()
+                }),
+                replicas,
+            },
+        )
 }
 
 fn cases(default: u32) -> u32 {
@@ -597,7 +651,7 @@ proptest! {
         let plan = plan_of(&n);
         for fw in Framework::ALL {
             let e = emit(&plan, fw).unwrap();
-            check_text(fw, &e.files);
+            check_text(fw, &e.files, plan.config.sharding.is_some());
             if let Some((_, t)) = e.files.iter().find(|(n, _)| n.ends_with(".txt")) {
                 let fields = if fw == Framework::Byteps { 3 } else { 2 };
                 let _ = records(t, fields);

@@ -9,7 +9,8 @@
 //! | `fused_ops` | — | — | `jit_compile` / `TF_XLA_FLAGS` (XLA's own clusters; zoo names not targeted, said) | `torch.compile` per module | — (`jax.jit` fuses; said) |
 //! | `dtype`, `amp` | autocast + GradScaler, `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy + loss scaling | autocast + GradScaler | compute dtype + dynamic loss scaling (fp16) |
 //! | `recompute` | — | — | — (not applied, said) | `torch.utils.checkpoint` per module | `jax.checkpoint` per layer (`remat`) |
-//! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
+//! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`) for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
+//! | `sharding` (stage 3) | — | — | — | FSDP2 `fully_shard` per unit, then the root: `reshard_after_forward`, prefetch lists, `MixedPrecisionPolicy`, HSDP mesh ([`fsdp`]) | — |
 //!
 //! **Invariant:** emitters are pure: no IO, the same plan gives byte-identical files (every map
 //! is ordered). Every Python file they produce compiles (`python3 -m py_compile`, tested) and
@@ -33,6 +34,7 @@
 mod byteps;
 mod deepspeed;
 pub mod escape;
+mod fsdp;
 mod horovod;
 mod jax;
 mod pytorch;
@@ -56,7 +58,8 @@ pub enum Framework {
     Xla,
     /// BytePS: env file + per-tensor partition file.
     Byteps,
-    /// PyTorch DDP: `trainplan_patch.py` with `apply_plan(model, optimizer)`.
+    /// PyTorch: `trainplan_patch.py` with `apply_plan(model, optimizer)` (DDP), or
+    /// `apply_fsdp(model)` (FSDP2) for a sharded plan.
     Pytorch,
     /// JAX: env file + remat / dtype / accumulation module.
     Jax,
@@ -157,6 +160,9 @@ pub enum EmitError {
     /// A value no escaping can carry into the target file (a control character in an env value).
     #[error("cannot be exported safely: {0}")]
     Unsafe(String),
+    /// A planned setting the framework's export has no mechanism for (`field` names it).
+    #[error("{field} cannot be exported for this framework: {why}")]
+    Unsupported { field: String, why: String },
 }
 
 /// Emit `plan` for `fw`.

@@ -1,5 +1,6 @@
 //! PyTorch: `trainplan_patch.py`, a module with `apply_plan(model, optimizer=None, *,
-//! ddp_kwargs=None)` and helpers.
+//! ddp_kwargs=None)` (DDP) and helpers; for a plan with `config.sharding`, `apply_fsdp(model,
+//! mesh=None)` (FSDP2, [`super::fsdp`]) instead, and `apply_plan` refuses.
 //!
 //! * tensor groups → DDP buckets. DDP fills buckets in gradient-ready order and closes one when
 //!   it reaches `bucket_cap_mb` (the first at 1 MiB only while the cap is left at its default),
@@ -29,7 +30,8 @@
 //!   about a planned region that was not called (issue 27);
 //! * names: every planned parameter must exist (else `PlanMismatch` listing a few missing);
 //!   planned modules without any counterpart are skipped with a warning;
-//! * gradient accumulation k → `accumulate(model, step)`: `model.no_sync()` for k−1 micro-steps,
+//! * gradient accumulation k → `accumulate(model, step)`: `model.no_sync()` for k−1 micro-steps
+//!   (an FSDP2 model: `set_requires_gradient_sync(False)`),
 //!   `is_update_step(step)`, `scale_loss(loss)` = loss / k, and `MICRO_BATCH` = batch / k: each
 //!   micro-step must be fed batch/k samples (keeping the loader's batch would double the
 //!   effective batch and save no memory);
@@ -40,6 +42,7 @@
 //! * a plan from a trace names ATen operators: no compile or checkpoint regions are written,
 //!   and a note says what could not be mapped.
 
+use super::fsdp;
 use super::torch_helpers::TORCH_HELPERS_PY;
 use super::{
     EmitError, Emitted, Facts, comment_text, header, names_doc, py_groups, py_ints, py_list,
@@ -152,8 +155,12 @@ pub fn bucket_cap(plan: &Plan) -> (Option<u64>, bool) {
     (cap, ddp)
 }
 
-pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
-    let mut notes = Vec::new();
+/// The module docstring of an unsharded (DDP) plan: fixed text.
+const DDP_DOC: &str = "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import (apply_plan, autocast_context, make_grad_scaler, accumulate,\n                                 is_update_step, scale_loss, optimizer_kwargs, MICRO_BATCH)\n    model = apply_plan(model)          # after init_process_group, instead of DistributedDataParallel(model)\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **optimizer_kwargs())\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):   # a loader of MICRO_BATCH samples per step\n        with accumulate(model, step), autocast_context():\n            loss = scale_loss(loss_fn(model(batch)))\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nThe plan (model, cluster, --framework, predicted times) and whose names it uses are in the\ncomments below.\n\"\"\"\n";
+
+/// The modules the module compiles and checkpoints (none for a trace's ATen names), and the
+/// compile regions (for the note on split clusters).
+fn regions_of(plan: &Plan, f: &Facts) -> (CompileRegions, Vec<String>, Vec<String>) {
     let trace = plan.workload.names == "trace";
     let regions = if trace {
         CompileRegions {
@@ -178,8 +185,16 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             .cloned()
             .collect()
     };
-    let (cap, ddp_groups) = bucket_cap(plan);
-    let cap = match (cap, ddp_groups) {
+    (regions, compile, recompute)
+}
+
+/// DDP's bucket cap for the module (`None`: DDP's default), with a note when the plan's groups
+/// are not DDP's. A sharded plan's groups are FSDP2's reduce-scatters: no cap, no note.
+fn ddp_cap(plan: &Plan, f: &Facts, sharded: bool, notes: &mut Vec<String>) -> Option<u64> {
+    if sharded {
+        return None;
+    }
+    match bucket_cap(plan) {
         (Some(c), _) => Some(c),
         (None, true) => None,
         (None, false) => {
@@ -191,19 +206,36 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             }
             f.largest_group_bytes().filter(|_| f.fuses_tensors())
         }
-    };
+    }
+}
+
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
+    let shard = fsdp::sharding(plan)?;
+    let mut notes = Vec::new();
+    let (regions, compile, recompute) = regions_of(plan, f);
+    let cap = ddp_cap(plan, f, shard.is_some(), &mut notes);
     let micro = f
         .micro_batch
         .map_or_else(|| "None".to_string(), |m| m.to_string());
     let mut py = format!(
-        "\"\"\"Apply a trainplan plan to a PyTorch training loop.\n\n    from trainplan_patch import (apply_plan, autocast_context, make_grad_scaler, accumulate,\n                                 is_update_step, scale_loss, optimizer_kwargs, MICRO_BATCH)\n    model = apply_plan(model)          # after init_process_group, instead of DistributedDataParallel(model)\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **optimizer_kwargs())\n    scaler = make_grad_scaler()\n    for step, batch in enumerate(loader):   # a loader of MICRO_BATCH samples per step\n        with accumulate(model, step), autocast_context():\n            loss = scale_loss(loss_fn(model(batch)))\n        scaler.scale(loss).backward()\n        if is_update_step(step):\n            scaler.step(optimizer); scaler.update(); optimizer.zero_grad()\n\nThe plan (model, cluster, --framework, predicted times) and whose names it uses are in the\ncomments below.\n\"\"\"\n\n{}# names: {}\n# planned with --framework {}\nimport contextlib\nimport warnings\n\n",
+        "{}\n{}# names: {}\n# planned with --framework {}\nimport contextlib\nimport warnings\n\n",
+        if shard.is_some() {
+            fsdp::FSDP_DOC
+        } else {
+            DDP_DOC
+        },
         header(plan, "PyTorch patch"),
         comment_text(&names_doc(plan)),
         plan.workload.framework
     );
     py.push_str(&format!("NAMES = {}\n", py_str(&plan.workload.names)));
     py.push_str(&format!(
-        "# The plan's collectives (DDP buckets), in gradient-ready order, as parameter names.\nTENSOR_GROUPS = {}\n",
+        "# The plan's gradient collectives ({}), in issue order, as parameter names.\nTENSOR_GROUPS = {}\n",
+        if shard.is_some() {
+            "FSDP2's reduce-scatters"
+        } else {
+            "DDP buckets"
+        },
         py_groups(&f.groups)
     ));
     py.push_str(&format!(
@@ -238,9 +270,35 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             "False"
         }
     ));
+    py.push_str(&fsdp::constants(shard));
     py.push_str(TORCH_HELPERS_PY);
     py.push_str(PYTORCH_PY);
-    if trace && (!f.clusters.is_empty() || !f.recompute.is_empty()) {
+    py.push_str(fsdp::FSDP_PY);
+    notes.extend(usage_notes(plan, f, &micro, &regions, &recompute, &compile));
+    match shard {
+        Some(sh) => notes.extend(fsdp::notes(sh, f.half.as_deref())),
+        None => notes.push("call apply_plan(model) after torch.distributed.init_process_group and before wrapping in DistributedDataParallel: it wraps the model itself".into()),
+    }
+    Ok(Emitted {
+        files: vec![("trainplan_patch.py".into(), py)],
+        notes,
+    })
+}
+
+/// What the user must do for AMP, accumulation, checkpointing, compiled regions and fused Adam,
+/// and the passes PyTorch has no setting for.
+fn usage_notes(
+    plan: &Plan,
+    f: &Facts,
+    micro: &str,
+    regions: &CompileRegions,
+    recompute: &[String],
+    compile: &[String],
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    let sharded = plan.config.sharding.is_some();
+    let entry = if sharded { "apply_fsdp" } else { "apply_plan" };
+    if plan.workload.names == "trace" && (!f.clusters.is_empty() || !f.recompute.is_empty()) {
         notes.push(
             "the plan comes from a trace, whose names are ATen operators, not modules: its op-fusion and recomputation sites cannot be mapped to modules and are not applied".into(),
         );
@@ -253,20 +311,30 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     }
     if f.k > 1 {
         notes.push(format!(
-            "gradient accumulation k = {}: feed MICRO_BATCH = {micro} samples per micro-step (not the full batch), divide the loss with scale_loss(loss), wrap each micro-step in accumulate(model, step) and step the optimizer when is_update_step(step)",
-            f.k
+            "gradient accumulation k = {}: feed MICRO_BATCH = {micro} samples per micro-step (not the full batch), divide the loss with scale_loss(loss), wrap each micro-step in accumulate(model, step) ({}) and step the optimizer when is_update_step(step)",
+            f.k,
+            if sharded {
+                "FSDP2: set_requires_gradient_sync(False) on the first k-1 micro-steps"
+            } else {
+                "DDP: no_sync() on the first k-1 micro-steps"
+            }
         ));
     }
     if !recompute.is_empty() {
         notes.push(format!(
-            "activation checkpointing of {} module(s), applied by apply_plan",
+            "activation checkpointing of {} module(s), applied by {entry}",
             recompute.len()
         ));
     }
     if !compile.is_empty() {
         notes.push(format!(
-            "torch.compile of {} module(s) where op fusion was planned, applied by apply_plan once DDP has fixed its buckets (compile=False to skip)",
-            compile.len()
+            "torch.compile of {} module(s) where op fusion was planned, applied by {entry}{} (compile=False to skip)",
+            compile.len(),
+            if sharded {
+                " before fully_shard"
+            } else {
+                " once DDP has fixed its buckets"
+            }
         ));
     }
     if let Some(first) = regions.split.first() {
@@ -281,11 +349,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         );
     }
     notes.extend(unmapped_passes(f, &["amp", "fused-adam"], "PyTorch"));
-    notes.push("call apply_plan(model) after torch.distributed.init_process_group and before wrapping in DistributedDataParallel: it wraps the model itself".into());
-    Ok(Emitted {
-        files: vec![("trainplan_patch.py".into(), py)],
-        notes,
-    })
+    notes
 }
 
 const PYTORCH_PY: &str = r#"
@@ -384,6 +448,13 @@ def apply_checkpointing(model):
         # checkpoint keeps for its re-run: computed out of place, the values are the same.
         if getattr(module, "inplace", False) is True:
             module.inplace = False
+    # A Hugging Face model's key/value cache grows in the forward: a checkpointed block's
+    # re-run would see it grown and compute different shapes (found on GPT-2). Hugging Face
+    # turns the cache off for its own gradient checkpointing; so does this.
+    config = getattr(model, "config", None)
+    if RECOMPUTE_MODULES and getattr(config, "use_cache", False) is True:
+        config.use_cache = False
+        warnings.warn("use_cache=False: the key/value cache does not survive activation checkpointing")
     return model
 
 
@@ -451,11 +522,30 @@ def compiled_region_calls(model):
 
 
 def accumulate(model, step):
-    """`model.no_sync()` on the first k-1 micro-steps of each window, else a no-op context.
-    Feed MICRO_BATCH samples per micro-step and divide the loss with scale_loss()."""
+    """Skip the gradient synchronisation on the first k-1 micro-steps of each window: DDP's
+    model.no_sync(); for an FSDP2 model (apply_fsdp), which has no no_sync(),
+    model.set_requires_gradient_sync(False) on those micro-steps and True on the last (no
+    reduce-scatter until the window's last backward; the unsharded gradients accumulate).
+    Returns a context (a no-op without accumulation). Feed MICRO_BATCH samples per micro-step
+    and divide the loss with scale_loss()."""
+    if GRAD_ACCUMULATION > 1 and hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(is_update_step(step))
+        return contextlib.nullcontext()
     if GRAD_ACCUMULATION > 1 and not is_update_step(step) and hasattr(model, "no_sync"):
         return model.no_sync()
     return contextlib.nullcontext()
+
+
+def check_optimizer(model, optimizer):
+    """Warn when `optimizer` does not update every planned parameter, or is not fused when the
+    plan counts fused Adam."""
+    planned = {n for g in TENSOR_GROUPS for n in g}
+    owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    lost = [n for n, p in model.named_parameters() if n in planned and id(p) not in owned]
+    if lost:
+        warnings.warn("the optimizer does not update %d planned parameters, e.g. %s" % (len(lost), lost[0]))
+    if FUSED_ADAM and not all(g.get("fused") for g in optimizer.param_groups):
+        warnings.warn("the plan counts fused Adam: build the optimizer with **optimizer_kwargs()")
 
 
 def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointing=True, compile=True, compile_kwargs=None):
@@ -463,22 +553,21 @@ def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointin
     model to train: checked names, checkpointing, compiled regions, and, when a process group
     is initialised (or ddp=True), DDP with the planned buckets. Compiled regions run eagerly
     until DDP has fixed its buckets (after the first synchronised step). `optimizer` is only
-    checked (that it updates every planned parameter and is fused when the plan says so)."""
+    checked (check_optimizer). A sharded plan is applied by apply_fsdp instead (FSDP2)."""
     inner = getattr(model, "module", None)
     if inner is not None and type(model).__name__ == "DistributedDataParallel":
         raise ValueError(
             "apply_plan needs the model before DistributedDataParallel wraps it: "
             "buckets are fixed when DDP is built"
         )
+    if SHARDED:
+        raise ValueError(
+            "this plan shards the model (FSDP2): call apply_fsdp(model) instead of apply_plan, "
+            "and build the optimizer after it"
+        )
     check_names(model)
     if optimizer is not None:
-        planned = {n for g in TENSOR_GROUPS for n in g}
-        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        lost = [n for n, p in model.named_parameters() if n in planned and id(p) not in owned]
-        if lost:
-            warnings.warn("the optimizer does not update %d planned parameters, e.g. %s" % (len(lost), lost[0]))
-        if FUSED_ADAM and not all(g.get("fused") for g in optimizer.param_groups):
-            warnings.warn("the plan counts fused Adam: build the optimizer with **optimizer_kwargs()")
+        check_optimizer(model, optimizer)
     if ddp is None:
         try:
             import torch.distributed as dist
