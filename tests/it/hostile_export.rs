@@ -5,7 +5,8 @@
 //! (`python3`), every env file is sourced the README's way (`set -a; . FILE; set +a`, with
 //! bash and with /bin/sh), and the test checks that nothing ran (no `PWNED` file appeared) and
 //! that the planned values came back exactly: tensor groups, names, recomputed modules, the
-//! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, every env value.
+//! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, every env value,
+//! torchtitan.toml's description (read back by the `toml` crate).
 //!
 //! Slots with a closed set of values (`workload.source`, `workload.names`, `config.dtype`,
 //! `amp`'s dtype knob) are not escaped but refused: a hostile value there fails the plan check
@@ -60,10 +61,12 @@ const FRAGMENTS: [&str; 22] = [
     "layer1.0.conv1",
 ];
 
+/// Whether `cmd -c ""` runs: an empty program is valid for python3 and the shells alike (`exit
+/// 0` is a Python syntax error, which made the import half skip everywhere).
 fn has(cmd: &str) -> bool {
     Command::new(cmd)
         .arg("-c")
-        .arg("exit 0")
+        .arg("")
         .output()
         .is_ok_and(|o| o.status.success())
 }
@@ -347,6 +350,26 @@ fn check_inert(plan: &Plan, root: &Path) {
     assert_eq!(bps[0].1, ["3", "0"]);
     // TF: a zoo plan's names are not a Keras model's nodes, so no cluster file is written.
     assert!(!texts.contains_key(&(Framework::Xla, "xla_clusters.txt".to_string())));
+    // torchtitan.toml: a TOML reader gets the plan's text back exactly, and the degrees and
+    // batch sizes as planned (8 ranks unsharded, batch 4 in k = 2 micro-batches).
+    let titan: toml::Table = text(Framework::Torchtitan, "torchtitan.toml")
+        .parse()
+        .unwrap_or_else(|e| panic!("torchtitan.toml: {e}"));
+    let w = &plan.workload;
+    let want = format!(
+        "trainplan plan: {} on {} ({} ranks)",
+        w.model, w.cluster, w.ranks
+    );
+    assert_eq!(titan["job"]["description"].as_str(), Some(want.as_str()));
+    assert_eq!(
+        titan["parallelism"]["data_parallel_replicate_degree"].as_integer(),
+        Some(8)
+    );
+    assert_eq!(titan["training"]["local_batch_size"].as_integer(), Some(2));
+    assert_eq!(
+        titan["training"]["global_batch_size"].as_integer(),
+        Some(32)
+    );
 
     if !has("python3") || !has("bash") {
         crate::skip_note!("python3 or bash not found: skipping the import and source half");
