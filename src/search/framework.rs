@@ -122,7 +122,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "bf16.enabled, or fp16.enabled with dynamic loss scaling; FP32 master weights in the optimizer (ds_config.json)",
             ),
             Torchtitan => Ok(
-                "training.mixed_precision_param in the planned dtype, mixed_precision_reduce = float32 (torchtitan.toml)",
+                "training.mixed_precision_param = bfloat16, mixed_precision_reduce = float32 (torchtitan.toml); bf16 only: torchtitan has no fp16 mixed precision (no loss scaler), and the export of an fp16 plan says it runs in float32",
             ),
         },
         "fused-adam" => match fw {

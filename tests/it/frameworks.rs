@@ -21,6 +21,11 @@
 //!   runs on real PyTorch models against a stub of its documented API (`stubs/horovod`): the
 //!   `DistributedOptimizer` call (groups, accumulation, compression), group bytes against the
 //!   real parameters and the fusion threshold, the AMP step pattern, fused Adam.
+//! * torchtitan 0.2.0 (`tests/frameworks/torchtitan_config.py`, issue 23): `torchtitan.toml`
+//!   loaded by its `ConfigManager` with the planned values, the degrees accepted by its
+//!   `ParallelDims` and device mesh (fake process group of the plan's ranks), the accumulation
+//!   torchtitan derives from the batch sizes, and its llama3 `parallelize_llama` applying
+//!   FSDP2 / HSDP / DDP, the reshard policy, the precision and the optimizer as planned.
 //!
 //! The libraries come from the virtual environment `tests/frameworks/venv.sh` creates once and
 //! caches outside the clone (keyed by the pinned `requirements.txt`); `TRAINPLAN_PYTHON`
@@ -1074,4 +1079,250 @@ fn pytorch_sharded_gpt_plan_runs_as_planned_on_fsdp2_gloo() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+/// A torchtitan test plan: what it sets on the planner's plan.
+struct TitanCase {
+    tag: &'static str,
+    /// (replicas, reshard) of a stage-3 sharding; None: unsharded.
+    shard: Option<(u32, bool)>,
+    /// `fp32`, or AMP in `bf16` / `fp16`.
+    dtype: &'static str,
+    k: u32,
+    fused_adam: bool,
+}
+
+/// `trainplan plan --framework torchtitan` on a tiny GPT (8 ranks, batch 4 per GPU), then the
+/// case's sharding, precision, accumulation and fused Adam set on its config. The one place a
+/// sharded plan is made by hand: swap it for `plan --passes shard:...` once the planner writes
+/// each of these.
+fn titan_plan(dir: &Path, case: &TitanCase) -> trainplan::plan::Plan {
+    use trainplan::plan::{Plan, ShardConfig};
+    let path = dir.join("plan.yaml");
+    let mut args: Vec<&str> = "plan --model gpt --hidden 64 --heads 2 --layers 2 --seq 32 \
+        --vocab 128 --batch 4 --cluster 8xh200 --framework torchtitan --max-rounds 20 -o"
+        .split_whitespace()
+        .collect();
+    args.push(path.to_str().unwrap());
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 0, "plan: {err}");
+    let mut p = Plan::from_yaml(&std::fs::read_to_string(&path).unwrap(), "plan.yaml").unwrap();
+    let c = &mut p.config;
+    c.sharding = case.shard.map(|(replicas, reshard)| ShardConfig {
+        stage: 3,
+        shard_size: p.workload.ranks / replicas,
+        replicas,
+        reshard,
+        prefetch: 1,
+        offload: false,
+        // The zoo GPT's wrap units: its two blocks, then the root.
+        units: vec![
+            "transformer.h.0".into(),
+            "transformer.h.1".into(),
+            String::new(),
+        ],
+        unit_bytes: vec![1 << 20, 1 << 20, 1 << 18],
+    });
+    c.dtype = case.dtype.into();
+    c.passes.retain(|x| x != "amp" && x != "fused-adam");
+    p.decisions
+        .retain(|d| d.pass != "amp" && d.pass != "fused-adam");
+    if case.dtype != "fp32" {
+        c.passes.push("amp".into());
+        let mut amp = p.decisions[0].clone();
+        amp.pass = "amp".into();
+        amp.knobs = [("dtype".to_string(), case.dtype.to_string())].into();
+        p.decisions.push(amp);
+    }
+    if case.fused_adam {
+        c.passes.push("fused-adam".into());
+    }
+    c.passes.sort();
+    c.grad_accumulation = case.k;
+    p.check().unwrap();
+    std::fs::write(&path, p.to_yaml()).unwrap();
+    p
+}
+
+/// What torchtitan made of one exported file (tests/frameworks/torchtitan_config.py).
+fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
+    let ctx = format!("{}: {seen}", case.tag);
+    let ranks = u64::from(plan.workload.ranks);
+    let batch = u64::from(plan.workload.batch().unwrap());
+    let k = u64::from(case.k);
+    assert_eq!(seen["type_errors"], serde_json::json!([]), "{ctx}");
+    let cfg = &seen["config"];
+    let par = &cfg["parallelism"];
+    let (replicas, shard) = match case.shard {
+        Some((r, _)) => (u64::from(r), ranks / u64::from(r)),
+        None => (ranks, 1),
+    };
+    assert_eq!(par["data_parallel_replicate_degree"], replicas, "{ctx}");
+    assert_eq!(par["data_parallel_shard_degree"], shard, "{ctx}");
+    for d in ["tensor", "pipeline", "context"] {
+        assert_eq!(par[format!("{d}_parallel_degree")], 1, "{ctx}");
+    }
+    // torchtitan's mesh: every rank data-parallel, shard groups of consecutive ranks.
+    let mesh = &seen["mesh"];
+    assert_eq!(mesh["dp"], ranks, "{ctx}");
+    assert_eq!(mesh["dp_replicate_enabled"], replicas > 1, "{ctx}");
+    assert_eq!(mesh["fsdp_enabled"], case.shard.is_some(), "{ctx}");
+    // Accumulation: torchtitan's own derivation gives k micro-batches of batch/k, loss ÷ k.
+    let tr = &cfg["training"];
+    assert_eq!(tr["local_batch_size"], batch / k, "{ctx}");
+    assert_eq!(tr["global_batch_size"], batch * ranks, "{ctx}");
+    assert_eq!(seen["formula_in_train_py"], true, "{ctx}");
+    assert_eq!(seen["divides"], true, "{ctx}");
+    assert_eq!(seen["accumulation_steps"], k, "{ctx}");
+    assert!((seen["rescaled_loss"].as_f64().unwrap() - 1.0 / k as f64).abs() < 1e-9);
+    // Precision: bf16 only under bf16 AMP (fp16 cannot be run: float32, said in a note).
+    let param = if case.dtype == "bf16" {
+        "bfloat16"
+    } else {
+        "float32"
+    };
+    assert_eq!(tr["mixed_precision_param"], param, "{ctx}");
+    assert_eq!(tr["mixed_precision_reduce"], "float32", "{ctx}");
+    assert_eq!(tr["dtype"], "float32", "{ctx}");
+    let torch_dtype = format!("torch.{param}");
+    match case.shard {
+        Some((r, reshard)) => {
+            assert_eq!(
+                par["fsdp_reshard_after_forward"],
+                if reshard { "always" } else { "never" }
+            );
+            assert_eq!(mesh["dp_shard_cp"], shard, "{ctx}");
+            let group: Vec<u64> = (0..shard).collect();
+            assert_eq!(
+                mesh["shard_group_of_rank0"],
+                serde_json::json!(group),
+                "{ctx}"
+            );
+            // FSDP2 as torchtitan applies it: every block resharded as planned (the root never
+            // is), HSDP when replicated, the planned parameter dtype, fp32 reduction.
+            let fsdp = seen["fsdp"].as_object().unwrap_or_else(|| panic!("{ctx}"));
+            assert!(fsdp.contains_key("layers.0"), "{ctx}");
+            for (name, m) in fsdp.iter().filter(|(n, _)| !n.is_empty()) {
+                assert_eq!(m["reshard"], reshard, "{name}: {ctx}");
+                assert_eq!(m["hsdp"], r > 1, "{name}: {ctx}");
+                assert_eq!(m["param_dtype"], torch_dtype.as_str(), "{name}: {ctx}");
+                assert_eq!(m["reduce_dtype"], "torch.float32", "{name}: {ctx}");
+            }
+            assert_eq!(seen["ddp"], false, "{ctx}");
+            assert_eq!(seen["amp_context"], "nullcontext", "{ctx}");
+        }
+        None => {
+            assert!(seen["fsdp"].is_null(), "{ctx}");
+            assert_eq!(seen["ddp"], true, "{ctx}");
+            assert_eq!(
+                seen["amp_context"],
+                format!("autocast:{torch_dtype}"),
+                "{ctx}"
+            );
+        }
+    }
+    let fused = plan.config.passes.iter().any(|p| p == "fused-adam");
+    assert_eq!(
+        cfg["optimizer"]["implementation"],
+        if fused { "fused" } else { "foreach" }
+    );
+    assert_eq!(seen["optimizer"]["fused"], fused, "{ctx}");
+    assert_eq!(seen["optimizer"]["foreach"], !fused, "{ctx}");
+    assert_eq!(cfg["activation_checkpoint"]["mode"], "none", "{ctx}");
+    assert_eq!(cfg["compile"]["enable"], false, "{ctx}");
+    // The model is the user's to set: torchtitan refuses the placeholder, takes the CLI's.
+    assert!(
+        seen["model_refused"].as_str().unwrap().contains("set-me"),
+        "{ctx}"
+    );
+    assert_eq!(seen["cli_model"], "llama3", "{ctx}");
+    let w = &plan.workload;
+    let want = format!(
+        "trainplan plan: {} on {} ({} ranks)",
+        w.model, w.cluster, w.ranks
+    );
+    assert_eq!(cfg["job"]["description"], want.as_str(), "{ctx}");
+}
+
+/// Issue 23: `export --to torchtitan` on unsharded, FSDP (with and without reshard), HSDP,
+/// bf16 / fp16 AMP and accumulation plans; torchtitan 0.2.0's ConfigManager loads each file
+/// with the planned values, its ParallelDims accepts the degrees for the plan's ranks and
+/// builds the mesh (fake process group), and its llama3 parallelize applies FSDP2 / DDP,
+/// precision and the optimizer as planned. Stage 2 is refused naming the field.
+#[test]
+fn torchtitan_exports_load_in_torchtitan_as_planned() {
+    let Some(py) = python() else { return };
+    let case = |tag, shard, dtype, k, fused_adam| TitanCase {
+        tag,
+        shard,
+        dtype,
+        k,
+        fused_adam,
+    };
+    let cases = [
+        case("ddp", None, "fp32", 1, false),
+        case("fsdp", Some((1, true)), "bf16", 1, true),
+        case("fsdp-keep", Some((1, false)), "fp32", 2, false),
+        case("hsdp", Some((2, true)), "bf16", 4, true),
+        case("fp16", None, "fp16", 2, true),
+    ];
+    let root = scratch("titan");
+    let mut args: Vec<String> = Vec::new();
+    let mut plans = Vec::new();
+    for c in &cases {
+        let dir = root.join(c.tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        let plan = titan_plan(&dir, c);
+        let (p, out) = (dir.join("plan.yaml"), dir.join("out"));
+        let (p, out) = (p.to_str().unwrap(), out.to_str().unwrap());
+        let v = crate::support::run_json(&["export", p, "--to", "torchtitan", "-o", out]);
+        let notes: Vec<&str> = v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            notes
+                .iter()
+                .any(|n| n.contains("AMP in fp16 is not applied")),
+            c.dtype == "fp16",
+            "{}: {notes:?}",
+            c.tag
+        );
+        args.extend([
+            format!("{out}/torchtitan.toml"),
+            plan.workload.ranks.to_string(),
+        ]);
+        plans.push(plan);
+    }
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let seen = harness(&py, "torchtitan_config.py", &a);
+    assert_eq!(seen["torchtitan"], "0.2.0");
+    let got = seen["cases"].as_array().unwrap();
+    assert_eq!(got.len(), cases.len());
+    for ((c, plan), s) in cases.iter().zip(&plans).zip(got) {
+        check_titan(s, plan, c);
+    }
+    // Stage 2 (ZeRO-2): FSDP2 has no setting for it; the export says which field.
+    let dir = root.join("zero2");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("plan.yaml");
+    let mut plan = plans[1].clone();
+    plan.config.sharding.as_mut().unwrap().stage = 2;
+    std::fs::write(&p, plan.to_yaml()).unwrap();
+    let (code, _, err) = run(&[
+        "export",
+        p.to_str().unwrap(),
+        "--to",
+        "torchtitan",
+        "-o",
+        dir.join("z2").to_str().unwrap(),
+    ]);
+    // Bad input (exit 3), naming the plan file and the field.
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("plan.yaml: config.sharding.stage cannot be exported for this framework: stage 2")
+            && err.contains("deepspeed"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }

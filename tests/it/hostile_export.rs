@@ -8,7 +8,7 @@
 //! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, every env value,
 //! and the FSDP2 units of a sharded plan (stage 3 over the plan's 8 ranks, hostile unit names,
 //! the root `""` among them; the worst case runs sharded and unsharded, the proptest plans draw
-//! either).
+//! either), and torchtitan.toml's description (read back by the `toml` crate).
 //!
 //! Slots with a closed set of values (`workload.source`, `workload.names`, `config.dtype`,
 //! `amp`'s dtype knob) are not escaped but refused: a hostile value there fails the plan check
@@ -375,6 +375,26 @@ fn check_inert(plan: &Plan, root: &Path) {
     assert_eq!(bps[0].1, ["3", "0"]);
     // TF: a zoo plan's names are not a Keras model's nodes, so no cluster file is written.
     assert!(!texts.contains_key(&(Framework::Xla, "xla_clusters.txt".to_string())));
+    // torchtitan.toml: a TOML reader gets the plan's text back exactly, and the degrees and
+    // batch sizes as planned (8 ranks unsharded, batch 4 in k = 2 micro-batches).
+    let titan: toml::Table = text(Framework::Torchtitan, "torchtitan.toml")
+        .parse()
+        .unwrap_or_else(|e| panic!("torchtitan.toml: {e}"));
+    let w = &plan.workload;
+    let want = format!(
+        "trainplan plan: {} on {} ({} ranks)",
+        w.model, w.cluster, w.ranks
+    );
+    assert_eq!(titan["job"]["description"].as_str(), Some(want.as_str()));
+    assert_eq!(
+        titan["parallelism"]["data_parallel_replicate_degree"].as_integer(),
+        Some(8)
+    );
+    assert_eq!(titan["training"]["local_batch_size"].as_integer(), Some(2));
+    assert_eq!(
+        titan["training"]["global_batch_size"].as_integer(),
+        Some(32)
+    );
 
     if !has("python3") || !has("bash") {
         crate::skip_note!("python3 or bash not found: skipping the import and source half");

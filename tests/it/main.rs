@@ -9,7 +9,8 @@
 //! * [`export`]: `trainplan plan` → `trainplan export` for every framework.
 //! * [`show`]: `trainplan show`: a plan's decisions per framework export, what is left to do.
 //! * [`frameworks`]: exported modules run on real PyTorch, JAX/optax, TensorFlow/Keras and a
-//!   stub of Horovod's documented API.
+//!   stub of Horovod's documented API; `torchtitan.toml` loaded and applied by torchtitan's own
+//!   config manager, parallel dims and llama3 parallelisation.
 //! * [`hostile_input`]: FIFOs, devices and folders at every file input, amplifying traces,
 //!   copies of one rank: exit 3 with one line, never a hang or an abort.
 //! * [`messages`]: nothing echoed from a file of another format, control characters escaped,

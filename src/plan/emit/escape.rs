@@ -8,13 +8,14 @@
 //! | `#` comments (Python, env, text files) | [`comment_text`] | one line of printable ASCII: no newline, `\r`, NUL or other control character can end the comment |
 //! | env files (`set -a; . ./FILE.env`) | [`env_line`] / [`env_value`] | one `KEY=value` line; the value a POSIX-shell word that expands to exactly the string, nothing executed; control characters refused |
 //! | one-record-per-line text (`byteps_partitions.txt`, `xla_clusters.txt`) | [`record_field`] | one whitespace-free field; [`parse_record_field`] is its inverse |
+//! | TOML values (`torchtitan.toml`) | [`toml_str`] | a basic `"…"` string, ASCII only, that a TOML reader decodes to exactly the string |
 //!
 //! Never into a docstring: a docstring is a string literal whose delimiters a name could close,
 //! so emitted docstrings are fixed text. Never into the first two lines of a Python file: a
 //! comment there can declare the source encoding (PEP 263: `# coding: utf-7` would turn escaped
 //! ASCII back into newlines), so every module starts with fixed text.
 //!
-//! **Invariant:** the output of [`py_str`], [`comment_text`] and [`record_field`] is printable
+//! **Invariant:** the output of [`py_str`], [`comment_text`], [`record_field`] and [`toml_str`] is printable
 //! ASCII (0x20–0x7e) — no control character, no non-ASCII line separator (U+0085, U+2028,
 //! U+2029), nothing a terminal, a tokenizer or a line-based reader could take for a line break.
 //! [`env_value`] refuses control characters instead (a shell word cannot escape them portably)
@@ -47,6 +48,31 @@ pub fn py_str(s: &str) -> String {
             ('"', _) => out.push_str("\\\""),
             (_, Some(e)) => out.push_str(&e),
             (c, None) => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A TOML basic string (double-quoted, ASCII only) that decodes to exactly `s`: `"` and `\`
+/// escaped, `\n` `\r` `\t` in their short forms, every other control character and every
+/// non-ASCII character as `\uXXXX` / `\UXXXXXXXX` (TOML has no `\xNN`). Written by hand rather
+/// than with the `toml` crate's writer, which keeps non-ASCII text raw (U+2028, U+0085
+/// included) and turns a newline into a multi-line string: valid TOML, but not one printable
+/// line.
+pub fn toml_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            ' '..='~' => out.push(c),
+            c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push_str(&format!("\\U{:08X}", c as u32)),
         }
     }
     out.push('"');
@@ -231,6 +257,22 @@ mod tests {
         assert_eq!(parse_record_field("a b"), None);
         assert_eq!(parse_record_field("a\\q"), None);
         assert_eq!(parse_record_field("a\\x4"), None);
+    }
+
+    #[test]
+    fn toml_strings_are_printable_ascii_and_decode_exactly() {
+        assert_eq!(toml_str("gpt"), "\"gpt\"");
+        assert_eq!(toml_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
+        assert_eq!(toml_str("\0é😀"), "\"\\u0000\\u00E9\\U0001F600\"");
+        for h in HOSTILE {
+            let t = toml_str(h);
+            assert!(t.chars().all(|c| (' '..='~').contains(&c)), "{t}");
+            // The `toml` crate (a dev-dependency) reads it back to the very string.
+            let doc: toml::Table = format!("v = {t}\n")
+                .parse()
+                .unwrap_or_else(|e| panic!("{t}: {e}"));
+            assert_eq!(doc["v"].as_str(), Some(h), "{t}");
+        }
     }
 
     #[test]

@@ -12,6 +12,10 @@
 //! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`) for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
 //! | `sharding` (stage 3) | — | — | — | FSDP2 `fully_shard` per unit, then the root: `reshard_after_forward`, prefetch lists, `MixedPrecisionPolicy`, HSDP mesh ([`fsdp`]) | — |
 //!
+//! torchtitan writes one TOML job config (`torchtitan.toml`: data-parallel degrees and the
+//! FSDP2 reshard policy from `sharding`, batch sizes from which torchtitan derives k, bf16
+//! mixed precision, fused Adam); its module header has its own table.
+//!
 //! **Invariant:** emitters are pure: no IO, the same plan gives byte-identical files (every map
 //! is ordered). Every Python file they produce compiles (`python3 -m py_compile`, tested) and
 //! imports its framework lazily, inside functions, so that it can be inspected anywhere. Env
@@ -20,7 +24,7 @@
 //! **Invariant:** no string of a plan reaches a file unescaped. Names and other plan text go
 //! through the one escaping function of their target ([`escape`]): Python literals
 //! ([`py_str`]), `#` comments ([`comment_text`]), env values ([`env_line`]; control characters
-//! refused), one-record-per-line text ([`escape::record_field`]). Docstrings and the first two
+//! refused), one-record-per-line text ([`escape::record_field`]), TOML strings ([`toml_str`]). Docstrings and the first two
 //! lines of every Python file are fixed text. Importing an emitted module or sourcing an emitted
 //! env file runs nothing but the emitter's own code, whatever the plan holds
 //! (`tests/it/hostile_export.rs` exports hostile plans for every framework, then compiles,
@@ -45,7 +49,7 @@ mod xla;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Plan;
-pub(crate) use escape::{comment_text, env_line, py_str};
+pub(crate) use escape::{comment_text, env_line, py_str, toml_str};
 
 /// A framework `trainplan export` writes for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]

@@ -1,10 +1,535 @@
-//! torchtitan: `torchtitan.toml`. (Being written: issue 23.)
+//! torchtitan: `torchtitan.toml`, a job config for torchtitan's `ConfigManager`
+//! (`torchrun … -m torchtitan.train --job.config_file torchtitan.toml`). Written for
+//! torchtitan 0.2.0, the release that runs on PyTorch 2.9 (0.2.1 and 0.2.2 import
+//! `torch.nn.attention.varlen`, new in 2.10; 0.3 reads no TOML job files). Only the keys the
+//! plan decides are written; every other setting keeps torchtitan's default.
+//!
+//! | plan | `torchtitan.toml` |
+//! |---|---|
+//! | no `sharding` | `parallelism.data_parallel_replicate_degree` = ranks, `data_parallel_shard_degree` = 1 (torchtitan's DDP) |
+//! | `sharding` stage 3 | `data_parallel_shard_degree` = `shard_size`, `data_parallel_replicate_degree` = `replicas` (HSDP when both > 1: torchtitan's mesh is `(replicas, shard)`, shard groups of consecutive ranks as planned) |
+//! | `sharding.reshard` | `fsdp_reshard_after_forward` = `"always"` / `"never"` |
+//! | stage 1 or 2, `offload` | refused ([`EmitError::Unsupported`], naming the field): FSDP2 shards all three together; torchtitan's CPU offload moves parameters and gradients too, which the plan did not price |
+//! | `prefetch`, `units` | — (FSDP2's implicit prefetch of one; torchtitan wraps its own model's blocks): notes |
+//! | `grad_accumulation` k | `training.local_batch_size` = batch ÷ k, `global_batch_size` = batch × ranks: torchtitan runs global ÷ (local × data-parallel degree) = k micro-batches per step and divides the loss by k |
+//! | `dtype` bf16 (AMP) | `training.mixed_precision_param = "bfloat16"` (FSDP2's `MixedPrecisionPolicy`, or `torch.autocast` under DDP), `mixed_precision_reduce = "float32"`, `training.dtype = "float32"` (master weights) |
+//! | `dtype` fp16 (AMP) | — `mixed_precision_param` takes bfloat16 or float32 only and torchtitan has no loss scaler: `"float32"` is written, and a note says so |
+//! | `dtype` fp8, fp64 | refused (`training.dtype` is bfloat16 or float32; fp8 is a torchao model converter) |
+//! | `fused-adam` | `optimizer.implementation = "fused"`; without it `"foreach"` (what the plan priced; torchtitan's own default is `"fused"`) |
+//! | `recompute` | — `activation_checkpoint.mode = "none"`: torchtitan checkpoints whole blocks by its own policy (every block, or every n-th), not the planned layers; a note lists them |
+//! | `fused_ops` | — `compile.enable = false`: torchtitan compiles every block or none |
+//! | tensor, pipeline, context parallelism | degrees 1 |
+//! | model | `[model]` `name` / `flavor` = `"set-me"`: the plan's model (a zoo stand-in, or a traced model) is not one of torchtitan's registered models; torchtitan refuses the placeholder until the user sets it |
+//!
+//! Plan text reaches the file only as a TOML string through [`toml_str`] (`job.description`)
+//! or in a `#` comment through [`comment_text`].
 
-use super::{EmitError, Emitted, Facts};
-use crate::plan::Plan;
+use super::{EmitError, Emitted, Facts, comment_text, header, toml_str, unmapped_passes};
+use crate::plan::{Plan, ShardConfig};
 
-pub(super) fn emit(_plan: &Plan, _f: &Facts) -> Result<Emitted, EmitError> {
-    Err(EmitError::Inconsistent(
-        "this export is not written yet (issue 23)".into(),
-    ))
+/// A TOML value of the file.
+#[derive(Clone, Debug, PartialEq)]
+enum Value {
+    Int(u64),
+    Bool(bool),
+    Str(String),
+}
+
+impl Value {
+    fn render(&self) -> String {
+        match self {
+            Value::Int(v) => v.to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Str(s) => toml_str(s),
+        }
+    }
+}
+
+fn s(v: &str) -> Value {
+    Value::Str(v.to_string())
+}
+
+/// One `[name]` table: `#` comment lines (plan text already through [`comment_text`]), then
+/// its keys. Keys are the emitter's own.
+struct Section {
+    name: &'static str,
+    comments: Vec<String>,
+    entries: Vec<(&'static str, Value)>,
+}
+
+impl Section {
+    fn render(&self) -> String {
+        let mut out = format!("\n[{}]\n", self.name);
+        for c in &self.comments {
+            out.push_str(&format!("# {c}\n"));
+        }
+        for (k, v) in &self.entries {
+            out.push_str(&format!("{k} = {}\n", v.render()));
+        }
+        out
+    }
+}
+
+/// The placeholder torchtitan refuses as a model name (`TrainSpec set-me is not registered`).
+const SET_ME: &str = "set-me";
+
+pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
+    let sharding = supported_sharding(plan)?;
+    let param_dtype = param_dtype(plan, f)?;
+    let sections = [
+        job(plan),
+        model(plan),
+        parallelism(plan, sharding),
+        training(plan, f, param_dtype),
+        optimizer(f),
+        Section {
+            name: "activation_checkpoint",
+            comments: vec![if plan.config.recompute.is_empty() {
+                "the plan recomputes nothing (torchtitan's default is selective checkpointing)"
+                    .into()
+            } else {
+                "the plan's recomputed layers cannot be named here: checkpointing is left off (see the notes)".into()
+            }],
+            entries: vec![("mode", s("none"))],
+        },
+        Section {
+            name: "compile",
+            comments: vec![
+                "the plan's fused regions, if any, are not compiled (see the notes)".into(),
+            ],
+            entries: vec![("enable", Value::Bool(false))],
+        },
+    ];
+    let mut text = header(plan, "torchtitan job config (torchtitan 0.2.0)");
+    text.push_str(&format!(
+        "# run: torchrun (nodes x processes = {} ranks) -m torchtitan.train --job.config_file torchtitan.toml\n# set [model] first; every key not written here keeps torchtitan's default\n",
+        plan.workload.ranks
+    ));
+    for sec in &sections {
+        text.push_str(&sec.render());
+    }
+    Ok(Emitted {
+        files: vec![("torchtitan.toml".into(), text)],
+        notes: notes(plan, f, sharding),
+    })
+}
+
+/// The plan's sharding, when torchtitan can apply it ([`crate::search::framework::shard_supported`]),
+/// else the field it cannot.
+fn supported_sharding(plan: &Plan) -> Result<Option<&ShardConfig>, EmitError> {
+    let Some(sh) = &plan.config.sharding else {
+        return Ok(None);
+    };
+    let fw = crate::cost::framework::Framework::Torchtitan;
+    if let Err(why) =
+        crate::search::framework::shard_supported(fw, sh.stage, sh.replicas, sh.reshard)
+    {
+        return Err(EmitError::Unsupported {
+            field: "config.sharding.stage".into(),
+            why: format!("stage {} cannot be exported to torchtitan: {why}", sh.stage),
+        });
+    }
+    if sh.offload {
+        return Err(EmitError::Unsupported {
+            field: "config.sharding.offload".into(),
+            why: "torchtitan's training.enable_cpu_offload moves parameters and gradients to the CPU as well as the optimizer state (FSDP2's CPUOffloadPolicy), which the plan did not price".into(),
+        });
+    }
+    Ok(Some(sh))
+}
+
+/// `training.mixed_precision_param` for the plan's dtype: bf16 AMP → bfloat16; fp32, and fp16
+/// AMP, which torchtitan cannot run (a note says so) → float32.
+fn param_dtype(plan: &Plan, f: &Facts) -> Result<&'static str, EmitError> {
+    match (f.half.as_deref(), plan.config.dtype.as_str()) {
+        (Some("bf16"), _) => Ok("bfloat16"),
+        (Some(_), _) | (None, "fp32") => Ok("float32"),
+        (None, other) => Err(EmitError::Unsupported {
+            field: "config.dtype".into(),
+            why: format!(
+                "{other} cannot be exported to torchtitan: its training.dtype and mixed_precision_param are bfloat16 or float32 (float8 is a torchao model converter the export does not set)"
+            ),
+        }),
+    }
+}
+
+fn job(plan: &Plan) -> Section {
+    let w = &plan.workload;
+    Section {
+        name: "job",
+        comments: Vec::new(),
+        entries: vec![(
+            "description",
+            Value::Str(format!(
+                "trainplan plan: {} on {} ({} ranks)",
+                w.model, w.cluster, w.ranks
+            )),
+        )],
+    }
+}
+
+fn model(plan: &Plan) -> Section {
+    let w = &plan.workload;
+    let what = if w.names == "zoo" {
+        "trainplan's zoo stand-in"
+    } else {
+        "a traced model"
+    };
+    Section {
+        name: "model",
+        comments: vec![
+            format!(
+                "the plan's model ({}) is {what}, not one of torchtitan's registered models: set",
+                comment_text(&w.model)
+            ),
+            "name and flavor (e.g. \"llama3\" / \"8B\") and hf_assets_path here or on the command line".into(),
+            "(--model.name, --model.flavor); torchtitan refuses the placeholder".into(),
+        ],
+        entries: vec![("name", s(SET_ME)), ("flavor", s(SET_ME))],
+    }
+}
+
+fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>) -> Section {
+    let ranks = u64::from(plan.workload.ranks);
+    let mut entries = Vec::new();
+    let comment = match sharding {
+        None => {
+            entries.push(("data_parallel_replicate_degree", Value::Int(ranks)));
+            entries.push(("data_parallel_shard_degree", Value::Int(1)));
+            format!("no sharding: DDP over the {ranks} ranks")
+        }
+        Some(sh) => {
+            entries.push((
+                "data_parallel_replicate_degree",
+                Value::Int(sh.replicas.into()),
+            ));
+            entries.push((
+                "data_parallel_shard_degree",
+                Value::Int(sh.shard_size.into()),
+            ));
+            entries.push((
+                "fsdp_reshard_after_forward",
+                s(if sh.reshard { "always" } else { "never" }),
+            ));
+            if sh.replicas > 1 {
+                format!(
+                    "HSDP: FSDP2 (stage 3) inside shard groups of {} ranks, {} replicas",
+                    sh.shard_size, sh.replicas
+                )
+            } else {
+                format!("FSDP2 (stage 3) over the {ranks} ranks")
+            }
+        }
+    };
+    entries.extend([
+        ("tensor_parallel_degree", Value::Int(1)),
+        ("pipeline_parallel_degree", Value::Int(1)),
+        ("context_parallel_degree", Value::Int(1)),
+    ]);
+    Section {
+        name: "parallelism",
+        comments: vec![comment],
+        entries,
+    }
+}
+
+fn training(plan: &Plan, f: &Facts, param_dtype: &'static str) -> Section {
+    let ranks = u64::from(plan.workload.ranks);
+    let mut comments = Vec::new();
+    let mut entries = Vec::new();
+    match (plan.workload.batch(), f.micro_batch) {
+        (Some(batch), Some(micro)) => {
+            comments.push(format!(
+                "batch {batch} per GPU in {} micro-batch(es) of {micro}: torchtitan runs global / (local x {ranks} data-parallel ranks) = {} per step",
+                f.k, f.k
+            ));
+            entries.push(("local_batch_size", Value::Int(micro.into())));
+            entries.push((
+                "global_batch_size",
+                Value::Int(u64::from(batch) * ranks),
+            ));
+        }
+        _ => comments.push(format!(
+            "the plan does not record the per-GPU batch: set local_batch_size = batch / {} and global_batch_size = batch x {ranks}",
+            f.k
+        )),
+    }
+    comments.push(match f.half.as_deref() {
+        Some("bf16") => "AMP in bf16: bf16 compute, fp32 master weights and gradient reduction".into(),
+        Some(h) => format!("the plan's AMP in {h} is not applied: torchtitan runs bfloat16 or float32 only (see the notes)"),
+        None => "fp32: mixed_precision_param must be float32 (torchtitan's default is bfloat16)".into(),
+    });
+    entries.extend([
+        ("dtype", s("float32")),
+        ("mixed_precision_param", s(param_dtype)),
+        ("mixed_precision_reduce", s("float32")),
+    ]);
+    Section {
+        name: "training",
+        comments,
+        entries,
+    }
+}
+
+fn optimizer(f: &Facts) -> Section {
+    let fused = f.passes.iter().any(|p| p == "fused-adam");
+    Section {
+        name: "optimizer",
+        comments: vec![if fused {
+            "fused Adam, as planned".into()
+        } else {
+            "the plan prices the unfused (foreach) update; torchtitan's own default is fused".into()
+        }],
+        entries: vec![("implementation", s(if fused { "fused" } else { "foreach" }))],
+    }
+}
+
+/// What the user must do, and what the file does not apply.
+fn notes(plan: &Plan, f: &Facts, sharding: Option<&ShardConfig>) -> Vec<String> {
+    let w = &plan.workload;
+    let mut notes = vec![format!(
+        "set [model] name and flavor to the model torchtitan trains (the plan's {} is not a torchtitan model; the placeholder \"{SET_ME}\" is refused), then launch {} ranks in all with --job.config_file torchtitan.toml: the degrees multiply to {}, and torchtitan refuses another world size",
+        comment_text(&w.model),
+        w.ranks,
+        w.ranks
+    )];
+    if w.framework != crate::cost::framework::Framework::Torchtitan {
+        notes.push(format!(
+            "the plan was made for --framework {}: torchtitan applies only its sharding, AMP (bf16), fused Adam and accumulation, so the predicted time assumes moves this file does not make (plan with --framework torchtitan)",
+            w.framework
+        ));
+    }
+    if let Some(sh) = sharding {
+        notes.push(format!(
+            "FSDP2 wrap units: torchtitan wraps its own model's token embedding, each transformer block, the final norm with the output, then the root (the plan's {} units, root last, are its estimate of the same per-block policy)",
+            sh.units.len()
+        ));
+        if sh.prefetch != 1 {
+            notes.push(format!(
+                "the plan's prefetch of {} unit(s) is not applied: torchtitan has no prefetch setting and keeps FSDP2's implicit prefetch of one",
+                sh.prefetch
+            ));
+        }
+    }
+    if f.half.as_deref() == Some("fp16") {
+        notes.push("the plan's AMP in fp16 is not applied: torchtitan's mixed_precision_param is bfloat16 or float32 and it has no loss scaler, so the file runs in float32 and the predicted time counts a speed-up it will not get (plan with --precision bf16 on a GPU with bf16)".into());
+    }
+    if f.fp16_allreduce {
+        notes.push("the plan's fp16 gradient all-reduce is not applied: torchtitan reduces in float32 (mixed_precision_reduce)".into());
+    }
+    if !plan.config.recompute.is_empty() {
+        notes.push(format!(
+            "the plan recomputes {} module(s) (e.g. {}); torchtitan checkpoints whole blocks by its own policy (activation_checkpoint.mode full, or selective every n-th block), not chosen layers, so the file leaves checkpointing off and the run keeps those activations",
+            f.recompute.len(),
+            comment_text(f.recompute.first().map_or("", String::as_str))
+        ));
+    }
+    if !f.clusters.is_empty() {
+        notes.push(format!(
+            "the plan's {} fused region(s) are not compiled: torchtitan compiles every block or none (compile.enable), left off",
+            f.clusters.len()
+        ));
+    }
+    if sharding.is_none() && (f.fuses_tensors() || !plan.config.partitions.is_empty()) {
+        notes.push("the plan's gradient groups and partitions are not applied: torchtitan's DDP fills its buckets by its own size".into());
+    }
+    notes.extend(unmapped_passes(
+        f,
+        &["amp", "fused-adam", "shard"],
+        "torchtitan",
+    ));
+    notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{file, tiny_plan};
+    use super::super::{Framework, emit as emit_plan};
+    use super::*;
+
+    /// The tiny plan (8 ranks, batch 4, k = 2, fp16 AMP, fused Adam) with `sharding`.
+    fn sharded(replicas: u32, reshard: bool) -> Plan {
+        let mut p = tiny_plan();
+        p.config.sharding = Some(ShardConfig {
+            stage: 3,
+            shard_size: 8 / replicas,
+            replicas,
+            reshard,
+            prefetch: 1,
+            offload: false,
+            units: vec!["net.0".into(), "net.1".into(), String::new()],
+            unit_bytes: vec![1 << 22, 1 << 22, 1 << 11],
+        });
+        p
+    }
+
+    /// The exported file, read back by the `toml` crate, and the notes.
+    fn check(p: &Plan) -> (toml::Table, Vec<String>) {
+        let e = emit_plan(p, Framework::Torchtitan).unwrap();
+        let text = file(&e, "torchtitan.toml");
+        assert!(
+            text.chars()
+                .all(|c| c == '\n' || (' '..='~').contains(&c) || c == '→'),
+            "{text}"
+        );
+        let t: toml::Table = text.parse().unwrap_or_else(|err| panic!("{err}\n{text}"));
+        (t, e.notes)
+    }
+
+    fn int(t: &toml::Table, sec: &str, key: &str) -> Option<i64> {
+        t[sec].get(key).and_then(|v| v.as_integer())
+    }
+
+    fn str_of<'a>(t: &'a toml::Table, sec: &str, key: &str) -> Option<&'a str> {
+        t[sec].get(key).and_then(|v| v.as_str())
+    }
+
+    #[test]
+    fn unsharded_fp16_plan_is_ddp_in_float32_with_its_notes() {
+        let (t, notes) = check(&tiny_plan());
+        assert_eq!(
+            int(&t, "parallelism", "data_parallel_replicate_degree"),
+            Some(8)
+        );
+        assert_eq!(
+            int(&t, "parallelism", "data_parallel_shard_degree"),
+            Some(1)
+        );
+        assert_eq!(
+            str_of(&t, "parallelism", "fsdp_reshard_after_forward"),
+            None
+        );
+        for d in ["tensor", "pipeline", "context"] {
+            assert_eq!(
+                int(&t, "parallelism", &format!("{d}_parallel_degree")),
+                Some(1)
+            );
+        }
+        // Batch 4 per GPU, k = 2: 2 per micro-step, 4 x 8 ranks per step.
+        assert_eq!(int(&t, "training", "local_batch_size"), Some(2));
+        assert_eq!(int(&t, "training", "global_batch_size"), Some(32));
+        assert_eq!(
+            str_of(&t, "training", "mixed_precision_param"),
+            Some("float32")
+        );
+        assert_eq!(
+            str_of(&t, "training", "mixed_precision_reduce"),
+            Some("float32")
+        );
+        assert_eq!(str_of(&t, "optimizer", "implementation"), Some("fused"));
+        assert_eq!(str_of(&t, "activation_checkpoint", "mode"), Some("none"));
+        assert_eq!(t["compile"]["enable"].as_bool(), Some(false));
+        assert_eq!(str_of(&t, "model", "name"), Some(SET_ME));
+        let has = |s: &str| notes.iter().any(|n| n.contains(s));
+        assert!(has("AMP in fp16 is not applied"), "{notes:?}");
+        assert!(has("fp16 gradient all-reduce is not applied"), "{notes:?}");
+        assert!(has("fused region(s) are not compiled"), "{notes:?}");
+        assert!(
+            has("gradient groups and partitions are not applied"),
+            "{notes:?}"
+        );
+        // blueconnect has no torchtitan setting; amp and fused-adam do.
+        assert!(has("the plan also applies blueconnect —"), "{notes:?}");
+        assert!(!has("recomputes"), "{notes:?}");
+    }
+
+    #[test]
+    fn stage_3_sets_the_degrees_and_the_reshard_policy() {
+        for (replicas, reshard, policy) in [
+            (1, true, "always"),
+            (1, false, "never"),
+            (2, true, "always"),
+        ] {
+            let mut p = sharded(replicas, reshard);
+            p.config.dtype = "bf16".into();
+            let (t, notes) = check(&p);
+            let par = |k| int(&t, "parallelism", k);
+            assert_eq!(par("data_parallel_replicate_degree"), Some(replicas.into()));
+            assert_eq!(
+                par("data_parallel_shard_degree"),
+                Some((8 / replicas).into())
+            );
+            assert_eq!(
+                str_of(&t, "parallelism", "fsdp_reshard_after_forward"),
+                Some(policy)
+            );
+            assert_eq!(
+                str_of(&t, "training", "mixed_precision_param"),
+                Some("bfloat16")
+            );
+            assert!(
+                notes.iter().any(|n| n.contains("the plan's 3 units")),
+                "{notes:?}"
+            );
+            assert!(
+                !notes.iter().any(|n| n.contains("gradient groups")),
+                "{notes:?}"
+            );
+        }
+        let mut p = sharded(1, true);
+        p.config.sharding.as_mut().unwrap().prefetch = 2;
+        let (_, notes) = check(&p);
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("prefetch of 2 unit(s) is not applied"))
+        );
+    }
+
+    #[test]
+    fn what_torchtitan_cannot_apply_is_refused_naming_the_field() {
+        for stage in [1, 2] {
+            let mut p = sharded(1, true);
+            p.config.sharding.as_mut().unwrap().stage = stage;
+            match emit_plan(&p, Framework::Torchtitan) {
+                Err(EmitError::Unsupported { field, why }) => {
+                    assert_eq!(field, "config.sharding.stage");
+                    assert!(why.contains("deepspeed"), "{why}");
+                }
+                other => panic!("stage {stage}: {other:?}"),
+            }
+        }
+        let mut p = sharded(1, true);
+        p.config.sharding.as_mut().unwrap().offload = true;
+        let e = emit_plan(&p, Framework::Torchtitan)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("config.sharding.offload: "), "{e}");
+        let mut p = tiny_plan();
+        p.config.passes.retain(|x| x != "amp");
+        p.config.dtype = "fp8".into();
+        let e = emit_plan(&p, Framework::Torchtitan)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("config.dtype: fp8"), "{e}");
+    }
+
+    #[test]
+    fn plan_text_reaches_the_toml_exactly_and_recompute_is_noted() {
+        let mut p = tiny_plan();
+        p.workload.model = "m\"\n[job]\ndescription = \"x\"\u{2028}é\\".into();
+        p.workload.cluster = "c'''\r\0".into();
+        // A trace that does not record its batch.
+        p.workload.batch = None;
+        p.workload.source = "trace".into();
+        p.workload.names = "trace".into();
+        p.config.recompute = vec!["net.1".into(), "net.2".into()];
+        p.config.passes.retain(|x| x != "fused-adam");
+        let (t, notes) = check(&p);
+        let want = format!(
+            "trainplan plan: {} on {} (8 ranks)",
+            p.workload.model, p.workload.cluster
+        );
+        assert_eq!(str_of(&t, "job", "description"), Some(want.as_str()));
+        assert_eq!(t["job"].as_table().unwrap().len(), 1);
+        // No batch recorded: the batch keys are the user's, a comment says how.
+        assert_eq!(int(&t, "training", "local_batch_size"), None);
+        assert_eq!(str_of(&t, "optimizer", "implementation"), Some("foreach"));
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("recomputes 2 module(s) (e.g. net.1)")),
+            "{notes:?}"
+        );
+    }
 }
