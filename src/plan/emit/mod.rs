@@ -157,6 +157,10 @@ pub enum EmitError {
     /// A value no escaping can carry into the target file (a control character in an env value).
     #[error("cannot be exported safely: {0}")]
     Unsafe(String),
+    /// A planned setting the framework has no setting for (a ZeRO stage FSDP2 lacks, MiCS below
+    /// stage 3), with the plan's field.
+    #[error("the framework cannot apply the plan: {0}")]
+    Unsupported(String),
 }
 
 /// Emit `plan` for `fw`.
@@ -789,10 +793,14 @@ pub(crate) mod tests {
         assert_eq!("pytorch".parse::<Framework>().unwrap(), Framework::Pytorch);
         assert_eq!("Horovod".parse::<Framework>().unwrap(), Framework::Horovod);
         assert_eq!("tensorflow".parse::<Framework>().unwrap(), Framework::Xla);
-        let e = "deepspeed".parse::<Framework>().unwrap_err().to_string();
+        assert_eq!(
+            "DeepSpeed".parse::<Framework>().unwrap(),
+            Framework::Deepspeed
+        );
+        let e = "megatron".parse::<Framework>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown framework `deepspeed` (known: horovod, xla, byteps, pytorch, jax)"
+            "unknown framework `megatron` (known: horovod, xla, byteps, pytorch, jax, deepspeed, torchtitan)"
         );
     }
 
