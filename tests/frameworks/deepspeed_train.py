@@ -3,6 +3,12 @@ planned rank (RANKS of the exported module: 2, or 4 for a plan with replica grou
 
     python deepspeed_train.py EXPORT_DIR [--steps N]
 
+With `--steps 0` the engine is only built (a MiCS plan: DeepSpeed's MiCS gathers parameters
+with torch.distributed's coalescing manager, which gloo does not implement — "Backend gloo does
+not implement startCoalescing" at the first forward — and the CPU accelerator's other backend,
+oneCCL's torch bindings, is not on PyPI; the engine, its MiCS optimizer and the shard groups
+are still checked).
+
 Each rank builds a tiny Hugging Face GPT-2 (`GPT2LMHeadModel`, 2 layers, 64 wide, vocabulary
 128: the zoo's `gpt` with `--hidden 64 --heads 2 --layers 2 --vocab 128`, its module names
 `transformer.h.0` ...) inside `trainplan_deepspeed.model_init(config)`, the config from
@@ -172,6 +178,7 @@ def run(rank, world, export_dir, steps, port, out_q):
 
 def main():
     export_dir = os.path.abspath(sys.argv[1])
+    # --steps 0: build and initialize only (MiCS: gloo cannot run its gathers, see main's doc).
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 3
     sys.path.insert(0, export_dir)
     import trainplan_deepspeed as tp

@@ -5,7 +5,8 @@
 //! (`python3`), every env file is sourced the README's way (`set -a; . FILE; set +a`, with
 //! bash and with /bin/sh), and the test checks that nothing ran (no `PWNED` file appeared) and
 //! that the planned values came back exactly: tensor groups, names, recomputed modules, the
-//! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, every env value.
+//! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, DeepSpeed's
+//! ds_config.json numbers, every env value.
 //!
 //! Slots with a closed set of values (`workload.source`, `workload.names`, `config.dtype`,
 //! `amp`'s dtype knob) are not escaped but refused: a hostile value there fails the plan check
@@ -60,10 +61,12 @@ const FRAGMENTS: [&str; 22] = [
     "layer1.0.conv1",
 ];
 
+/// `cmd -c ''` runs: an empty program is valid for a shell and for Python alike (`exit 0` is
+/// not Python: the import half was skipped everywhere while it was the probe).
 fn has(cmd: &str) -> bool {
     Command::new(cmd)
         .arg("-c")
-        .arg("exit 0")
+        .arg("")
         .output()
         .is_ok_and(|o| o.status.success())
 }
@@ -347,6 +350,11 @@ fn check_inert(plan: &Plan, root: &Path) {
     assert_eq!(bps[0].1, ["3", "0"]);
     // TF: a zoo plan's names are not a Keras model's nodes, so no cluster file is written.
     assert!(!texts.contains_key(&(Framework::Xla, "xla_clusters.txt".to_string())));
+    // DeepSpeed: the JSON parses and holds the plan's numbers (batch 4 per GPU, k = 2, 8 ranks).
+    let ds: Value = serde_json::from_str(text(Framework::Deepspeed, "ds_config.json")).unwrap();
+    assert_eq!(ds["gradient_accumulation_steps"], 2);
+    assert_eq!(ds["train_micro_batch_size_per_gpu"], 2);
+    assert_eq!(ds["train_batch_size"], 32);
 
     if !has("python3") || !has("bash") {
         crate::skip_note!("python3 or bash not found: skipping the import and source half");
@@ -363,6 +371,9 @@ fn check_inert(plan: &Plan, root: &Path) {
     assert_eq!(hvd["GROUPS"], groups);
     assert_eq!(hvd["NAMES"], names);
     assert_eq!(hvd["BACKWARD_PASSES_PER_STEP"], 2);
+    let ds = module(Framework::Deepspeed);
+    assert_eq!(ds["NAMES"], names);
+    assert_eq!(ds["GRADIENT_ACCUMULATION_STEPS"], 2);
     let pt = module(Framework::Pytorch);
     assert_eq!(pt["TENSOR_GROUPS"], groups);
     assert_eq!(pt["NAMES"], names);

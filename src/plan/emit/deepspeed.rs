@@ -203,7 +203,7 @@ fn zero_section(
             sh.replicas, sh.shard_size, sh.shard_size
         ));
     } else if sh.stage == 3 {
-        notes.push("stage 3: build the model in trainplan_deepspeed.model_init(config) (deepspeed.zero.Init: parameters partitioned as they are created) or let deepspeed.initialize partition it".into());
+        notes.push("stage 3: build the model in trainplan_deepspeed.model_init(config) (deepspeed.zero.Init: parameters partitioned as they are created) or let deepspeed.initialize partition it (a Hugging Face model: see model_init's doc)".into());
     }
     if sh.offload {
         z.insert(
@@ -454,7 +454,13 @@ def model_init(config=None):
     """The context to build the model in: deepspeed.zero.MiCS_Init when the plan shards in
     replica groups (MiCS partitions parameters as they are created: required),
     deepspeed.zero.Init at stage 3 (parameters partitioned as they are created, so the whole
-    model never sits on one device), else a context that does nothing."""
+    model never sits on one device), else a context that does nothing.
+
+    A Hugging Face model constructed directly in this context misses its own weight init (it
+    runs on parameters already partitioned: a tiny GPT-2 started at loss 39 instead of 4.8).
+    Use transformers' DeepSpeed integration for those (HfDeepSpeedConfig(config) before
+    from_config / from_pretrained), or, without MiCS, build the model outside and let
+    deepspeed.initialize partition it."""
     import contextlib
 
     if config is None:
