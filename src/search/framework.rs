@@ -119,7 +119,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             ),
             Byteps => Err("the BytePS export sets communication only (no precision module)"),
             Deepspeed => Ok(
-                "bf16.enabled, or fp16.enabled with dynamic loss scaling; FP32 master weights in the optimizer (ds_config.json)",
+                "bf16.enabled, or fp16.enabled with dynamic loss scaling; FP32 master weights in the optimizer; gradients reduced in half only with fp16_allreduce=1, else communication_data_type fp32 (ds_config.json)",
             ),
             Torchtitan => Ok(
                 "training.mixed_precision_param = bfloat16, mixed_precision_reduce = float32 (torchtitan.toml); bf16 only: torchtitan has no fp16 mixed precision (no loss scaler), and the export of an fp16 plan says it runs in float32",
@@ -130,7 +130,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 Ok("torch.optim.Adam/AdamW(fused=True): pass optimizer_kwargs() to the optimizer")
             }
             Deepspeed => Ok(
-                "optimizer.type Adam/AdamW: DeepSpeed's fused multi-tensor Adam (ds_config.json)",
+                "optimizer.type AdamW: DeepSpeed's fused multi-tensor Adam, DeepSpeedCPUAdam when offloaded (ds_config.json; hyper-parameters through trainplan_deepspeed.load_config)",
             ),
             Torchtitan => Ok("optimizer.implementation = \"fused\" (torchtitan.toml)"),
             _ => Err("the optimizer update is compiled with the step (XLA): no separate switch"),
@@ -172,7 +172,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "torch.distributed.fsdp.fully_shard on each planned unit, then the root, with the planned reshard_after_forward, prefetch and MixedPrecisionPolicy; HSDP on a (replicas, shard) mesh (trainplan_patch.apply_fsdp)",
             ),
             Deepspeed => Ok(
-                "zero_optimization: stage, reduce/allgather bucket sizes, overlap_comm, stage-3 prefetch bucket; MiCS shard size for replicas (ds_config.json)",
+                "zero_optimization: stage, reduce/allgather bucket sizes, overlap_comm, stage-3 prefetch bucket, offload_optimizer; MiCS shard size for replicas, the model built in deepspeed.zero.MiCS_Init (ds_config.json, trainplan_deepspeed.model_init; MiCS needs DeepSpeed <= 0.19.6)",
             ),
             Torchtitan => Ok(
                 "parallelism.data_parallel_shard_degree and data_parallel_replicate_degree, fsdp_reshard_after_forward (torchtitan.toml)",

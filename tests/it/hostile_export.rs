@@ -8,7 +8,7 @@
 //! TF's untargeted layer names (no cluster file), BytePS' per-tensor records, every env value,
 //! and the FSDP2 units of a sharded plan (stage 3 over the plan's 8 ranks, hostile unit names,
 //! the root `""` among them; the worst case runs sharded and unsharded, the proptest plans draw
-//! either), and torchtitan.toml's description (read back by the `toml` crate).
+//! either), and torchtitan.toml's description (read back by the `toml` crate), DeepSpeed's ds_config.json numbers.
 //!
 //! Slots with a closed set of values (`workload.source`, `workload.names`, `config.dtype`,
 //! `amp`'s dtype knob) are not escaped but refused: a hostile value there fails the plan check
@@ -395,6 +395,11 @@ fn check_inert(plan: &Plan, root: &Path) {
         titan["training"]["global_batch_size"].as_integer(),
         Some(32)
     );
+    // DeepSpeed: the JSON parses and holds the plan's numbers (batch 4 per GPU, k = 2, 8 ranks).
+    let ds: Value = serde_json::from_str(text(Framework::Deepspeed, "ds_config.json")).unwrap();
+    assert_eq!(ds["gradient_accumulation_steps"], 2);
+    assert_eq!(ds["train_micro_batch_size_per_gpu"], 2);
+    assert_eq!(ds["train_batch_size"], 32);
 
     if !has("python3") || !has("bash") {
         crate::skip_note!("python3 or bash not found: skipping the import and source half");
@@ -411,6 +416,9 @@ fn check_inert(plan: &Plan, root: &Path) {
     assert_eq!(hvd["GROUPS"], groups);
     assert_eq!(hvd["NAMES"], names);
     assert_eq!(hvd["BACKWARD_PASSES_PER_STEP"], 2);
+    let ds = module(Framework::Deepspeed);
+    assert_eq!(ds["NAMES"], names);
+    assert_eq!(ds["GRADIENT_ACCUMULATION_STEPS"], 2);
     let pt = module(Framework::Pytorch);
     assert_eq!(pt["TENSOR_GROUPS"], groups);
     assert_eq!(pt["NAMES"], names);

@@ -62,7 +62,18 @@ fn show_json_says_what_every_export_does_with_each_decision() {
         let exports = v["exports"].as_object().unwrap();
         let mut names: Vec<&str> = exports.keys().map(String::as_str).collect();
         names.sort();
-        assert_eq!(names, ["byteps", "horovod", "jax", "pytorch", "tf"]);
+        assert_eq!(
+            names,
+            [
+                "byteps",
+                "deepspeed",
+                "horovod",
+                "jax",
+                "pytorch",
+                "tf",
+                "torchtitan"
+            ]
+        );
         // Each framework splits the plan's decisions into applied and not, with a reason.
         let mut decided: Vec<String> = plan.decisions.iter().map(|d| d.pass.clone()).collect();
         decided.dedup();

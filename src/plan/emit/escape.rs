@@ -9,13 +9,14 @@
 //! | env files (`set -a; . ./FILE.env`) | [`env_line`] / [`env_value`] | one `KEY=value` line; the value a POSIX-shell word that expands to exactly the string, nothing executed; control characters refused |
 //! | one-record-per-line text (`byteps_partitions.txt`, `xla_clusters.txt`) | [`record_field`] | one whitespace-free field; [`parse_record_field`] is its inverse |
 //! | TOML values (`torchtitan.toml`) | [`toml_str`] | a basic `"…"` string, ASCII only, that a TOML reader decodes to exactly the string |
+//! | JSON files (`ds_config.json`) | [`json_text`] | serde_json's serialisation (quotes, backslashes and control characters escaped by construction), every non-ASCII character then written as `\uXXXX` |
 //!
 //! Never into a docstring: a docstring is a string literal whose delimiters a name could close,
 //! so emitted docstrings are fixed text. Never into the first two lines of a Python file: a
 //! comment there can declare the source encoding (PEP 263: `# coding: utf-7` would turn escaped
 //! ASCII back into newlines), so every module starts with fixed text.
 //!
-//! **Invariant:** the output of [`py_str`], [`comment_text`], [`record_field`] and [`toml_str`] is printable
+//! **Invariant:** the output of [`py_str`], [`comment_text`], [`record_field`], [`toml_str`] and [`json_text`] is printable
 //! ASCII (0x20–0x7e) — no control character, no non-ASCII line separator (U+0085, U+2028,
 //! U+2029), nothing a terminal, a tokenizer or a line-based reader could take for a line break.
 //! [`env_value`] refuses control characters instead (a shell word cannot escape them portably)
@@ -195,6 +196,28 @@ pub fn env_line(key: &str, value: &str) -> Result<String, EmitError> {
     Ok(format!("{key}={}\n", env_value(value)?))
 }
 
+/// `value` as pretty-printed JSON (two-space indent, keys in the map's order, a final newline),
+/// printable ASCII and newlines only: serde_json escapes quotes, backslashes and C0 control
+/// characters; any other character outside printable ASCII (DEL, non-ASCII: they can only
+/// stand inside a string) is then written as `\uXXXX`, a UTF-16 surrogate pair above U+FFFF,
+/// so U+2028 or an ANSI escape cannot reach the file raw.
+pub fn json_text(value: &serde_json::Value) -> String {
+    let pretty = serde_json::to_string_pretty(value).expect("a JSON value always serialises");
+    let mut out = String::with_capacity(pretty.len() + 1);
+    for c in pretty.chars() {
+        if c == '\n' || (' '..='~').contains(&c) {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out.push('\n');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +239,19 @@ mod tests {
         "é\u{2028}line\u{85}sep 😀",
         "tab\there",
     ];
+
+    #[test]
+    fn json_text_is_printable_ascii_and_reads_back() {
+        let v = serde_json::json!({"k": HOSTILE, "del\u{7f}": 1});
+        let t = json_text(&v);
+        assert!(
+            t.chars().all(|c| c == '\n' || (' '..='~').contains(&c)),
+            "{t}"
+        );
+        assert!(t.contains("\\u2028") && t.contains("\\ud83d\\ude00") && t.contains("\\u007f"));
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&t).unwrap(), v);
+        assert!(t.ends_with("}\n"));
+    }
 
     #[test]
     fn py_str_is_printable_ascii_and_escapes_what_python_needs() {

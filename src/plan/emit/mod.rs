@@ -800,7 +800,7 @@ pub(crate) mod tests {
         assert_eq!("Horovod".parse::<Framework>().unwrap(), Framework::Horovod);
         assert_eq!("tensorflow".parse::<Framework>().unwrap(), Framework::Xla);
         assert_eq!(
-            "deepspeed".parse::<Framework>().unwrap(),
+            "DeepSpeed".parse::<Framework>().unwrap(),
             Framework::Deepspeed
         );
         let e = "megatron".parse::<Framework>().unwrap_err().to_string();
