@@ -6,7 +6,7 @@
 #   bash experiments/shard_scale.sh [BIN]        (BIN default: target/release/trainplan)
 #
 # Target (issue 23): each plan in <= 30 s on 2 cores. The 7 B stand-in is the zoo's GPT
-# decoder at LLaMA-7B's width and depth (hidden 4096, 32 layers, 32 heads, sequence 4096,
+# decoder at LLaMA-7B's width and depth (hidden 4096, 32 layers, 32 heads, sequence 2048 (LLaMA-1's context),
 # vocabulary 32,000; GPT-2's MLP and learned positions, not LLaMA's SwiGLU and RoPE), at 1
 # sequence per GPU in FP32 as the baseline (the plan chooses the precision). Writes
 # experiments/results/shard_scale.md (and prints it). Wall-clock and memory figures belong in
@@ -19,13 +19,14 @@ trap 'rm -rf "$tmp"' EXIT
 out=experiments/results/shard_scale.md
 sed 's/^name: .*/name: 512xh100-ib/; s/^nodes: .*/nodes: 64/; s/^description: .*/description: 64 x 8 H100-SXM-80GB, NVLink 4.0 inside, 8 x 400 Gb\/s InfiniBand per server/' \
   configs/clusters/64xh100-ib.yaml >"$tmp/512xh100-ib.yaml"
-model="--model gpt --hidden 4096 --layers 32 --heads 32 --seq 4096 --vocab 32000 --batch 1"
+model="--model gpt --hidden 4096 --layers 32 --heads 32 --seq 2048 --vocab 32000 --batch 1"
 rows=()
 for fw in pytorch deepspeed torchtitan; do
   # shellcheck disable=SC2086
   /usr/bin/time -f '%e %M' -o "$tmp/time" "$bin" plan $model --cluster "$tmp/512xh100-ib.yaml" \
     --framework "$fw" -o "$tmp/p.yaml" --json >"$tmp/out.json" 2>"$tmp/err" && code=0 || code=$?
-  read -r wall kb <"$tmp/time"
+  # time(1) writes "Command exited with non-zero status N" first when the command fails.
+  read -r wall kb < <(tail -n 1 "$tmp/time")
   summary=$(python3 - "$tmp/out.json" "$tmp/p.yaml" <<'PY'
 import json, re, sys
 try:

@@ -335,7 +335,8 @@ impl CommTopology {
         let n = self.n as usize;
         match self.scheme {
             _ if n <= 1 => 0,
-            SyncScheme::Ring if self.is_symmetric() => 4 * (n - 1),
+            // The quotient ring: one send and one receive per collective.
+            SyncScheme::Ring if self.is_symmetric() => 2,
             SyncScheme::Ring => 4 * n * (n - 1),
             SyncScheme::Tree => 4 * (n - 1),
             SyncScheme::Ps => {
@@ -562,19 +563,33 @@ impl CommTopology {
             .map(|&c| ns(self.cost.link(c).time_ns(chunk)))
             .max()
             .unwrap_or(0);
-        let mut prev = ready;
-        for s in 0..kind.ring_steps(k) {
-            let send = b.add_op(self.comm_op(OpKind::Send, self.ring_links[0], tensor, s, dur));
-            b.add_edge(prev, send);
-            if s == 0 && self.last[0] != NONE {
-                b.add_edge(self.last[0], send);
-            }
-            let r = b.add_op(self.comm_op(OpKind::Recv, self.comm_stream[0], tensor, s, 0));
-            b.add_edge(send, r);
-            prev = r;
+        // Every step of the quotient ring is the same chain link (one send of `dur` on the
+        // ring link, its receive on the comm stream, after the step before and after the
+        // collective before): nothing else can run between two steps, so the chain is one send
+        // of all the steps' time and one receive. Same replay, 2(k−1) times fewer ops (a
+        // 512-worker all-reduce is 2 ops, not 2,044).
+        let steps = kind.ring_steps(k);
+        let send = b.add_op(self.comm_op(
+            OpKind::Send,
+            self.ring_links[0],
+            tensor,
+            0,
+            dur.saturating_mul(u64::from(steps)),
+        ));
+        b.add_edge(ready, send);
+        if self.last[0] != NONE {
+            b.add_edge(self.last[0], send);
         }
-        b.add_edge(prev, done);
-        self.last[0] = prev;
+        let r = b.add_op(self.comm_op(
+            OpKind::Recv,
+            self.comm_stream[0],
+            tensor,
+            steps.saturating_sub(1),
+            0,
+        ));
+        b.add_edge(send, r);
+        b.add_edge(r, done);
+        self.last[0] = r;
     }
 
     fn tree(
