@@ -90,7 +90,10 @@ pub fn expanded_ops(job: &Job) -> u64 {
         CommTopology::new(&mut b, &job.comm, streams)
     };
     let pieces: u64 = job.syncs.iter().map(|s| s.partitions.max(1) as u64).sum();
-    gw as u64 * (job.local.ops.len() as u64 + 2 * job.syncs.len() as u64)
+    // The full form adds two ops per sync and worker around its pieces; the quotient ring's
+    // one send and one receive per piece are all of it.
+    let per_sync = if topo.is_symmetric() { 0 } else { 2 };
+    gw as u64 * (job.local.ops.len() as u64 + per_sync * job.syncs.len() as u64)
         + pieces * topo.ops_per_tensor() as u64
 }
 

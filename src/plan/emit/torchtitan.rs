@@ -494,14 +494,20 @@ mod tests {
         let e = emit_plan(&p, Framework::Torchtitan)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("config.sharding.offload: "), "{e}");
+        assert!(
+            e.starts_with("config.sharding.offload cannot be exported for this framework: "),
+            "{e}"
+        );
         let mut p = tiny_plan();
         p.config.passes.retain(|x| x != "amp");
         p.config.dtype = "fp8".into();
         let e = emit_plan(&p, Framework::Torchtitan)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("config.dtype: fp8"), "{e}");
+        assert!(
+            e.starts_with("config.dtype cannot be exported for this framework: fp8"),
+            "{e}"
+        );
     }
 
     #[test]
