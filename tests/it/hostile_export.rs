@@ -376,7 +376,8 @@ fn check_inert(plan: &Plan, root: &Path) {
     // TF: a zoo plan's names are not a Keras model's nodes, so no cluster file is written.
     assert!(!texts.contains_key(&(Framework::Xla, "xla_clusters.txt".to_string())));
     // torchtitan.toml: a TOML reader gets the plan's text back exactly, and the degrees and
-    // batch sizes as planned (8 ranks unsharded, batch 4 in k = 2 micro-batches).
+    // batch sizes as planned (8 ranks: replicated, or shard groups x replicas when sharded;
+    // batch 4 in k = 2 micro-batches).
     let titan: toml::Table = text(Framework::Torchtitan, "torchtitan.toml")
         .parse()
         .unwrap_or_else(|e| panic!("torchtitan.toml: {e}"));
@@ -386,9 +387,17 @@ fn check_inert(plan: &Plan, root: &Path) {
         w.model, w.cluster, w.ranks
     );
     assert_eq!(titan["job"]["description"].as_str(), Some(want.as_str()));
+    let (replicate, shard) = match &plan.config.sharding {
+        Some(sh) => (i64::from(sh.replicas), i64::from(sh.shard_size)),
+        None => (8, 1),
+    };
     assert_eq!(
         titan["parallelism"]["data_parallel_replicate_degree"].as_integer(),
-        Some(8)
+        Some(replicate)
+    );
+    assert_eq!(
+        titan["parallelism"]["data_parallel_shard_degree"].as_integer(),
+        Some(shard)
     );
     assert_eq!(titan["training"]["local_batch_size"].as_integer(), Some(2));
     assert_eq!(

@@ -46,7 +46,7 @@ fn json_has_the_design_fields_and_the_plan_beats_every_baseline() {
     let mut names: Vec<&str> = baselines.keys().map(|k| k.as_str()).collect();
     names.sort();
     // --framework pytorch (the default): DDP's own settings, and `none` for reference.
-    assert_eq!(names, ["ddp_default", "ddp_tuned", "none"]);
+    assert_eq!(names, ["ddp_default", "ddp_tuned", "fsdp2_default", "none"]);
     let planned = v["planned_iteration_ms"].as_f64().unwrap();
     for (name, ms) in baselines {
         assert!(

@@ -122,9 +122,10 @@ fn plan_shards_a_model_that_does_not_fit_with_ddp() {
             sh.reshard
         );
         // States of 3.4 B parameters over 8 ranks: weights, gradients and Adam state at most
-        // 16 bytes a parameter / 8, so the plan's peak is far below DDP's 55 GB.
+        // 16 bytes a parameter / 8 (7 GB), so the plan's peak, activations included, is far
+        // below DDP's 55 GB.
         assert!(
-            bytes(&v, "planned_peak_memory_bytes") < 20_000_000_000,
+            bytes(&v, "planned_peak_memory_bytes") < 30_000_000_000,
             "{fw}: {v}"
         );
         for d in &plan.decisions {
