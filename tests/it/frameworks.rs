@@ -1375,7 +1375,10 @@ fn deepspeed_export(
         "20",
     ];
     args.extend(extra);
-    edited_export(dir, &args, edit)
+    edited_export(dir, &args, |p| {
+        zero3_start(p);
+        edit(p)
+    })
 }
 
 /// `plan ARGS`, the plan changed by `edit` and written back, then `export --to deepspeed`.
@@ -1400,6 +1403,59 @@ fn edited_export(dir: &Path, args: &[&str], edit: impl FnOnce(&mut Plan)) -> (Pa
     ]);
     assert_eq!(code, 0, "export: {err}");
     (out, plan)
+}
+
+/// The tiny GPT's plan started from `zero3_default`, as `plan` starts it when no unsharded
+/// baseline fits (the tiny model fits everywhere, so the planner starts unsharded): the start
+/// decision and `config.sharding` over the zoo's units (`""`, `transformer.h.0`, `.1`) with
+/// their bytes from `config.tensor_bytes`. A plan already sharded is left as it is.
+fn zero3_start(p: &mut Plan) {
+    if p.config.sharding.is_some() || p.workload.ranks < 2 {
+        return;
+    }
+    let knobs: std::collections::BTreeMap<String, String> = [
+        ("stage", "3"),
+        ("replicas", "1"),
+        ("reshard", "1"),
+        ("prefetch", "1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    if let Some(d) = p
+        .decisions
+        .iter_mut()
+        .find(|d| d.pass.starts_with("baseline:"))
+    {
+        d.pass = "baseline:zero3_default".into();
+        d.knobs = knobs;
+    }
+    let units: Vec<String> = ["", "transformer.h.0", "transformer.h.1"]
+        .map(String::from)
+        .to_vec();
+    let unit_bytes = units
+        .iter()
+        .map(|u| {
+            p.config
+                .tensor_bytes
+                .iter()
+                .filter(|(t, _)| {
+                    trainplan::passes::shard::unit_of(t.rsplit_once('.').unwrap().0) == u
+                })
+                .map(|(_, b)| b)
+                .sum()
+        })
+        .collect();
+    p.config.sharding = Some(ShardConfig {
+        stage: 3,
+        shard_size: p.workload.ranks,
+        replicas: 1,
+        reshard: true,
+        prefetch: 1,
+        offload: false,
+        units,
+        unit_bytes,
+    });
 }
 
 /// The plan as the search would write a tuned `shard` decision: `stage`, `replicas` groups,
