@@ -950,21 +950,15 @@ fn work(
         s.baselines = table.clone();
         s.replays = table.len() as u64;
     }
-    // Start from the fastest setting the export can write (`none` is a reference only),
-    // unsharded while one fits: sharding is a memory move here (FSDP2's and ZeRO's copy-in /
-    // copy-out and hook overheads are not modelled, so a predicted speed-up of sharding over a
-    // DDP that fits is not one the model can vouch for); a sharded baseline starts the search
-    // when no unsharded one fits, and the memory step shards where memory demands it.
-    // With `--passes` naming no `shard`, sharded baselines are references only.
+    // Start from the fastest setting the export can write (`none` is a reference only) that is
+    // unsharded, fitting ones first: sharding is a memory move here (FSDP2's and ZeRO's copy-in
+    // / copy-out and hook overheads are not modelled, so a predicted speed-up of sharding is
+    // not one the model can vouch for). The sharded baselines are references; the memory step
+    // shards where memory demands it.
     let budget = opts.memory_budget.unwrap_or(u64::MAX);
-    let may_shard = opts
-        .passes
-        .as_ref()
-        .is_none_or(|l| l.iter().any(|p| p == "shard"));
     let rank = |r: &BaseRow| {
         let sharded = r.knobs.contains_key("stage");
-        let fits = r.peaks.device_used <= budget;
-        (sharded && !may_shard, !fits, sharded && fits, r.ns)
+        (sharded, r.peaks.device_used > budget, r.ns)
     };
     let start = rows
         .iter()
