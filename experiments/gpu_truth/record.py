@@ -16,10 +16,20 @@ Variants: baseline; amp-bf16 and amp-fp16 (torch.autocast, GradScaler for fp16);
 (activation checkpointing: every ResNet bottleneck block of layer2-layer4, every BERT encoder
 layer); accum2 / accum4 (gradient accumulation, same global batch); compile (torch.compile,
 default mode); fused-adam (Adam with fused=True; the baseline uses foreach=False, one kernel
-per tensor, so the difference is the fusion).
+per tensor, so the difference is the fusion); tf32 (FP32 with TF32 matrix products on; the
+baseline leaves PyTorch's default, TF32 off for matmul and on for cuDNN convolutions);
+channels-last and amp-bf16-cl (ResNet-50 in NHWC, fp32 and under bf16 autocast). `--batch`
+overrides a model's default global batch (e.g. 256 for ResNet-50 to leave the host-bound regime).
+
+Memory (issue 21): every run also records torch.cuda.max_memory_reserved, the device memory in
+use (total - free from cudaMemGetInfo, what nvidia-smi shows for the process) after the timed
+steps, and the first record holds the CUDA context's size. More models for the memory rows:
+gpt2-medium, gpt2-large (causal LM, seq 1024, batch 8), bert-large (seq 512, batch 8) and
+bert-large-eager / bert-base-eager (the unfused attention that materializes the score matrix).
 """
 
 import argparse
+import gc
 import gzip
 import json
 import os
@@ -31,7 +41,7 @@ import time
 
 import torch
 
-VARIANTS = ["baseline", "amp-bf16", "amp-fp16", "ckpt", "accum2", "accum4", "compile", "fused-adam"]
+VARIANTS = ["baseline", "tf32", "channels-last", "amp-bf16-cl", "amp-bf16", "amp-fp16", "ckpt", "accum2", "accum4", "compile", "fused-adam"]
 
 
 def build(model_name, variant):
@@ -77,7 +87,54 @@ def build(model_name, variant):
             return torch.nn.functional.cross_entropy(out.logits, y)
 
         return model, batch, loss, 32
+    if model_name in TRANSFORMERS:
+        return build_transformer(model_name, variant, dev)
     raise SystemExit(f"unknown model {model_name}")
+
+
+# Memory rows (issue 21): Hugging Face models built from their configs, (family, config kwargs,
+# attention implementation, sequence length, batch). GPT-2 is causal-LM training on its own
+# tokens; BERT is sequence classification like bert-base above.
+TRANSFORMERS = {
+    "gpt2-medium": ("gpt2", dict(n_embd=1024, n_layer=24, n_head=16), "sdpa", 1024, 8),
+    "gpt2-large": ("gpt2", dict(n_embd=1280, n_layer=36, n_head=20), "sdpa", 1024, 8),
+    "bert-large": ("bert", dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                intermediate_size=4096), "sdpa", 512, 8),
+    "bert-large-eager": ("bert", dict(hidden_size=1024, num_hidden_layers=24,
+                                      num_attention_heads=16, intermediate_size=4096), "eager", 512, 8),
+    "bert-base-eager": ("bert", {}, "eager", 128, 32),
+}
+
+
+def build_transformer(name, variant, dev):
+    family, kw, attn, seq, gbatch = TRANSFORMERS[name]
+    if family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(n_positions=seq, attn_implementation=attn, **kw)
+        model = GPT2LMHeadModel(cfg).to(dev)
+    else:
+        from transformers import BertConfig, BertForSequenceClassification
+
+        cfg = BertConfig(max_position_embeddings=max(512, seq), attn_implementation=attn, **kw)
+        model = BertForSequenceClassification(cfg).to(dev)
+    if variant == "ckpt":
+        model.gradient_checkpointing_enable()
+
+    def batch(n):
+        ids = torch.randint(0, cfg.vocab_size, (n, seq), device=dev)
+        if family == "gpt2":
+            return (ids,), ids
+        mask = torch.ones(n, seq, dtype=torch.long, device=dev)
+        return (ids, mask), torch.randint(0, 2, (n,), device=dev)
+
+    def loss(out, y):
+        if family == "gpt2":
+            logits = out.logits[:, :-1].reshape(-1, out.logits.shape[-1])
+            return torch.nn.functional.cross_entropy(logits, y[:, 1:].reshape(-1))
+        return torch.nn.functional.cross_entropy(out.logits, y)
+
+    return model, batch, loss, gbatch
 
 
 class Checkpointed(torch.nn.Module):
@@ -92,18 +149,26 @@ class Checkpointed(torch.nn.Module):
         return self.checkpoint(self.block, x, use_reentrant=False)
 
 
-def run(model_name, variant, steps, warmup, trace_path=None):
+def run(model_name, variant, steps, warmup, trace_path=None, batch_override=None):
     torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = variant == "tf32"
     model, batch, loss_fn, global_batch = build(model_name, variant)
+    global_batch = batch_override or global_batch
+    channels_last = variant in ("channels-last", "amp-bf16-cl")
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     model.train()
     fused = variant == "fused-adam"
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=fused, foreach=False if not fused else None)
     k = {"accum2": 2, "accum4": 4}.get(variant, 1)
     micro = global_batch // k
-    amp_dtype = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(variant)
+    amp_dtype = {"amp-bf16": torch.bfloat16, "amp-bf16-cl": torch.bfloat16,
+                 "amp-fp16": torch.float16}.get(variant)
     scaler = torch.amp.GradScaler("cuda") if variant == "amp-fp16" else None
     fwd = torch.compile(model) if variant == "compile" else model
     inputs = [batch(micro) for _ in range(k)]
+    if channels_last:
+        inputs = [((xs[0].contiguous(memory_format=torch.channels_last),), y) for xs, y in inputs]
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -139,6 +204,9 @@ def run(model_name, variant, steps, warmup, trace_path=None):
         b.synchronize()
         times.append(a.elapsed_time(b))
     peak = torch.cuda.max_memory_allocated()
+    peak_reserved = torch.cuda.max_memory_reserved()
+    free, total = torch.cuda.mem_get_info()
+    reserved_now = torch.cuda.memory_reserved()
     if trace_path:
         sched = torch.profiler.schedule(wait=1, warmup=2, active=4, repeat=1)
         tmp = tempfile.mkdtemp()
@@ -168,6 +236,10 @@ def run(model_name, variant, steps, warmup, trace_path=None):
         "min_ms": min(times),
         "max_ms": max(times),
         "peak_bytes": peak,
+        "peak_reserved_bytes": peak_reserved,
+        "device_used_bytes": total - free,
+        "reserved_now_bytes": reserved_now,
+        "device_total_bytes": total,
     }
 
 
@@ -178,32 +250,65 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--out", required=True, help="measured.json to write")
+    ap.add_argument("--batch", type=int, help="global batch instead of the model's default")
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="start no new run after this many seconds (what ran is kept)")
     ap.add_argument("--traces", help="folder for the baseline Kineto traces (<model>_baseline.json.gz)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible to PyTorch")
-    results = []
+    results = [context_sizes()]
+    start = time.time()
     for m in a.models.split(","):
         for v in a.variants.split(","):
             if v not in VARIANTS:
                 sys.exit(f"unknown variant {v}; known: {', '.join(VARIANTS)}")
+            if time.time() - start > a.budget_s:
+                print(f"budget spent: skipping {m} {v}", flush=True)
+                continue
             trace = None
             if v == "baseline" and a.traces:
                 os.makedirs(a.traces, exist_ok=True)
                 trace = os.path.join(a.traces, f"{m}_baseline.json.gz")
             t = time.time()
             warm = a.warmup * (3 if v == "compile" else 1)
-            r = run(m, v, a.steps, warm, trace)
+            try:
+                r = run(m, v, a.steps, warm, trace, a.batch)
+            except torch.OutOfMemoryError as e:
+                r = {"model": m, "variant": v, "oom": str(e).splitlines()[0]}
             r["wall_s"] = round(time.time() - t, 1)
             r["gpu"] = torch.cuda.get_device_name()
             r["torch"] = torch.__version__
             print(json.dumps(r), flush=True)
             results.append(r)
+            gc.collect()
             torch.cuda.empty_cache()
-    tmp = a.out + ".tmp"
+            write(a.out, results)
+
+
+def write(path, results):
+    """Atomically: a run cut short keeps every measurement made so far."""
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(results, f, indent=1)
-    os.replace(tmp, a.out)
+    os.replace(tmp, path)
+
+
+def context_sizes():
+    """Device memory in use (total - free) once the CUDA context exists, and again after the
+    first cuBLAS product (its handle, workspace and the modules lazy loading brings in)."""
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    ctx = total - free
+    a = torch.randn(256, 256, device="cuda")
+    (a @ a).sum().item()
+    free2, _ = torch.cuda.mem_get_info()
+    return {"context": True, "context_bytes": ctx, "after_first_gemm_bytes": total - free2,
+            "allocator_reserved_bytes": torch.cuda.memory_reserved(),
+            "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "(unset: lazy)"),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "device_total_bytes": total}
 
 
 if __name__ == "__main__":
