@@ -280,6 +280,10 @@ pub struct InputArgs {
     /// (FlashAttention / `scaled_dot_product_attention`: no scores in memory).
     #[arg(long, value_enum, value_name = "IMPL")]
     pub attention: Option<crate::zoo::Attention>,
+    /// Feed-forward GELU: fused (one kernel each way, keeps its input; default) or composite
+    /// (the tanh approximation as eight element-wise ops: Hugging Face GPT-2's `gelu_new`).
+    #[arg(long, value_enum, value_name = "IMPL")]
+    pub gelu: Option<crate::zoo::Gelu>,
     /// Activations in channels-last (NHWC) layout (`model.to(memory_format=torch.channels_last)`):
     /// no transposes around tensor-core convolutions (the default for tf and jax).
     #[arg(long)]

@@ -347,6 +347,7 @@ fn zoo_job(i: &InputArgs) -> Result<Input, CliError> {
         vocab: i.vocab,
         head: i.head,
         attention: i.attention,
+        gelu: i.gelu,
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;

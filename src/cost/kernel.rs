@@ -47,6 +47,10 @@ pub enum OpClass {
     /// Element-wise (activations, dropout, adds, casts, scaling).
     #[default]
     Elementwise,
+    /// An element-wise chain that autocast promotes to FP32: its first op is on autocast's
+    /// float32 list (`pow` in Hugging Face's composite GELU), so the ops after it compute
+    /// and save FP32 tensors.
+    ElementwiseFp32,
     /// Pooling.
     Pool,
     /// Embedding lookup / its gradient.
@@ -66,7 +70,7 @@ impl OpClass {
     pub fn runs_in_fp32(self) -> bool {
         matches!(
             self,
-            OpClass::Softmax | OpClass::LayerNorm | OpClass::Reduction
+            OpClass::Softmax | OpClass::LayerNorm | OpClass::Reduction | OpClass::ElementwiseFp32
         )
     }
 

@@ -88,8 +88,22 @@ pub struct MemorySpec {
     /// What the framework holds per byte the liveness model counts (1 for PyTorch): applied
     /// to the static bytes and every allocation before the allocator model.
     pub allocated_scale: f64,
+    /// Measured values that replace the ones above on one GPU architecture (`arch` of
+    /// `configs/gpus/*.yaml`), applied by [`MemorySpec::for_arch`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub arch: BTreeMap<String, ArchMemory>,
     #[serde(default)]
     pub source: String,
+}
+
+/// A memory file's per-architecture values (each optional: absent keeps the file's own).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchMemory {
+    #[serde(default)]
+    pub workspace_bytes: Option<u64>,
+    #[serde(default)]
+    pub context_lazy_bytes: Option<u64>,
 }
 
 impl Default for MemorySpec {
@@ -125,6 +139,16 @@ impl MemorySpec {
             _ => PYTORCH,
         };
         parse_memory(text, file).unwrap_or_else(|e| panic!("built-in memory config: {e}"))
+    }
+
+    /// This spec on GPUs of architecture `arch`: its per-architecture values in place of the
+    /// defaults (the spec itself when the file has none for `arch`).
+    pub fn for_arch(mut self, arch: &str) -> MemorySpec {
+        if let Some(a) = self.arch.get(arch).cloned() {
+            self.workspace_bytes = a.workspace_bytes.unwrap_or(self.workspace_bytes);
+            self.context_lazy_bytes = a.context_lazy_bytes.unwrap_or(self.context_lazy_bytes);
+        }
+        self
     }
 
     /// The CUDA context for this spec's module loading, bytes.
@@ -183,6 +207,19 @@ pub fn parse_memory(text: &str, file: &str) -> Result<MemorySpec, ConfigError> {
     ] {
         if v > TIB {
             return Err(bad(field, "must be at most 1 TiB"));
+        }
+    }
+    for (arch, a) in &m.arch {
+        for (field, v) in [
+            ("workspace_bytes", a.workspace_bytes),
+            ("context_lazy_bytes", a.context_lazy_bytes),
+        ] {
+            if v.is_some_and(|v| v > TIB) {
+                return Err(bad(
+                    &format!("arch.{arch}.{field}"),
+                    "must be at most 1 TiB",
+                ));
+            }
         }
     }
     if m.small_max_bytes > m.small_segment_bytes {
@@ -633,6 +670,25 @@ mod tests {
 
     fn caching() -> MemorySpec {
         MemorySpec::builtin(Framework::Pytorch)
+    }
+
+    #[test]
+    fn architecture_values_replace_the_defaults_on_that_architecture_only() {
+        let p = caching();
+        let hopper = p.clone().for_arch("hopper");
+        // configs/memory/pytorch.yaml: measured on an H200 (experiments/gpu_truth/h200).
+        assert_eq!(hopper.context_lazy_bytes, 808_255_488);
+        assert_eq!(hopper.workspace_bytes, 32 * MIB + MIB);
+        assert_eq!(hopper.context_eager_bytes, p.context_eager_bytes);
+        assert_eq!(p.clone().for_arch("volta"), p);
+        let bad = "name: x\nallocator: caching\nround_bytes: 512\nsmall_max_bytes: 1\nsmall_segment_bytes: 2\nmid_max_bytes: 1\nmid_segment_bytes: 2\nlarge_round_bytes: 2\nexpandable_segments: false\npage_bytes: 2\nbfc_first_region_bytes: 2\nworkspace_bytes: 0\ncontext_lazy_bytes: 0\ncontext_eager_bytes: 0\nmodule_loading: lazy\nnccl_buffsize_bytes: 0\nnccl_channels: 1\nnccl_peers_per_channel: 1\nallocated_scale: 1.0\narch:\n  hopper:\n    context_lazy_bytes: 10000000000000\n";
+        let e = parse_memory(bad, "m.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("m.yaml") && e.contains("arch.hopper.context_lazy_bytes"),
+            "{e}"
+        );
+        let unknown = bad.replace("context_lazy_bytes: 10000000000000", "context_bytes: 1");
+        assert!(parse_memory(&unknown, "m.yaml").is_err());
     }
 
     #[test]

@@ -453,7 +453,9 @@ pub fn wire(model: &Model, cluster: &Cluster, opts: &BuildOptions, host: HostSpe
         framework: opts.framework,
         exec: opts.framework.exec(),
         host: std::sync::Arc::new(host),
-        memory: std::sync::Arc::new(crate::cost::memory::MemorySpec::builtin(opts.framework)),
+        memory: std::sync::Arc::new(
+            crate::cost::memory::MemorySpec::builtin(opts.framework).for_arch(&cluster.gpu.arch),
+        ),
         meta: JobMeta {
             model: model.name.clone(),
             batch: model.batch,

@@ -172,6 +172,37 @@ impl Builder {
         i
     }
 
+    /// GELU's tanh approximation as separate element-wise ops (Hugging Face's
+    /// `NewGELUActivation`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`). Forward: 8 kernels
+    /// (pow, 3 scalar ops, tanh, add, 2 muls) reading 10 and writing 8 tensors of x's size.
+    /// Autograd keeps x (for pow), tanh's output and both factors of the last product: x plus
+    /// three new tensors. Backward: 11 kernels (the product's two grads, tanh's, two scalar
+    /// muls, pow's three, x's three incoming grads summed in two adds, the 0.5 factor) over
+    /// about 30 tensor passes. Under autocast `pow` is on the float32 list, so the chain runs
+    /// and saves in FP32 (`0.5·x` alone stays half: counted in FP32 here).
+    pub(super) fn gelu_composite(&mut self, name: &str, x: usize) -> usize {
+        let n = self.out(x);
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: 10.0 * nf,
+            fw_elems: 18.0 * nf,
+            bw_flops: 16.0 * nf,
+            bw_elems: 30.0 * nf,
+            fw_kernels: 8,
+            bw_kernels: 11,
+        };
+        let saved = self.keep(x).saturating_add(n.saturating_mul(3));
+        self.push(
+            name,
+            LayerKind::ElementwiseFp32,
+            vec![x],
+            w,
+            saved,
+            n,
+            vec![],
+        )
+    }
+
     pub(super) fn dropout(&mut self, name: &str, x: usize) -> usize {
         let n = self.out(x);
         let nf = n as f64;

@@ -21,6 +21,8 @@ pub enum LayerKind {
     LayerNorm,
     /// ReLU, GELU, tanh, dropout, residual add, scale: element-wise.
     Elementwise,
+    /// Element-wise ops that autocast runs in FP32 (a chain starting with `pow`).
+    ElementwiseFp32,
     Pool,
     Softmax,
     Embedding,
@@ -81,6 +83,7 @@ impl LayerKind {
             LayerKind::BatchNorm => OpClass::Norm,
             LayerKind::LayerNorm => OpClass::LayerNorm,
             LayerKind::Elementwise => OpClass::Elementwise,
+            LayerKind::ElementwiseFp32 => OpClass::ElementwiseFp32,
             LayerKind::Pool => OpClass::Pool,
             LayerKind::Softmax => OpClass::Softmax,
             LayerKind::Embedding => OpClass::Embedding,

@@ -11,7 +11,7 @@ pub mod transformer;
 
 pub use build::{BuildError, BuildOptions, build};
 pub use layers::{Layer, LayerKind, MathClass, Model, Optimizer, Param};
-pub use transformer::{Attention, Head, TransformerConfig};
+pub use transformer::{Attention, Gelu, Head, TransformerConfig};
 
 /// A zoo entry: name, one-line description, default per-worker batch and optimizer.
 #[derive(Clone, Copy, Debug)]
@@ -89,6 +89,8 @@ pub struct ModelOptions {
     pub head: Option<transformer::Head>,
     /// The attention implementation (default: eager for BERT, fused softmax for GPT).
     pub attention: Option<transformer::Attention>,
+    /// The feed-forward GELU (default: one fused kernel).
+    pub gelu: Option<transformer::Gelu>,
 }
 
 /// Why a model could not be made.
@@ -122,10 +124,13 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
     }
     let shaped = [opts.hidden, opts.heads, opts.layers, opts.seq, opts.vocab];
     if !e.transformer
-        && (shaped.iter().any(Option::is_some) || opts.head.is_some() || opts.attention.is_some())
+        && (shaped.iter().any(Option::is_some)
+            || opts.head.is_some()
+            || opts.attention.is_some()
+            || opts.gelu.is_some())
     {
         return Err(ZooError::Invalid(format!(
-            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab, --head and --attention apply to bert-base, bert-large and gpt"
+            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab, --head, --attention and --gelu apply to bert-base, bert-large and gpt"
         )));
     }
     let layers = match name {
@@ -151,6 +156,9 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
             cfg.vocab = opts.vocab.unwrap_or(cfg.vocab);
             if let Some(a) = opts.attention {
                 cfg.attention = a;
+            }
+            if let Some(g) = opts.gelu {
+                cfg.gelu = g;
             }
             if let Some(h) = opts.head {
                 if cfg.decoder {

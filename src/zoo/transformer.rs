@@ -49,6 +49,32 @@ pub struct TransformerConfig {
     /// How attention is computed.
     #[serde(default)]
     pub attention: Attention,
+    /// How the feed-forward GELU is computed.
+    #[serde(default)]
+    pub gelu: Gelu,
+}
+
+/// How the feed-forward GELU runs (`--gelu`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Gelu {
+    /// One kernel each way that keeps its input (`torch.nn.functional.gelu`, Megatron-LM's
+    /// bias-GELU; Hugging Face BERT's `gelu`).
+    #[default]
+    Fused,
+    /// The tanh approximation written as eight element-wise ops, autograd keeping four tensors
+    /// (Hugging Face GPT-2's `gelu_new`, `NewGELUActivation`).
+    Composite,
 }
 
 /// How the attention core (QKᵀ, softmax, dropout, ·V) runs (`--attention`).
@@ -117,6 +143,7 @@ impl TransformerConfig {
             decoder: false,
             head: Head::Pretraining,
             attention: Attention::Eager,
+            gelu: Gelu::Fused,
         }
     }
 
@@ -144,6 +171,7 @@ impl TransformerConfig {
             decoder: true,
             head: Head::Pretraining,
             attention: Attention::FusedSoftmax,
+            gelu: Gelu::Fused,
         }
     }
 
@@ -483,13 +511,19 @@ impl Net {
             .add(&format!("{p}.attention.output.residual_add"), y, x);
         let a = self.layer_norm(&format!("{p}.attention.output.LayerNorm"), y);
         let y = self.linear(&format!("{p}.intermediate.dense"), a, h, ff);
-        let y = self
-            .b
-            .gelu(&format!("{p}.intermediate.intermediate_act_fn"), y);
+        let y = self.gelu(&format!("{p}.intermediate.intermediate_act_fn"), y, cfg);
         let y = self.linear(&format!("{p}.output.dense"), y, ff, h);
         let y = self.b.dropout(&format!("{p}.output.dropout"), y);
         let y = self.b.add(&format!("{p}.output.residual_add"), y, a);
         self.layer_norm(&format!("{p}.output.LayerNorm"), y)
+    }
+
+    /// The feed-forward activation as `cfg` computes it.
+    fn gelu(&mut self, name: &str, x: usize, cfg: &TransformerConfig) -> usize {
+        match cfg.gelu {
+            Gelu::Fused => self.b.gelu(name, x),
+            Gelu::Composite => self.b.gelu_composite(name, x),
+        }
     }
 
     /// HF `GPT2Block` (pre-LN).
@@ -503,7 +537,7 @@ impl Net {
         let x = self.b.add(&format!("{p}.residual_add_attn"), y, x);
         let m = self.layer_norm(&format!("{p}.ln_2"), x);
         let y = self.linear(&format!("{p}.mlp.c_fc"), m, h, ff);
-        let y = self.b.gelu(&format!("{p}.mlp.act"), y);
+        let y = self.gelu(&format!("{p}.mlp.act"), y, cfg);
         let y = self.linear(&format!("{p}.mlp.c_proj"), y, ff, h);
         let y = self.b.dropout(&format!("{p}.mlp.dropout"), y);
         self.b.add(&format!("{p}.residual_add_mlp"), y, x)
@@ -742,6 +776,35 @@ mod tests {
         let ls = transformer(&TransformerConfig::bert_base(), 1);
         let saved: u64 = ls.iter().map(|l| l.saved_elems).sum();
         assert_eq!(saved, 29_203_330);
+    }
+
+    #[test]
+    fn composite_gelu_keeps_three_more_tensors_in_fp32() {
+        // GPT-2 small, batch 1: each block's GELU input is 4·Th = 4 · 1024 · 768 elements.
+        let fused = TransformerConfig::gpt2_small();
+        let composite = TransformerConfig {
+            gelu: Gelu::Composite,
+            ..fused
+        };
+        let (a, b) = (transformer(&fused, 1), transformer(&composite, 1));
+        let saved = |ls: &[Layer]| ls.iter().map(|l| l.saved_elems).sum::<u64>();
+        let n = 4 * 1024 * 768u64;
+        assert_eq!(saved(&b) - saved(&a), 12 * 3 * n);
+        let act = |ls: &[Layer]| {
+            ls.iter()
+                .find(|l| l.name == "transformer.h.0.mlp.act")
+                .cloned()
+                .expect("the block's activation")
+        };
+        let (fa, ca) = (act(&a), act(&b));
+        assert_eq!((fa.fw_kernels, fa.bw_kernels), (1, 1));
+        assert_eq!((ca.fw_kernels, ca.bw_kernels), (8, 11));
+        assert_eq!(fa.saved_elems, n);
+        assert_eq!(ca.saved_elems, 4 * n);
+        // Autocast runs the chain in FP32 (`pow` first); the fused kernel in the half dtype.
+        assert!(ca.kind.class().runs_in_fp32());
+        assert!(!fa.kind.class().runs_in_fp32());
+        check_well_formed(&|n| transformer(&composite, n));
     }
 
     #[test]

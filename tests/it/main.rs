@@ -58,6 +58,7 @@ mod fidelity;
 mod frameworks;
 mod fuzz_inputs;
 mod fuzz_traces;
+mod gpu_truth;
 mod hostile_export;
 mod hostile_input;
 mod lower_bound;

@@ -452,6 +452,11 @@ pub(crate) fn one_worker_job(
         alpha_ns: 5_000.0,
         bytes_per_ns: 100.0,
     };
+    // The recorded peak already holds cuBLAS's workspace; the context is the GPU's.
+    let memory = crate::cost::memory::MemorySpec {
+        workspace_bytes: 0,
+        ..crate::cost::memory::MemorySpec::default().for_arch(&gpu.arch)
+    };
     Job {
         local,
         syncs: Vec::new(),
@@ -474,11 +479,7 @@ pub(crate) fn one_worker_job(
         framework: Framework::default(),
         exec: Exec::Eager,
         host: std::sync::Arc::new(crate::cost::host::HostSpec::builtin(Exec::Eager)),
-        // The recorded peak already holds cuBLAS's workspace.
-        memory: std::sync::Arc::new(crate::cost::memory::MemorySpec {
-            workspace_bytes: 0,
-            ..Default::default()
-        }),
+        memory: std::sync::Arc::new(memory),
         meta: JobMeta {
             model: name.to_string(),
             batch: 0,

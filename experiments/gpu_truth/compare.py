@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""trainplan against what was measured on the H200 lease (experiments/gpu_truth/h200/).
+
+    python3 experiments/gpu_truth/compare.py [--tp target/release/trainplan]
+
+Writes experiments/results/gpu_truth_h200.{md,csv}. Nothing here was fitted on these
+measurements; every prediction is a plain CLI call (shown in the CSV's `command` column):
+
+1. No trace: `trainplan replay --model … --cluster experiments/gpu_truth/h200/1xh200.yaml`
+   with the run's model, batch, precision, attention and layout (`whatif --pass
+   grad-accumulation:k=K` for the accumulation runs) against the measured step time (CUDA-event
+   median) and the three peaks: allocated (`max_memory_allocated`), reserved
+   (`max_memory_reserved`) and device used (total − free from cudaMemGetInfo).
+2. From the recorded baseline trace: `trainplan whatif --trace <model>_baseline.json.gz --pass P`
+   against the measured speed-up of the variant that applies P (baseline median / variant median,
+   both measured without the profiler).
+3. The one-rank FSDP2 trace and its plain twin replayed (`trainplan replay --trace`).
+
+Known mismatches, kept rather than hidden: the recorded runs use Adam with `foreach=False` (one
+update kernel per tensor) where the zoo prices the multi-tensor update, and ResNet-50 with Adam
+where the zoo's ResNet-50 uses SGD with momentum (its state is 2 x 25.6 M fp32 values smaller).
+"""
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+H = "experiments/gpu_truth/h200"
+CLUSTER = f"{H}/1xh200.yaml"
+
+# measured model name -> zoo arguments
+MODELS = {
+    "resnet50": ["--model", "resnet50"],
+    "bert-base": ["--model", "bert-base", "--head", "classify", "--seq", "128", "--attention", "flash"],
+    "bert-base-eager": ["--model", "bert-base", "--head", "classify", "--seq", "128", "--attention", "eager"],
+    "bert-large": ["--model", "bert-large", "--head", "classify", "--seq", "512", "--attention", "flash"],
+    "bert-large-eager": ["--model", "bert-large", "--head", "classify", "--seq", "512", "--attention", "eager"],
+    "gpt2-medium": ["--model", "gpt", "--hidden", "1024", "--layers", "24", "--heads", "16", "--seq", "1024",
+                    "--vocab", "50257", "--attention", "flash", "--gelu", "composite"],
+    "gpt2-large": ["--model", "gpt", "--hidden", "1280", "--layers", "36", "--heads", "20", "--seq", "1024",
+                   "--vocab", "50257", "--attention", "flash", "--gelu", "composite"],
+}
+# measured variant -> (extra replay arguments, whatif passes); None: not expressible here
+VARIANTS = {
+    "baseline": ([], []),
+    "tf32": (["--precision", "tf32"], []),
+    "amp-bf16": (["--precision", "bf16"], []),
+    "amp-fp16": (["--precision", "fp16"], []),
+    "channels-last": (["--channels-last"], []),
+    "amp-bf16-cl": (["--precision", "bf16", "--channels-last"], []),
+    "accum2": ([], ["grad-accumulation:k=2"]),
+    "accum4": ([], ["grad-accumulation:k=4"]),
+}
+# variant -> the pass that applies it to a recorded baseline trace
+TRACE_PASSES = {
+    "amp-bf16": "amp:dtype=bf16",
+    "amp-fp16": "amp:dtype=fp16",
+    "accum2": "grad-accumulation:k=2",
+    "accum4": "grad-accumulation:k=4",
+    "fused-adam": "fused-adam",
+}
+FILES = ["measured.json", "memory.json", "memory2.json", "rn50_b256.json", "bert_b128.json"]
+
+
+def tp_json(tp, args):
+    p = subprocess.run([tp, *args, "--json"], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
+    return json.loads(p.stdout)
+
+
+def runs():
+    """Every measured run, the later file winning for a repeated (model, variant, batch)."""
+    seen = {}
+    for f in FILES:
+        for r in json.load(open(os.path.join(ROOT, H, f))):
+            if "median_ms" in r:
+                seen[(r["model"], r["variant"], r["global_batch"])] = r
+    return list(seen.values())
+
+
+def pct(pred, meas):
+    return 100.0 * (pred / meas - 1.0)
+
+
+def zoo_rows(tp):
+    out = []
+    for r in runs():
+        if r["model"] not in MODELS or r["variant"] not in VARIANTS:
+            continue
+        extra, passes = VARIANTS[r["variant"]]
+        args = MODELS[r["model"]] + ["--batch", str(r["global_batch"]), "--cluster", CLUSTER] + extra
+        cmd = ["whatif", *args] + sum((["--pass", p] for p in passes), []) if passes else ["replay", *args]
+        d = tp_json(tp, cmd)
+        out.append(dict(
+            model=r["model"], variant=r["variant"], batch=r["global_batch"],
+            measured_ms=r["median_ms"], predicted_ms=d["iteration_ms"],
+            measured_alloc_gb=r["peak_bytes"] / 1e9, predicted_alloc_gb=d["peak_memory_bytes"] / 1e9,
+            measured_reserved_gb=r["peak_reserved_bytes"] / 1e9,
+            predicted_reserved_gb=d["reserved_peak_bytes"] / 1e9,
+            measured_device_gb=r["device_used_bytes"] / 1e9,
+            predicted_device_gb=d["device_used_bytes"] / 1e9,
+            host_bound=d.get("host_bound"), command="trainplan " + " ".join(cmd)))
+    return out
+
+
+def trace_rows(tp):
+    out = []
+    meas = {(r["model"], r["variant"]): r for r in runs() if r["global_batch"] in (64, 32)}
+    for model in ("resnet50", "bert-base"):
+        base = meas[(model, "baseline")]
+        trace = f"{H}/{model}_baseline.json.gz"
+        for variant, p in TRACE_PASSES.items():
+            if (model, variant) not in meas:
+                continue
+            cmd = ["whatif", "--trace", trace, "--pass", p]
+            d = tp_json(tp, cmd)
+            out.append(dict(model=model, variant=variant, measured_speedup=base["median_ms"] / meas[(model, variant)]["median_ms"],
+                            predicted_speedup=d["baseline_iteration_ms"] / d["iteration_ms"],
+                            command="trainplan " + " ".join(cmd)))
+    return out
+
+
+def table(rows, cols):
+    s = "| " + " | ".join(h for h, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
+    for r in rows:
+        s += "| " + " | ".join(f(r) for _, f in cols) + " |\n"
+    return s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tp", default=os.path.join(ROOT, "target/release/trainplan"))
+    a = ap.parse_args()
+    zoo, tr = zoo_rows(a.tp), trace_rows(a.tp)
+    fsdp = {n: tp_json(a.tp, ["replay", "--trace", f"{H}/{n}.json.gz"]) for n in ("plain_gpt2m", "fsdp_gpt2m_1rank")}
+    mean = lambda v: statistics.fmean(abs(x) for x in v)
+    e = lambda k: [pct(r[f"predicted_{k}"], r[f"measured_{k}"]) for r in zoo]
+    dev = [r for r in zoo if not r["host_bound"]]
+    md = ["# trainplan against the H200 lease (never fitted on)\n",
+          "Measured on one NVIDIA H200 (PyTorch 2.11, CUDA 13.0; `experiments/gpu_truth/h200/README.md`); "
+          "predicted by `python3 experiments/gpu_truth/compare.py` (the CLI, each command in `gpu_truth_h200.csv`).\n",
+          "| prediction | rows | mean abs error |\n|---|---|---|\n"
+          f"| iteration time, every run | {len(zoo)} | {mean(e('ms')):.1f} % |\n"
+          f"| iteration time, runs not predicted host-bound | {len(dev)} | "
+          f"{mean([pct(r['predicted_ms'], r['measured_ms']) for r in dev]):.1f} % |\n"
+          f"| allocated peak | {len(zoo)} | {mean(e('alloc_gb')):.1f} % |\n"
+          f"| reserved peak | {len(zoo)} | {mean(e('reserved_gb')):.1f} % |\n"
+          f"| device used | {len(zoo)} | {mean(e('device_gb')):.1f} % |\n"
+          f"| speed-up of a pass, from the recorded trace | {len(tr)} | "
+          f"{mean([pct(r['predicted_speedup'], r['measured_speedup']) for r in tr]):.1f} % |\n",
+          "## Per run (zoo model, no trace)\n",
+          table(zoo, [("model", lambda r: r["model"]), ("variant", lambda r: r["variant"]), ("batch", lambda r: str(r["batch"])),
+                      ("ms measured", lambda r: f"{r['measured_ms']:.1f}"), ("ms predicted", lambda r: f"{r['predicted_ms']:.1f}"),
+                      ("err", lambda r: f"{pct(r['predicted_ms'], r['measured_ms']):+.0f} %"),
+                      ("host-bound", lambda r: "yes" if r["host_bound"] else ""),
+                      ("allocated GB", lambda r: f"{r['measured_alloc_gb']:.2f} / {r['predicted_alloc_gb']:.2f}"),
+                      ("reserved GB", lambda r: f"{r['measured_reserved_gb']:.2f} / {r['predicted_reserved_gb']:.2f}"),
+                      ("device used GB", lambda r: f"{r['measured_device_gb']:.2f} / {r['predicted_device_gb']:.2f}"),
+                      ("err alloc / reserved / device", lambda r: " / ".join(f"{pct(r['predicted_' + k], r['measured_' + k]):+.0f}" for k in ("alloc_gb", "reserved_gb", "device_gb")) + " %")]),
+          "Memory cells: measured / predicted.\n",
+          "## Speed-up of a pass, predicted from the recorded baseline trace\n",
+          table(tr, [("model", lambda r: r["model"]), ("variant", lambda r: r["variant"]),
+                     ("measured", lambda r: f"{r['measured_speedup']:.2f}x"), ("predicted", lambda r: f"{r['predicted_speedup']:.2f}x"),
+                     ("err", lambda r: f"{pct(r['predicted_speedup'], r['measured_speedup']):+.0f} %")]),
+          "## FSDP2, one rank, replayed from its trace\n",
+          "| trace | measured step (profiled) | replayed | error |\n|---|---|---|---|\n" + "".join(
+              f"| {n} | {d['measured_iteration_ms']:.1f} ms | {d['iteration_ms']:.1f} ms | {d['error_pct']:+.2f} % |\n" for n, d in fsdp.items()),
+          ]
+    res = os.path.join(ROOT, "experiments/results")
+    tmp = os.path.join(res, "gpu_truth_h200.md.tmp")
+    with open(tmp, "w") as f:
+        f.write("\n".join(md))
+    os.replace(tmp, os.path.join(res, "gpu_truth_h200.md"))
+    tmp = os.path.join(res, "gpu_truth_h200.csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in zoo + tr for k in r}))
+        w.writeheader()
+        w.writerows(zoo + tr)
+    os.replace(tmp, os.path.join(res, "gpu_truth_h200.csv"))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
