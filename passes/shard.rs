@@ -31,11 +31,15 @@
 //! what lets each start (positions in that topological order), which keeps the comm stream
 //! acyclic with the compute it feeds.
 
-//! **Units** (what FSDP wraps): a layer belongs to the unit named by its path up to the first
-//! all-digit component (`bert.encoder.layer.3`, `transformer.h.11`, `layer3.1`): one unit per
-//! transformer block or residual block, FSDP2's usual policy; layers without such a component
-//! (embeddings, heads, stem) form the root unit, which keeps its gathered parameters from its
-//! forward to the end of its backward (FSDP2 does not reshard the root after the forward).
+//! **Units** (what FSDP wraps; knob `units`, default `auto`): a layer belongs to the unit named
+//! by its path up to the first all-digit component (`bert.encoder.layer.3`, `transformer.h.11`,
+//! `layer3.1`): one unit per transformer block or residual block, FSDP2's usual policy. With
+//! `units=GLOB` a layer belongs to the shortest prefix of its path (at a `.`: the outermost
+//! module) that the glob matches (`units=bert.encoder` wraps the whole encoder once;
+//! `units=transformer.h.*` each block; `units=transformer.h.1?` only blocks 10-19); a glob no
+//! module path matches is refused. Layers in no unit (embeddings,
+//! heads, stem) form the root unit, which keeps its gathered parameters from its forward to the
+//! end of its backward (FSDP2 does not reshard the root after the forward).
 //!
 //! **Cost model.** Reduce-scatter and all-gather are the two halves of a ring all-reduce (n−1
 //! chunk steps each, α–β per hop: `src/graph/comm.rs`). All collectives share the rank's comm
@@ -103,6 +107,11 @@ impl Pass for Shard {
                 0,
                 64,
             ),
+            KnobSpec::text(
+                "units",
+                "stage 3 wrap units: auto (one per numbered block) or a glob on module paths (bert.encoder.layer.*)",
+                AUTO,
+            ),
             KnobSpec::int(
                 "offload",
                 "optimizer state and step on the CPU (not modelled yet: 1 is refused)",
@@ -125,7 +134,7 @@ impl Pass for Shard {
                 why: "optimizer offload (offload=1) is not modelled yet".into(),
             });
         }
-        let job = shard(&cx.job, s)?;
+        let job = shard_units(&cx.job, s, knobs.text("units").trim())?;
         let g = cx.job.workers / s.replicas;
         Ok(vec![Patch {
             pass: NAME.into(),
@@ -170,9 +179,37 @@ pub fn unit_of(layer: &str) -> &str {
     ""
 }
 
-/// `job` sharded as `s` says: checked, then its static memory, optimizer step, gradient
-/// collectives and parameter gathers rebuilt in turn.
+/// The `units` knob's default: one unit per numbered block ([`unit_of`]).
+pub const AUTO: &str = "auto";
+
+/// The unit `layer` belongs to under the `units` knob's `pattern`: [`unit_of`] for `auto`, else
+/// the shortest prefix of the path (at a `.`: the outermost module) the glob matches, or the
+/// root unit (`""`).
+pub fn unit_for<'a>(layer: &'a str, pattern: &str) -> &'a str {
+    if pattern == AUTO {
+        return unit_of(layer);
+    }
+    let mut end = 0;
+    for part in layer.split('.') {
+        end += part.len();
+        if super::recompute::glob_match(pattern, &layer[..end]) {
+            return &layer[..end];
+        }
+        end += 1;
+    }
+    ""
+}
+
+/// [`shard_units`] with one unit per numbered block.
 pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
+    shard_units(job, s, AUTO)
+}
+
+/// `job` sharded as `s` says, wrapping the units `pattern` names (the `units` knob): checked,
+/// then its static memory, optimizer step, gradient collectives and parameter gathers rebuilt
+/// in turn.
+pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassError> {
+    check_units(job, pattern)?;
     let g = shard_group_size(job, s)?;
     let mut j = job.clone();
     let virt = virtual_device(&mut j);
@@ -182,7 +219,7 @@ pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
     let shard_group = Group { size: g, stride: 1 };
     let grads = gradient_syncs(&mut j, job, s, g, virt);
     j.syncs = if s.stage >= 3 {
-        let units = units(job);
+        let units = units_of(job, pattern);
         if units.is_empty() {
             return Err(not_applicable(
                 "no layer holds parameters: nothing to gather".into(),
@@ -411,16 +448,48 @@ pub struct Unit {
     pub tensors: Vec<u32>,
 }
 
-/// The job's wrap units that hold parameters, in the order their forward first runs.
+/// A `units` pattern that names no module is an error, naming an example path.
+fn check_units(job: &Job, pattern: &str) -> Result<(), PassError> {
+    let bad = |why: String| PassError::BadKnob {
+        pass: NAME.into(),
+        knob: "units".into(),
+        value: pattern.to_string(),
+        why,
+    };
+    if pattern.is_empty() {
+        return Err(bad("give `auto` or a glob on module paths".into()));
+    }
+    let layers = &job.local.layers;
+    if pattern != AUTO && !layers.iter().any(|n| !unit_for(n, pattern).is_empty()) {
+        let example = layers
+            .iter()
+            .map(|n| unit_of(n))
+            .find(|u| !u.is_empty())
+            .or(layers.first().map(String::as_str))
+            .unwrap_or("");
+        return Err(bad(format!(
+            "no module path of the model matches it (its blocks are named like `{example}`)"
+        )));
+    }
+    Ok(())
+}
+
+/// The job's wrap units that hold parameters (one per numbered block), in the order their
+/// forward first runs.
 pub fn units(job: &Job) -> Vec<Unit> {
+    units_of(job, AUTO)
+}
+
+/// [`units`] under the `units` knob's `pattern` ([`unit_for`]).
+pub fn units_of(job: &Job, pattern: &str) -> Vec<Unit> {
     let l = &job.local;
     let mut by: BTreeMap<&str, Unit> = BTreeMap::new();
     for (ti, t) in l.tensors.iter().enumerate() {
         let Some(name) = l.layers.get(t.layer as usize) else {
             continue;
         };
-        let u = by.entry(unit_of(name)).or_insert_with(|| Unit {
-            name: unit_of(name).to_string(),
+        let u = by.entry(unit_for(name, pattern)).or_insert_with(|| Unit {
+            name: unit_for(name, pattern).to_string(),
             layers: Vec::new(),
             bytes: 0,
             tensors: Vec::new(),
@@ -429,7 +498,7 @@ pub fn units(job: &Job) -> Vec<Unit> {
         u.tensors.push(ti as u32);
     }
     for (li, name) in l.layers.iter().enumerate() {
-        if let Some(u) = by.get_mut(unit_of(name)) {
+        if let Some(u) = by.get_mut(unit_for(name, pattern)) {
             u.layers.push(li as u32);
         }
     }
@@ -440,7 +509,9 @@ pub fn units(job: &Job) -> Vec<Unit> {
             && o.spec.kind == OpKind::Compute
             && let Some(name) = l.layers.get(o.spec.layer as usize)
         {
-            first.entry(unit_of(name).to_string()).or_insert(i);
+            first
+                .entry(unit_for(name, pattern).to_string())
+                .or_insert(i);
         }
     }
     let mut v: Vec<Unit> = by.into_values().collect();
@@ -758,6 +829,20 @@ mod tests {
             let want = if st == 1 { 0 } else { grads - kept };
             assert_eq!(freed, want, "stage {st}");
         }
+    }
+
+    #[test]
+    fn a_units_glob_picks_the_outermost_matching_module() {
+        let l = "bert.encoder.layer.3.attention.self.query";
+        assert_eq!(unit_for(l, AUTO), "bert.encoder.layer.3");
+        assert_eq!(unit_for(l, "bert.encoder.layer.*"), "bert.encoder.layer.3");
+        assert_eq!(unit_for(l, "bert.encoder"), "bert.encoder");
+        assert_eq!(unit_for(l, "*.attention"), "bert.encoder.layer.3.attention");
+        assert_eq!(unit_for(l, "bert.encoder.layer.1?"), "");
+        assert_eq!(
+            unit_for("bert.embeddings.word_embeddings", "bert.encoder"),
+            ""
+        );
     }
 
     #[test]

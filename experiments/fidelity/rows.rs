@@ -289,6 +289,11 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             if nvidia_recipe {
                 opts.attention = Some(trainplan::zoo::Attention::FusedSoftmax);
             }
+            if nvidia_recipe && framework_text.contains("pytorch") {
+                // DLE's PyTorch BERT pads the vocabulary to a multiple of 8 (run_pretraining.py
+                // and run_squad.py, "Padding for divisibility by 8"): 30,522 -> 30,528.
+                opts.vocab = Some(30528);
+            }
             if model_name == "bert-base" {
                 "bert-base"
             } else {

@@ -3,8 +3,9 @@
 
     python3 experiments/gpu_truth/compare.py [--tp target/release/trainplan]
 
-Writes experiments/results/gpu_truth_h200.{md,csv}. Nothing here was fitted on these
-measurements; every prediction is a plain CLI call (shown in the CSV's `command` column):
+Writes experiments/results/gpu_truth_h200.{md,csv}. No constant is fitted on these
+measurements (two are read off them: the Hopper context, and the misaligned-GEMM rate from
+plain_gpt2m.json.gz); every prediction is a plain CLI call (shown in the CSV's `command` column):
 
 1. No trace: `trainplan replay --model … --cluster experiments/gpu_truth/h200/1xh200.yaml`
    with the run's model, batch, precision, attention and layout (`whatif --pass
@@ -142,9 +143,11 @@ def main():
     mean = lambda v: statistics.fmean(abs(x) for x in v)
     e = lambda k: [pct(r[f"predicted_{k}"], r[f"measured_{k}"]) for r in zoo]
     dev = [r for r in zoo if not r["host_bound"]]
-    md = ["# trainplan against the H200 lease (never fitted on)\n",
+    md = ["# trainplan against the H200 lease\n",
           "Measured on one NVIDIA H200 (PyTorch 2.11, CUDA 13.0; `experiments/gpu_truth/h200/README.md`); "
-          "predicted by `python3 experiments/gpu_truth/compare.py` (the CLI, each command in `gpu_truth_h200.csv`).\n",
+          "predicted by `python3 experiments/gpu_truth/compare.py` (the CLI, each command in `gpu_truth_h200.csv`). "
+          "No constant is fitted on these rows; two are read off them (the Hopper context in `configs/memory/pytorch.yaml`, "
+          "`misaligned_gemm_efficiency` in `configs/arch/hopper.yaml` from `plain_gpt2m.json.gz`).\n",
           "| prediction | rows | mean abs error |\n|---|---|---|\n"
           f"| iteration time, every run | {len(zoo)} | {mean(e('ms')):.1f} % |\n"
           f"| iteration time, runs not predicted host-bound | {len(dev)} | "

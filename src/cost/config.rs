@@ -108,6 +108,11 @@ pub struct ArchSpec {
     /// Slowdown of a compute kernel that runs beside a collective on the same GPU (SMs and
     /// memory bandwidth shared with NCCL): 0.1 = 10 % longer.
     pub overlap_slowdown: f64,
+    /// Fraction of the datasheet peak a tensor-core GEMM reaches when one of its dimensions is
+    /// not a whole number of 16-byte vectors (an odd vocabulary): cuBLAS falls back to
+    /// `align1` kernels. Absent where it was not measured: such products are priced as aligned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub misaligned_gemm_efficiency: Option<f64>,
     #[serde(default)]
     pub source: String,
 }
@@ -669,6 +674,9 @@ pub fn parse_arch(text: &str, file: &str) -> Result<ArchSpec, ConfigError> {
         ("vector_efficiency", a.vector_efficiency),
     ] {
         check_range(text, file, field, v, MIN_RATE, 1.0)?;
+    }
+    if let Some(v) = a.misaligned_gemm_efficiency {
+        check_range(text, file, "misaligned_gemm_efficiency", v, MIN_RATE, 1.0)?;
     }
     if !(a.overlap_slowdown.is_finite() && (0.0..=4.0).contains(&a.overlap_slowdown)) {
         return Err(invalid(

@@ -133,6 +133,19 @@ impl Gemm {
         self.count <= 0.0 || self.m <= 0.0 || self.n <= 0.0 || self.k <= 0.0
     }
 
+    /// Whether a dimension other than the batch's is not a whole number of 16-byte vectors of
+    /// `d` (an odd vocabulary). Those are the row-major operands' leading dimensions (the
+    /// batch's never is), which cuBLAS's vectorised tensor-core kernels need aligned.
+    pub fn misaligned(&self, d: Dtype) -> bool {
+        let per = (16 / d.bytes().max(1)) as f64;
+        let off = |x: f64| x % per != 0.0;
+        match self.batch_dim {
+            BatchDim::M => off(self.n) || off(self.k),
+            BatchDim::K => off(self.m) || off(self.n),
+            BatchDim::Count | BatchDim::None => off(self.m) || off(self.n) || off(self.k),
+        }
+    }
+
     /// 2·M·N·K·count.
     pub fn flops(&self) -> f64 {
         if self.is_none() {
@@ -398,10 +411,18 @@ impl<'a> KernelModel<'a> {
         if gemms.is_empty() {
             return (work.flops.max(0.0) / rate, work.flops.max(0.0));
         }
+        let misaligned_rate = a
+            .misaligned_gemm_efficiency
+            .filter(|_| tc && work.class == OpClass::Gemm)
+            .map(|e| self.gpu.matrix_flops_per_ns(d) * e);
         let mut t = 0.0;
         let mut covered = 0.0;
         for g in gemms {
-            t += self.gemm_ns(g, rate, tc);
+            let r = match misaligned_rate {
+                Some(r) if g.misaligned(d) => r,
+                _ => rate,
+            };
+            t += self.gemm_ns(g, r, tc);
             covered += g.flops();
         }
         (t, covered)
@@ -497,6 +518,34 @@ mod tests {
         let t = km.time_ns(&w, Dtype::Fp16, Math::FP32);
         let ideal = w.flops / (312e3 * a100.kernels.gemm_efficiency.tensor_core);
         assert!((t / ideal - 1.0).abs() < 0.03, "{t} vs {ideal}");
+    }
+
+    #[test]
+    fn an_odd_vocabulary_sends_hopper_products_to_the_slow_kernels() {
+        // GPT-2's LM head: 8192 tokens x 1024 onto 50,257 words (odd: not whole 16-byte
+        // vectors), against the padded 50,304.
+        let h200 = load_gpu("h200").unwrap();
+        let km = KernelModel::new(&h200);
+        let (odd, padded) = (
+            gemm_work(8192.0, 50257.0, 1024.0),
+            gemm_work(8192.0, 50304.0, 1024.0),
+        );
+        assert!(odd.gemms[0].misaligned(Dtype::Bf16) && !padded.gemms[0].misaligned(Dtype::Bf16));
+        // The batch dimension is never a leading dimension: an odd token count is aligned.
+        assert!(!gemm_work(8191.0, 1024.0, 1024.0).gemms[0].misaligned(Dtype::Bf16));
+        let [dgrad, wgrad] = odd.gemms[0].backward();
+        assert!(dgrad.misaligned(Dtype::Bf16) && wgrad.misaligned(Dtype::Bf16));
+        let t = |w: &OpWork| km.compute_ns(w, Dtype::Bf16, Math::FP32);
+        // Measured: 123 TFLOP/s for these products on the H200 (configs/arch/hopper.yaml).
+        let rate = odd.flops / t(&odd) / 1e3;
+        assert!((100.0..130.0).contains(&rate), "{rate} TFLOP/s");
+        assert!(t(&odd) > 4.0 * t(&padded));
+        // Where nothing was measured (Ampere), the product is priced as aligned.
+        let a100_gpu = load_gpu("a100-80gb").unwrap();
+        let a100 = KernelModel::new(&a100_gpu);
+        let ratio = a100.compute_ns(&odd, Dtype::Bf16, Math::FP32)
+            / a100.compute_ns(&padded, Dtype::Bf16, Math::FP32);
+        assert!(ratio < 1.1, "{ratio}");
     }
 
     #[test]

@@ -365,7 +365,10 @@ impl ShardConfig {
                 .unwrap_or(d)
         };
         let replicas = int("replicas", 1).max(1);
-        let units = crate::passes::shard::units(job);
+        let pattern = knobs
+            .get("units")
+            .map_or(crate::passes::shard::AUTO, |v| v.trim());
+        let units = crate::passes::shard::units_of(job, pattern);
         ShardConfig {
             stage: int("stage", 3),
             shard_size: job.workers / replicas,

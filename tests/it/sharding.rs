@@ -144,3 +144,22 @@ fn plan_shards_a_model_that_does_not_fit_with_ddp() {
     assert_eq!(code, 4, "{stderr}");
     assert!(stderr.contains("shard them"), "{stderr}");
 }
+
+/// `units=GLOB` chooses what is wrapped: the outermost module the glob matches.
+#[test]
+fn the_units_knob_chooses_the_wrapped_modules_and_refuses_a_glob_that_names_none() {
+    let peak = |p: &str| bytes(&whatif(p), "peak_memory_bytes");
+    let auto = peak("shard:stage=3");
+    // Each block, spelled out: the same units as auto.
+    assert_eq!(peak("shard:stage=3,units=transformer.h.*"), auto);
+    // The whole stack of blocks as one unit: all of it gathered at once.
+    let whole = peak("shard:stage=3,units=transformer.h");
+    assert!(whole > auto, "{whole} vs {auto}");
+    // Blocks 10-15 wrapped one by one, 0-9 left to the root unit: in between.
+    let some = peak("shard:stage=3,units=transformer.h.1?");
+    assert!(some > auto && some < whole, "{auto} {some} {whole}");
+    let mut a = BIG_GPT.to_vec();
+    a.extend_from_slice(&["--pass", "shard:units=bert.encoder.layer.*"]);
+    let e = check_bad_input(&a, "knob units = bert.encoder.layer.*");
+    assert!(e.contains("`transformer.h.0`"), "{e}");
+}
