@@ -22,7 +22,8 @@ Everything reported is read from the running library, not from the module's cons
   optimizer steps agree on every rank and differ from the initial ones; in fp32,
   `grad_error`: the first window's gathered gradient against one process's gradient of the
   whole global batch (every rank's micro-batches, loss divided by WORLD x k);
-* checkpoint calls, the optimizer's fused flag, apply_plan's refusal, a missing unit's error.
+* checkpoint calls, the optimizer's fused flag, apply_plan's refusal, a missing unit's error,
+  a ModuleList unit's error.
 """
 
 import copy
@@ -141,6 +142,14 @@ def checks_on_the_side(tp, seen):
         seen["missing_unit_error"] = None
     except tp.PlanMismatch as e:
         seen["missing_unit_error"] = str(e)
+    finally:
+        tp.FSDP_UNITS = saved
+    tp.FSDP_UNITS = saved + ["transformer.h"]
+    try:
+        tp.fsdp_units(build())
+        seen["container_unit_error"] = None
+    except tp.PlanMismatch as e:
+        seen["container_unit_error"] = str(e)
     finally:
         tp.FSDP_UNITS = saved
 

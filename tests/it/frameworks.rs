@@ -1023,6 +1023,12 @@ fn check_fsdp(seen: &Value, plan: &trainplan::plan::Plan) {
             .contains("transformer.h.9"),
         "{seen}"
     );
+    // A ModuleList unit (its forward never runs) is refused, naming the glob to use instead.
+    let container = seen["container_unit_error"].as_str().unwrap_or_default();
+    assert!(
+        container.contains("ModuleList") && container.contains("units=transformer.h.*"),
+        "{seen}"
+    );
 }
 
 /// Issue 23: a sharded GPT plan runs as planned on FSDP2 (CPU, gloo). Two processes: bf16,

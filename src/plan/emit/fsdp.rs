@@ -6,7 +6,7 @@
 //! | plan (`config.sharding`) | `trainplan_patch.py` |
 //! |---|---|
 //! | `stage` 3 (1 and 2: refused, per [`shard_supported`]) | `torch.distributed.fsdp.fully_shard` |
-//! | `units` (module paths, forward order; `""` the root) | `FSDP_UNITS`: one `fully_shard` per unit, looked up by exact module path (missing ones raise `PlanMismatch` listing a few), bottom-up, then the root |
+//! | `units` (module paths, forward order; `""` the root) | `FSDP_UNITS`: one `fully_shard` per unit, looked up by exact module path (missing ones raise `PlanMismatch` listing a few; so does a `ModuleList`/`ModuleDict`, whose forward never runs), bottom-up, then the root |
 //! | `reshard` | `reshard_after_forward` of the units; the root keeps FSDP2's default (`None`: not resharded after the forward) |
 //! | `prefetch` p ≥ 1 | `set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`: each FSDP module prefetches the next p in its pass's order (root first, then the units forward / reversed); p = 0: no lists (FSDP2's implicit behaviour, which still prefetches one unit in the backward; said in a note) |
 //! | `shard_size`, `replicas` | a 1-D mesh `("shard",)`, or for `replicas > 1` the HSDP mesh `(replicas, shard_size)` named `("replicate", "shard")` |
@@ -144,12 +144,22 @@ pub(super) const FSDP_PY: &str = r#"
 
 def fsdp_units(model):
     """The planned FSDP units other than the root ("") as (name, module) pairs of `model`, in
-    the plan's forward order. Raise PlanMismatch listing a few the model lacks."""
+    the plan's forward order. Raise PlanMismatch listing a few the model lacks, or naming a unit
+    that is a ModuleList / ModuleDict: its forward never runs, so FSDP2's hooks would never
+    gather its parameters."""
+    import torch
+
     modules = dict(model.named_modules())
     names = [u for u in FSDP_UNITS if u != ""]
     missing = [u for u in names if u not in modules]
     if missing:
         raise _missing_error("FSDP units", missing, len(names))
+    for u in names:
+        if isinstance(modules[u], (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            raise PlanMismatch(
+                "FSDP unit %r is a %s, whose forward never runs: wrap its children instead "
+                "(shard:units=%s.*)" % (u, type(modules[u]).__name__, u)
+            )
     return [(u, modules[u]) for u in names]
 
 
