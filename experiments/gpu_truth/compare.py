@@ -139,7 +139,7 @@ def main():
     ap.add_argument("--tp", default=os.path.join(ROOT, "target/release/trainplan"))
     a = ap.parse_args()
     zoo, tr = zoo_rows(a.tp), trace_rows(a.tp)
-    fsdp = {n: tp_json(a.tp, ["replay", "--trace", f"{H}/{n}.json.gz"]) for n in ("plain_gpt2m", "fsdp_gpt2m_1rank")}
+    fsdp = {n: tp_json(a.tp, ["replay", "--trace", f"{H}/{n}.json.gz"]) for n in ("plain_gpt2m", "fsdp_gpt2m_1rank", "fsdp_gpt2m_1rank_detail")}
     mean = lambda v: statistics.fmean(abs(x) for x in v)
     e = lambda k: [pct(r[f"predicted_{k}"], r[f"measured_{k}"]) for r in zoo]
     dev = [r for r in zoo if not r["host_bound"]]

@@ -10,7 +10,9 @@ so the collectives' shape is there, not their network time).
 
 Writes DIR/fsdp_gpt2m_1rank.json.gz, DIR/plain_gpt2m.json.gz (Kineto traces of 3 steps after
 5 warm-ups) and DIR/fsdp.json (CUDA-event median step times of 20 steps, peaks allocated and
-reserved, device memory in use).
+reserved, device memory in use). `--detail`: the FSDP run alone, traced with cuda_sync events
+(each cudaStreamWaitEvent's streams), shapes and allocator events, into
+DIR/fsdp_gpt2m_1rank_detail.json.gz and DIR/fsdp_detail.json.
 """
 
 import argparse
@@ -33,7 +35,7 @@ def build():
     return GPT2LMHeadModel(cfg).cuda(), cfg
 
 
-def measure(model, cfg, step_amp, trace_path):
+def measure(model, cfg, step_amp, trace_path, detail=False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     ids = torch.randint(0, cfg.vocab_size, (8, 1024), device="cuda")
 
@@ -66,7 +68,13 @@ def measure(model, cfg, step_amp, trace_path):
     tmp = tempfile.mkdtemp()
     f = os.path.join(tmp, "t.json")
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as p:
+    extra = {}
+    if detail:
+        # cuda_sync events (which stream waits on which event), shapes and allocator events.
+        extra = dict(record_shapes=True, profile_memory=True,
+                     experimental_config=torch._C._profiler._ExperimentalConfig(
+                         enable_cuda_sync_events=True))
+    with torch.profiler.profile(activities=acts, **extra) as p:
         for _ in range(3):
             with torch.profiler.record_function("ProfilerStep#train"):
                 step()
@@ -81,6 +89,8 @@ def measure(model, cfg, step_amp, trace_path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--detail", action="store_true",
+                    help="FSDP run only, its trace with cuda_sync events, shapes and memory")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -95,20 +105,21 @@ def main():
               "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
     model, cfg = build()
     result["params"] = sum(p.numel() for p in model.parameters())
-    result["plain_autocast_bf16"] = measure(
-        model, cfg, lambda: torch.autocast("cuda", dtype=torch.bfloat16),
-        os.path.join(a.out, "plain_gpt2m.json.gz"))
-    del model
-    torch.cuda.empty_cache()
-    model, cfg = build()
+    if not a.detail:
+        result["plain_autocast_bf16"] = measure(
+            model, cfg, lambda: torch.autocast("cuda", dtype=torch.bfloat16),
+            os.path.join(a.out, "plain_gpt2m.json.gz"))
+        del model
+        torch.cuda.empty_cache()
+        model, cfg = build()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.transformer.h:
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    result["fsdp2_bf16"] = measure(model, cfg, nullcontext,
-                                   os.path.join(a.out, "fsdp_gpt2m_1rank.json.gz"))
+    name = "fsdp_gpt2m_1rank_detail.json.gz" if a.detail else "fsdp_gpt2m_1rank.json.gz"
+    result["fsdp2_bf16"] = measure(model, cfg, nullcontext, os.path.join(a.out, name), a.detail)
     print(json.dumps(result, indent=1), flush=True)
-    with open(os.path.join(a.out, "fsdp.json"), "w") as f:
+    with open(os.path.join(a.out, "fsdp_detail.json" if a.detail else "fsdp.json"), "w") as f:
         json.dump(result, f, indent=1)
     dist.destroy_process_group()
 

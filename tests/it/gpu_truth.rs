@@ -25,6 +25,21 @@ fn fsdp2_and_plain_gpu_traces_replay_their_measured_step() {
     }
 }
 
+/// The same FSDP2 step traced with `profile_memory`, shapes and cuda_sync events
+/// (`fsdp_trace.py --detail`): the replayed allocated peak is the trace's own, and the
+/// allocator model's reserved and device-used peaks land within 5 % of what the run measured
+/// (`fsdp_detail.json`: 22,730,198,528 B allocated, 25,530,728,448 B reserved, 26,408,189,952 B
+/// in use).
+#[test]
+fn fsdp2_gpu_trace_with_memory_events_replays_its_three_peaks() {
+    let v = run_json(&["replay", "--trace", &trace("fsdp_gpt2m_1rank_detail")]);
+    assert!(v["error_pct"].as_f64().unwrap().abs() <= 1.0, "{v}");
+    let b = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    assert!((b("peak_memory_bytes") / 22_730_198_528.0 - 1.0).abs() < 0.01, "{v}");
+    assert!((b("reserved_peak_bytes") / 25_530_728_448.0 - 1.0).abs() < 0.05, "{v}");
+    assert!((b("device_used_bytes") / 26_408_189_952.0 - 1.0).abs() < 0.05, "{v}");
+}
+
 fn gpt2_medium(extra: &[&str]) -> serde_json::Value {
     let cluster = format!("{}/{H}/1xh200.yaml", env!("CARGO_MANIFEST_DIR"));
     let mut a = vec![
