@@ -284,6 +284,12 @@ pub struct InputArgs {
     /// (the tanh approximation as eight element-wise ops: Hugging Face GPT-2's `gelu_new`).
     #[arg(long, value_enum, value_name = "IMPL")]
     pub gelu: Option<crate::zoo::Gelu>,
+    /// Key/value heads of grouped-query attention (llama models; must divide --heads).
+    #[arg(long, value_name = "N")]
+    pub kv_heads: Option<u32>,
+    /// Feed-forward width (default: 4 × --hidden; llama models keep their preset's ratio).
+    #[arg(long, value_name = "N")]
+    pub ffn: Option<u32>,
     /// Activations in channels-last (NHWC) layout (`model.to(memory_format=torch.channels_last)`):
     /// no transposes around tensor-core convolutions (the default for tf and jax).
     #[arg(long)]

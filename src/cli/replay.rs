@@ -36,7 +36,7 @@ pub fn models(a: &ListArgs) -> Result<(), CliError> {
     }
     writeln!(
         o,
-        "\nbert-base, bert-large and gpt take --hidden --heads --layers --seq --vocab; all take --batch."
+        "\nThe transformers (bert-*, gpt*, llama*) take --hidden --heads --layers --seq --vocab --ffn (llama: --kv-heads); all take --batch."
     )
     .map_err(CliError::stdout)
 }

@@ -348,6 +348,8 @@ fn zoo_job(i: &InputArgs) -> Result<Input, CliError> {
         head: i.head,
         attention: i.attention,
         gelu: i.gelu,
+        kv_heads: i.kv_heads,
+        ffn: i.ffn,
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;

@@ -291,6 +291,51 @@ impl Builder {
         i
     }
 
+    /// `nn.Linear(fin, fout, bias=False)`: `name.weight` only.
+    pub(super) fn linear_no_bias(
+        &mut self,
+        name: &str,
+        x: usize,
+        rows: u64,
+        fin: u64,
+        fout: u64,
+    ) -> usize {
+        let params = vec![param(name, "weight", fin.saturating_mul(fout))];
+        self.gemm(name, x, rows, fin, fout, false, params)
+    }
+
+    /// SiLU (`x·σ(x)`, one kernel each way): keeps its input.
+    pub(super) fn silu(&mut self, name: &str, x: usize) -> usize {
+        let i = self.unary(name, x, 4.0, 2.0, false);
+        self.layers[i].saved_elems = self.keep(x);
+        i
+    }
+
+    /// Element-wise product of two tensors of one size (SwiGLU's gate · up): keeps both, its
+    /// backward writes both gradients.
+    pub(super) fn mul(&mut self, name: &str, a: usize, b: usize) -> usize {
+        let n = self.out(a).max(self.out(b));
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: nf,
+            fw_elems: 3.0 * nf,
+            bw_flops: 2.0 * nf,
+            bw_elems: 5.0 * nf,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = self.keep(a).saturating_add(self.keep(b));
+        self.push(
+            name,
+            LayerKind::Elementwise,
+            vec![a, b],
+            w,
+            saved,
+            n,
+            vec![],
+        )
+    }
+
     /// `nn.Linear(fin, fout)` with `name.weight` and `name.bias`.
     pub(super) fn linear(&mut self, name: &str, x: usize, rows: u64, fin: u64, fout: u64) -> usize {
         let params = vec![
@@ -807,7 +852,7 @@ pub(super) mod tests {
             }
             let matrix = matches!(
                 l.kind,
-                LayerKind::Conv | LayerKind::Gemm | LayerKind::BatchedMatmul
+                LayerKind::Conv | LayerKind::Gemm | LayerKind::BatchedMatmul | LayerKind::Attention
             );
             assert_eq!(l.math == MathClass::Matrix, matrix, "{}", l.name);
             assert!(

@@ -48,11 +48,46 @@ pub const MODELS: &[ZooEntry] = &[
         transformer: true,
     },
     ZooEntry {
+        name: "gpt3-175b",
+        doc: "GPT-3 175B (96 layers, hidden 12288, 96 heads, seq 2048), FlashAttention",
+        default_batch: 1,
+        optimizer: Optimizer::Adam,
+        transformer: true,
+    },
+    ZooEntry {
         name: "inception-v3",
         doc: "Inception-v3 (23.8 M params) on 299x299 ImageNet images",
         default_batch: 32,
         optimizer: Optimizer::SgdMomentum,
         transformer: false,
+    },
+    ZooEntry {
+        name: "llama",
+        doc: "Llama decoder (RMSNorm, SwiGLU, grouped-query attention, RoPE, untied head); Llama 3 8B's shape by default, seq 8192",
+        default_batch: 1,
+        optimizer: Optimizer::Adam,
+        transformer: true,
+    },
+    ZooEntry {
+        name: "llama3-405b",
+        doc: "Llama 3.1 405B (126 layers, hidden 16384, 128 heads, 8 KV heads, FFN 53248), seq 8192",
+        default_batch: 1,
+        optimizer: Optimizer::Adam,
+        transformer: true,
+    },
+    ZooEntry {
+        name: "llama3-70b",
+        doc: "Llama 3 70B (80 layers, hidden 8192, 64 heads, 8 KV heads, FFN 28672), seq 8192",
+        default_batch: 1,
+        optimizer: Optimizer::Adam,
+        transformer: true,
+    },
+    ZooEntry {
+        name: "llama3-8b",
+        doc: "Llama 3 8B (32 layers, hidden 4096, 32 heads, 8 KV heads, FFN 14336), seq 8192",
+        default_batch: 1,
+        optimizer: Optimizer::Adam,
+        transformer: true,
     },
     ZooEntry {
         name: "resnet50",
@@ -91,6 +126,10 @@ pub struct ModelOptions {
     pub attention: Option<transformer::Attention>,
     /// The feed-forward GELU (default: one fused kernel).
     pub gelu: Option<transformer::Gelu>,
+    /// Key/value heads of grouped-query attention (Llama models).
+    pub kv_heads: Option<u32>,
+    /// Feed-forward width (default: 4 × hidden; a Llama keeps its preset's ratio).
+    pub ffn: Option<u32>,
 }
 
 /// Why a model could not be made.
@@ -127,10 +166,12 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
         && (shaped.iter().any(Option::is_some)
             || opts.head.is_some()
             || opts.attention.is_some()
-            || opts.gelu.is_some())
+            || opts.gelu.is_some()
+            || opts.kv_heads.is_some()
+            || opts.ffn.is_some())
     {
         return Err(ZooError::Invalid(format!(
-            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab, --head, --attention and --gelu apply to bert-base, bert-large and gpt"
+            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab, --head, --attention, --gelu, --kv-heads and --ffn apply to the transformers (bert-*, gpt*, llama*)"
         )));
     }
     let layers = match name {
@@ -141,11 +182,30 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
             let mut cfg = match name {
                 "bert-base" => TransformerConfig::bert_base(),
                 "bert-large" => TransformerConfig::bert_large(),
+                "gpt3-175b" => TransformerConfig::gpt3_175b(),
+                "llama" | "llama3-8b" => TransformerConfig::llama3_8b(),
+                "llama3-70b" => TransformerConfig::llama3_70b(),
+                "llama3-405b" => TransformerConfig::llama3_405b(),
                 _ => TransformerConfig::gpt2_small(),
             };
             if let Some(h) = opts.hidden {
+                // 4 × hidden, or a Llama's own FFN ratio rounded up to a multiple of 256.
+                cfg.intermediate = if cfg.llama {
+                    let r = f64::from(cfg.intermediate) / f64::from(cfg.hidden);
+                    ((f64::from(h) * r / 256.0).ceil() * 256.0).min(f64::from(u32::MAX)) as u32
+                } else {
+                    h.saturating_mul(4)
+                };
                 cfg.hidden = h;
-                cfg.intermediate = h.saturating_mul(4);
+            }
+            cfg.intermediate = opts.ffn.unwrap_or(cfg.intermediate);
+            if let Some(k) = opts.kv_heads {
+                if !cfg.llama {
+                    return Err(ZooError::Invalid(format!(
+                        "{name} has one key/value head per query head: --kv-heads applies to the llama models"
+                    )));
+                }
+                cfg.kv_heads = k;
             }
             cfg.heads = opts.heads.unwrap_or(cfg.heads);
             cfg.layers = opts.layers.unwrap_or(cfg.layers);
@@ -202,7 +262,7 @@ mod tests {
         let e = model("resnet51", &ModelOptions::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown model `resnet51`; the zoo has: bert-base, bert-large, gpt, inception-v3, resnet50, vgg16"
+            "unknown model `resnet51`; the zoo has: bert-base, bert-large, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, resnet50, vgg16"
         );
     }
 

@@ -52,6 +52,13 @@ pub struct TransformerConfig {
     /// How the feed-forward GELU is computed.
     #[serde(default)]
     pub gelu: Gelu,
+    /// A Llama decoder (RMSNorm, SwiGLU, grouped-query attention, rotary embeddings, untied
+    /// head, no biases) instead of GPT-2's blocks.
+    #[serde(default)]
+    pub llama: bool,
+    /// Key/value heads of grouped-query attention (0: one per query head).
+    #[serde(default)]
+    pub kv_heads: u32,
 }
 
 /// How the feed-forward GELU runs (`--gelu`).
@@ -144,6 +151,8 @@ impl TransformerConfig {
             head: Head::Pretraining,
             attention: Attention::Eager,
             gelu: Gelu::Fused,
+            llama: false,
+            kv_heads: 0,
         }
     }
 
@@ -172,6 +181,77 @@ impl TransformerConfig {
             head: Head::Pretraining,
             attention: Attention::FusedSoftmax,
             gelu: Gelu::Fused,
+            llama: false,
+            kv_heads: 0,
+        }
+    }
+
+    /// GPT-3 175B (Brown et al. 2020, Table 2.1: 96 layers, d_model 12,288, 96 heads of 128,
+    /// context 2,048), dense attention, GPT-2's vocabulary, FlashAttention.
+    pub fn gpt3_175b() -> Self {
+        TransformerConfig {
+            hidden: 12288,
+            heads: 96,
+            layers: 96,
+            seq: 2048,
+            intermediate: 4 * 12288,
+            max_positions: 2048,
+            attention: Attention::Flash,
+            ..Self::gpt2_small()
+        }
+    }
+
+    /// Llama 3 8B (meta-llama/Meta-Llama-3-8B `config.json`: hidden 4,096, 32 layers, 32 heads,
+    /// 8 key/value heads, intermediate 14,336, vocabulary 128,256, 8,192 positions), trained at
+    /// sequence 8,192 with FlashAttention.
+    pub fn llama3_8b() -> Self {
+        TransformerConfig {
+            hidden: 4096,
+            heads: 32,
+            layers: 32,
+            seq: 8192,
+            vocab: 128_256,
+            intermediate: 14336,
+            max_positions: 131_072,
+            decoder: true,
+            head: Head::Pretraining,
+            attention: Attention::Flash,
+            gelu: Gelu::Fused,
+            llama: true,
+            kv_heads: 8,
+        }
+    }
+
+    /// Llama 3 70B (meta-llama/Meta-Llama-3-70B `config.json`: hidden 8,192, 80 layers, 64
+    /// heads, 8 key/value heads, intermediate 28,672).
+    pub fn llama3_70b() -> Self {
+        TransformerConfig {
+            hidden: 8192,
+            heads: 64,
+            layers: 80,
+            intermediate: 28672,
+            ..Self::llama3_8b()
+        }
+    }
+
+    /// Llama 3.1 405B (meta-llama/Llama-3.1-405B `config.json`: hidden 16,384, 126 layers, 128
+    /// heads, 8 key/value heads, intermediate 53,248).
+    pub fn llama3_405b() -> Self {
+        TransformerConfig {
+            hidden: 16384,
+            heads: 128,
+            layers: 126,
+            intermediate: 53248,
+            ..Self::llama3_8b()
+        }
+    }
+
+    /// Key/value heads (grouped-query attention), the query heads when unset.
+    pub fn kv_heads(&self) -> u32 {
+        if self.kv_heads == 0 {
+            self.heads
+        } else {
+            self.kv_heads
         }
     }
 
@@ -199,6 +279,12 @@ impl TransformerConfig {
             return Err(format!(
                 "transformer hidden = {} is not divisible by heads = {}",
                 self.hidden, self.heads
+            ));
+        }
+        if self.kv_heads > 0 && !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(format!(
+                "transformer heads = {} is not divisible by kv_heads = {}",
+                self.heads, self.kv_heads
             ));
         }
         if self.seq > self.max_positions {
@@ -526,6 +612,72 @@ impl Net {
         }
     }
 
+    /// `LlamaRMSNorm(hidden)` over every token: one weight, keeps its input and one inverse
+    /// RMS per row.
+    fn rms_norm(&mut self, name: &str, x: usize) -> usize {
+        let (n, t, h) = (self.b.out(x), self.tokens, self.hidden as f64);
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: 4.0 * nf,
+            fw_elems: 2.0 * nf + h,
+            bw_flops: 8.0 * nf,
+            bw_elems: 3.0 * nf + t as f64 + 2.0 * h,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = self.b.keep(x).saturating_add(t);
+        let params = vec![Param {
+            name: format!("{name}.weight"),
+            elems: self.hidden,
+        }];
+        self.b
+            .push(name, LayerKind::LayerNorm, vec![x], w, saved, n, params)
+    }
+
+    /// Rotary position embeddings on q and k (`q·cos + rotate_half(q)·sin`, the same for k):
+    /// five element-wise kernels each way per tensor; cos and sin are per position only.
+    fn rope(&mut self, name: &str, q: usize, k: usize) -> usize {
+        let n = self.b.out(q).saturating_add(self.b.out(k));
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: 3.0 * nf,
+            fw_elems: 6.0 * nf,
+            bw_flops: 3.0 * nf,
+            bw_elems: 6.0 * nf,
+            fw_kernels: 10,
+            bw_kernels: 10,
+        };
+        self.b
+            .push(name, LayerKind::Elementwise, vec![q, k], w, 0, n, vec![])
+    }
+
+    /// HF `LlamaDecoderLayer` (pre-RMSNorm): grouped-query attention with rotary embeddings,
+    /// then the SwiGLU MLP (`down(silu(gate(x)) · up(x))`); no biases.
+    fn llama_block(&mut self, p: &str, x: usize, cfg: &TransformerConfig) -> usize {
+        let (h, ff) = (cfg.hidden, cfg.intermediate);
+        let kv = cfg.kv_heads().saturating_mul(h / cfg.heads.max(1));
+        let a = self.rms_norm(&format!("{p}.input_layernorm"), x);
+        let q = self.linear_no_bias(&format!("{p}.self_attn.q_proj"), a, h, h);
+        let k = self.linear_no_bias(&format!("{p}.self_attn.k_proj"), a, h, kv);
+        let v = self.linear_no_bias(&format!("{p}.self_attn.v_proj"), a, h, kv);
+        let r = self.rope(&format!("{p}.self_attn.rotary_emb"), q, k);
+        let c = self.attention(&format!("{p}.self_attn"), vec![r, v], v, cfg);
+        let y = self.linear_no_bias(&format!("{p}.self_attn.o_proj"), c, h, h);
+        let x = self.b.add(&format!("{p}.residual_add_attn"), y, x);
+        let m = self.rms_norm(&format!("{p}.post_attention_layernorm"), x);
+        let g = self.linear_no_bias(&format!("{p}.mlp.gate_proj"), m, h, ff);
+        let u = self.linear_no_bias(&format!("{p}.mlp.up_proj"), m, h, ff);
+        let s = self.b.silu(&format!("{p}.mlp.act_fn"), g);
+        let y = self.b.mul(&format!("{p}.mlp.mul"), s, u);
+        let y = self.linear_no_bias(&format!("{p}.mlp.down_proj"), y, ff, h);
+        self.b.add(&format!("{p}.residual_add_mlp"), y, x)
+    }
+
+    fn linear_no_bias(&mut self, name: &str, x: usize, fin: u32, fout: u32) -> usize {
+        self.b
+            .linear_no_bias(name, x, self.tokens, u64::from(fin), u64::from(fout))
+    }
+
     /// HF `GPT2Block` (pre-LN).
     fn gpt_block(&mut self, p: &str, x: usize, cfg: &TransformerConfig) -> usize {
         let (h, ff) = (cfg.hidden, cfg.intermediate);
@@ -549,7 +701,16 @@ impl Net {
 /// [`TransformerConfig::validate`]; counts saturate rather than overflow on absurd sizes.
 pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
     let mut m = Net::new(cfg, batch);
-    if cfg.decoder {
+    if cfg.llama {
+        // HF `LlamaForCausalLM`: embeddings, blocks, final RMSNorm, an untied LM head.
+        let mut x = m.embedding("model.embed_tokens", cfg.vocab);
+        for l in 0..cfg.layers {
+            x = m.llama_block(&format!("model.layers.{l}"), x, cfg);
+        }
+        let x = m.rms_norm("model.norm", x);
+        let logits = m.linear_no_bias("lm_head", x, cfg.hidden, cfg.vocab);
+        m.b.loss("loss", logits, m.tokens);
+    } else if cfg.decoder {
         let wte = m.embedding("transformer.wte", cfg.vocab);
         let wpe = m.embedding("transformer.wpe", cfg.max_positions);
         let x = m.b.add("transformer.add_wpe", wte, wpe);
@@ -805,6 +966,41 @@ mod tests {
         assert!(ca.kind.class().runs_in_fp32());
         assert!(!fa.kind.class().runs_in_fp32());
         check_well_formed(&|n| transformer(&composite, n));
+    }
+
+    /// Parameter counts of the published checkpoints (Hugging Face `LlamaForCausalLM`:
+    /// embeddings V·h, per layer q/o h² each, k/v h·(kv·d) each, gate/up/down 3·h·f, two norms
+    /// 2h; final norm h; untied head h·V).
+    #[test]
+    fn llama_presets_have_the_published_parameter_counts() {
+        for (c, n) in [
+            (TransformerConfig::llama3_8b(), 8_030_261_248u64),
+            (TransformerConfig::llama3_70b(), 70_553_706_496),
+            (TransformerConfig::llama3_405b(), 405_853_388_800),
+        ] {
+            assert_eq!(params(&transformer(&c, 1)), n, "{c:?}");
+        }
+        // GPT-3 175B: 175.0 B in Brown et al. (their count leaves out the position table and
+        // biases' rounding): 12·h²·L plus embeddings, biases and norms.
+        let g = params(&transformer(&TransformerConfig::gpt3_175b(), 1)) as f64;
+        assert!((g / 175.0e9 - 1.0).abs() < 0.005, "{g}");
+        check_well_formed(&|n| transformer(&TransformerConfig::llama3_8b(), n));
+    }
+
+    #[test]
+    fn grouped_query_attention_shrinks_k_and_v() {
+        let gqa = TransformerConfig::llama3_8b();
+        let mha = TransformerConfig { kv_heads: 0, ..gqa };
+        let (a, b) = (transformer(&gqa, 1), transformer(&mha, 1));
+        let find = |ls: &[Layer], n: &str| ls.iter().find(|l| l.name == n).cloned().unwrap();
+        let k = "model.layers.0.self_attn.k_proj";
+        assert_eq!(find(&a, k).param_elems(), 4096 * 1024);
+        assert_eq!(find(&b, k).param_elems(), 4096 * 4096);
+        // The attention kernel keeps q, k, v: k and v are a quarter of q with 8 of 32 heads.
+        let saved = |ls: &[Layer]| ls.iter().map(|l| l.saved_elems).sum::<u64>();
+        assert_eq!(saved(&b) - saved(&a), 32 * 2 * 8192 * (4096 - 1024));
+        let bad = TransformerConfig { kv_heads: 5, ..gqa };
+        assert!(bad.validate().unwrap_err().contains("kv_heads = 5"));
     }
 
     #[test]

@@ -35,9 +35,18 @@ fn fsdp2_gpu_trace_with_memory_events_replays_its_three_peaks() {
     let v = run_json(&["replay", "--trace", &trace("fsdp_gpt2m_1rank_detail")]);
     assert!(v["error_pct"].as_f64().unwrap().abs() <= 1.0, "{v}");
     let b = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
-    assert!((b("peak_memory_bytes") / 22_730_198_528.0 - 1.0).abs() < 0.01, "{v}");
-    assert!((b("reserved_peak_bytes") / 25_530_728_448.0 - 1.0).abs() < 0.05, "{v}");
-    assert!((b("device_used_bytes") / 26_408_189_952.0 - 1.0).abs() < 0.05, "{v}");
+    assert!(
+        (b("peak_memory_bytes") / 22_730_198_528.0 - 1.0).abs() < 0.01,
+        "{v}"
+    );
+    assert!(
+        (b("reserved_peak_bytes") / 25_530_728_448.0 - 1.0).abs() < 0.05,
+        "{v}"
+    );
+    assert!(
+        (b("device_used_bytes") / 26_408_189_952.0 - 1.0).abs() < 0.05,
+        "{v}"
+    );
 }
 
 fn gpt2_medium(extra: &[&str]) -> serde_json::Value {

@@ -163,3 +163,58 @@ fn the_units_knob_chooses_the_wrapped_modules_and_refuses_a_glob_that_names_none
     let e = check_bad_input(&a, "knob units = bert.encoder.layer.*");
     assert!(e.contains("`transformer.h.0`"), "{e}");
 }
+
+/// Llama 3 8B at 8,192 tokens in bf16 on one H200 server: 203 GB per GPU unsharded, under
+/// the GPU's 150 GB once FSDP shards it over the 8 ranks (units: `model.layers.N`).
+#[test]
+fn llama3_8b_fits_an_h200_server_only_sharded() {
+    let v = run_json(&[
+        "whatif",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "8xh200",
+        "--precision",
+        "bf16",
+        "--pass",
+        "shard:stage=3",
+    ]);
+    let gpu = bytes(&v, "gpu_memory_bytes");
+    assert!(bytes(&v, "baseline_device_used_bytes") > gpu, "{v}");
+    assert!(bytes(&v, "device_used_bytes") < gpu, "{v}");
+    let units = run_json(&[
+        "whatif",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "8xh200",
+        "--precision",
+        "bf16",
+        "--pass",
+        "shard:stage=3,units=model.layers.*",
+    ]);
+    assert_eq!(
+        bytes(&units, "peak_memory_bytes"),
+        bytes(&v, "peak_memory_bytes")
+    );
+}
+
+#[test]
+fn grouped_query_attention_options_are_checked() {
+    let base = ["replay", "--model", "llama3-8b", "--cluster", "8xh200"];
+    let mut a = base.to_vec();
+    a.extend_from_slice(&["--kv-heads", "5"]);
+    check_bad_input(&a, "heads = 32 is not divisible by kv_heads = 5");
+    check_bad_input(
+        &[
+            "replay",
+            "--model",
+            "gpt",
+            "--cluster",
+            "8xh200",
+            "--kv-heads",
+            "4",
+        ],
+        "--kv-heads applies to the llama models",
+    );
+}
