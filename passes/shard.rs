@@ -354,13 +354,13 @@ fn gradient_syncs(j: &mut Job, job: &Job, s: Sharding, g: u32, virt: u32) -> Vec
         };
         if s.replicas == 1 {
             if let Some(&d) = sy.done.first() {
-                free_at_end(j, d, sy.bytes - kept);
+                keep_shard(j, job, sy, d, kept);
             }
             out.push(scatter);
             continue;
         }
         let mid = push_op(j, OpKind::In, Phase::Comm, virt, NONE);
-        free_at_end(j, mid, sy.bytes - kept);
+        keep_shard(j, job, sy, mid, kept);
         out.push(Sync {
             done: vec![mid],
             ..scatter
@@ -426,6 +426,41 @@ fn push_op(j: &mut Job, kind: OpKind, phase: Phase, device: u32, layer: u32) -> 
         work: None,
     });
     (j.local.ops.len() - 1) as OpId
+}
+
+/// Once `sy`'s reduce-scatter is done (at `done`), the rank keeps a new `kept`-byte shard and
+/// frees the whole gradient buffers: each buffer its `ready` op allocated is freed as the block
+/// it is (the allocator frees blocks, not parts of them), and the shard is allocated while
+/// they are still live, as the collective's output is.
+fn keep_shard(j: &mut Job, job: &Job, sy: &Sync, done: OpId, kept: u64) {
+    let l = &job.local;
+    // The gradient buffers: allocated by the sync's ready ops or by its tensors' `Out` ops.
+    let holds = |op: OpId| {
+        let sp = &l.ops[op as usize].spec;
+        sy.ready.contains(&op) || (sp.kind == OpKind::Out && sy.tensors.contains(&sp.tensor))
+    };
+    let buffers: Vec<u64> = l
+        .mem
+        .iter()
+        .filter(|m| m.when == MemWhen::AllocAtStart && holds(m.op))
+        .map(|m| m.bytes)
+        .collect();
+    if buffers.is_empty() {
+        // No buffer to match (a trace's gradients): the bytes the shard does not keep.
+        free_at_end(j, done, sy.bytes.saturating_sub(kept));
+        return;
+    }
+    if kept > 0 {
+        j.local.mem.push(MemEffect {
+            op: done,
+            worker: 0,
+            bytes: kept,
+            when: MemWhen::AllocAtStart,
+        });
+    }
+    for b in buffers {
+        free_at_end(j, done, b);
+    }
 }
 
 fn free_at_end(j: &mut Job, op: OpId, bytes: u64) {
@@ -809,25 +844,42 @@ mod tests {
             s3.local.static_mem_bytes,
             (4 * psi).div_ceil(n) + (8 * psi).div_ceil(n)
         );
-        // Gradients: every reduce-scattered byte but the rank's 1/N is freed when its
-        // reduce-scatter is done.
+        // Gradients: when its reduce-scatter is done, each gradient buffer is freed whole (as
+        // the block its `Out` allocated: the allocator model matches frees to blocks) and the
+        // rank's 1/N shard is allocated; net, all but 1/N is freed.
         for (st, j) in [(1, &s1), (2, &s2), (3, &s3)] {
-            let freed: u64 = j
-                .local
-                .mem
-                .iter()
-                .filter(|e| {
-                    e.when == MemWhen::FreeAtEnd
-                        && j.syncs.iter().any(|s| {
-                            s.kind == CollectiveKind::ReduceScatter && s.done.contains(&e.op)
-                        })
-                })
-                .map(|e| e.bytes)
-                .sum();
+            let at_done = |when: MemWhen| -> u64 {
+                j.local
+                    .mem
+                    .iter()
+                    .filter(|e| {
+                        e.when == when
+                            && j.syncs.iter().any(|s| {
+                                s.kind == CollectiveKind::ReduceScatter && s.done.contains(&e.op)
+                            })
+                    })
+                    .map(|e| e.bytes)
+                    .sum()
+            };
+            let (freed, shards) = (at_done(MemWhen::FreeAtEnd), at_done(MemWhen::AllocAtStart));
             let grads: u64 = job.syncs.iter().map(|s| s.bytes).sum();
             let kept: u64 = job.syncs.iter().map(|s| s.bytes / n).sum();
             let want = if st == 1 { 0 } else { grads - kept };
-            assert_eq!(freed, want, "stage {st}");
+            assert_eq!(freed - shards, want, "stage {st}");
+            if st > 1 {
+                assert_eq!(shards, kept, "stage {st}");
+                // Every freed size is a block some op allocated.
+                for e in j.local.mem.iter().filter(|e| e.when == MemWhen::FreeAtEnd) {
+                    assert!(
+                        j.local
+                            .mem
+                            .iter()
+                            .any(|a| a.when == MemWhen::AllocAtStart && a.bytes == e.bytes),
+                        "stage {st}: a free of {} B matches no allocation",
+                        e.bytes
+                    );
+                }
+            }
         }
     }
 

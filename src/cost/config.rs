@@ -378,6 +378,14 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "clusters/64xh100-ib.yaml",
         include_str!("../../configs/clusters/64xh100-ib.yaml"),
     ),
+    (
+        "clusters/512xh100-ib.yaml",
+        include_str!("../../configs/clusters/512xh100-ib.yaml"),
+    ),
+    (
+        "clusters/16384xh100-ib.yaml",
+        include_str!("../../configs/clusters/16384xh100-ib.yaml"),
+    ),
 ];
 
 fn builtin_names(dir: &str) -> Vec<&'static str> {

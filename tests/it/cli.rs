@@ -189,6 +189,8 @@ fn clusters_lists_the_builtins() {
             "128xv100-rdma",
             "8xh200",
             "64xh100-ib",
+            "512xh100-ib",
+            "16384xh100-ib",
             "8xv100",
             "2xa100",
         ],

@@ -108,6 +108,6 @@ fn gelu_applies_to_transformers_only() {
             "--gelu",
             "composite",
         ],
-        "--gelu apply to bert-base",
+        "--gelu, --kv-heads and --ffn apply to the transformers",
     );
 }

@@ -232,7 +232,7 @@ fn plan_fits_a_job_over_budget_and_every_report_has_the_peaks() {
     assert!(
         passes
             .iter()
-            .any(|p| ["amp", "recompute", "grad-accumulation"].contains(p)),
+            .any(|p| ["amp", "recompute", "grad-accumulation", "shard"].contains(p)),
         "{passes:?}"
     );
     // The YAML's points.
