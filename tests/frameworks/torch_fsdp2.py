@@ -135,21 +135,19 @@ def checks_on_the_side(tp, seen):
         seen["apply_plan_refused"] = None
     except ValueError as e:
         seen["apply_plan_refused"] = str(e)
+    seen["missing_unit_error"] = unit_error(tp, "transformer.h.9")
+    seen["container_unit_error"] = unit_error(tp, "transformer.h")
+
+
+def unit_error(tp, extra):
+    """The PlanMismatch fsdp_units raises with `extra` among the planned units (None if none)."""
     saved = tp.FSDP_UNITS
-    tp.FSDP_UNITS = saved + ["transformer.h.9"]
+    tp.FSDP_UNITS = saved + [extra]
     try:
         tp.fsdp_units(build())
-        seen["missing_unit_error"] = None
+        return None
     except tp.PlanMismatch as e:
-        seen["missing_unit_error"] = str(e)
-    finally:
-        tp.FSDP_UNITS = saved
-    tp.FSDP_UNITS = saved + ["transformer.h"]
-    try:
-        tp.fsdp_units(build())
-        seen["container_unit_error"] = None
-    except tp.PlanMismatch as e:
-        seen["container_unit_error"] = str(e)
+        return str(e)
     finally:
         tp.FSDP_UNITS = saved
 

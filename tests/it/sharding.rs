@@ -164,35 +164,32 @@ fn the_units_knob_chooses_the_wrapped_modules_and_refuses_a_glob_that_names_none
     assert!(e.contains("`transformer.h.0`"), "{e}");
 }
 
+/// `whatif` on Llama 3 8B, bf16, one H200 server, with `passes`.
+fn llama_whatif(passes: &[&str]) -> serde_json::Value {
+    let mut a = vec![
+        "whatif",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "8xh200",
+        "--precision",
+        "bf16",
+    ];
+    for p in passes {
+        a.extend_from_slice(&["--pass", p]);
+    }
+    run_json(&a)
+}
+
 /// Llama 3 8B at 8,192 tokens in bf16 on one H200 server: 203 GB per GPU unsharded, under
 /// the GPU's 150 GB once FSDP shards it over the 8 ranks (units: `model.layers.N`).
 #[test]
 fn llama3_8b_fits_an_h200_server_only_sharded() {
-    let v = run_json(&[
-        "whatif",
-        "--model",
-        "llama3-8b",
-        "--cluster",
-        "8xh200",
-        "--precision",
-        "bf16",
-        "--pass",
-        "shard:stage=3",
-    ]);
+    let v = llama_whatif(&["shard:stage=3"]);
     let gpu = bytes(&v, "gpu_memory_bytes");
     assert!(bytes(&v, "baseline_device_used_bytes") > gpu, "{v}");
     assert!(bytes(&v, "device_used_bytes") < gpu, "{v}");
-    let units = run_json(&[
-        "whatif",
-        "--model",
-        "llama3-8b",
-        "--cluster",
-        "8xh200",
-        "--precision",
-        "bf16",
-        "--pass",
-        "shard:stage=3,units=model.layers.*",
-    ]);
+    let units = llama_whatif(&["shard:stage=3,units=model.layers.*"]);
     assert_eq!(
         bytes(&units, "peak_memory_bytes"),
         bytes(&v, "peak_memory_bytes")
@@ -200,19 +197,7 @@ fn llama3_8b_fits_an_h200_server_only_sharded() {
     // With recomputation too: the reduce-scatters free whole gradient blocks and allocate the
     // shards, so the allocator reserves little beyond what is allocated (it once kept every
     // gradient block pinned: 54.7 GB reserved for 31.4 GB allocated).
-    let rc = run_json(&[
-        "whatif",
-        "--model",
-        "llama3-8b",
-        "--cluster",
-        "8xh200",
-        "--precision",
-        "bf16",
-        "--pass",
-        "shard:stage=3",
-        "--pass",
-        "recompute",
-    ]);
+    let rc = llama_whatif(&["shard:stage=3", "recompute"]);
     let (alloc, reserved) = (
         bytes(&rc, "peak_memory_bytes"),
         bytes(&rc, "reserved_peak_bytes"),
