@@ -164,20 +164,20 @@ fn field(text: &str, key: &str) -> Option<u32> {
 
 /// The sharding stage of a row's `extra` (`sharding=…`; experiments/fidelity/data/sections/
 /// sharded.py's vocabulary), or why the row cannot be expressed.
+/// The value of the `key` token (`key=value`) of a row's `extra`.
+fn token<'a>(extra: &'a str, key: &str) -> Option<&'a str> {
+    extra.split_whitespace().find_map(|t| t.strip_prefix(key))
+}
+
 fn sharding(extra: &str) -> Result<Option<u32>, String> {
-    let token = |key: &str| {
-        extra
-            .split_whitespace()
-            .find_map(|t| t.strip_prefix(key))
-            .map(str::to_string)
-    };
+    let token = |key: &str| token(extra, key);
     if token("offload=").is_some_and(|v| v != "none") {
         return Err("optimizer or parameter offload to the CPU (not modelled yet)".into());
     }
     if token("zero_stage=").is_some_and(|v| v != "0") {
         return Err("DeepSpeed ZeRO stage without a sharding= token".into());
     }
-    Ok(match token("sharding=").as_deref() {
+    Ok(match token("sharding=") {
         None | Some("none") => None,
         Some("zero1") => Some(1),
         // FairScale's ShardedDDP shards optimizer state and gradients: ZeRO-2.
@@ -307,6 +307,22 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             opts.seq = seq;
             // Megatron's GPT-2 BPE vocabulary padded to a multiple of 128.
             opts.vocab = Some(num("vocab").map_or(50304, |v| v as u32));
+            // The model code the run executed (`code=` in `extra`), as that code computes
+            // attention and the GELU; Megatron's fused kernels otherwise (the zoo's default).
+            match token(extra, "code=") {
+                None => {}
+                // Hugging Face GPT2LMHeadModel (transformers' modeling_gpt2.py before SDPA):
+                // scores, scale, mask, softmax and dropout as separate kernels, and `gelu_new`
+                // (the tanh approximation) as element-wise ops.
+                Some("hf-gpt2") => {
+                    opts.attention = Some(trainplan::zoo::Attention::Eager);
+                    opts.gelu = Some(trainplan::zoo::Gelu::Composite);
+                }
+                // minGPT's CausalSelfAttention (mingpt/model.py: q @ k^T, masked_fill, softmax,
+                // dropout, @ v) with nn.GELU (one kernel).
+                Some("mingpt") => opts.attention = Some(trainplan::zoo::Attention::Eager),
+                Some(other) => return Err(format!("model code `{other}` is not modelled")),
+            }
             "gpt"
         }
         _ => return Err(format!("model `{model_name}` is not in the zoo")),

@@ -8,9 +8,23 @@ use crate::graph::job::Job;
 
 use super::output::gb;
 
-/// Whether the device-used peak is above the GPU's memory.
+/// Whether the job needs more than the GPU's memory: its device-used peak plus what the
+/// framework keeps out of its allocator's pool ([`MemoryPeaks::needed`]).
 pub fn over_capacity(p: &MemoryPeaks, job: &Job) -> bool {
-    p.device_used > job.gpu.memory_bytes()
+    p.needed() > job.gpu.memory_bytes()
+}
+
+/// `, and TensorFlow keeps 0.8 GB out of its pool` when the framework caps its pool.
+fn kept_out(p: &MemoryPeaks, job: &Job) -> String {
+    if p.breakdown.kept_out_bytes == 0 {
+        String::new()
+    } else {
+        format!(
+            " (and {} keeps {} of the GPU out of its allocator's pool)",
+            job.memory.name,
+            gb(p.breakdown.kept_out_bytes)
+        )
+    }
 }
 
 /// `peak_memory_bytes` (allocated), `reserved_peak_bytes`, `device_used_bytes` and the
@@ -34,12 +48,13 @@ pub fn extend(v: &mut Value, fields: serde_json::Map<String, Value>) {
 /// `allocated 12.3 GB · reserved 13.1 GB · device used 14.6 GB of 34.4 GB`.
 pub fn summary(p: &MemoryPeaks, job: &Job) -> String {
     format!(
-        "allocated {} · reserved {} · device used {} of {} on a {}{}",
+        "allocated {} · reserved {} · device used {} of {} on a {}{}{}",
         gb(p.allocated),
         gb(p.reserved),
         gb(p.device_used),
         gb(job.gpu.memory_bytes()),
         job.gpu.model,
+        kept_out(p, job),
         if over_capacity(p, job) {
             "  OVER CAPACITY: this job would not fit"
         } else {
@@ -52,10 +67,11 @@ pub fn summary(p: &MemoryPeaks, job: &Job) -> String {
 pub fn warn_if_over(p: &MemoryPeaks, job: &Job) {
     if over_capacity(p, job) {
         tracing::warn!(
-            "predicted device memory {} (allocated {}, reserved {}) is above the {} of a {}: the job would not fit",
+            "predicted device memory {} (allocated {}, reserved {}){} is above the {} of a {}: the job would not fit",
             gb(p.device_used),
             gb(p.allocated),
             gb(p.reserved),
+            kept_out(p, job),
             gb(job.gpu.memory_bytes()),
             job.gpu.model
         );

@@ -653,7 +653,7 @@ impl Chosen {
 fn check_memory_gate(w: &Workload, c: &Chosen, memory_modelled: bool) -> Result<(), CliError> {
     if let Some(budget) = w.memory_budget
         && memory_modelled
-        && c.best_peak.device_used > budget
+        && c.best_peak.against_budget(w.gpu_bytes, budget) > budget
     {
         return Err(CliError {
             code: exit::INFEASIBLE,
@@ -661,7 +661,7 @@ fn check_memory_gate(w: &Workload, c: &Chosen, memory_modelled: bool) -> Result<
                 "no plan within the memory budget of {} was reached before the search stopped ({:?}): the best plan so far needs {} of device memory; nothing written",
                 gb(budget),
                 c.stop,
-                gb(c.best_peak.device_used)
+                gb(c.best_peak.against_budget(w.gpu_bytes, budget))
             ),
         });
     }
@@ -956,9 +956,14 @@ fn work(
     // not one the model can vouch for). The sharded baselines are references; the memory step
     // shards where memory demands it.
     let budget = opts.memory_budget.unwrap_or(u64::MAX);
+    let capacity = job.gpu.memory_bytes();
     let rank = |r: &BaseRow| {
         let sharded = r.knobs.contains_key("stage");
-        (sharded, r.peaks.device_used > budget, r.ns)
+        (
+            sharded,
+            r.peaks.against_budget(capacity, budget) > budget,
+            r.ns,
+        )
     };
     let start = rows
         .iter()
@@ -1127,7 +1132,7 @@ fn ranks_plan(
     // Each peak is the highest over the ranks.
     let peak = |f: fn(&(crate::passes::Evaluated, crate::passes::Evaluated)) -> MemoryPeaks| {
         evals.iter().map(f).fold(MemoryPeaks::default(), |a, p| {
-            if p.device_used > a.device_used {
+            if p.needed() > a.needed() {
                 MemoryPeaks {
                     allocated: a.allocated.max(p.allocated),
                     reserved: a.reserved.max(p.reserved),

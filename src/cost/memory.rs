@@ -88,12 +88,28 @@ pub struct MemorySpec {
     /// What the framework holds per byte the liveness model counts (1 for PyTorch): applied
     /// to the static bytes and every allocation before the allocator model.
     pub allocated_scale: f64,
+    /// What the framework lets its allocator hold on the GPU ([`MemorySpec::pool_bytes`]);
+    /// absent: everything the context and NCCL leave (PyTorch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolLimit>,
     /// Measured values that replace the ones above on one GPU architecture (`arch` of
     /// `configs/gpus/*.yaml`), applied by [`MemorySpec::for_arch`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub arch: BTreeMap<String, ArchMemory>,
     #[serde(default)]
     pub source: String,
+}
+
+/// How a framework caps its allocator's pool (`pool:` in a memory file).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case", tag = "kind")]
+pub enum PoolLimit {
+    /// The memory free after the context, less `max(min_bytes, fraction × free)` kept for the
+    /// system (TensorFlow's `MinSystemMemory` when `per_process_gpu_memory_fraction` is 0).
+    FreeLessReserve { fraction: f64, min_bytes: u64 },
+    /// `fraction` of the GPU's total memory (XLA's `XLA_PYTHON_CLIENT_MEM_FRACTION`, with or
+    /// without preallocation).
+    FractionOfTotal { fraction: f64 },
 }
 
 /// A memory file's per-architecture values (each optional: absent keeps the file's own).
@@ -168,6 +184,33 @@ impl MemorySpec {
         }
     }
 
+    /// The most the framework's allocator may hold on a GPU of `capacity` bytes: `None` when
+    /// it is capped only by what the context and NCCL leave (PyTorch).
+    pub fn pool_bytes(&self, capacity: u64) -> Option<u64> {
+        match self.pool? {
+            PoolLimit::FreeLessReserve {
+                fraction,
+                min_bytes,
+            } => {
+                let free = capacity.saturating_sub(self.context_bytes());
+                let keep = ((free as f64 * fraction) as u64).max(min_bytes);
+                Some(free.saturating_sub(keep))
+            }
+            PoolLimit::FractionOfTotal { fraction } => Some((capacity as f64 * fraction) as u64),
+        }
+    }
+
+    /// Device memory the framework keeps out of its pool on a GPU of `capacity` bytes, beyond
+    /// what `device_used` (the pool's `reserved` bytes, the context, NCCL) already counts: the
+    /// job runs while `reserved` stays within the pool, i.e. while `device_used` plus this
+    /// stays within `capacity`.
+    pub fn kept_out_bytes(&self, capacity: u64, reserved: u64, device_used: u64) -> u64 {
+        self.pool_bytes(capacity).map_or(0, |pool| {
+            let needed = reserved.saturating_add(capacity.saturating_sub(pool));
+            needed.saturating_sub(device_used)
+        })
+    }
+
     /// NCCL's buffers for `communicators` communicators, bytes.
     pub fn nccl_bytes(&self, communicators: u32) -> u64 {
         u64::from(communicators)
@@ -234,6 +277,23 @@ pub fn parse_memory(text: &str, file: &str) -> Result<MemorySpec, ConfigError> {
     if !(m.allocated_scale.is_finite() && (1.0..=4.0).contains(&m.allocated_scale)) {
         return Err(bad("allocated_scale", "must be between 1 and 4"));
     }
+    match m.pool {
+        Some(PoolLimit::FreeLessReserve {
+            fraction,
+            min_bytes,
+        }) if !(fraction.is_finite() && (0.0..0.5).contains(&fraction)) || min_bytes > TIB => {
+            return Err(bad(
+                "pool",
+                "free_less_reserve needs a fraction in [0, 0.5) and min_bytes of at most 1 TiB",
+            ));
+        }
+        Some(PoolLimit::FractionOfTotal { fraction })
+            if !(fraction.is_finite() && fraction > 0.0 && fraction <= 1.0) =>
+        {
+            return Err(bad("pool", "fraction_of_total needs a fraction in (0, 1]"));
+        }
+        _ => {}
+    }
     if m.nccl_channels > 64 || m.nccl_peers_per_channel > 64 {
         return Err(bad("nccl_channels", "at most 64 channels and 64 peers"));
     }
@@ -258,6 +318,10 @@ pub struct MemoryBreakdown {
     pub context_bytes: u64,
     /// NCCL's communicator buffers.
     pub nccl_bytes: u64,
+    /// Device memory the framework keeps out of its allocator's pool, beyond the context and
+    /// NCCL ([`MemorySpec::kept_out_bytes`]: TensorFlow's system reserve, the quarter of the
+    /// GPU XLA leaves; 0 for PyTorch). The job needs device used plus this.
+    pub kept_out_bytes: u64,
 }
 
 /// The three peaks of one rank, bytes.
@@ -273,6 +337,24 @@ pub struct MemoryPeaks {
 }
 
 impl MemoryPeaks {
+    /// The device memory the job needs to run: device used plus what the framework keeps out
+    /// of its pool when the pool passes its cap. Compared with the GPU and `--memory-budget`.
+    pub fn needed(&self) -> u64 {
+        self.device_used
+            .saturating_add(self.breakdown.kept_out_bytes)
+    }
+
+    /// The peak compared with a memory budget of `budget` bytes on a GPU of `capacity`: at
+    /// most `budget` of device memory used, and the whole need within the GPU (what the
+    /// framework keeps out of its pool lies in the room between the budget and the GPU first).
+    /// Equals [`MemoryPeaks::needed`] when the budget is the GPU.
+    pub fn against_budget(&self, capacity: u64, budget: u64) -> u64 {
+        self.device_used.max(
+            self.needed()
+                .saturating_sub(capacity.saturating_sub(budget)),
+        )
+    }
+
     /// Combine the allocated peak (with its static part), the allocator's simulated segment
     /// peak and the runtime terms.
     pub fn combine(
@@ -299,6 +381,7 @@ impl MemoryPeaks {
                 workspace_bytes: ws,
                 context_bytes: context,
                 nccl_bytes: nccl,
+                kept_out_bytes: 0,
             },
         }
     }
@@ -839,5 +922,36 @@ mod tests {
         let t = PYTORCH.1.replace("round_bytes: 512", "round_bytes: 0");
         let e = parse_memory(&t, "m.yaml").unwrap_err().to_string();
         assert!(e.contains("m.yaml") && e.contains("round_bytes"), "{e}");
+        let t = TENSORFLOW.1.replace("fraction: 0.05", "fraction: 0.7");
+        let e = parse_memory(&t, "tf.yaml").unwrap_err().to_string();
+        assert!(e.contains("tf.yaml") && e.contains("field pool"), "{e}");
+    }
+
+    #[test]
+    fn pools_are_capped_as_each_framework_caps_them() {
+        const GIB: u64 = 1 << 30;
+        // PyTorch: no cap of its own.
+        assert_eq!(caching().pool_bytes(16 * GIB), None);
+        assert_eq!(caching().kept_out_bytes(16 * GIB, GIB, 2 * GIB), 0);
+        // TensorFlow: the memory free after the context, less max(300 MiB, 5 % of it).
+        let tf = MemorySpec::builtin(Framework::Tf);
+        let free = 16 * GIB - tf.context_bytes();
+        let pool = free - free / 20;
+        let got = tf.pool_bytes(16 * GIB).unwrap();
+        assert!(got.abs_diff(pool) <= 1, "{got} vs {pool}");
+        // A small GPU keeps the 300 MiB floor.
+        let small = 4 * GIB - tf.context_bytes();
+        assert_eq!(tf.pool_bytes(4 * GIB), Some(small - 300 * MIB));
+        // What the job needs: the pool's bytes plus everything outside the pool.
+        let (reserved, used) = (10 * GIB, 10 * GIB + tf.context_bytes());
+        assert_eq!(
+            used + tf.kept_out_bytes(16 * GIB, reserved, used),
+            reserved + (16 * GIB - got)
+        );
+        // XLA: 75 % of the total, with or without preallocation.
+        let jax = MemorySpec::builtin(Framework::Jax);
+        assert_eq!(jax.pool_bytes(80 * GIB), Some(60 * GIB));
+        let used = 61 * GIB + jax.context_bytes();
+        assert!(used + jax.kept_out_bytes(80 * GIB, 61 * GIB, used) > 80 * GIB);
     }
 }

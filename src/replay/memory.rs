@@ -56,7 +56,9 @@ impl MemoryReport {
 /// played through the allocator model for the reserved peak, and the runtime terms
 /// (`communicators`: NCCL communicators the rank holds). `capacity` is the GPU's memory: the
 /// allocator releases its empty cached segments before it would pass what the context, NCCL
-/// and the workspace leave of it.
+/// and the workspace leave of it, or the framework's pool cap ([`MemorySpec::pool_bytes`]),
+/// whichever is lower; what the framework keeps out of its pool is the breakdown's
+/// `kept_out_bytes`.
 pub fn rank_peaks(
     g: &Dfg,
     r: &Replay,
@@ -80,22 +82,28 @@ pub fn rank_peaks(
                 Event::Free(b) => Event::Free(spec.scaled(b)),
             }
         }));
-    let limit = capacity
+    let left = capacity
         .saturating_sub(spec.context_bytes())
         .saturating_sub(spec.nccl_bytes(communicators))
         .saturating_sub(spec.workspace_bytes);
+    // A framework that caps its pool (TensorFlow, XLA) releases cached regions at the cap.
+    let limit = spec
+        .pool_bytes(capacity)
+        .map_or(left, |pool| left.min(pool));
     let run = run_allocator(spec, limit, stream);
     // Allocated: the liveness peak, which follows dependencies (issue 20: a what-if that only
     // moves when ops run, such as durations scaled to 0, must not change it). How the
     // allocator's blocks round and split requests depends on the order they arrive in; that
     // is the reserve's part (`run.segments`), not the allocated peak's.
-    MemoryPeaks::combine(
+    let mut p = MemoryPeaks::combine(
         spec,
         spec.scaled(m.peak_bytes),
         statics,
         run.segments,
         communicators,
-    )
+    );
+    p.breakdown.kept_out_bytes = spec.kept_out_bytes(capacity, p.reserved, p.device_used);
+    p
 }
 
 /// The allocator's view of one worker's `(time, 0 = free / 1 = alloc, bytes)` events, in the

@@ -459,7 +459,7 @@ impl Ctx<'_> {
 
     /// Within the memory budget (if any).
     pub(crate) fn fits(&self, e: &Evaluated) -> bool {
-        self.memory_budget.is_none_or(|b| budget_peak(e) <= b)
+        self.memory_budget.is_none_or(|b| budget_peak(e, b) <= b)
     }
 
     /// Whether `next` is worth taking over `cur` with move `m`: faster, and for an on/off pass
@@ -672,7 +672,7 @@ fn memory_passes(opts: &SearchOptions) -> Vec<&'static str> {
 
 /// Whether `e`'s peak is over the options' memory budget (never without one).
 fn over_budget(opts: &SearchOptions, e: &Evaluated) -> bool {
-    opts.memory_budget.is_some_and(|b| budget_peak(e) > b)
+    opts.memory_budget.is_some_and(|b| budget_peak(e, b) > b)
 }
 
 /// The options' strategy run from `cur`, handed the replays counted before it.
@@ -1083,9 +1083,13 @@ type Tried = (Vec<KnobbedPass>, Result<(Evaluated, Trail), SearchError>);
 /// Each step of an option: the evaluation it started from and its patches.
 type Trail = Vec<(Evaluated, Vec<Patch>)>;
 
-/// The peak the memory budget is compared with: device-used (reserved + CUDA context + NCCL).
-pub fn budget_peak(e: &Evaluated) -> u64 {
-    e.memory.peaks.device_used
+/// The peak a memory budget of `budget` bytes is compared with: device-used (reserved + CUDA
+/// context + NCCL), and the whole need, with what the framework keeps out of its pool, within
+/// the GPU ([`crate::cost::memory::MemoryPeaks::against_budget`]).
+pub fn budget_peak(e: &Evaluated, budget: u64) -> u64 {
+    e.memory
+        .peaks
+        .against_budget(e.job.gpu.memory_bytes(), budget)
 }
 
 /// Accumulation steps the memory step tries for a per-GPU batch of `batch` samples: the
@@ -1155,10 +1159,10 @@ fn memory_step(
     if options.is_empty() {
         return Err(SearchError::Infeasible {
             budget_gb: budget as f64 / 1e9,
-            smallest_gb: budget_peak(cur) as f64 / 1e9,
+            smallest_gb: budget_peak(cur, budget) as f64 / 1e9,
             how: format!(
                 "no memory option allowed: --passes and the framework's export leave neither amp, recompute, grad-accumulation nor shard; {}",
-                what_would_fit(cur, budget, 1)
+                what_would_fit(cur, budget, 1, 1)
             ),
         });
     }
@@ -1325,13 +1329,30 @@ fn fastest_fitting(
             .next()
             .unwrap_or(1)
     };
-    let mut smallest: Option<(u64, String, Evaluated, u32)> = None;
+    // The ranks a `shard` step shards the states over (workers / replicas), 1 without one.
+    let group_of = |steps: &[KnobbedPass], e: &Evaluated| -> u32 {
+        steps
+            .iter()
+            .filter(|(n, _)| n == "shard")
+            .map(|(_, k)| {
+                let replicas = k
+                    .iter()
+                    .find(|(n, _)| n == "replicas")
+                    .and_then(|(_, v)| v.parse::<u32>().ok())
+                    .unwrap_or(1);
+                e.job.workers.max(1) / replicas.max(1)
+            })
+            .next()
+            .unwrap_or(1)
+    };
+    let mut smallest: Option<(u64, String, Evaluated, (u32, u32))> = None;
     let mut best: Option<(Vec<KnobbedPass>, Evaluated, Trail)> = None;
     for (steps, r) in tried {
         let Ok((e, trail)) = r else { continue };
-        let peak = budget_peak(&e);
+        let peak = budget_peak(&e, budget);
         if smallest.as_ref().is_none_or(|(b, _, _, _)| peak < *b) {
-            smallest = Some((peak, label(&steps), e.clone(), k_of(&steps)));
+            let g = group_of(&steps, &e);
+            smallest = Some((peak, label(&steps), e.clone(), (k_of(&steps), g)));
         }
         if peak <= budget
             && best
@@ -1344,17 +1365,26 @@ fn fastest_fitting(
     if let Some(best) = best {
         return Ok(best);
     }
-    let (bytes, how, s, k) =
-        smallest.unwrap_or((budget_peak(cur), "no option ran".into(), cur.clone(), 1));
-    let (bytes, how, s, k) = if bytes <= budget_peak(cur) {
+    let (bytes, how, s, k) = smallest.unwrap_or((
+        budget_peak(cur, budget),
+        "no option ran".into(),
+        cur.clone(),
+        (1, 1),
+    ));
+    let (bytes, how, s, k) = if bytes <= budget_peak(cur, budget) {
         (bytes, how, s, k)
     } else {
-        (budget_peak(cur), "the start".into(), cur.clone(), 1)
+        (
+            budget_peak(cur, budget),
+            "the start".into(),
+            cur.clone(),
+            (1, 1),
+        )
     };
     Err(SearchError::Infeasible {
         budget_gb: budget as f64 / 1e9,
         smallest_gb: bytes as f64 / 1e9,
-        how: format!("{how}; {}", what_would_fit(&s, budget, k)),
+        how: format!("{how}; {}", what_would_fit(&s, budget, k.0, k.1)),
     })
 }
 
@@ -1383,9 +1413,9 @@ fn memory_decisions(
             knobs: knobs.iter().cloned().collect(),
             why: format!(
                 "memory step: device memory {:.2} GB over the budget of {:.2} GB; {all_label} is the fastest option that fits ({:.2} GB)",
-                budget_peak(cur) as f64 / 1e9,
+                budget_peak(cur, budget) as f64 / 1e9,
                 budget as f64 / 1e9,
-                budget_peak(e) as f64 / 1e9
+                budget_peak(e, budget) as f64 / 1e9
             ),
             effect_ms: (after.iteration_ns() as f64 - before.iteration_ns() as f64) / 1e6,
             mechanism: String::new(),
@@ -1397,11 +1427,12 @@ fn memory_decisions(
 /// What would fit when nothing the passes reach does, from the smallest evaluation `s`: the
 /// largest per-GPU micro-batch the room left by its fixed memory holds (activations grow with
 /// the micro-batch), or, when not even one sample fits, how many GPUs the weights, gradients
-/// and optimizer state would have to be sharded over.
-pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32) -> String {
+/// and optimizer state would have to be sharded over (`sharded`: the ranks `s` already shards
+/// them over, 1 when it does not).
+pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32, sharded: u32) -> String {
     let p = &s.memory.peaks;
     let b = &p.breakdown;
-    let fixed = p.device_used.saturating_sub(b.dynamic_bytes);
+    let fixed = budget_peak(s, budget).saturating_sub(b.dynamic_bytes);
     let batch = u64::from(s.job.meta.batch);
     let k = u64::from(k.max(1));
     let micro = (batch / k).max(1);
@@ -1432,10 +1463,16 @@ pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32) -> String {
             gb(per_sample)
         );
     }
+    let sharded = u64::from(sharded.max(1));
+    let over = if sharded > 1 {
+        format!(" sharded over {sharded} GPUs")
+    } else {
+        String::new()
+    };
     format!(
-        "one sample per micro-step does not fit: weights, gradients and optimizer state are {:.2} GB per GPU; shard them (ZeRO-3/FSDP: --framework pytorch, deepspeed or torchtitan) over >= {} GPUs, or use a smaller model",
+        "one sample per micro-step does not fit: weights, gradients and optimizer state are {:.2} GB per GPU{over}; shard them (ZeRO-3/FSDP: --framework pytorch, deepspeed or torchtitan) over >= {} GPUs, or use a smaller model",
         gb(states),
-        states.div_ceil(room)
+        (states * sharded).div_ceil(room).max(sharded + 1)
     )
 }
 

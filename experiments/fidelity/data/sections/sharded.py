@@ -4,7 +4,10 @@ Every number below was read from the cited file at the cited commit (README resu
 cells, log lines). `extra` carries the sharding setup in `key=value` form:
   sharding=none|zero1|zero2|zero3|fsdp-full|fsdp-grad-op|fairscale-sdp|gemini
   offload=cpu (optimizer and/or parameters on the host; notes say which), impl=<library>,
-  DP=/TP=/PP= where the source gives a 3D layout, name=<the source's model name>.
+  DP=/TP=/PP= where the source gives a 3D layout, name=<the source's model name>,
+  code=<the model code the run executed> where it changes the kernels: code=hf-gpt2 (Hugging Face
+  GPT2LMHeadModel: eager attention, gelu_new as element-wise ops), code=mingpt (minGPT's
+  CausalSelfAttention: eager attention, nn.GELU).
 Memory columns are in 10^9 bytes; MiB values were converted (x 1.048576 / 1000).
 """
 
@@ -62,7 +65,7 @@ def mingpt(add):
         add(id=f"sharded-mingpt-1.6b-{tag}", source=S_MG, locator=f"{L_MG} / ##### {LBL[tag]}",
             hidden=3072, layers=14, gpu="A100 (8 GPU A100 server; variant not stated)", gpus=8,
             micro_batch=8, global_batch=64, checkpointing="no", optimizer=opt,
-            extra=extra + " name=minGPT-1.6B", value=sec, iteration_ms=round(sec / 120 * 1000, 1),
+            extra=extra + " code=mingpt name=minGPT-1.6B", value=sec, iteration_ms=round(sec / 120 * 1000, 1),
             peak_memory_gb=gb_mib(mib),
             notes=note + "; command: --n_layer 14 --n_head 16 --n_embd 3072 --gpus 8 --precision 16 "
                   "--limit_train_batches 120; batch 8 and block_size 128 are benchmark.py defaults; "
@@ -72,7 +75,7 @@ def mingpt(add):
     add(id="sharded-mingpt-12.9b-ds-default-offload", source=S_MG, locator=L_MG + " / Maximum DeepSpeed!",
         hidden=8192, layers=16, gpu="A100 (8 GPU A100 server; variant not stated)", gpus=8, micro_batch=8,
         global_batch=64, checkpointing="no", optimizer="torch.optim.AdamW passed to DeepSpeed",
-        extra="sharding=zero2 offload=cpu impl=deepspeed-lightning-plugin name=minGPT-12.9B", value=1700.02,
+        extra="sharding=zero2 offload=cpu impl=deepspeed-lightning-plugin code=mingpt name=minGPT-12.9B", value=1700.02,
         iteration_ms=round(1700.02 / 120 * 1000, 1), peak_memory_gb=gb_mib(35430.12),
         notes="'My attempt to get the fit the largest model I could train on this machine reasonably' "
               "(so near the memory limit); --plugins deepspeed with plugin defaults (stage 2, CPU offload "
@@ -96,7 +99,7 @@ def mingpt(add):
         add(id=f"sharded-mingpt3-1.7b-{tag}", source=S_MG3,
             locator=L_MG3 + f" / Smaller Model Comparison, DDP vs DeepSpeed / {label}",
             hidden=3072, layers=15, micro_batch=1, global_batch=8, checkpointing=ck, optimizer=opt,
-            extra=extra + " name=minGPT-1.7B", value=sec, iteration_ms=round(sec / 128 * 1000, 1),
+            extra=extra + " code=mingpt name=minGPT-1.7B", value=sec, iteration_ms=round(sec / 128 * 1000, 1),
             peak_memory_gb=gb_mib(mib),
             notes=f"'{label}'; command: --n_layer 15 --n_head 16 --n_embd 3072 --gpus 8 --precision 16 "
                   "--limit_train_batches 128 --batch_size 1; iteration_ms derived = epoch time / 128; "
@@ -106,7 +109,7 @@ def mingpt(add):
                   + MG_VOCAB_NOTE, **b3)
     add(id="sharded-mingpt3-20b-zero3-max", source=S_MG3, locator=L_MG3 + " / Maximum DeepSpeed! / DeepSpeed ZeRO Stage 3",
         hidden=8192, layers=21, micro_batch=1, global_batch=8, checkpointing="not stated",
-        optimizer="not stated", extra="sharding=zero3 impl=deepspeed-lightning-plugin name=minGPT-20B",
+        optimizer="not stated", extra="sharding=zero3 impl=deepspeed-lightning-plugin code=mingpt name=minGPT-20B",
         value=45.65, iteration_ms=round(45.65 / 120 * 1000, 1), peak_memory_gb=gb_mib(36086.14),
         notes="'Largest model I could fit onto the server' (~20B; --n_layer 21 --n_embd 8192 --gpus 8 "
               "--precision 16 --limit_train_batches 120 --batch_size 1); iteration_ms derived = epoch "
@@ -114,7 +117,7 @@ def mingpt(add):
     add(id="sharded-mingpt3-45b-zero3-offload", source=S_MG3, locator=L_MG3 + " / Maximum DeepSpeed! / DeepSpeed ZeRO Stage 3 Offload",
         hidden=8192, layers=56, micro_batch=4, global_batch=32, checkpointing="not stated",
         optimizer="DeepSpeedCPUAdam (mingpt/model.py@0139bda)",
-        extra="sharding=zero3 offload=cpu impl=deepspeed-lightning-plugin name=minGPT-45B", value=3039.97,
+        extra="sharding=zero3 offload=cpu impl=deepspeed-lightning-plugin code=mingpt name=minGPT-45B", value=3039.97,
         iteration_ms=round(3039.97 / 120 * 1000, 1), peak_memory_gb=gb_mib(14186.86),
         notes="~45B, --n_layer 56 --n_embd 8192 --gpus 8 --precision 16 --limit_train_batches 120 "
               "--cpu_offload; no --batch_size in the command, so micro_batch 4 is the benchmark.py default "
@@ -152,7 +155,7 @@ def colossal(add):
     ]
     for tag, extra, opt, mb, gb, thr, mib, label in T:
         add(id=f"sharded-colossal-gpt2xl-4g-{tag}", source=S_CA, locator=L_CA + f" § Small model comparison / {label}",
-            gpus=4, micro_batch=mb, global_batch=gb, optimizer=opt, extra=extra + " name=gpt2_xl",
+            gpus=4, micro_batch=mb, global_batch=gb, optimizer=opt, extra=extra + " code=hf-gpt2 name=gpt2_xl",
             metric="throughput", value=thr, unit="samples/s", peak_memory_gb=gb_mib(mib),
             notes=f"'{label}', 4x A100 (40G); command --np 4 --batch_size {mb}; the batch is the one used, "
                   "not stated as the maximum; " + CA_NOTE, **xl, **base)
@@ -171,7 +174,7 @@ def colossal(add):
     for tag, extra, opt, g, dims, name, size, mib, st, label, more in S:
         add(id=f"sharded-colossal-maxsize-{tag}", source=S_CA,
             locator=L_CA + f" § Model scaling / {label} / {g} GPU(s)", gpus=g, micro_batch=1, global_batch=g,
-            optimizer=opt, extra=extra + f" name={name}", metric="iteration_time", value=st, unit="s",
+            optimizer=opt, extra=extra + f" code=hf-gpt2 name={name}", metric="iteration_time", value=st, unit="s",
             iteration_ms=st * 1000, peak_memory_gb=gb_mib(mib),
             notes=f"'Max model size (B)' = {size}: the largest model that fitted with batch 1 per GPU "
                   f"(so this configuration fits, and the next size in model.py did not; the next size is not "
@@ -356,7 +359,7 @@ def hf_blogs(add):
     for tag, extra, prec, bs, mins, label in T1:
         add(id=f"sharded-hfblog-gpt2large-2g-{tag}-bs{bs}", source=S_FS,
             locator=L_FS + f" / Table 1 (GPT-2 Large 762M), row '{label}'", gpus=2, precision=prec,
-            micro_batch=bs, global_batch=2 * bs, extra=extra + " name=gpt2-large", value=1,
+            micro_batch=bs, global_batch=2 * bs, extra=extra + " code=hf-gpt2 name=gpt2-large", value=1,
             notes=f"'Batch Size Max ($BS)' = {bs}: the largest per-GPU batch without OOM (the command says to "
                   f"decrease BS until it fits); 'Approx Train Time' {mins} min is `time accelerate launch` of the "
                   "whole script (2000 train + 500 eval samples, load and eval included), so no step time; "
@@ -378,7 +381,7 @@ def hf_blogs(add):
              f"'Batch Size Max' = {bs} (largest that fitted); approx train time in the table: "
              + {5: "0.6 h", 10: "3 h", 14: "1.16 h"}[bs] + " (whole command, no step time)")
         add(id=f"sharded-hfblog-gpt2xl-{tag}", source=S_FS, locator=L_FS + f" / Table 2 (GPT-2 XL 1.5B), row '{label}'",
-            gpus=g, precision=prec, micro_batch=bs, global_batch=g * bs, extra=extra + " name=gpt2-xl", value=ok,
+            gpus=g, precision=prec, micro_batch=bs, global_batch=g * bs, extra=extra + " code=hf-gpt2 name=gpt2-xl", value=ok,
             notes=n + "; FULL_SHARD per the text ('FSDP with Zero-Stage 3 is able to be run on 2 GPUs with batch "
                       "size of 5'); " + DIMS, **g2xl, **base, **fs)
 
@@ -388,13 +391,13 @@ def hf_blogs(add):
               unit="bool", memory_kind=FIT)
     g2xl128 = dict(g2xl, seq=128)
     add(id="sharded-hfblog-gpt2xl-accel-ddp-oom", source=S_AD, locator=L_AD + " § CPU/Disk Offloading ... / Table 3, row 'DDP'",
-        gpus=1, micro_batch=1, global_batch=1, extra="sharding=none impl=torch-ddp name=gpt2-xl", value=0,
+        gpus=1, micro_batch=1, global_batch=1, extra="sharding=none impl=torch-ddp code=hf-gpt2 name=gpt2-xl", value=0,
         notes="'On a single 24GB NVIDIA Titan RTX GPU, one cannot train GPT-XL Model (1.5B parameters) even with a "
               "batch size of 1'; table: 'OOM Error'; GPT-2 XL dims as above, --block_size 128",
         **g2xl128, **base, **ad)
     add(id="sharded-hfblog-gpt2xl-accel-zero3-offload-bs16", source=S_AD,
         locator=L_AD + " § CPU/Disk Offloading ... / Table 3, row 'DeepSpeed ZeRO Stage 3'", gpus=2, micro_batch=16,
-        global_batch=32, extra="sharding=zero3 offload=cpu impl=deepspeed name=gpt2-xl", value=1,
+        global_batch=32, extra="sharding=zero3 offload=cpu impl=deepspeed code=hf-gpt2 name=gpt2-xl", value=1,
         notes="'Batch Size Max' 16; train time per epoch 6608.35 s (wikitext-2 step count not stated, so no step "
               "time); zero3_offload_config_accelerate.json: stage 3, offload_optimizer and offload_param to CPU "
               "(pinned), overlap_comm, sub_group_size 1e9, stage3_max_live_parameters 1e9; GPU count ambiguous: "
