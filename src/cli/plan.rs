@@ -386,6 +386,9 @@ struct Workload {
     world: u32,
     meta: crate::graph::job::JobMeta,
     workers: u32,
+    /// For a transformer from the zoo, per GPU per step: tokens, and the FLOPs of the model's
+    /// matrix products in a forward and backward ([`crate::zoo::Model::matrix_flops`]).
+    per_step: Option<(f64, f64)>,
 }
 
 impl Workload {
@@ -417,7 +420,18 @@ impl Workload {
             (None, Some(t)) => facts_world.unwrap_or(t.world_size),
             (None, None) => facts_world.unwrap_or(input.job.workers),
         };
+        let per_step = input
+            .model
+            .as_ref()
+            .filter(|m| m.tokens_per_sample > 0)
+            .map(|m| {
+                (
+                    f64::from(m.batch) * f64::from(m.tokens_per_sample),
+                    m.matrix_flops(),
+                )
+            });
         Ok(Workload {
+            per_step,
             fw,
             is_trace: input.trace.is_some() || input.job.is_recorded(),
             gpu_bytes,
@@ -724,6 +738,13 @@ fn make_plan(
                 precision: p.to_string(),
                 iteration_ms: ms3(ns),
                 speedup: round_ms(ns as f64 / c.best_ns.max(1) as f64),
+            }),
+            tokens_per_s_per_gpu: w
+                .per_step
+                .map(|(tokens, _)| (tokens / (c.best_ns.max(1) as f64 / 1e9)).round()),
+            mfu: w.per_step.map(|(_, flops)| {
+                let m = flops / (c.best_ns.max(1) as f64 * c.best_job.matrix_peak_flops_per_ns());
+                (m * 1e4).round() / 1e4
             }),
         },
         baselines: snap
@@ -1226,6 +1247,9 @@ fn report(
             "half_precision_baseline": p.half_baseline,
             "planned_iteration_ms": p.planned.iteration_ms,
             "speedup": p.speedup,
+            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+            "mfu": p.mfu,
+            "layout": layout(plan),
             "baselines": plan.baselines,
             "lower_bound_ms": p.lower_bound_ms,
             "search_wall_s": wall.as_secs_f64(),
@@ -1327,12 +1351,51 @@ pub fn versus(speedup: f64, name: &str) -> String {
 pub fn summary(plan: &Plan) -> Vec<String> {
     let mut lines = headline_lines(plan);
     lines.extend(iteration_table(plan));
+    lines.extend(throughput_line(&plan.predicted));
     lines.extend(memory_lines(&plan.predicted));
     lines.push(String::new());
     lines.extend(decision_lines(plan));
     lines.extend(advice_lines(plan));
     lines.push(String::new());
     lines
+}
+
+/// DESIGN.md's `layout` of a zoo plan: the data-parallel degrees its sharding leaves
+/// (`dp_shard` ranks per shard group, `dp_replicate` groups), the micro-batch its accumulation
+/// leaves, and — until tensor, pipeline and context parallelism exist as passes — degree 1
+/// for each of them. `null` for a trace, whose layout is the recorded run's.
+fn layout(plan: &Plan) -> serde_json::Value {
+    let w = &plan.workload;
+    if w.source == "trace" {
+        return serde_json::Value::Null;
+    }
+    let (dp_shard, dp_replicate) = plan
+        .config
+        .sharding
+        .as_ref()
+        .map_or((1, w.ranks), |s| (s.shard_size, s.replicas));
+    let k = plan.config.grad_accumulation.max(1);
+    json!({
+        "dp_replicate": dp_replicate,
+        "dp_shard": dp_shard,
+        "tp": 1,
+        "pp": 1,
+        "virtual": 1,
+        "cp": 1,
+        "micro_batch": w.batch().map(|b| b / k),
+        "schedule": serde_json::Value::Null,
+    })
+}
+
+/// `throughput  9,120 tokens/s per GPU · MFU 41.3 %` for a transformer from the zoo.
+fn throughput_line(p: &Predicted) -> Option<String> {
+    let (tokens, mfu) = (p.tokens_per_s_per_gpu?, p.mfu?);
+    Some(format!(
+        "{:<18} {:>10}   tokens/s per GPU · MFU {:.1} % (model FLOPs by PaLM's count over the GPU's dense peak in the planned precision)",
+        "throughput",
+        crate::units::thousands(tokens as u64),
+        100.0 * mfu
+    ))
 }
 
 /// Who the plan is for, what it gains against the headline baseline, and against a

@@ -298,6 +298,14 @@ impl Job {
         Roofline::new(&self.gpu, dtype, Efficiency::default())
     }
 
+    /// The GPU's dense matrix peak, FLOP/ns, in the dtype this job's GEMMs run in (its storage
+    /// dtype under AMP, TF32 or FP32 per [`Job::math`] otherwise): MFU's denominator.
+    pub fn matrix_peak_flops_per_ns(&self) -> f64 {
+        let gemm = OpWork::new(crate::cost::kernel::OpClass::Gemm, 1.0, 0.0, 0.0, 1);
+        self.gpu
+            .matrix_flops_per_ns(KernelModel::math_dtype(&gemm, self.dtype, self.math))
+    }
+
     /// The kernel cost model of this job's GPU.
     pub fn kernels(&self) -> KernelModel<'_> {
         KernelModel::new(&self.gpu)

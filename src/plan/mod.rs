@@ -122,6 +122,16 @@ pub struct Predicted {
     /// mixed precision (issue 27).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub half_baseline: Option<HalfBaseline>,
+    /// For a transformer from the zoo: the planned step's tokens per second per GPU (per-GPU
+    /// batch × sequence length / planned iteration time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s_per_gpu: Option<f64>,
+    /// For a transformer from the zoo: model FLOPs utilisation of the planned step — the model
+    /// FLOPs by PaLM's count ([`crate::zoo::Model::matrix_flops`]: three times the forward's
+    /// matrix products, attention in full, no recomputation) over the planned iteration time
+    /// at the GPU's dense matrix peak in the planned compute dtype (0..1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
 }
 
 /// The framework's default baseline in half precision (`plan` with `--precision` given).

@@ -873,6 +873,7 @@ mod tests {
                 layer("fc2", LayerKind::Gemm, vec![1], &[("weight", 4)]),
                 layer("loss", LayerKind::Loss, vec![2], &[]),
             ],
+            tokens_per_sample: 0,
         }
     }
 

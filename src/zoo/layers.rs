@@ -157,6 +157,8 @@ pub struct Model {
     pub batch: u32,
     pub optimizer: Optimizer,
     pub layers: Vec<Layer>,
+    /// Tokens per sample: the sequence length of a transformer, 0 for the other models.
+    pub tokens_per_sample: u32,
 }
 
 impl Model {
@@ -167,6 +169,23 @@ impl Model {
     /// Forward FLOPs of one iteration on one worker.
     pub fn fw_flops(&self) -> f64 {
         self.layers.iter().map(|l| l.fw_flops).sum()
+    }
+    /// Model FLOPs of one training step on one worker, the numerator of model FLOPs
+    /// utilisation (MFU), by PaLM's convention (Chowdhery et al. 2022, App. B): three times the
+    /// forward's matrix products (GEMMs, convolutions, attention's two batched products), the
+    /// backward counted as twice the forward whatever the kernels recompute, attention's
+    /// products in full even where a causal FlashAttention kernel skips the masked half, and
+    /// no recomputation.
+    pub fn matrix_flops(&self) -> f64 {
+        self.layers
+            .iter()
+            .filter(|l| l.math == MathClass::Matrix)
+            .map(|l| match (l.kind, l.gemm) {
+                // One fused attention kernel: QKᵀ and ·V, each 2·m·n·k per head and sample.
+                (LayerKind::Attention, Some(g)) => 3.0 * 2.0 * (2.0 * g.m * g.n * g.k * g.count),
+                _ => 3.0 * l.fw_flops,
+            })
+            .sum()
     }
     /// Elements kept for backward, summed over layers.
     pub fn saved_elems(&self) -> u64 {

@@ -174,6 +174,7 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
             "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab, --head, --attention, --gelu, --kv-heads and --ffn apply to the transformers (bert-*, gpt*, llama*)"
         )));
     }
+    let mut tokens_per_sample = 0;
     let layers = match name {
         "resnet50" => cnn::resnet50(batch),
         "vgg16" => cnn::vgg16(batch),
@@ -229,6 +230,7 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
                 cfg.head = h;
             }
             cfg.validate().map_err(ZooError::Invalid)?;
+            tokens_per_sample = cfg.seq;
             transformer::transformer(&cfg, batch)
         }
     };
@@ -237,6 +239,7 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
         batch,
         optimizer: e.optimizer,
         layers,
+        tokens_per_sample,
     })
 }
 
@@ -315,5 +318,40 @@ mod tests {
         // GPT-2 medium: 24 layers, hidden 1024 → 354.8 M parameters (345 M + position table).
         assert_eq!(small.param_elems(), 124_439_808);
         assert_eq!(deeper.param_elems(), 354_823_168);
+    }
+}
+
+#[cfg(test)]
+mod flops_tests {
+    use super::*;
+
+    /// The model's matrix FLOPs of one forward and backward against PaLM's count (Chowdhery et
+    /// al. 2022, App. B): 6 FLOPs per matrix parameter per token plus 12 · layers · hidden ·
+    /// sequence per token for attention's two products (non-causal), where the matrix
+    /// parameters are the layers' weight matrices and the LM head (GPT-2 ties it to the token
+    /// embedding, so it is counted here as a product, not in the embedding lookup).
+    #[test]
+    fn matrix_flops_follow_palms_count() {
+        for (name, h, l, s, v, ffn) in [
+            ("gpt", 768u64, 12u64, 1024u64, 50257u64, 3072u64),
+            ("llama3-8b", 4096, 32, 8192, 128256, 14336),
+        ] {
+            let m = model(name, &ModelOptions::default()).unwrap();
+            assert_eq!(u64::from(m.tokens_per_sample), s, "{name}");
+            let tokens = (u64::from(m.batch) * s) as f64;
+            let (attn, mlp) = if name == "gpt" {
+                (4 * h * h, 2 * h * ffn)
+            } else {
+                // Grouped-query attention: K and V project to 8 heads of 128.
+                (2 * h * h + 2 * h * 1024, 3 * h * ffn)
+            };
+            let matrix_params = (l * (attn + mlp) + h * v) as f64;
+            let palm = tokens * (6.0 * matrix_params + 12.0 * (l * h * s) as f64);
+            let got = m.matrix_flops();
+            assert!(
+                (got / palm - 1.0).abs() < 0.03,
+                "{name}: {got:e} model FLOPs vs PaLM's {palm:e}"
+            );
+        }
     }
 }

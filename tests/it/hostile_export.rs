@@ -190,6 +190,8 @@ fn plan_of(n: &Names) -> Plan {
         predicted: Predicted {
             baseline_precision: String::new(),
             half_baseline: None,
+            tokens_per_s_per_gpu: None,
+            mfu: None,
             baseline_name: n.pass.clone(),
             baseline: Point {
                 iteration_ms: 10.0,

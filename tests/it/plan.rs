@@ -556,3 +556,67 @@ fn the_readme_plans_effects_add_up_and_the_picture_draws_them() {
     assert!(v["half_precision_baseline"].is_null());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// DESIGN.md's `tokens_per_s_per_gpu` and `mfu` for a transformer: tokens = per-GPU batch ×
+/// sequence over the planned step, MFU = PaLM's model FLOPs (6 per matrix parameter per token
+/// + 12 · layers · hidden · sequence) over the planned step at the H200's dense bf16 peak
+/// (989.5 TFLOP/s, configs/gpus/h200.yaml); both in the plan file too. A CNN has neither.
+#[test]
+fn a_transformer_plan_reports_tokens_per_second_and_mfu() {
+    let d = scratch("mfu");
+    let out = d.join("p.yaml");
+    let out_s = out.to_str().unwrap();
+    let v = run_json(&[
+        "plan",
+        "--model",
+        "gpt",
+        "--cluster",
+        "8xh200",
+        "--precision",
+        "bf16",
+        "--max-rounds",
+        "20",
+        "-o",
+        out_s,
+    ]);
+    let step_s = v["planned_iteration_ms"].as_f64().unwrap() / 1e3;
+    // GPT-2 small: batch 8 of 1,024 tokens; hidden 768, 12 layers, FFN 3,072, vocab 50,257
+    // (the LM head shares the token embedding's matrix).
+    let tokens = 8.0 * 1024.0;
+    let got = v["tokens_per_s_per_gpu"].as_f64().unwrap();
+    assert!(
+        (got - tokens / step_s).abs() <= 1.0,
+        "{got} vs {}",
+        tokens / step_s
+    );
+    let (h, l, s, ffn, vocab) = (768.0, 12.0, 1024.0, 3072.0, 50257.0);
+    let params = l * (4.0 * h * h + 2.0 * h * ffn) + h * vocab;
+    let flops = tokens * (6.0 * params + 12.0 * l * h * s);
+    let mfu = v["mfu"].as_f64().unwrap();
+    let expected = flops / (step_s * 989.5e12);
+    assert!(
+        mfu > 0.0 && (mfu / expected - 1.0).abs() < 0.03,
+        "mfu {mfu} vs {expected}"
+    );
+    let yaml = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        yaml.contains("mfu: ") && yaml.contains("tokens_per_s_per_gpu: "),
+        "{yaml}"
+    );
+    // Data parallelism over the 8 GPUs, unless the plan sharded; no TP/PP/CP yet.
+    let l = &v["layout"];
+    assert_eq!(
+        l["dp_replicate"].as_u64().unwrap() * l["dp_shard"].as_u64().unwrap(),
+        8,
+        "{l}"
+    );
+    for one in ["tp", "pp", "cp", "virtual"] {
+        assert_eq!(l[one], 1, "{l}");
+    }
+    assert!(l["micro_batch"].as_u64().is_some_and(|m| 8 % m == 0), "{l}");
+    let cnn = run_json(&plan_args(d.join("r.yaml").to_str().unwrap(), &[]));
+    assert!(
+        cnn["mfu"].is_null() && cnn["tokens_per_s_per_gpu"].is_null(),
+        "{cnn}"
+    );
+}

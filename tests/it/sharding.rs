@@ -109,6 +109,9 @@ fn plan_shards_a_model_that_does_not_fit_with_ddp() {
         let plan = trainplan::plan::Plan::from_yaml(&text, "plan.yaml").expect("plan reads");
         let sh = plan.config.sharding.expect("a sharded plan");
         assert_eq!(sh.shard_size * sh.replicas, 8, "{fw}");
+        // `--json`'s layout says the same degrees.
+        assert_eq!(v["layout"]["dp_shard"], sh.shard_size, "{fw}: {v}");
+        assert_eq!(v["layout"]["dp_replicate"], sh.replicas, "{fw}: {v}");
         assert!(
             trainplan::search::framework::shard_supported(
                 plan.workload.framework,

@@ -628,6 +628,8 @@ pub(crate) mod tests {
             predicted: Predicted {
                 baseline_precision: String::new(),
                 half_baseline: None,
+                tokens_per_s_per_gpu: None,
+                mfu: None,
                 baseline_name: "ddp_default".into(),
                 baseline: Point {
                     iteration_ms: 10.0,
