@@ -14,15 +14,16 @@ pub fn over_capacity(p: &MemoryPeaks, job: &Job) -> bool {
     p.needed() > job.gpu.memory_bytes()
 }
 
-/// `, and TensorFlow keeps 0.8 GB out of its pool` when the framework caps its pool.
-fn kept_out(p: &MemoryPeaks, job: &Job) -> String {
+/// `+ 37.2 GB jax keeps out of its allocator's pool` (`before` it) when the framework caps its
+/// pool; empty when it does not.
+fn kept_out(p: &MemoryPeaks, job: &Job, before: &str) -> String {
     if p.breakdown.kept_out_bytes == 0 {
         String::new()
     } else {
         format!(
-            " (and {} keeps {} of the GPU out of its allocator's pool)",
-            job.memory.name,
-            gb(p.breakdown.kept_out_bytes)
+            "{before}+ {} {} keeps out of its allocator's pool",
+            gb(p.breakdown.kept_out_bytes),
+            job.memory.name
         )
     }
 }
@@ -54,7 +55,10 @@ pub fn summary(p: &MemoryPeaks, job: &Job) -> String {
         gb(p.device_used),
         gb(job.gpu.memory_bytes()),
         job.gpu.model,
-        kept_out(p, job),
+        {
+            let k = kept_out(p, job, "");
+            if k.is_empty() { k } else { format!(" ({k})") }
+        },
         if over_capacity(p, job) {
             "  OVER CAPACITY: this job would not fit"
         } else {
@@ -67,11 +71,11 @@ pub fn summary(p: &MemoryPeaks, job: &Job) -> String {
 pub fn warn_if_over(p: &MemoryPeaks, job: &Job) {
     if over_capacity(p, job) {
         tracing::warn!(
-            "predicted device memory {} (allocated {}, reserved {}){} is above the {} of a {}: the job would not fit",
+            "predicted device memory {} (allocated {}, reserved {}{}) is above the {} of a {}: the job would not fit",
             gb(p.device_used),
             gb(p.allocated),
             gb(p.reserved),
-            kept_out(p, job),
+            kept_out(p, job, "; "),
             gb(job.gpu.memory_bytes()),
             job.gpu.model
         );
