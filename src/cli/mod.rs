@@ -371,8 +371,10 @@ pub struct PlanArgs {
     /// time, so the same input gives the same plan on any machine (stop reason `round_limit`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_rounds: Option<u32>,
-    /// Peak memory per GPU the plan must fit (16GiB, 80GB, 512MiB, bytes); over it the planner
-    /// first chooses recomputation or gradient accumulation; exit 4 when nothing fits.
+    /// Device memory per GPU the plan may use (16GiB, 80GB, 512MiB, bytes; default and at most
+    /// the GPU's): over it the planner first tries AMP, recomputation, gradient accumulation and
+    /// sharding; exit 4 when nothing fits. What TensorFlow or JAX keep out of their allocator's
+    /// pool must fit the GPU besides.
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
     /// Passes the search may use, comma-separated (default: all but dgc, recompute,
