@@ -18,7 +18,9 @@
 //!   batch / k samples per micro-step; with fp16, `should_skip_update_fn=optax.skip_not_finite`
 //!   drops a micro-step whose gradients overflowed (the scale is halved for the next);
 //! * op fusion is not exported: `jax.jit` compiles the whole step and XLA chooses the fusion (the
-//!   planner does not count op fusion for JAX, `search::framework`).
+//!   planner does not count op fusion for JAX, `search::framework`);
+//! * memory → `XLA_PYTHON_CLIENT_MEM_FRACTION`: for a plan made for JAX, the share of the GPU
+//!   its memory was checked against (`configs/memory/jax.yaml`'s `pool`, XLA's default 0.75).
 //!
 //! Checked against real JAX and optax on CPU in `tests/frameworks/jax_optax.py`.
 
@@ -70,6 +72,20 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         None => env.push_str(&format!(
             "# XLA's default all-reduce combiner ({XLA_DEFAULT_COMBINE_BYTES} bytes) is the plan's: nothing to set\n"
         )),
+    }
+    // The pool the plan's memory was checked against (configs/memory/jax.yaml): XLA's own
+    // default, written so that an environment asking for less cannot undo the plan's fit.
+    if plan.workload.framework == crate::cost::framework::Framework::Jax
+        && let Some(crate::cost::memory::PoolLimit::FractionOfTotal { fraction }) =
+            crate::cost::memory::MemorySpec::builtin(crate::cost::framework::Framework::Jax).pool
+    {
+        env.push_str(
+            "# the share of the GPU XLA's allocator may hold: the plan's memory was checked against it\n",
+        );
+        env.push_str(&env_line(
+            "XLA_PYTHON_CLIENT_MEM_FRACTION",
+            &format!("{fraction}"),
+        )?);
     }
     let fp16 = f.half.as_deref() == Some("fp16");
     let micro = f
@@ -246,6 +262,11 @@ mod tests {
             env["XLA_FLAGS"],
             "--xla_gpu_all_reduce_combine_threshold_bytes=4196352"
         );
+        // A plan made for another framework was not checked against XLA's pool.
+        assert!(
+            !env.contains_key("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+            "{env:?}"
+        );
         let py = file(&e, "trainplan_jax.py");
         assert!(py.contains("COMPUTE_DTYPE = \"float16\"\n"));
         assert!(py.contains("LOSS_SCALING = True\n"));
@@ -276,6 +297,10 @@ mod tests {
         assert_eq!(combine_threshold(&p, &f), None);
         let env = check_env(file(&emit(&p, Framework::Jax).unwrap(), "jax.env"));
         assert!(!env.contains_key("XLA_FLAGS"), "{env:?}");
+        // A plan made for JAX: the pool its memory was checked against (jax.yaml's 0.75).
+        p.workload.framework = crate::cost::framework::Framework::Jax;
+        let env = check_env(file(&emit(&p, Framework::Jax).unwrap(), "jax.env"));
+        assert_eq!(env["XLA_PYTHON_CLIENT_MEM_FRACTION"], "0.75", "{env:?}");
         // No start point, no fused tensors: every gradient its own all-reduce.
         p.decisions.clear();
         p.config.tensor_groups = vec![vec!["net.0.weight".into()], vec!["net.0.bias".into()]];
