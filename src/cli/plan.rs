@@ -1008,14 +1008,25 @@ fn work(
     let opts = &opts;
     let start_eval = start.1.eval.clone();
     drop(rows);
+    // A best so far that fits the memory budget is never replaced by one that does not: the
+    // unconstrained part of the search reports faster jobs over the budget after the memory
+    // step on the start reported one that fits, and a cut search writes the snapshot.
+    let fits = |peaks: &MemoryPeaks, job: &Job| {
+        opts.memory_budget
+            .is_none_or(|b| peaks.against_budget(job.gpu.memory_bytes(), b) <= b)
+    };
     let progress = |p: &search::Progress| {
         if let Ok(mut s) = snapshot.lock() {
-            s.best = Some((
-                p.best_job.clone(),
-                p.decisions.to_vec(),
-                p.best_ns,
-                p.best_peaks,
-            ));
+            let keep = s.best.as_ref().is_some_and(|(j, _, _, k)| fits(k, j))
+                && !fits(&p.best_peaks, p.best_job);
+            if !keep {
+                s.best = Some((
+                    p.best_job.clone(),
+                    p.decisions.to_vec(),
+                    p.best_ns,
+                    p.best_peaks,
+                ));
+            }
             s.replays = p.replays;
             s.rounds = p.round;
         }

@@ -700,26 +700,48 @@ fn walk_within_memory(
         d.extend(w.decisions.iter().cloned());
         return Ok((w, d));
     }
+    // The memory step on the start first: a plan that fits is then the best so far before the
+    // unconstrained walk (which may run until the budget ends) reports faster ones that do not
+    // fit, so a budget-cut or interrupted search still holds one. Its result is reused below.
+    let budget = opts.memory_budget.unwrap_or(u64::MAX);
+    let first = match memory_step(
+        start,
+        budget,
+        &memory_passes(opts),
+        opts.framework.map(|(fw, _)| fw),
+        all,
+        ctx.eval,
+        opts.lean_ops,
+    ) {
+        Ok(r) => {
+            ctx.report(&r.0, &r.2, 1 + r.1, 0);
+            Ok(r)
+        }
+        Err(e @ SearchError::Infeasible { .. }) => Err(e),
+        Err(e) => return Err(e),
+    };
     // A. Unconstrained.
     ctx.memory_budget = None;
     let free = run_strategy(ctx, start.clone(), 1)?;
     ctx.memory_budget = opts.memory_budget;
     if !over_budget(opts, &free.best) || free.stop != StopReason::Converged {
-        return unconstrained_plan(ctx, start, &prefix, free, all);
+        return unconstrained_plan(ctx, &prefix, free, first);
     }
     // B. A memory option on the unconstrained best and on the start, then constrained rounds
     // from each; the faster wins.
-    constrained_from_memory_options(ctx, start, &prefix, free, all)
+    constrained_from_memory_options(ctx, &prefix, free, first, all)
 }
+
+/// The memory step's result on the start ([`memory_step`]), computed once.
+type StartFit = Result<(Evaluated, u64, Vec<Decision>), SearchError>;
 
 /// The plan when the unconstrained walk `free` fits the budget or stopped early: that walk;
 /// but stopped early over the budget, the start plus the memory step.
 fn unconstrained_plan(
     ctx: &Ctx,
-    start: &Evaluated,
     prefix: &[Decision],
     free: Walk,
-    all: &[Box<dyn Pass>],
+    start_fit: StartFit,
 ) -> Result<(Walk, Vec<Decision>), SearchError> {
     let opts = ctx.opts;
     if !over_budget(opts, &free.best) {
@@ -728,16 +750,7 @@ fn unconstrained_plan(
         return Ok((free, d));
     }
     // Stopped early over the budget: the start plus the memory step is the plan.
-    let budget = opts.memory_budget.unwrap_or(u64::MAX);
-    let (fit, n, step) = memory_step(
-        start,
-        budget,
-        &memory_passes(opts),
-        opts.framework.map(|(fw, _)| fw),
-        all,
-        ctx.eval,
-        opts.lean_ops,
-    )?;
+    let (fit, n, step) = start_fit?;
     let mut d = prefix.to_vec();
     d.extend(step);
     let w = Walk {
@@ -755,9 +768,9 @@ fn unconstrained_plan(
 /// smallest peak when neither fits.
 fn constrained_from_memory_options(
     ctx: &mut Ctx,
-    start: &Evaluated,
     prefix: &[Decision],
     free: Walk,
+    start_fit: StartFit,
     all: &[Box<dyn Pass>],
 ) -> Result<(Walk, Vec<Decision>), SearchError> {
     let opts = ctx.opts;
@@ -766,20 +779,17 @@ fn constrained_from_memory_options(
     let mut replays = free.replays;
     let mut tries: Vec<(Walk, Vec<Decision>)> = Vec::new();
     let mut smallest: Option<SearchError> = None;
-    let bases = [
-        (free.best.clone(), free.decisions.clone()),
-        (start.clone(), Vec::new()),
-    ];
-    for (base, path) in bases {
-        match memory_step(
-            &base,
-            budget,
-            &memory_options,
-            opts.framework.map(|(fw, _)| fw),
-            all,
-            ctx.eval,
-            opts.lean_ops,
-        ) {
+    let on_free = memory_step(
+        &free.best,
+        budget,
+        &memory_options,
+        opts.framework.map(|(fw, _)| fw),
+        all,
+        ctx.eval,
+        opts.lean_ops,
+    );
+    for (fitted, path) in [(on_free, free.decisions.clone()), (start_fit, Vec::new())] {
+        match fitted {
             Ok((fit, n, step)) => {
                 replays += n;
                 let mut pre = prefix.to_vec();
@@ -1155,7 +1165,7 @@ fn memory_step(
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
     lean_ops: usize,
 ) -> Result<(Evaluated, u64, Vec<Decision>), SearchError> {
-    let options = memory_options(cur, allowed, fw);
+    let options = without_hopeless(cur, budget, memory_options(cur, allowed, fw));
     if options.is_empty() {
         return Err(SearchError::Infeasible {
             budget_gb: budget as f64 / 1e9,
@@ -1182,6 +1192,25 @@ fn memory_step(
     let (steps, e, trail) = fastest_fitting(cur, budget, tried)?;
     let decisions = memory_decisions(cur, budget, &steps, &e, &trail);
     Ok((e, replays, decisions))
+}
+
+/// `options` less those that cannot fit: an option that keeps every rank's weights, gradients
+/// and optimizer state whole cannot fit when those and the runtime alone are over the budget
+/// (AMP adds half copies; recomputation and accumulation leave them as they are), so when a
+/// sharded option is left they are not tried (a 70 B model on 512 GPUs: half the options, each
+/// a replay of the whole model).
+fn without_hopeless(
+    cur: &Evaluated,
+    budget: u64,
+    mut options: Vec<Vec<KnobbedPass>>,
+) -> Vec<Vec<KnobbedPass>> {
+    let b = &cur.memory.peaks.breakdown;
+    let floor = b.static_bytes + b.workspace_bytes + b.context_bytes + b.nccl_bytes;
+    let sharded = |o: &Vec<KnobbedPass>| o.iter().any(|(n, _)| n == "shard");
+    if floor > budget && options.iter().any(sharded) {
+        options.retain(sharded);
+    }
+    options
 }
 
 /// The memory options, each a list of passes with knobs: AMP alone (when allowed and the job
@@ -1533,6 +1562,31 @@ mod tests {
             "{big:?}"
         );
         assert!(big.iter().all(|k| 65_536 % k == 0));
+    }
+
+    /// Options that keep the states whole are not tried once the states alone are over the
+    /// budget, so long as a sharded one is left; under the states they all are.
+    #[test]
+    fn options_that_cannot_fit_are_not_tried() {
+        let cur = crate::passes::evaluate(job()).unwrap();
+        let all = ["amp", "recompute", "grad-accumulation", "shard"];
+        let options = memory_options(&cur, &all, Some(Framework::Pytorch));
+        let sharded = |o: &Vec<KnobbedPass>| o.iter().any(|(n, _)| n == "shard");
+        assert!(options.iter().any(sharded) && !options.iter().all(sharded));
+        let states = cur.memory.peaks.breakdown.static_bytes;
+        assert!(states > 0);
+        // A budget under the states alone: only the sharded options.
+        let kept = without_hopeless(&cur, states / 2, options.clone());
+        assert!(!kept.is_empty() && kept.iter().all(sharded), "{kept:?}");
+        assert_eq!(kept.len(), options.iter().filter(|o| sharded(o)).count());
+        // Room for the states: every option.
+        assert_eq!(without_hopeless(&cur, u64::MAX, options.clone()), options);
+        // No sharded option to fall back on: every option, for the message.
+        let unsharded: Vec<_> = options.into_iter().filter(|o| !sharded(o)).collect();
+        assert_eq!(
+            without_hopeless(&cur, states / 2, unsharded.clone()),
+            unsharded
+        );
     }
 
     #[test]
