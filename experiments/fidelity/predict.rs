@@ -20,15 +20,16 @@ pub struct Prediction {
     pub memory_gb: f64,
     /// The device-used peak and the GPU's memory, bytes: whether the job fits.
     pub device_used: u64,
-    /// What the framework keeps out of its pool, bytes: the job needs `device_used` plus this.
-    pub kept_out: u64,
+    /// What the job needs, bytes: device used plus what the framework keeps out of its pool
+    /// (`MemoryPeaks::needed`, what the CLI compares with the GPU).
+    pub needed: u64,
     pub capacity: u64,
 }
 
 impl Prediction {
     /// Predicted to fit the GPU.
     pub fn fits(&self) -> bool {
-        self.device_used + self.kept_out <= self.capacity
+        self.needed <= self.capacity
     }
 }
 
@@ -133,7 +134,7 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         iteration_ms: cur.iteration_ns() as f64 / 1e6,
         memory_gb: memory as f64 / 1e9,
         device_used: p.device_used,
-        kept_out: p.breakdown.kept_out_bytes,
+        needed: p.needed(),
         capacity: cur.job.gpu.memory_bytes(),
     })
 }

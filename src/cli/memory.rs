@@ -14,18 +14,15 @@ pub fn over_capacity(p: &MemoryPeaks, job: &Job) -> bool {
     p.needed() > job.gpu.memory_bytes()
 }
 
-/// `+ 37.2 GB jax keeps out of its allocator's pool` (`before` it) when the framework caps its
-/// pool; empty when it does not.
-fn kept_out(p: &MemoryPeaks, job: &Job, before: &str) -> String {
-    if p.breakdown.kept_out_bytes == 0 {
-        String::new()
-    } else {
+/// `+ 37.2 GB jax keeps out of its allocator's pool` when the framework caps its pool.
+fn kept_out(p: &MemoryPeaks, job: &Job) -> Option<String> {
+    (p.breakdown.kept_out_bytes > 0).then(|| {
         format!(
-            "{before}+ {} {} keeps out of its allocator's pool",
+            "+ {} {} keeps out of its allocator's pool",
             gb(p.breakdown.kept_out_bytes),
             job.memory.name
         )
-    }
+    })
 }
 
 /// `peak_memory_bytes` (allocated), `reserved_peak_bytes`, `device_used_bytes` and the
@@ -55,10 +52,7 @@ pub fn summary(p: &MemoryPeaks, job: &Job) -> String {
         gb(p.device_used),
         gb(job.gpu.memory_bytes()),
         job.gpu.model,
-        {
-            let k = kept_out(p, job, "");
-            if k.is_empty() { k } else { format!(" ({k})") }
-        },
+        kept_out(p, job).map_or(String::new(), |k| format!(" ({k})")),
         if over_capacity(p, job) {
             "  OVER CAPACITY: this job would not fit"
         } else {
@@ -75,7 +69,7 @@ pub fn warn_if_over(p: &MemoryPeaks, job: &Job) {
             gb(p.device_used),
             gb(p.allocated),
             gb(p.reserved),
-            kept_out(p, job, "; "),
+            kept_out(p, job).map_or(String::new(), |k| format!("; {k}")),
             gb(job.gpu.memory_bytes()),
             job.gpu.model
         );

@@ -200,14 +200,16 @@ impl MemorySpec {
         }
     }
 
-    /// Device memory the framework keeps out of its pool on a GPU of `capacity` bytes, beyond
-    /// what `device_used` (the pool's `reserved` bytes, the context, NCCL) already counts: the
-    /// job runs while `reserved` stays within the pool, i.e. while `device_used` plus this
-    /// stays within `capacity`.
-    pub fn kept_out_bytes(&self, capacity: u64, reserved: u64, device_used: u64) -> u64 {
+    /// Device memory the framework keeps out of its pool on a GPU of `capacity` bytes beyond
+    /// the context and the NCCL buffers of `communicators` communicators (which device used
+    /// already counts): the job runs while its reserved bytes stay within the pool, i.e. while
+    /// device used plus this stays within `capacity`.
+    pub fn kept_out_bytes(&self, capacity: u64, communicators: u32) -> u64 {
         self.pool_bytes(capacity).map_or(0, |pool| {
-            let needed = reserved.saturating_add(capacity.saturating_sub(pool));
-            needed.saturating_sub(device_used)
+            capacity
+                .saturating_sub(pool)
+                .saturating_sub(self.context_bytes())
+                .saturating_sub(self.nccl_bytes(communicators))
         })
     }
 
@@ -338,7 +340,8 @@ pub struct MemoryPeaks {
 
 impl MemoryPeaks {
     /// The device memory the job needs to run: device used plus what the framework keeps out
-    /// of its pool when the pool passes its cap. Compared with the GPU and `--memory-budget`.
+    /// of its allocator's pool. Compared with the GPU (and, through
+    /// [`MemoryPeaks::against_budget`], with `--memory-budget`).
     pub fn needed(&self) -> u64 {
         self.device_used
             .saturating_add(self.breakdown.kept_out_bytes)
@@ -932,7 +935,7 @@ mod tests {
         const GIB: u64 = 1 << 30;
         // PyTorch: no cap of its own.
         assert_eq!(caching().pool_bytes(16 * GIB), None);
-        assert_eq!(caching().kept_out_bytes(16 * GIB, GIB, 2 * GIB), 0);
+        assert_eq!(caching().kept_out_bytes(16 * GIB, 1), 0);
         // TensorFlow: the memory free after the context, less max(300 MiB, 5 % of it).
         let tf = MemorySpec::builtin(Framework::Tf);
         let free = 16 * GIB - tf.context_bytes();
@@ -945,13 +948,13 @@ mod tests {
         // What the job needs: the pool's bytes plus everything outside the pool.
         let (reserved, used) = (10 * GIB, 10 * GIB + tf.context_bytes());
         assert_eq!(
-            used + tf.kept_out_bytes(16 * GIB, reserved, used),
+            used + tf.kept_out_bytes(16 * GIB, 0),
             reserved + (16 * GIB - got)
         );
         // XLA: 75 % of the total, with or without preallocation.
         let jax = MemorySpec::builtin(Framework::Jax);
         assert_eq!(jax.pool_bytes(80 * GIB), Some(60 * GIB));
         let used = 61 * GIB + jax.context_bytes();
-        assert!(used + jax.kept_out_bytes(80 * GIB, 61 * GIB, used) > 80 * GIB);
+        assert!(used + jax.kept_out_bytes(80 * GIB, 0) > 80 * GIB);
     }
 }

@@ -102,7 +102,7 @@ pub fn rank_peaks(
         run.segments,
         communicators,
     );
-    p.breakdown.kept_out_bytes = spec.kept_out_bytes(capacity, p.reserved, p.device_used);
+    p.breakdown.kept_out_bytes = spec.kept_out_bytes(capacity, communicators);
     p
 }
 
