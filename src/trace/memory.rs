@@ -20,8 +20,12 @@
 //! **From shapes**, without memory events: weights, gradients and optimizer state from the
 //! parameter operands of the forward operators (4 B each; momentum SGD and Adagrad keep one
 //! state tensor, Adam two), and each forward operator's input saved for its backward (allocated
-//! at the layer's first forward kernel, freed at its last backward kernel). An estimate, said
-//! so in [`MemoryFacts::source`].
+//! at the layer's first forward kernel, freed at its last backward kernel). Embedding tables
+//! sharded by TorchRec live in FBGEMM's table-batched lookups
+//! (`fbgemm::split_embedding_codegen_lookup_<optimizer>_function`), whose backward applies the
+//! optimizer in place: their device weights and each optimizer-state tensor on the device count
+//! once, with no gradient copy ([`table_bytes`]). An estimate, said so in
+//! [`MemoryFacts::source`].
 
 use std::collections::BTreeMap;
 
@@ -353,6 +357,47 @@ fn parameter_inputs(name: &str) -> &'static [usize] {
     }
 }
 
+/// Operand positions of FBGEMM's lookup function
+/// (`split_embedding_codegen_lookup_<optimizer>_function` in fbgemm_gpu's codegen: the autograd
+/// placeholder, then `dev_weights`, `uvm_weights`, `lxu_cache_weights`, `weights_placements`,
+/// `weights_offsets`, …, `lxu_cache_locations` at 16, then the optimizer's arguments).
+const TBE_DEV_WEIGHTS: usize = 1;
+const TBE_PLACEMENTS: usize = 4;
+const TBE_OFFSETS: usize = 5;
+const TBE_OPTIMIZER_ARGS: usize = 17;
+
+/// Device bytes of one table-batched lookup's tables and optimizer state. The weights are
+/// `dev_weights` (tables placed in UVM or host memory are in `uvm_weights` and take no device
+/// memory). Each optimizer-state tensor comes as four operands like the weights' —
+/// `<state>_dev`, `<state>_uvm`, `<state>_placements`, `<state>_offsets` — and is recognised by
+/// its placements and offsets having the weights' shapes (one entry per table); its `_dev`
+/// part counts. Element sizes come from `Input type` (4 B where it is missing).
+fn table_bytes(ins: &[Input], types: &[String]) -> u64 {
+    let bytes = |i: usize| -> f64 {
+        let elem = types
+            .get(i)
+            .and_then(|t| shapes::float_dtype(t))
+            .map_or(4, |d| d.bytes());
+        ins.get(i).map_or(0.0, Input::elems) * elem as f64
+    };
+    let dims = |i: usize| ins.get(i).and_then(Input::dims);
+    let (Some(placements), Some(offsets)) = (dims(TBE_PLACEMENTS), dims(TBE_OFFSETS)) else {
+        return 0;
+    };
+    let mut total = bytes(TBE_DEV_WEIGHTS);
+    for i in TBE_OPTIMIZER_ARGS..ins.len().saturating_sub(3) {
+        let one_dim = |j: usize| dims(j).is_some_and(|d| d.len() == 1);
+        if one_dim(i)
+            && one_dim(i + 1)
+            && dims(i + 2) == Some(placements)
+            && dims(i + 3) == Some(offsets)
+        {
+            total += bytes(i);
+        }
+    }
+    total as u64
+}
+
 /// Optimizer state tensors per parameter.
 fn state_per_param(optimizer: Option<&str>) -> u64 {
     match optimizer.map(str::to_ascii_lowercase).as_deref() {
@@ -379,7 +424,7 @@ fn from_shapes(
         .copied()
         .filter(|&i| !cx.chain(i).iter().skip(1).any(|p| shaped.contains(p)))
         .collect();
-    if outer.is_empty() {
+    if outer.is_empty() && cx.table_lookups.is_empty() {
         return None;
     }
     let kernels = layer_kernels(job);
@@ -428,14 +473,30 @@ fn from_shapes(
             });
         }
     }
+    let tables: u64 = cx
+        .table_lookups
+        .iter()
+        .filter_map(|&i| {
+            let e = &ev[i];
+            let ins = e.args.input_dims.as_deref().and_then(shapes::parse_dims)?;
+            let types = e.args.input_type.as_deref().map(shapes::parse_types);
+            Some(table_bytes(&ins, &types.unwrap_or_default()))
+        })
+        .sum();
     let weights = (params * 4.0) as u64;
-    job.local.static_mem_bytes = weights * (2 + state_per_param(optimizer));
+    job.local.static_mem_bytes = weights * (2 + state_per_param(optimizer)) + tables;
     job.local.mem = effects;
     let peak = replayed_peak(job)?;
     Some(MemoryFacts {
-        source: "estimate from shapes (no profile_memory events): weights, gradients, \
-                 optimizer state, each forward operator's saved input"
-            .into(),
+        source: format!(
+            "estimate from shapes (no profile_memory events): weights, gradients, optimizer \
+             state{}, each forward operator's saved input",
+            if tables > 0 {
+                ", embedding tables with their fused optimizer state"
+            } else {
+                ""
+            }
+        ),
         peak_bytes: peak,
         at_start_bytes: job.local.static_mem_bytes,
         reserved_peak_bytes: None,
@@ -458,6 +519,32 @@ mod tests {
         assert_eq!(op_at(&tl, 25, false), Some(2));
         assert_eq!(op_at(&tl, 50, true), Some(3));
         assert_eq!(op_at(&[], 5, true), None);
+    }
+
+    /// The operands of the lookup in the shared DLRM trace (rank 1, Adagrad): 640,339,856 fp32
+    /// weights and as many fp32 `momentum1` values on the device; UVM and cache empty.
+    #[test]
+    fn table_batched_lookups_count_weights_and_device_state() {
+        let dims = "[[0], [640339856], [0], [0, 0], [3], [3], [4], [], [], [4], [], [1792], [385], \
+                    [], [], [], [0], [], [], [], [640339856], [0], [3], [3], [], [], []]";
+        let ins = shapes::parse_dims(dims).unwrap();
+        let mut types = vec!["float".to_string(); ins.len()];
+        assert_eq!(table_bytes(&ins, &types), 2 * 640_339_856 * 4);
+        // Half-precision tables: the weights at 2 B, the fp32 state at 4 B.
+        types[1] = "c10::Half".into();
+        assert_eq!(table_bytes(&ins, &types), 640_339_856 * (2 + 4));
+        // Tables in UVM: nothing on the device but the state's device part.
+        let uvm = dims.replacen("[640339856], [0]", "[0], [640339856]", 1);
+        let ins = shapes::parse_dims(&uvm).unwrap();
+        assert_eq!(table_bytes(&ins, &types), 640_339_856 * 4);
+        // Without optimizer operands (SGD) only the device weights count: none, they are in UVM.
+        assert_eq!(table_bytes(&ins[..17], &types), 0);
+        assert!(super::super::work::is_table_lookup(
+            "fbgemm::split_embedding_codegen_lookup_rowwise_adagrad_function"
+        ));
+        assert!(!super::super::work::is_table_lookup(
+            "fbgemm::dense_embedding_codegen_lookup_function"
+        ));
     }
 
     #[test]

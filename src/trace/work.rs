@@ -59,6 +59,16 @@ pub struct StepContext<'a> {
     pub forward_matrix: Vec<(usize, String, Vec<i64>)>,
     /// Forward operators with shapes (event), in time order: what the memory estimate walks.
     pub forward_shaped: Vec<usize>,
+    /// Forward calls of FBGEMM's table-batched embedding lookups (TorchRec's sharded tables),
+    /// whose operands hold the tables and their fused optimizer state.
+    pub table_lookups: Vec<usize>,
+}
+
+/// An FBGEMM table-batched embedding lookup with a fused optimizer
+/// (`fbgemm::split_embedding_codegen_lookup_<optimizer>_function`).
+pub fn is_table_lookup(name: &str) -> bool {
+    name.strip_prefix("fbgemm::split_embedding_codegen_lookup_")
+        .is_some_and(|rest| rest.ends_with("_function"))
 }
 
 fn is_conv_fw(name: &str) -> bool {
@@ -137,6 +147,9 @@ impl<'a> StepContext<'a> {
             }
             if shapes::has_rule(&e.name) {
                 cx.forward_shaped.push(i);
+            }
+            if is_table_lookup(&e.name) {
+                cx.table_lookups.push(i);
             }
             if let Some(s) = seq
                 && is_conv_fw(&e.name)

@@ -12,7 +12,7 @@ use trainplan::graph::job::Job;
 use trainplan::passes::{self, Evaluated};
 use trainplan::trace::graph::{TraceJob, build_job};
 
-use crate::support::{run, run_json, traces};
+use crate::support::{run, run_json, shared_traces, traces};
 
 fn kineto(name: &str) -> Option<PathBuf> {
     traces().map(|d| d.join(name))
@@ -308,6 +308,31 @@ fn whatif_and_plan_on_the_dlrm_folder() {
         v["planned_iteration_ms"].as_f64().unwrap() <= v["baseline_iteration_ms"].as_f64().unwrap()
     );
     let _ = std::fs::remove_file(&out);
+}
+
+/// Issue 27: the DLRM memory estimate holds the ranks' sharded embedding tables. Rank 3's
+/// FBGEMM lookup carries 640,209,296 fp32 weights and as many Adagrad `momentum1` values on the
+/// device (its `Input Dims`); rank 7's tables are a hundredth of that.
+#[test]
+fn the_dlrm_memory_estimate_holds_the_embedding_tables() {
+    let Some(d) = shared_traces("multi-rank-dlrm") else {
+        return;
+    };
+    let peak = |rank: u32| {
+        let f = d.join(format!("rank{rank}.kineto.json.gz"));
+        let v = run_json(&["replay", "--trace", f.to_str().unwrap()]);
+        let static_bytes = v["memory_breakdown"]["static_bytes"].as_u64().unwrap();
+        assert!(
+            v["peak_memory_bytes"].as_u64().unwrap() >= static_bytes,
+            "{v}"
+        );
+        static_bytes
+    };
+    let tables = 2 * 640_209_296 * 4;
+    let big = peak(3);
+    assert!(big >= tables && big < tables + 100_000_000, "{big}");
+    let small = peak(7);
+    assert!(small >= 2 * 6_520_016 * 4 && small < tables / 50, "{small}");
 }
 
 #[test]
