@@ -76,8 +76,17 @@
 //! BERT layers instead of one per round. The search passes `twins=0` under `plan --no-symmetry`.
 //! VGG's `features.N` (each index a different op) and names without an index have no twins.
 //!
+//! **Where a cluster may reach** (`within`). The PyTorch exports apply a zoo plan's clusters by
+//! compiling each module block ([`module_block`]: `bert.encoder.layer.3`, `layer2.0`) with
+//! `torch.compile`; a fusion across two blocks' boundary is not applied, so it must not be
+//! counted either. `within=auto` (default) keeps every cluster inside one module block for a
+//! zoo job on a PyTorch-based framework (PyTorch, Horovod, BytePS, DeepSpeed, torchtitan) and
+//! lets it reach anywhere on TF and JAX (XLA clusters the whole step) and on traces (whose
+//! layers are ATen operators, not modules); `block` and `any` force either.
+//!
 //! **Knobs.** `scope` = `critical` | `all`; `max_ops` (default 8, 2..=1024); `coarsen` (default
-//! 1, 0..=1); `twins` (default 1, 0..=1). `coarsen` and `twins` apply to `scope=critical`.
+//! 1, 0..=1); `twins` (default 1, 0..=1); `within` = `auto` | `block` | `any`. `coarsen` and
+//! `twins` apply to `scope=critical`.
 //!
 //! **Framework knobs** (DESIGN.md table): PyTorch `torch.compile` per region (the only export
 //! that applies a zoo plan's clusters). TF/XLA: the clusters would be a `<tf_node> <cluster_id>`
@@ -90,6 +99,7 @@ use std::collections::BTreeSet;
 use super::sync_time::{SyncTimes, scope_is_all};
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::compute::ns;
+use crate::cost::framework::Framework;
 use crate::graph::job::{Job, OpWork};
 use crate::graph::{NONE, OpId, OpKind, Phase};
 
@@ -130,6 +140,11 @@ impl Pass for OpFusion {
                 0,
                 1,
             ),
+            KnobSpec::text(
+                "within",
+                "block: a cluster stays inside one module block (what torch.compile of a block fuses); any; auto: block for a zoo job on a PyTorch-based framework",
+                "auto",
+            ),
         ]
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
@@ -139,6 +154,9 @@ impl Pass for OpFusion {
         let twins = knobs.int("twins") != 0;
         let job = &cx.job;
         let mut fz = Fuser::new(job)?;
+        if confined_to_blocks(job, knobs.text("within"))? {
+            fz.confine_to_blocks();
+        }
         if all {
             let clusters = fz.all(max_ops);
             return Ok(clusters
@@ -169,6 +187,39 @@ impl Pass for OpFusion {
         }
         Ok(out)
     }
+}
+
+/// Whether the `within` knob keeps clusters inside one module block for `job`.
+fn confined_to_blocks(job: &Job, within: &str) -> Result<bool, PassError> {
+    match within {
+        "block" => Ok(true),
+        "any" => Ok(false),
+        "auto" => Ok(
+            job.meta.source == "zoo" && !matches!(job.framework, Framework::Tf | Framework::Jax)
+        ),
+        other => Err(PassError::BadKnob {
+            pass: NAME.into(),
+            knob: "within".into(),
+            value: other.into(),
+            why: "must be `auto`, `block` or `any`".into(),
+        }),
+    }
+}
+
+/// The module block a layer belongs to: its name up to its first block index (an all-digit
+/// component followed by more, [`block_of`]: `bert.encoder.layer.3.attention.self.query` →
+/// `bert.encoder.layer.3`, a child of an `nn.ModuleList` whose own `forward` runs;
+/// `layer2.0.downsample.0` → `layer2.0`), else its parent (`cls.predictions.transform.dense` →
+/// `cls.predictions.transform`, `features.3` → `features`), else the layer itself. The PyTorch
+/// export compiles these; `within=block` keeps a cluster inside one.
+pub fn module_block(layer: &str) -> String {
+    if let Some((prefix, i, _)) = block_of(layer) {
+        return format!("{prefix}{i}");
+    }
+    layer
+        .rsplit_once('.')
+        .map_or(layer, |(parent, _)| parent)
+        .to_string()
 }
 
 /// Whether `o` may be fused at all: a forward or backward compute op.
@@ -278,6 +329,8 @@ struct Fuser<'a> {
     stamp: u32,
     /// Fusible ops by their member names (twin lookup; filled on first use).
     signatures: std::collections::BTreeMap<Vec<String>, OpId>,
+    /// With `within=block`: each op's module block, numbered; a cluster's ops share one.
+    block: Option<Vec<u32>>,
 }
 
 impl<'a> Fuser<'a> {
@@ -359,11 +412,53 @@ impl<'a> Fuser<'a> {
             seen: vec![0; total],
             stamp: 0,
             signatures: Default::default(),
+            block: None,
         })
     }
 
-    /// Whether merging `set` (plus the clusters already chosen) keeps the graph acyclic.
+    /// Keep every cluster inside one module block ([`module_block`] of the op's layer).
+    fn confine_to_blocks(&mut self) {
+        let mut ids: std::collections::HashMap<String, u32> = Default::default();
+        let by_layer: Vec<u32> = self
+            .job
+            .local
+            .layers
+            .iter()
+            .map(|l| {
+                let n = ids.len() as u32;
+                *ids.entry(module_block(l)).or_insert(n)
+            })
+            .collect();
+        self.block = Some(
+            self.job
+                .local
+                .ops
+                .iter()
+                .map(|o| {
+                    by_layer
+                        .get(o.spec.layer as usize)
+                        .copied()
+                        .unwrap_or(u32::MAX)
+                })
+                .collect(),
+        );
+    }
+
+    /// Whether `set` lies inside one module block (always, unless confined).
+    fn one_block(&self, set: &[OpId]) -> bool {
+        let Some(block) = &self.block else {
+            return true;
+        };
+        let b = |o: OpId| block[o as usize];
+        set.iter().all(|&o| b(o) == b(set[0]) && b(o) != u32::MAX)
+    }
+
+    /// Whether merging `set` (plus the clusters already chosen) keeps the graph acyclic, and
+    /// `set` inside one module block when the pass is confined to blocks.
     fn legal(&mut self, set: &[OpId]) -> bool {
+        if !self.one_block(set) {
+            return false;
+        }
         self.stamp += 1;
         let stamp = self.stamp;
         let inside: BTreeSet<u32> = set.iter().copied().collect();
@@ -1077,11 +1172,19 @@ mod tests {
         assert!(solo.iter().all(|p| merges(p) == 1));
         // 12 encoder layers: a fusion inside one block is repeated in the 11 others.
         assert_eq!(widest, 12);
-        // Measured: 84 single-cluster patches become 16 moves (the walk's clusters repeat with
-        // a period of one or two blocks; twins the walk already chose are absorbed).
-        assert_eq!((solo.len(), twin.len()), (84, 16));
-        // The move with twins gains what its first cluster alone gains, once per block.
-        let i = twin.iter().position(|p| merges(p) == 12).unwrap();
+        // Measured: 89 single-cluster patches become 12 moves (the walk's clusters repeat
+        // block by block; twins the walk already chose are absorbed). Before clusters were
+        // kept inside one block (`within=auto` on PyTorch), 84 became 16: some clusters
+        // spanned two blocks and repeated with a period of two.
+        assert_eq!((solo.len(), twin.len()), (89, 12));
+        // A move with twins gains what its first cluster alone gains, once per block, when
+        // the cluster is a coarsened unit on the compute-bound forward path. (The first moves
+        // are Theorem-1 chains whose single cluster moves the critical path: measured, the
+        // first alone is 75 µs slower and its twelve 2.97 ms faster.)
+        let i = twin
+            .iter()
+            .position(|p| merges(p) == 12 && p.why.starts_with("coarsened view"))
+            .unwrap();
         let first = Patch {
             edits: twin[i].edits[..2].to_vec(),
             ..twin[i].clone()
@@ -1120,6 +1223,47 @@ mod tests {
         let p = OpFusion.propose(&base, &knobs(&[])).unwrap();
         let crit = evaluate(apply_all(&job, &p).unwrap()).unwrap();
         assert!(crit.iteration_ns() <= base.iteration_ns());
+    }
+
+    /// Issue 27: the PyTorch export compiles one module block per region, so on a PyTorch zoo
+    /// job (`within=auto`) no cluster crosses two blocks; `within=any` (and JAX's auto) does
+    /// cross ResNet-50's residual blocks, and a bad value is a knob error.
+    #[test]
+    fn clusters_stay_inside_a_module_block_where_the_export_compiles_blocks() {
+        let model = crate::zoo::model("resnet50", &Default::default()).unwrap();
+        let cluster = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
+        let mut job = crate::zoo::build::job(&model, &cluster, &Default::default()).unwrap();
+        let crossing = |job: &Job, within: &str| {
+            let base = evaluate(job.clone()).unwrap();
+            let p = OpFusion
+                .propose(&base, &knobs(&[("scope", "all"), ("within", within)]))
+                .unwrap();
+            assert!(p.len() > 20, "{within}: {}", p.len());
+            merged(&p)
+                .iter()
+                .filter(|ops| {
+                    let blocks: BTreeSet<String> = ops
+                        .iter()
+                        .map(|&o| {
+                            module_block(
+                                &job.local.layers[job.local.ops[o as usize].spec.layer as usize],
+                            )
+                        })
+                        .collect();
+                    blocks.len() > 1
+                })
+                .count()
+        };
+        assert_eq!(job.framework, Framework::Pytorch);
+        assert_eq!(crossing(&job, "auto"), 0);
+        assert_eq!(crossing(&job, "block"), 0);
+        let any = crossing(&job, "any");
+        assert!(any > 0, "{any}");
+        job.framework = Framework::Jax;
+        assert_eq!(crossing(&job, "auto"), any);
+        let base = evaluate(job).unwrap();
+        let bad = OpFusion.propose(&base, &knobs(&[("within", "layer")]));
+        assert!(matches!(bad, Err(PassError::BadKnob { .. })), "{bad:?}");
     }
 }
 

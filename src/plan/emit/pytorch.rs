@@ -48,23 +48,8 @@ use super::{
     EmitError, Emitted, Facts, comment_text, header, names_doc, py_groups, py_ints, py_list,
     py_str, unmapped_passes,
 };
+use crate::passes::op_fusion::module_block;
 use crate::plan::Plan;
-
-/// The module block a layer belongs to: its name up to its first block index (an all-digit
-/// component followed by more, as op fusion's twins see it:
-/// `bert.encoder.layer.3.attention.self.query` → `bert.encoder.layer.3`, a child of an
-/// `nn.ModuleList` whose own `forward` runs; `layer2.0.downsample.0` → `layer2.0`), else its
-/// parent (`cls.predictions.transform.dense` → `cls.predictions.transform`, `features.3` →
-/// `features`), else the layer itself.
-fn block(layer: &str) -> String {
-    if let Some((prefix, i, _)) = crate::passes::op_fusion::block_of(layer) {
-        return format!("{prefix}{i}");
-    }
-    layer
-        .rsplit_once('.')
-        .map_or(layer, |(parent, _)| parent)
-        .to_string()
-}
 
 /// The longest common dotted prefix of `layers` (at least one), or `None` when they share none.
 fn common_prefix(layers: &[&str]) -> Option<String> {
@@ -86,7 +71,7 @@ pub struct CompileRegions {
     pub split: Vec<String>,
 }
 
-/// The modules each fused cluster compiles: per module block ([`block`]) of its layers, the
+/// The modules each fused cluster compiles: per module block ([`module_block`]) of its layers, the
 /// longest common dotted prefix of the cluster's layers in that block (the layer itself when it
 /// is alone there). A cluster never compiles a parent of its blocks: a container such as
 /// `bert.encoder.layer` (an `nn.ModuleList`, whose `forward` never runs — issue 27) or the
@@ -97,7 +82,7 @@ pub fn compile_regions(f: &Facts) -> CompileRegions {
     for layers in f.cluster_modules() {
         let mut blocks: Vec<(String, Vec<&str>)> = Vec::new();
         for l in &layers {
-            let b = block(l);
+            let b = module_block(l);
             match blocks.iter_mut().find(|(x, _)| *x == b) {
                 Some((_, v)) => v.push(l),
                 None => blocks.push((b, vec![l])),
