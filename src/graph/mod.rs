@@ -502,6 +502,11 @@ impl Dfg {
     pub fn contention_ppm(&self) -> u32 {
         self.contention_ppm
     }
+    /// Change the contention slowdown (`benches/replay_floor.rs` replays a graph with and
+    /// without it).
+    pub fn set_contention_ppm(&mut self, ppm: u32) {
+        self.contention_ppm = ppm;
+    }
     pub fn op_count(&self) -> usize {
         self.kind.len()
     }
