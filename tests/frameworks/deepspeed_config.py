@@ -99,10 +99,20 @@ def main():
     import deepspeed
     import torch
 
+    from deepspeed_train import remove_shm_buffers
+
     torch.set_num_threads(1)
+    port = free_port()
+    try:
+        read_all(deepspeed, port)
+    finally:
+        remove_shm_buffers(port)
+
+
+def read_all(deepspeed, port):
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
+        MASTER_PORT=str(port),
         RANK="0",
         LOCAL_RANK="0",
         WORLD_SIZE="1",
