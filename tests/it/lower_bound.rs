@@ -465,6 +465,9 @@ fn calibrate_without_the_gpu_feature_says_how_to_get_it() {
         return;
     }
     check_bad_input(&["calibrate"], "built without the `gpu` feature");
+    // A database path of its own that does not exist yet (a fixed /tmp/x.json failed whenever
+    // another program had left a file there: it was read as a database first).
+    let db = crate::support::scratch("no-gpu").join("db.json");
     check_bad_input(
         &[
             "lower-bound",
@@ -472,7 +475,7 @@ fn calibrate_without_the_gpu_feature_says_how_to_get_it() {
             "--batch",
             "1",
             "--db",
-            "/tmp/x.json",
+            &db.display().to_string(),
             "--measure",
         ],
         "built without the `gpu` feature",
