@@ -16,7 +16,7 @@
 //! [`crate::cost::memory`] for the reserved and device-used peaks.
 
 use crate::cost::memory::{Event, MemoryPeaks, MemorySpec, run_allocator};
-use crate::graph::{Dfg, MemWhen};
+use crate::graph::{Dfg, MemEffect, MemWhen};
 
 use super::Replay;
 
@@ -153,19 +153,23 @@ fn same_storage(events: &[(u64, u8, u64)]) -> Vec<Event> {
 /// rest follow the graph's dependencies.
 type Ev = (u32, u64, u8, u32, u8, u8, u64);
 
-/// `only`: one worker's events (the others are not collected).
-fn ordered_events(g: &Dfg, r: &Replay, only: Option<u32>) -> Vec<Ev> {
-    // Each op's position in the topological order: the order of events at one instant.
+/// Each op's position in the topological order: the order of events at one instant.
+fn topo_positions(g: &Dfg) -> Vec<u32> {
     let mut pos = vec![0u32; g.op_count()];
     for (i, &op) in g.topo_order().iter().enumerate() {
         pos[op as usize] = i as u32;
     }
-    let mut events: Vec<Ev> = Vec::with_capacity(g.mem_effects().len());
-    for m in g
-        .mem_effects()
-        .iter()
-        .filter(|m| only.is_none_or(|w| m.worker == w))
-    {
+    pos
+}
+
+/// Append the events of `effects` (one worker's) to `events`, unsorted.
+fn push_events<'a>(
+    r: &Replay,
+    pos: &[u32],
+    effects: impl Iterator<Item = &'a MemEffect>,
+    events: &mut Vec<Ev>,
+) {
+    for m in effects {
         let op = m.op as usize;
         let (s, e) = (r.start_ns[op], r.end_ns[op]);
         let p = pos[op];
@@ -179,40 +183,97 @@ fn ordered_events(g: &Dfg, r: &Replay, only: Option<u32>) -> Vec<Ev> {
             }
         }
     }
+}
+
+/// `only`: one worker's events (the others are not collected).
+fn ordered_events(g: &Dfg, r: &Replay, only: Option<u32>) -> Vec<Ev> {
+    let pos = topo_positions(g);
+    let mut events: Vec<Ev> = Vec::new();
+    push_events(
+        r,
+        &pos,
+        g.mem_effects()
+            .iter()
+            .filter(|m| only.is_none_or(|w| m.worker == w)),
+        &mut events,
+    );
     events.sort_unstable();
     events
 }
 
-/// Compute the peak memory of every worker.
+/// The graph's memory effects grouped by worker, in worker order: `(worker, indices into
+/// mem_effects)`. A graph built worker by worker (every expanded job) is already grouped, and
+/// its groups are contiguous ranges; otherwise the indices are bucketed (stable) by worker.
+fn effects_by_worker(effects: &[MemEffect]) -> Vec<(u32, Vec<u32>)> {
+    let mut groups: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    for (i, m) in effects.iter().enumerate() {
+        groups.entry(m.worker).or_default().push(i as u32);
+    }
+    groups.into_iter().collect()
+}
+
+/// Compute the peak memory of every worker: one worker's events at a time (sorted and summed
+/// alone), so the pass holds one worker's events, not the whole graph's (issue 28: 435 MB of
+/// events for BERT-base on 1,024 GPUs, three times the graph).
 pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
     let workers = g.workers().max(1) as usize;
-    let events = ordered_events(g, r, None);
     let statics = g.static_memory();
     let mut per_worker_bytes: Vec<u64> = (0..workers)
         .map(|w| statics.get(w).copied().unwrap_or(0))
         .collect();
     let mut peak_at = vec![0u64; workers];
-    let mut cur: i128 = 0;
-    let mut cur_worker = u32::MAX;
-    for &(w, t, _, _, _, kind, bytes) in &events {
-        if w != cur_worker {
-            cur_worker = w;
-            cur = 0;
+    let pos = topo_positions(g);
+    let effects = g.mem_effects();
+    let mut events: Vec<Ev> = Vec::new();
+    // Contiguous runs of one worker (the usual layout) need no index.
+    let contiguous = effects.windows(2).all(|p| p[0].worker <= p[1].worker);
+    let groups: Vec<(u32, std::ops::Range<usize>)> = if contiguous {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < effects.len() {
+            let w = effects[i].worker;
+            let j = i + effects[i..].partition_point(|m| m.worker == w);
+            out.push((w, i..j));
+            i = j;
         }
-        if kind == 1 {
-            cur += bytes as i128;
-        } else {
-            cur -= bytes as i128;
-        }
+        out
+    } else {
+        Vec::new()
+    };
+    let scattered = if contiguous {
+        Vec::new()
+    } else {
+        effects_by_worker(effects)
+    };
+    let mut scan = |w: u32, events: &mut Vec<Ev>| {
+        events.sort_unstable();
         let Some(slot) = per_worker_bytes.get_mut(w as usize) else {
-            continue;
+            return;
         };
         let base = statics.get(w as usize).copied().unwrap_or(0) as i128;
-        let total = (base + cur).max(0) as u64;
-        if total > *slot {
-            *slot = total;
-            peak_at[w as usize] = t;
+        let mut cur: i128 = 0;
+        for &(_, t, _, _, _, kind, bytes) in events.iter() {
+            if kind == 1 {
+                cur += bytes as i128;
+            } else {
+                cur -= bytes as i128;
+            }
+            let total = (base + cur).max(0) as u64;
+            if total > *slot {
+                *slot = total;
+                peak_at[w as usize] = t;
+            }
         }
+    };
+    for (w, range) in groups {
+        events.clear();
+        push_events(r, &pos, effects[range].iter(), &mut events);
+        scan(w, &mut events);
+    }
+    for (w, idx) in scattered {
+        events.clear();
+        push_events(r, &pos, idx.iter().map(|&i| &effects[i as usize]), &mut events);
+        scan(w, &mut events);
     }
     let (peak_worker, &peak_bytes) = per_worker_bytes
         .iter()
