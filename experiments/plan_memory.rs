@@ -4,7 +4,7 @@
 //! Each case runs the release binary twice as a child process — `replay` (with `--symmetric`
 //! where the full graph is over the op limit, as a user would) and `plan` — and reads each
 //! child's peak resident memory from `wait4`'s `ru_maxrss`. Cases: BERT-base on the dPRO
-//! testbed (16 GPUs, 215 k ops, below the lean threshold), BERT-base on 1,024 and 8,192 GPUs
+//! testbed (16 GPUs, 215 k ops, candidates evaluated in parallel), BERT-base on 1,024 and 8,192 GPUs
 //! (symmetric form), VGG-16 on 1,024 GPUs (a full graph the report replays when it fits), and
 //! BERT-base on 128 GPUs with `--no-symmetry` (every candidate a full 13.5 M-op graph). With
 //! `PLAN_MEMORY_BIG=1`, also BERT-base on 65,536 GPUs (about half an hour on two cores).

@@ -478,11 +478,17 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     };
     crate::limits::set_ceiling(ceiling);
     // `ulimit -v` counts mappings, not residence: compare the mapped size with it, and keep the
-    // allocator from reserving 64 MiB of it per thread.
+    // allocator from reserving 64 MiB of it per thread. Without a limit, two arenas per core
+    // (glibc's default is eight: the search's threads each filling arenas of their own held
+    // `plan` at 2-3x the resident memory of its heap; two per core measured as fast as eight
+    // on BERT-base plans, issue 28).
     let address_space = crate::limits::address_space_limit();
-    if address_space.is_some() {
-        crate::limits::limit_malloc_arenas(2);
-    }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    crate::limits::limit_malloc_arenas(if address_space.is_some() {
+        2
+    } else {
+        (2 * cores).clamp(2, 64) as i32
+    });
     let ceiling_is_it =
         cli.max_memory.is_none() && address_space.is_some() && ceiling == address_space;
     crate::limits::set_address_space_limit(address_space, ceiling_is_it);

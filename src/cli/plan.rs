@@ -180,20 +180,18 @@ pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 86_400);
 /// The threads candidates are evaluated on, within the memory ceiling: one evaluation of `job`
 /// in the form the search uses (symmetric when allowed) needs
 /// [`crate::graph::bounds::expanded_ops`] × [`crate::limits::EVAL_BYTES_PER_OP`] bytes. A
-/// large job ([`search::LEAN_OPS`] ops and more), or one whose parallel evaluations would not
+/// large job ([`search::SERIAL_OPS`] ops and more), or one whose parallel evaluations would not
 /// fit, is evaluated one candidate at a time — so `plan` needs about what `replay` needs; one
 /// that does not fit even alone is refused with what it would need (exit 3).
 fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::ThreadPool, CliError> {
-    let mut form = job.clone();
-    if symmetry && form.comm.scheme == crate::cost::config::SyncScheme::Ring && form.workers > 1 {
-        form.symmetric = true;
-    }
-    let ops = crate::graph::bounds::expanded_ops(&form);
+    let symmetric = job.symmetric
+        || (symmetry && job.comm.scheme == crate::cost::config::SyncScheme::Ring && job.workers > 1);
+    let ops = crate::graph::bounds::expanded_ops_in(job, symmetric);
     let one = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
     let threads = rayon::current_num_threads().max(1) as u64;
     crate::limits::check(|| format!("evaluating the job's {ops} ops"), one)
         .map_err(CliError::bad_input)?;
-    let lean = ops >= search::LEAN_OPS as u64
+    let lean = ops >= search::SERIAL_OPS
         || one.saturating_mul(threads + 1) > crate::limits::available();
     if lean {
         tracing::info!(
@@ -996,6 +994,9 @@ fn work(
     // PyTorch: DDP rebuilds its buckets in autograd's order, which AMP changes; every job the
     // search evaluates is regrouped the way DDP will group it.
     let mut opts = opts.clone();
+    // The report's form, decided once from the unoptimised job (as `replay` of that job would
+    // choose), so the plan's report needs no more memory than that replay.
+    opts.report_symmetric = Some(search::report_symmetric(&job));
     if fw == Framework::Pytorch && !trace {
         opts.ddp = search::baselines::DdpLayout::caps(start.0.name, &start.0.knobs)
             .and_then(|(first, cap)| search::baselines::DdpLayout::of(&job, first, cap));
@@ -1093,7 +1094,10 @@ fn snapshot_report(
     };
     let eval = search::evaluator(opts.speedups.symmetry);
     let baseline = eval(start.job.clone()).map_err(CliError::bad_input)?;
-    let best = search::evaluate_full(job.clone(), search::report_symmetric(&job), opts.lean_ops)
+    let form = opts
+        .report_symmetric
+        .unwrap_or_else(|| search::report_symmetric(&job));
+    let best = search::evaluate_full(job.clone(), form, opts.lean_ops)
         .map_err(CliError::bad_input)?;
     let (advice, n) = search::advice_for(&best, opts, &all).map_err(CliError::bad_input)?;
     let outcome = search::Outcome {

@@ -77,14 +77,20 @@ pub fn check(job: &Job) -> Result<(), String> {
 /// made on a scratch builder. For memory decisions:
 /// × [`crate::limits::EVAL_BYTES_PER_OP`] is what an evaluation of the job needs.
 pub fn expanded_ops(job: &Job) -> u64 {
+    expanded_ops_in(job, job.symmetric)
+}
+
+/// [`expanded_ops`] of `job` in the symmetric form or the full graph, whichever `symmetric`
+/// says (without copying the job to set its flag).
+pub fn expanded_ops_in(job: &Job, symmetric: bool) -> u64 {
     use super::comm::CommTopology;
     use super::{DeviceKind, DfgBuilder};
-    let gw = job.graph_workers();
+    let gw = if symmetric { 1 } else { job.workers };
     let mut b = DfgBuilder::new();
     let streams: Vec<u32> = (0..gw)
         .map(|w| b.add_device(DeviceKind::CommStream { worker: w }))
         .collect();
-    let topo = if job.symmetric && job.comm.scheme == crate::cost::config::SyncScheme::Ring {
+    let topo = if symmetric && job.comm.scheme == crate::cost::config::SyncScheme::Ring {
         CommTopology::symmetric_ring(&mut b, &job.comm, job.workers, streams[0])
     } else {
         CommTopology::new(&mut b, &job.comm, streams)

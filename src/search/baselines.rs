@@ -207,12 +207,12 @@ fn edit_err(name: &str) -> impl Fn(JobError) -> PassError + '_ {
 pub fn baselines(job: &Job, evaluate: &Evaluator) -> Result<Vec<Baseline>, PassError> {
     let mut none = evaluate(job.clone()).map_err(edit_err("none"))?;
     let ready = ready_times(&none);
-    // A large evaluation keeps its numbers only (see `search::LEAN_OPS`).
-    super::lean(&mut none);
     let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
 
     // The four fixed baselines, built here, evaluated in parallel below.
     let (xla_job, xla_cfg) = xla_default(&none)?;
+    // An evaluation keeps its numbers only once scored and used (see `search::LEAN_OPS`).
+    super::lean(&mut none);
     let hvd = horovod_groups(&bytes, &ready, HOROVOD_THRESHOLD_BYTES, HOROVOD_CYCLE_NS);
     let hvd_job = horovod_job(job, &hvd).map_err(edit_err("horovod_default"))?;
     let hvd_cfg = horovod_config(HOROVOD_THRESHOLD_BYTES, HOROVOD_CYCLE_NS, &hvd);
@@ -535,7 +535,7 @@ pub fn with_buffer_copies(
 }
 
 /// Ready time of every sync: the latest end of its ready ops on worker 0 (the template's op `i`
-/// is global op `i`).
+/// is global op `i`). Needs a full evaluation (a lean one has no replay times).
 pub fn ready_times(e: &Evaluated) -> Vec<u64> {
     e.job
         .syncs
@@ -1157,10 +1157,12 @@ fn best_point(
     stop: &(dyn Fn() -> bool + std::marker::Sync),
 ) -> Result<Option<Baseline>, PassError> {
     let n = points.len();
-    let evaluated: Vec<Option<(usize, Baseline)>> = points
+    type Best = Result<Option<(usize, Baseline)>, PassError>;
+    // Reduced while evaluated: one setting per thread is held, not every setting's job twice.
+    let best = points
         .into_par_iter()
         .enumerate()
-        .map(|(i, (job, config, knobs))| {
+        .map(|(i, (job, config, knobs))| -> Best {
             if stop() {
                 return Ok(None);
             }
@@ -1182,12 +1184,21 @@ fn best_point(
                 },
             )))
         })
-        .collect::<Result<_, PassError>>()?;
-    Ok(evaluated
-        .into_iter()
-        .flatten()
-        .min_by_key(|(i, b)| (b.eval.iteration_ns(), *i))
-        .map(|(_, b)| b))
+        .reduce(
+            || Ok(None),
+            |a: Best, b: Best| match (a?, b?) {
+                (Some(x), Some(y)) => Ok(Some(
+                    if (y.1.eval.iteration_ns(), y.0) < (x.1.eval.iteration_ns(), x.0) {
+                        y
+                    } else {
+                        x
+                    },
+                )),
+                (x, None) => Ok(x),
+                (None, y) => Ok(y),
+            },
+        )?;
+    Ok(best.map(|(_, b)| b))
 }
 
 /// The baselines a user of `fw` would otherwise get, evaluated on `job` (one collective per
@@ -1819,7 +1830,7 @@ mod tests {
         // Autotune is never worse than the default nor than its no-fusion points.
         assert!(t[3] <= t[2]);
         let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
-        let ready = ready_times(&all[0].eval);
+        let ready = ready_times(&evaluate(job.clone()).unwrap());
         for cycle in AUTOTUNE_CYCLES_US {
             let g = horovod_groups(&bytes, &ready, 0, cycle * 1000);
             assert!(t[3] <= iteration(horovod_job(&job, &g).unwrap()));

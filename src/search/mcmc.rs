@@ -81,7 +81,7 @@ pub(crate) fn run(ctx: &Ctx, start: Evaluated, mut replays: u64) -> Result<Walk,
         used: BTreeSet::new(),
         path: Vec::new(),
     };
-    // The best state keeps numbers and the job; a large graph is not copied (see LEAN_OPS).
+    // The best state keeps numbers and the job; its graph is not copied (see LEAN_OPS).
     let lean_copy = |s: &State| State {
         eval: lean_clone(&s.eval, ctx.opts.lean_ops),
         used: s.used.clone(),

@@ -121,6 +121,9 @@ pub struct SearchOptions {
     /// Evaluations of graphs with at least this many ops are kept lean (default [`LEAN_OPS`];
     /// 0: always, `usize::MAX`: never — the plan is the same either way, tested).
     pub lean_ops: usize,
+    /// The form the report evaluates the plan in ([`report_symmetric`] of the unoptimised
+    /// job, decided once by the caller that has it); `None`: decided from the search's start.
+    pub report_symmetric: Option<bool>,
     /// Stop after this many rounds (critical-path rounds, or MCMC batches) with
     /// [`StopReason::RoundLimit`]; `None`: until convergence, the budget or Ctrl-C.
     pub max_rounds: Option<usize>,
@@ -142,6 +145,7 @@ impl Default for SearchOptions {
             deadline: None,
             ddp: None,
             lean_ops: LEAN_OPS,
+            report_symmetric: None,
             max_rounds: None,
         }
     }
@@ -248,13 +252,18 @@ pub struct Outcome {
 /// Evaluations of graphs with at least this many ops are kept *lean* once scored: their graph,
 /// replay and critical path (~100 bytes an op) are dropped, their numbers (iteration time,
 /// memory, the critical path's local ops and syncs) and job kept; the one the search moves to
-/// is evaluated again in full. So the search holds one full evaluation at a time, and `plan`
+/// is evaluated again in full. So the search holds one full evaluation per thread, and `plan`
 /// needs about what `replay` needs (issue 14: it held every baseline's and every candidate's
-/// graph, 6× `replay` for BERT-base on 8,192 GPUs). Below it (BERT-base on the dPRO testbed:
-/// 215 k ops) nothing changes: the extra replays would cost more than the memory saved.
-pub const LEAN_OPS: usize = 1 << 18;
+/// graph, 6× `replay` for BERT-base on 8,192 GPUs). 0: every evaluation (issue 28: a threshold
+/// of 262,144 ops left BERT-base on the dPRO testbed at 2× replay's memory; dropping its graphs
+/// costs one replay per round, 1,781 replays instead of 1,737, and the plan is the same).
+pub const LEAN_OPS: usize = 0;
 
-/// Make `e` lean (see [`LEAN_OPS`]) when its graph is large; a small one is left as it is.
+/// Jobs whose evaluation has at least this many ops are searched one candidate at a time (the
+/// CLI's evaluation pool), so that `plan` holds one evaluation, as `replay` does.
+pub const SERIAL_OPS: u64 = 1 << 18;
+
+/// Make `e` lean (see [`LEAN_OPS`]).
 pub fn lean(e: &mut Evaluated) {
     lean_from(e, LEAN_OPS)
 }
@@ -341,9 +350,7 @@ pub fn evaluator(symmetry: bool) -> impl Fn(Job) -> Result<Evaluated, JobError> 
 /// whenever it was under the op limit, 10.8 GB for VGG-16 on 1,024 GPUs).
 pub fn report_symmetric(job: &Job) -> bool {
     let ring = job.comm.scheme == SyncScheme::Ring && job.workers > 1;
-    let mut full = job.clone();
-    full.symmetric = false;
-    let ops = crate::graph::bounds::expanded_ops(&full);
+    let ops = crate::graph::bounds::expanded_ops_in(job, false);
     let fits = ops <= crate::graph::job::MAX_OPS
         && crate::limits::fits(ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP));
     if ring && !fits {
@@ -519,6 +526,49 @@ impl Ctx<'_> {
             .collect()
     }
 
+    /// The best move of `moves` from `cur`: the fastest evaluation that fits and is worth
+    /// taking ([`Ctx::fits`], [`Ctx::worth`]), the lowest index on ties,
+    /// with the number of moves evaluated. Reduced while the moves are evaluated, so a round
+    /// holds one candidate per thread, not every candidate's job (issue 28: BERT-base on 16
+    /// GPUs held 19 MB of candidate jobs per round). The same choice as filtering
+    /// [`Ctx::evaluate_moves`]' results, whatever the thread count.
+    pub(crate) fn best_move(
+        &self,
+        cur: &Evaluated,
+        moves: &[&Move],
+    ) -> (Option<(usize, Evaluated)>, u64) {
+        let better = |a: Option<(usize, Evaluated)>, b: Option<(usize, Evaluated)>| match (a, b)
+        {
+            (Some(x), Some(y)) => {
+                if (y.1.iteration_ns(), y.0) < (x.1.iteration_ns(), x.0) {
+                    Some(y)
+                } else {
+                    Some(x)
+                }
+            }
+            (x, None) => x,
+            (None, y) => y,
+        };
+        moves
+            .par_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                if self.interrupt.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
+                    return (None, 0);
+                }
+                let Some(job) = passes::apply_all(&cur.job, &m.patches).ok() else {
+                    return (None, 0);
+                };
+                let Some(mut e) = (self.eval)(job).ok() else {
+                    return (None, 0);
+                };
+                let keep = self.fits(&e) && self.worth(m, cur, &e);
+                lean_from(&mut e, self.opts.lean_ops);
+                (keep.then_some((i, e)), 1)
+            })
+            .reduce(|| (None, 0), |a, b| (better(a.0, b.0), a.1 + b.1))
+    }
+
     /// Once a move is taken: a non-granular pass is not offered again.
     pub(crate) fn mark_used(&self, m: &Move, used: &mut BTreeSet<String>) {
         if !m.patches.is_empty() && !is_granular(&self.allowed, &m.pass) {
@@ -571,11 +621,18 @@ pub fn search(
     progress: &(dyn Fn(&Progress) + Sync),
 ) -> Result<Outcome, SearchError> {
     let start = Instant::now();
-    let baseline = evaluate_full(job.clone(), report_symmetric(&job), opts.lean_ops)?;
+    let symmetric_report = opts
+        .report_symmetric
+        .unwrap_or_else(|| report_symmetric(&job));
+    let baseline = evaluate_full(job.clone(), symmetric_report, opts.lean_ops)?;
     let eval = evaluator(opts.speedups.symmetry);
     let (cur, prefix) = match from {
         Some((j, d)) => (eval(j)?, vec![d]),
         None => (eval(job)?, Vec::new()),
+    };
+    let opts = &SearchOptions {
+        report_symmetric: Some(symmetric_report),
+        ..opts.clone()
     };
     let mut out = search_from(cur, prefix, opts, all, interrupt, progress)?;
     out.baseline = baseline;
@@ -639,7 +696,11 @@ pub fn search_from(
     let (walk, mut decisions) = walk_within_memory(&mut ctx, &start, all)?;
     name_mechanisms(opts, &mut decisions);
     let (stop, rounds) = (walk.stop, walk.rounds);
-    let (best, advice, replays) = report_form(walk, &not_exported, opts, all, &eval)?;
+    let symmetric_report = opts
+        .report_symmetric
+        .unwrap_or_else(|| report_symmetric(&start.job));
+    let (best, advice, replays) =
+        report_form(walk, symmetric_report, &not_exported, opts, all, &eval)?;
     Ok(Outcome {
         baseline: start,
         best,
@@ -848,6 +909,7 @@ fn name_mechanisms(opts: &SearchOptions, decisions: &mut [Decision]) {
 /// the user asked to stop now.
 fn report_form(
     walk: Walk,
+    symmetric_report: bool,
     not_exported: &[String],
     opts: &SearchOptions,
     all: &[Box<dyn Pass>],
@@ -858,7 +920,6 @@ fn report_form(
         return Ok((walk.best, Vec::new(), replays));
     }
     replays += 1;
-    let symmetric_report = report_symmetric(&walk.best.job);
     let best = evaluate_full(walk.best.job, symmetric_report, opts.lean_ops)?;
     let (advice, n) = advise(&best, not_exported, opts, all, eval)?;
     replays += n;
@@ -981,18 +1042,10 @@ fn critical_path_rounds(
         }
         let refs: Vec<&Move> = moves.iter().collect();
         // The moves are made: the current job's graph is not needed while its candidates are
-        // evaluated (a large one is dropped; see LEAN_OPS).
+        // evaluated (dropped; see LEAN_OPS).
         lean_from(&mut cur, opts.lean_ops);
-        let results = ctx.evaluate_moves(&cur, &refs);
-        replays += results.iter().filter(|r| r.is_some()).count() as u64;
-        let best = results
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                r.filter(|e| ctx.fits(e) && ctx.worth(&moves[i], &cur, e))
-                    .map(|e| (i, e))
-            })
-            .min_by_key(|(i, e)| (e.iteration_ns(), *i));
+        let (best, evaluated) = ctx.best_move(&cur, &refs);
+        replays += evaluated;
         let Some((i, next)) = best else {
             // No improvement among what was evaluated: converged, unless the budget or an
             // interrupt cut the round's evaluations short.
@@ -1612,6 +1665,27 @@ mod tests {
             // The lean run replayed the moves it took once more; its outcome holds no graph.
             assert!(lean.replays > full.replays, "{strategy:?}");
             assert!(is_lean(&lean.best) && !is_lean(&full.best));
+        }
+    }
+
+    /// Issue 28: the report evaluates the baseline and the plan in one form, decided once from
+    /// the unoptimised job (the full graph here: 8 GPUs fit), or the form the caller decided
+    /// (`report_symmetric`), whatever form the best job's own graph would allow.
+    #[test]
+    fn the_plan_is_reported_in_the_form_of_the_unoptimised_job() {
+        let all = crate::passes::registry();
+        assert!(!report_symmetric(&job()));
+        for forced in [None, Some(true), Some(false)] {
+            let opts = SearchOptions {
+                passes: Some(vec!["tensor-fusion".into()]),
+                report_symmetric: forced,
+                max_rounds: Some(2),
+                ..SearchOptions::default()
+            };
+            let out = search(job(), None, &opts, &all, &AtomicBool::new(false), &|_| {}).unwrap();
+            let want = forced.unwrap_or(false);
+            assert_eq!(out.baseline.job.symmetric, want, "{forced:?}");
+            assert_eq!(out.best.job.symmetric, want, "{forced:?}");
         }
     }
 
