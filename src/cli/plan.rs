@@ -185,14 +185,16 @@ pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 86_400);
 /// that does not fit even alone is refused with what it would need (exit 3).
 fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::ThreadPool, CliError> {
     let symmetric = job.symmetric
-        || (symmetry && job.comm.scheme == crate::cost::config::SyncScheme::Ring && job.workers > 1);
+        || (symmetry
+            && job.comm.scheme == crate::cost::config::SyncScheme::Ring
+            && job.workers > 1);
     let ops = crate::graph::bounds::expanded_ops_in(job, symmetric);
     let one = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
     let threads = rayon::current_num_threads().max(1) as u64;
     crate::limits::check(|| format!("evaluating the job's {ops} ops"), one)
         .map_err(CliError::bad_input)?;
-    let lean = ops >= search::SERIAL_OPS
-        || one.saturating_mul(threads + 1) > crate::limits::available();
+    let lean =
+        ops >= search::SERIAL_OPS || one.saturating_mul(threads + 1) > crate::limits::available();
     if lean {
         tracing::info!(
             ops,
@@ -1097,8 +1099,8 @@ fn snapshot_report(
     let form = opts
         .report_symmetric
         .unwrap_or_else(|| search::report_symmetric(&job));
-    let best = search::evaluate_full(job.clone(), form, opts.lean_ops)
-        .map_err(CliError::bad_input)?;
+    let best =
+        search::evaluate_full(job.clone(), form, opts.lean_ops).map_err(CliError::bad_input)?;
     let (advice, n) = search::advice_for(&best, opts, &all).map_err(CliError::bad_input)?;
     let outcome = search::Outcome {
         baseline,

@@ -272,7 +272,12 @@ pub fn peak_memory(g: &Dfg, r: &Replay) -> MemoryReport {
     }
     for (w, idx) in scattered {
         events.clear();
-        push_events(r, &pos, idx.iter().map(|&i| &effects[i as usize]), &mut events);
+        push_events(
+            r,
+            &pos,
+            idx.iter().map(|&i| &effects[i as usize]),
+            &mut events,
+        );
         scan(w, &mut events);
     }
     let (peak_worker, &peak_bytes) = per_worker_bytes

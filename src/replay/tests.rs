@@ -369,7 +369,11 @@ fn peak_memory_is_per_worker_whatever_the_order_of_effects() {
         b.set_static_memory(1, 10);
         let g = b.build().unwrap();
         let m = peak_memory(&g, &replay(&g));
-        assert_eq!(m.per_worker_bytes, vec![1150, 317], "interleaved: {interleaved}");
+        assert_eq!(
+            m.per_worker_bytes,
+            vec![1150, 317],
+            "interleaved: {interleaved}"
+        );
         assert_eq!((m.peak_worker, m.peak_bytes, m.peak_at_ns), (0, 1150, 1));
     }
 }

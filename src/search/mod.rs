@@ -537,8 +537,7 @@ impl Ctx<'_> {
         cur: &Evaluated,
         moves: &[&Move],
     ) -> (Option<(usize, Evaluated)>, u64) {
-        let better = |a: Option<(usize, Evaluated)>, b: Option<(usize, Evaluated)>| match (a, b)
-        {
+        let better = |a: Option<(usize, Evaluated)>, b: Option<(usize, Evaluated)>| match (a, b) {
             (Some(x), Some(y)) => {
                 if (y.1.iteration_ns(), y.0) < (x.1.iteration_ns(), x.0) {
                     Some(y)
