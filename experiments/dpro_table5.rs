@@ -9,7 +9,8 @@
 //! that hits the cap is reported as "> cap" with the best plan it had.
 //!
 //! Run: `cargo run --release --example dpro_table5`; writes
-//! `experiments/results/dpro_table5.{md,csv,svg}`.
+//! `experiments/results/dpro_table5.{md,csv,svg}`. `TABLE5_ONLY_SYMMETRY=1` runs the
+//! "+ symmetry" column alone and only prints it.
 
 #[path = "plan_common.rs"]
 mod common;
@@ -31,6 +32,9 @@ const PAPER_H: &[(&str, [&str; 4])] = &[
 
 fn main() {
     let cap = common::env_secs("TABLE5_CAP_S", 50);
+    // The "+ symmetry" column alone, printed, not written (a side-by-side check against
+    // another build, issue 28).
+    let only_symmetry = std::env::var_os("TABLE5_ONLY_SYMMETRY").is_some();
     let configs: [(&str, Speedups); 4] = [
         (
             "strawman",
@@ -85,6 +89,9 @@ fn main() {
     let mut all_fast = true;
     for (mi, model) in common::MODELS.iter().enumerate() {
         for (ci, (cname, sp)) in configs.iter().enumerate() {
+            if only_symmetry && ci != 3 {
+                continue;
+            }
             let job = common::zoo_job(model, &cluster);
             let r = common::plan(job, *sp, cap);
             let capped = r.stop == StopReason::Budget;
@@ -141,6 +148,10 @@ fn main() {
         &series,
         true,
     );
+    if only_symmetry {
+        eprintln!("TABLE5_ONLY_SYMMETRY: results not written");
+        return;
+    }
     common::write_results("dpro_table5", &md, &csv, &svg);
     print!("{md}");
 }
