@@ -326,48 +326,55 @@ fn memory_follows_dependencies_when_ops_take_no_time() {
     }
 }
 
-/// Issue 28: `peak_memory` sums one worker's events at a time. Whether the graph lists its
-/// memory effects worker by worker (as every expanded job does) or interleaved, each worker's
-/// peak is its own chain's: worker 0 holds 1,000 static bytes and peaks at 1,150 on top of its
-/// forward's 100 + 50; worker 1 holds 10 and peaks at 10 + 300 + 7.
+/// Issue 28: `peak_memory` sums one worker's events at a time. Whether the workers' ops (and so
+/// their memory effects, which the graph keeps in op order) come worker by worker, as every
+/// expanded job numbers them, or interleaved (the path that buckets effects by worker), each
+/// worker's peak is its own chain's: worker 0 holds 1,000 static bytes and peaks at 1,150 on top
+/// of its forward's 100 + 50; worker 1 holds 10 and peaks at 10 + 300 + 7.
 #[test]
 fn peak_memory_is_per_worker_whatever_the_order_of_effects() {
     use crate::graph::{MemEffect, MemWhen};
     for interleaved in [false, true] {
         let mut b = DfgBuilder::new();
-        let mut effects = Vec::new();
-        for (w, big, small) in [(0u32, 100u64, 50u64), (1, 300, 7)] {
-            let d = gpu(&mut b, w);
-            let [fw1, fw2, bw2, bw1] = [0, 1, 2, 3].map(|_| op(&mut b, d, 1));
-            for (x, y) in [(fw1, fw2), (fw2, bw2), (bw2, bw1)] {
-                b.add_edge(x, y);
+        let devs = [gpu(&mut b, 0), gpu(&mut b, 1)];
+        // chains[w] = worker w's fw1, fw2, bw2, bw1.
+        let mut chains: [Vec<OpId>; 2] = Default::default();
+        if interleaved {
+            for _ in 0..4 {
+                for w in [1, 0] {
+                    chains[w].push(op(&mut b, devs[w], 1));
+                }
             }
-            effects.push(vec![
-                (fw1, w, big, MemWhen::AllocAtStart),
-                (fw2, w, small, MemWhen::AllocAtStart),
-                (bw2, w, small, MemWhen::FreeAtEnd),
-                (bw1, w, big, MemWhen::FreeAtEnd),
-            ]);
-        }
-        let order: Vec<_> = if interleaved {
-            (0..4)
-                .flat_map(|i| [effects[1][3 - i], effects[0][i]])
-                .collect()
         } else {
-            effects.concat()
-        };
-        for (o, worker, bytes, when) in order {
-            b.add_mem(MemEffect {
-                op: o,
-                worker,
-                bytes,
-                when,
-            });
+            for w in 0..2 {
+                chains[w] = (0..4).map(|_| op(&mut b, devs[w], 1)).collect();
+            }
+        }
+        for (w, (big, small)) in [(100u64, 50u64), (300, 7)].into_iter().enumerate() {
+            let c = &chains[w];
+            for k in 0..3 {
+                b.add_edge(c[k], c[k + 1]);
+            }
+            for (o, bytes, when) in [
+                (c[0], big, MemWhen::AllocAtStart),
+                (c[1], small, MemWhen::AllocAtStart),
+                (c[2], small, MemWhen::FreeAtEnd),
+                (c[3], big, MemWhen::FreeAtEnd),
+            ] {
+                b.add_mem(MemEffect {
+                    op: o,
+                    worker: w as u32,
+                    bytes,
+                    when,
+                });
+            }
         }
         b.set_workers(2);
         b.set_static_memory(0, 1000);
         b.set_static_memory(1, 10);
         let g = b.build().unwrap();
+        let workers: Vec<u32> = g.mem_effects().iter().map(|m| m.worker).collect();
+        assert_eq!(workers.is_sorted(), !interleaved, "{workers:?}");
         let m = peak_memory(&g, &replay(&g));
         assert_eq!(
             m.per_worker_bytes,

@@ -1186,17 +1186,7 @@ fn best_point(
         })
         .reduce(
             || Ok(None),
-            |a: Best, b: Best| match (a?, b?) {
-                (Some(x), Some(y)) => Ok(Some(
-                    if (y.1.eval.iteration_ns(), y.0) < (x.1.eval.iteration_ns(), x.0) {
-                        y
-                    } else {
-                        x
-                    },
-                )),
-                (x, None) => Ok(x),
-                (None, y) => Ok(y),
-            },
+            |a: Best, b: Best| Ok(super::fastest(a?, b?, |b: &Baseline| b.eval.iteration_ns())),
         )?;
     Ok(best.map(|(_, b)| b))
 }

@@ -514,16 +514,20 @@ impl Ctx<'_> {
     ) -> Vec<Option<Evaluated>> {
         moves
             .par_iter()
-            .map(|m| {
-                if self.interrupt.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
-                    return None;
-                }
-                let job = passes::apply_all(&cur.job, &m.patches).ok()?;
-                let mut e = (self.eval)(job).ok()?;
-                lean_from(&mut e, self.opts.lean_ops);
-                Some(e)
-            })
+            .map(|m| self.evaluate_move(cur, m))
             .collect()
+    }
+
+    /// Apply and evaluate one move, kept lean; `None` when it fails to apply or evaluate, or
+    /// on interrupt or budget.
+    fn evaluate_move(&self, cur: &Evaluated, m: &Move) -> Option<Evaluated> {
+        if self.interrupt.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
+            return None;
+        }
+        let job = passes::apply_all(&cur.job, &m.patches).ok()?;
+        let mut e = (self.eval)(job).ok()?;
+        lean_from(&mut e, self.opts.lean_ops);
+        Some(e)
     }
 
     /// The best move of `moves` from `cur`: the fastest evaluation that fits and is worth
@@ -537,35 +541,20 @@ impl Ctx<'_> {
         cur: &Evaluated,
         moves: &[&Move],
     ) -> (Option<(usize, Evaluated)>, u64) {
-        let better = |a: Option<(usize, Evaluated)>, b: Option<(usize, Evaluated)>| match (a, b) {
-            (Some(x), Some(y)) => {
-                if (y.1.iteration_ns(), y.0) < (x.1.iteration_ns(), x.0) {
-                    Some(y)
-                } else {
-                    Some(x)
-                }
-            }
-            (x, None) => x,
-            (None, y) => y,
-        };
         moves
             .par_iter()
             .enumerate()
-            .map(|(i, m)| {
-                if self.interrupt.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
-                    return (None, 0);
+            .map(|(i, m)| match self.evaluate_move(cur, m) {
+                None => (None, 0),
+                Some(e) => {
+                    let keep = self.fits(&e) && self.worth(m, cur, &e);
+                    (keep.then_some((i, e)), 1)
                 }
-                let Some(job) = passes::apply_all(&cur.job, &m.patches).ok() else {
-                    return (None, 0);
-                };
-                let Some(mut e) = (self.eval)(job).ok() else {
-                    return (None, 0);
-                };
-                let keep = self.fits(&e) && self.worth(m, cur, &e);
-                lean_from(&mut e, self.opts.lean_ops);
-                (keep.then_some((i, e)), 1)
             })
-            .reduce(|| (None, 0), |a, b| (better(a.0, b.0), a.1 + b.1))
+            .reduce(
+                || (None, 0),
+                |a, b| (fastest(a.0, b.0, Evaluated::iteration_ns), a.1 + b.1),
+            )
     }
 
     /// Once a move is taken: a non-granular pass is not offered again.
@@ -573,6 +562,25 @@ impl Ctx<'_> {
         if !m.patches.is_empty() && !is_granular(&self.allowed, &m.pass) {
             used.insert(m.pass.clone());
         }
+    }
+}
+
+/// The faster of two indexed results by `ns`, the lower index on ties (either may be absent):
+/// the reduction step that keeps one result per thread while many are evaluated in parallel,
+/// and picks what `min_by_key((ns, index))` over them all would.
+pub(crate) fn fastest<T>(
+    a: Option<(usize, T)>,
+    b: Option<(usize, T)>,
+    ns: impl Fn(&T) -> u64,
+) -> Option<(usize, T)> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(if (ns(&y.1), y.0) < (ns(&x.1), x.0) {
+            y
+        } else {
+            x
+        }),
+        (x, None) => x,
+        (None, y) => y,
     }
 }
 
