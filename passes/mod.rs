@@ -18,6 +18,7 @@ pub mod recompute;
 pub mod shard;
 mod sync_time;
 pub mod tensor_fusion;
+pub mod tensor_parallel;
 pub mod tensor_partition;
 #[cfg(test)]
 pub(crate) mod testkit;
@@ -387,6 +388,7 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         Box::new(shard::Shard),
         Box::new(tensor_fusion::TensorFusion),
         Box::new(tensor_partition::TensorPartition),
+        Box::new(tensor_parallel::TensorParallel),
     ];
     v.extend(declarative::builtins());
     v.sort_by(|a, b| a.name().cmp(b.name()));

@@ -27,7 +27,8 @@
 //! does the same with its last segment).
 //!
 //! **Cost model.** Each re-run op is a copy of its forward op (spec and [`OpWork`], phase FW, same
-//! GPU stream, same duration): time grows by one forward of every dropped segment, exposed where
+//! GPU stream, same duration), a forward collective of the layer (tensor parallelism's
+//! all-reduce) included: time grows by one forward of every dropped segment, exposed where
 //! the GPU is busy. Memory: the original FW allocates its saved bytes at start and frees them at
 //! end (transient), the re-run allocates them at start and the BW still frees them at end, so at
 //! any time only the checkpoints and the one segment being back-propagated are live. The model
@@ -143,15 +144,19 @@ impl Segment {
 /// its copies in order; AMP's casts carry their tensor).
 fn units(job: &Job) -> Vec<Unit> {
     let mut by_key: BTreeMap<(LayerId, usize), Unit> = BTreeMap::new();
-    let mut seen: BTreeMap<(LayerId, Phase, u32), usize> = BTreeMap::new();
+    let mut seen: BTreeMap<(LayerId, Phase, u32, OpKind), usize> = BTreeMap::new();
     let mut step_of: BTreeMap<OpId, (LayerId, usize)> = BTreeMap::new();
     for (i, op) in job.local.ops.iter().enumerate() {
         let s = &op.spec;
-        if s.kind != OpKind::Compute || s.layer == NONE || !matches!(s.phase, Phase::Fw | Phase::Bw)
-        {
+        // A layer's forward collective (tensor parallelism's all-reduce) runs again with it.
+        let rerun =
+            s.kind == OpKind::Compute || s.kind == OpKind::Collective && s.phase == Phase::Fw;
+        if !rerun || s.layer == NONE || !matches!(s.phase, Phase::Fw | Phase::Bw) {
             continue;
         }
-        let n = seen.entry((s.layer, s.phase, s.tensor)).or_insert(0);
+        let n = seen
+            .entry((s.layer, s.phase, s.tensor, s.kind))
+            .or_insert(0);
         let step = *n;
         *n += 1;
         let u = by_key.entry((s.layer, step)).or_insert_with(|| Unit {

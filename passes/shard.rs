@@ -135,7 +135,7 @@ impl Pass for Shard {
             });
         }
         let job = shard_units(&cx.job, s, knobs.text("units").trim())?;
-        let g = cx.job.workers / s.replicas;
+        let g = cx.job.workers / cx.job.meta.tp.max(1) / s.replicas;
         Ok(vec![Patch {
             pass: NAME.into(),
             why: format!(
@@ -216,7 +216,10 @@ pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassErr
     let params: u64 = job.local.tensors.iter().map(|t| t.bytes).sum();
     j.local.static_mem_bytes = sharded_static_bytes(job, s.stage, g, params);
     let updates = shard_update_step(&mut j, g);
-    let shard_group = Group { size: g, stride: 1 };
+    let shard_group = Group {
+        size: g,
+        stride: job.meta.tp.max(1),
+    };
     let grads = gradient_syncs(&mut j, job, s, g, virt);
     j.syncs = if s.stage >= 3 {
         let units = units_of(job, pattern);
@@ -246,11 +249,17 @@ pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassErr
 
 /// The shard group's size, or why the job cannot be sharded as asked.
 fn shard_group_size(job: &Job, s: Sharding) -> Result<u32, PassError> {
-    let n = job.workers;
+    // With tensor parallelism the data-parallel ranks are `tp` apart: shard over those.
+    let n = job.workers / job.meta.tp.max(1);
     if n < 2 {
-        return Err(not_applicable(
-            "one worker has nothing to shard over".into(),
-        ));
+        return Err(not_applicable(if job.meta.tp > 1 {
+            format!(
+                "tensor parallelism over all {} workers leaves one data-parallel rank: nothing to shard over",
+                job.workers
+            )
+        } else {
+            "one worker has nothing to shard over".into()
+        }));
     }
     if s.replicas == 0 || n % s.replicas != 0 {
         return Err(not_applicable(format!(
@@ -335,10 +344,14 @@ fn shard_update_step(j: &mut Job, g: u32) -> Vec<OpId> {
 /// freeing all but the rank's 1/g of its gradient once done, then (HSDP) an all-reduce of that
 /// shard across the replicas.
 fn gradient_syncs(j: &mut Job, job: &Job, s: Sharding, g: u32, virt: u32) -> Vec<Sync> {
-    let shard_group = Group { size: g, stride: 1 };
+    let tp = job.meta.tp.max(1);
+    let shard_group = Group {
+        size: g,
+        stride: tp,
+    };
     let replica_group = Group {
         size: s.replicas,
-        stride: g,
+        stride: g * tp,
     };
     let mut out = Vec::with_capacity(job.syncs.len());
     for sy in &job.syncs {

@@ -1377,25 +1377,33 @@ pub fn summary(plan: &Plan) -> Vec<String> {
     lines
 }
 
-/// DESIGN.md's `layout` of a zoo plan: the data-parallel degrees its sharding leaves
-/// (`dp_shard` ranks per shard group, `dp_replicate` groups), the micro-batch its accumulation
-/// leaves, and — until tensor, pipeline and context parallelism exist as passes — degree 1
-/// for each of them. `null` for a trace, whose layout is the recorded run's.
+/// DESIGN.md's `layout` of a zoo plan: the tensor-parallel degree of its `tensor-parallel`
+/// decision, the data-parallel degrees its sharding leaves (`dp_shard` ranks per shard group,
+/// `dp_replicate` groups), the micro-batch its accumulation leaves, and — until pipeline and
+/// context parallelism exist as passes — degree 1 for those. `null` for a trace, whose layout
+/// is the recorded run's.
 fn layout(plan: &Plan) -> serde_json::Value {
     let w = &plan.workload;
     if w.source == "trace" {
         return serde_json::Value::Null;
     }
+    let tp = plan
+        .decisions
+        .iter()
+        .filter(|d| d.pass == "tensor-parallel")
+        .find_map(|d| d.knobs.get("degree").and_then(|v| v.parse::<u32>().ok()))
+        .unwrap_or(1)
+        .max(1);
     let (dp_shard, dp_replicate) = plan
         .config
         .sharding
         .as_ref()
-        .map_or((1, w.ranks), |s| (s.shard_size, s.replicas));
+        .map_or((1, w.ranks / tp), |s| (s.shard_size, s.replicas));
     let k = plan.config.grad_accumulation.max(1);
     json!({
         "dp_replicate": dp_replicate,
         "dp_shard": dp_shard,
-        "tp": 1,
+        "tp": tp,
         "pp": 1,
         "virtual": 1,
         "cp": 1,

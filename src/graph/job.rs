@@ -128,6 +128,17 @@ pub struct JobMeta {
     /// [`TraceFacts::optimizer`]. Read both through [`Job::optimizer`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub optimizer: Option<String>,
+    /// Tensor-parallel degree (`passes/tensor_parallel.rs`): the workers are groups of `tp`
+    /// consecutive ranks; 0 or 1 when the job has none.
+    #[serde(skip_serializing_if = "is_untouched")]
+    pub tp: u32,
+    /// With `tp > 1`: sequence parallelism too.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub sequence_parallel: bool,
+}
+
+fn is_untouched(tp: &u32) -> bool {
+    *tp <= 1
 }
 
 /// What a recorded trace says about the job it profiled, in one place: filled by the trace
@@ -282,7 +293,8 @@ impl Job {
     }
 
     /// NCCL communicators a rank of this job holds: one for data parallelism over several
-    /// workers (the recorded world size for a trace), none alone.
+    /// workers (the recorded world size for a trace), none alone; one more for its
+    /// tensor-parallel group.
     pub fn communicators(&self) -> u32 {
         let world = self
             .meta
@@ -290,7 +302,8 @@ impl Job {
             .as_deref()
             .and_then(|t| t.world_size)
             .unwrap_or(self.workers);
-        u32::from(world > 1)
+        let tp = self.meta.tp.max(1);
+        u32::from(world / tp > 1) + u32::from(tp > 1)
     }
 
     /// The roofline of this job's GPU in `dtype` (plain ceilings, for memory-traffic estimates).

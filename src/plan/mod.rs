@@ -381,7 +381,8 @@ impl ShardConfig {
         let units = crate::passes::shard::units_of(job, pattern);
         ShardConfig {
             stage: int("stage", 3),
-            shard_size: job.workers / replicas,
+            // With tensor parallelism the shard groups are over the data-parallel ranks.
+            shard_size: job.workers / job.meta.tp.max(1) / replicas,
             replicas,
             reshard: int("reshard", 1) == 1,
             prefetch: int("prefetch", 1),

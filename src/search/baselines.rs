@@ -746,7 +746,7 @@ impl DdpLayout {
                     bytes: b,
                     partitions: 1,
                     kind: crate::graph::comm::CollectiveKind::AllReduce,
-                    group: crate::graph::comm::Group::ALL,
+                    group: s.group,
                     ready: vec![s.ready[k]],
                     done: if s.done.is_empty() {
                         Vec::new()
@@ -1037,7 +1037,7 @@ fn fused_job(
                     bytes: 0,
                     partitions: 1,
                     kind: crate::graph::comm::CollectiveKind::AllReduce,
-                    group: crate::graph::comm::Group::ALL,
+                    group: job.syncs[g[0]].group,
                     ready: Vec::new(),
                     done: Vec::new(),
                 };

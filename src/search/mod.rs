@@ -152,11 +152,19 @@ impl Default for SearchOptions {
 }
 
 /// Passes the search uses unless told otherwise: every registered pass except the lossy ones
-/// (`dgc` changes what is trained) and those that only trade time for memory (`recompute`,
+/// (`dgc` changes what is trained), those that only trade time for memory (`recompute`,
 /// `grad-accumulation`, `shard`, `vdnn`: the memory step uses the first three when memory
-/// demands it).
+/// demands it) and layouts (`tensor-parallel`: asked for by name until the layout search
+/// exists).
 pub fn default_passes(all: &[Box<dyn Pass>]) -> Vec<String> {
-    const EXCLUDED: [&str; 5] = ["dgc", "grad-accumulation", "recompute", "shard", "vdnn"];
+    const EXCLUDED: [&str; 6] = [
+        "dgc",
+        "grad-accumulation",
+        "recompute",
+        "shard",
+        "tensor-parallel",
+        "vdnn",
+    ];
     all.iter()
         .map(|p| p.name().to_string())
         .filter(|n| !EXCLUDED.contains(&n.as_str()))

@@ -40,12 +40,10 @@
 //! [`assemble`] then lays stages 2–4 out as the worker's [`LocalGraph`] in program order (op ids,
 //! edges, memory effects) and its [`Sync`] list; `wire`'s job receives them.
 //!
-//! **Where a new parallel dimension plugs in:** as a stage that maps one stage's output to the
-//! next stage's input, called in [`job`] — never as a branch inside a stage. Sharding (ZeRO)
-//! rewrites the [`WorkerCompute`] (optimizer state and UPDATE per shard) and the [`CommPlan`]
-//! (reduce-scatter + all-gather); tensor parallelism splits layers between [`layers`] and
-//! [`worker_compute`] and adds intra-layer syncs to the plan; pipeline parallelism assigns
-//! layers to stages after [`layers`] and adds activation sends.
+//! **Parallel layouts are not built here**: the zoo builds one data-parallel replica per
+//! worker, and sharding (`passes/shard.rs`) and tensor parallelism
+//! (`passes/tensor_parallel.rs`) are passes that edit the [`Job`] this pipeline returns, so
+//! `whatif`, `plan` and the exports treat them like every other decision.
 
 use crate::cost::compute::ns;
 use crate::cost::config::{Cluster, Dtype, GpuSpec, SyncScheme};
@@ -469,6 +467,7 @@ pub fn wire(model: &Model, cluster: &Cluster, opts: &BuildOptions, host: HostSpe
                 }
                 .to_string(),
             ),
+            ..JobMeta::default()
         },
     }
 }

@@ -71,6 +71,7 @@ mod safe_output;
 mod sharding;
 mod show;
 mod support;
+mod tensor_parallel;
 mod trace_bad_input;
 mod trace_fuzz;
 mod trace_multi;

@@ -487,6 +487,7 @@ pub(crate) fn one_worker_job(
             source: "trace".into(),
             trace: None,
             optimizer: None,
+            ..JobMeta::default()
         },
     }
 }
