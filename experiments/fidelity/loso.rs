@@ -103,7 +103,12 @@ pub fn predict_folds(root: &Path, cases: &[Case]) -> Option<Vec<Fold>> {
         .into_iter()
         .map(|(source, (values, fit_rows, iterations, loss_after))| {
             let o = fit::overrides_named(&values);
-            let mine: Vec<&Case> = cases.iter().filter(|c| source_of(c) == source).collect();
+            // The source's rows the headline reports (never the check-only ones: dPRO, the
+            // sharded and tensor-parallel runs).
+            let mine: Vec<&Case> = cases
+                .iter()
+                .filter(|c| source_of(c) == source && !c.check_only())
+                .collect();
             let predict_all = |o: &predict::Overrides| -> Vec<(Case, predict::Prediction)> {
                 mine.par_iter()
                     .filter_map(|c| predict::predict(c, o).ok().map(|p| ((*c).clone(), p)))

@@ -39,6 +39,8 @@ enum Split {
     Check,
     /// Sharded data-parallel runs (ZeRO, FSDP): reported on their own, never fitted.
     Sharded,
+    /// Tensor-parallel runs: reported on their own, never fitted.
+    Parallel,
 }
 
 impl Split {
@@ -48,6 +50,7 @@ impl Split {
             Split::HeldOut => "held-out",
             Split::Check => "dpro",
             Split::Sharded => "sharded",
+            Split::Parallel => "tensor-parallel",
         }
     }
 }
@@ -187,6 +190,8 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
     for (c, p) in predicted {
         let split = if c.family == "dpro" {
             Split::Check
+        } else if c.tp > 1 {
+            Split::Parallel
         } else if c.check_only() {
             Split::Sharded
         } else {
@@ -493,6 +498,72 @@ fn facts_line(label: &str, v: &[&Result_]) -> String {
     )
 }
 
+/// The summary's lines for the tensor-parallel runs (never fitted on): iteration error, the
+/// rank correlation across the layouts of each model (the same shape on different GPU counts,
+/// tensor-parallel degrees and micro-batches; mean over models with three rows or more) and
+/// whether each completed run is predicted to fit.
+fn parallel_rows(results: &[Result_]) -> String {
+    let pick = |kind: &str| -> Vec<&Result_> {
+        results
+            .iter()
+            .filter(|r| r.split == Split::Parallel && r.kind == kind)
+            .collect()
+    };
+    let it = pick("iteration");
+    if it.is_empty() {
+        return String::new();
+    }
+    let mut s = error_line(
+        "tensor-parallel runs (vTrain, TP 2-8 in one node, PP 1; never fitted): iteration time",
+        &it,
+    );
+    // A model: its name and shape tokens (s…, h…, l…) of the setting.
+    let model = |r: &Result_| -> String {
+        r.setting
+            .split_whitespace()
+            .enumerate()
+            .filter(|(i, t)| {
+                *i == 0
+                    || (t.len() > 1
+                        && matches!(t.as_bytes()[0], b's' | b'h' | b'l')
+                        && t[1..].bytes().all(|b| b.is_ascii_digit()))
+            })
+            .map(|(_, t)| t)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut by: BTreeMap<String, Vec<&Result_>> = BTreeMap::new();
+    for r in &it {
+        by.entry(model(r)).or_default().push(r);
+    }
+    let rho: Vec<f64> = by
+        .values()
+        .map(|v| loso::spearman(v))
+        .filter(|x| x.is_finite())
+        .collect();
+    if !rho.is_empty() {
+        let worst = rho.iter().copied().fold(f64::INFINITY, f64::min);
+        let _ = writeln!(
+            s,
+            "| tensor-parallel runs: Spearman across the layouts of each model | {} models | mean {:.2} | lowest {:.2} | | |",
+            rho.len(),
+            rho.iter().sum::<f64>() / rho.len() as f64,
+            worst
+        );
+    }
+    let fit: Vec<&Result_> = pick("completed_run")
+        .into_iter()
+        .filter(|r| r.measured == 1.0)
+        .collect();
+    if !fit.is_empty() {
+        s.push_str(&facts_line(
+            "tensor-parallel runs: completed runs predicted to fit",
+            &fit,
+        ));
+    }
+    s
+}
+
 /// The summary's lines for the sharded runs (ZeRO, FSDP; never fitted on).
 fn sharded_rows(results: &[Result_]) -> String {
     let pick = |kind: &str| -> Vec<&Result_> {
@@ -743,7 +814,10 @@ fn summary_table(results: &[Result_]) -> String {
     // (TensorFlow's allocated_scale is fitted on dPRO's rows, listed below as fitted.)
     let mem: Vec<&Result_> = results
         .iter()
-        .filter(|r| r.kind == "memory" && !matches!(r.split, Split::Check | Split::Sharded))
+        .filter(|r| {
+            r.kind == "memory"
+                && !matches!(r.split, Split::Check | Split::Sharded | Split::Parallel)
+        })
         .collect();
     if !mem.is_empty() {
         s.push_str(&error_line(
@@ -770,11 +844,16 @@ fn summary_table(results: &[Result_]) -> String {
     ] {
         let v: Vec<&Result_> = results
             .iter()
-            .filter(|r| r.kind == kind && r.measured == want && r.split != Split::Sharded)
+            .filter(|r| {
+                r.kind == kind
+                    && r.measured == want
+                    && !matches!(r.split, Split::Sharded | Split::Parallel)
+            })
             .collect();
         s.push_str(&facts_line(label, &v));
     }
     s.push_str(&sharded_rows(results));
+    s.push_str(&parallel_rows(results));
     let dpro: Vec<&Result_> = results
         .iter()
         .filter(|r| r.split == Split::Check && !matches!(r.kind, "memory_fact" | "completed_run"))

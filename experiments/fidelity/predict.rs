@@ -98,6 +98,17 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     }
     let reg = passes::registry();
     let mut steps: Vec<(&str, Vec<(String, String)>)> = Vec::new();
+    // Tensor parallelism first (a layout, before the passes that rewrite the job), keeping the
+    // row's batch per model replica (Megatron's --micro-batch-size).
+    if c.tp > 1 {
+        steps.push((
+            "tensor-parallel",
+            vec![
+                ("degree".into(), c.tp.to_string()),
+                ("batch".into(), "replica".into()),
+            ],
+        ));
+    }
     if c.recompute {
         steps.push(("recompute", Vec::new()));
     }

@@ -34,6 +34,9 @@ pub struct Case {
     /// The sharding stage the run used (`sharding=zero1|zero2|zero3|fsdp-grad-op|fsdp-full` in
     /// the row's `extra`): the `shard` pass at that stage; `None` for plain data parallelism.
     pub shard: Option<u32>,
+    /// Tensor-parallel degree (`TP=` in the row's `extra`; 1 without): the `tensor-parallel`
+    /// pass at that degree, keeping the row's batch per model replica.
+    pub tp: u32,
     /// Measured time of one optimizer step (or micro-step, see the row's notes), ms.
     pub measured_ms: Option<f64>,
     /// A stated memory fact: the setting ran out of memory (`Some(false)`) or ran (`Some(true)`,
@@ -62,9 +65,10 @@ pub enum MemoryKind {
 pub const SHARDED_FAMILIES: &[&str] = &["mingpt", "colossalai", "hf-blog", "bigscience"];
 
 impl Case {
-    /// Reported but never fitted on: dPRO's tables and the sharded sources.
+    /// Reported but never fitted on: dPRO's tables, the sharded sources and tensor-parallel
+    /// runs.
     pub fn check_only(&self) -> bool {
-        self.family == "dpro" || SHARDED_FAMILIES.contains(&self.family)
+        self.family == "dpro" || SHARDED_FAMILIES.contains(&self.family) || self.tp > 1
     }
 
     /// One line describing the setting.
@@ -86,6 +90,9 @@ impl Case {
         );
         if let Some(h) = self.opts.hidden {
             s.push_str(&format!(" h{h} l{}", self.opts.layers.unwrap_or(0)));
+        }
+        if self.tp > 1 {
+            s.push_str(&format!(" tp{}", self.tp));
         }
         if self.recompute {
             s.push_str(" +recompute");
@@ -223,11 +230,10 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     if extra.to_ascii_lowercase().contains("xla") || precision_text.contains("xla") {
         return Err("XLA runs: the baseline would need XLA's fusion".into());
     }
-    for key in ["TP", "PP"] {
-        if field(extra, key).is_some_and(|v| v != 1) {
-            return Err("tensor or pipeline parallelism (trainplan plans data parallelism)".into());
-        }
+    if field(extra, "PP").is_some_and(|v| v != 1) {
+        return Err("pipeline parallelism (not modelled yet)".into());
     }
+    let tp = field(extra, "TP").unwrap_or(1).max(1);
     let shard = sharding(extra)?;
     let gpu = gpu_config(get("gpu")).ok_or("no GPU config for this GPU")?;
     let gpus = num("gpus").ok_or("no GPU count")? as u32;
@@ -392,11 +398,12 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         recompute,
         accum,
         shard,
+        tp,
         measured_ms,
         fits,
         measured_gb,
         memory_kind,
-        samples: f64::from(micro) * f64::from(gpus) * f64::from(accum),
+        samples: f64::from(micro) * f64::from(gpus / tp.max(1)) * f64::from(accum),
     })
 }
 
@@ -427,6 +434,7 @@ pub fn dpro() -> Vec<Case> {
         recompute: false,
         accum: 1,
         shard: None,
+        tp: 1,
         measured_ms: Some(ms),
         fits: None,
         measured_gb: None,
