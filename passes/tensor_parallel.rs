@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashSet};
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::kernel::{BatchDim, Gemm, OpWork};
 use crate::graph::comm::{CollectiveKind, Group};
-use crate::graph::job::{Job, LocalOp};
+use crate::graph::job::Job;
 use crate::graph::{DeviceKind, MemWhen, NONE, OpId, OpKind, OpSpec, Phase};
 
 /// The `tensor-parallel` pass.
@@ -373,7 +373,7 @@ pub fn tensor_parallel(
         }
     }
     split_memory(&mut j, &splits, &split_tensor, t, sequence);
-    add_collectives(&mut j, &splits, t, sequence);
+    add_collectives(&mut j, &splits, t, sequence)?;
     j.meta.tp = t;
     j.meta.sequence_parallel = sequence;
     Ok(j)
@@ -663,8 +663,7 @@ fn memory_factors(
 
 /// The tensor-parallel collectives: one op each on the group's stream, between the ops that
 /// produce what it reduces or gathers and the ops that read the result.
-fn add_collectives(j: &mut Job, splits: &[Split], t: u32, sequence: bool) {
-    let stream = tp_stream(j);
+fn add_collectives(j: &mut Job, splits: &[Split], t: u32, sequence: bool) -> Result<(), PassError> {
     let elem = j.dtype.bytes() as f64;
     let ops = j.local.ops.len();
     let mut succ: Vec<Vec<OpId>> = vec![Vec::new(); ops];
@@ -673,11 +672,6 @@ fn add_collectives(j: &mut Job, splits: &[Split], t: u32, sequence: bool) {
         succ[a as usize].push(b);
         pred[b as usize].push(a);
     }
-    let is_data = |j: &Job, o: OpId, phase: Phase| {
-        let s = &j.local.ops[o as usize].spec;
-        s.kind == OpKind::Compute && s.phase == phase
-    };
-    // (producers, consumers, kind, bytes, phase, layer)
     let mut cuts: Vec<Cut> = Vec::new();
     // Column groups: the forward and backward ops of each block's attention / MLP inputs.
     let mut groups: BTreeMap<(String, bool, Phase), Vec<OpId>> = BTreeMap::new();
@@ -745,8 +739,28 @@ fn add_collectives(j: &mut Job, splits: &[Split], t: u32, sequence: bool) {
             _ => {}
         }
     }
+    splice(j, cuts, &pred, &succ, t, sequence)
+}
+
+/// Each cut's collective op, spliced between the ops it joins; with a host thread, its call
+/// takes the host's collective-call time in program order (`HostSpec::collective_call_ns`).
+fn splice(
+    j: &mut Job,
+    cuts: Vec<Cut>,
+    pred: &[Vec<OpId>],
+    succ: &[Vec<OpId>],
+    t: u32,
+    sequence: bool,
+) -> Result<(), PassError> {
+    let is_data = |j: &Job, o: OpId, phase: Phase| {
+        let s = &j.local.ops[o as usize].spec;
+        s.kind == OpKind::Compute && s.phase == phase
+    };
+    let stream = tp_stream(j);
+    let has_host = j.local.ops.iter().any(|o| o.spec.kind == OpKind::Launch);
+    let call_ns = has_host.then(|| j.host.collective_call_ns().round() as u64);
+    let mut joins: Vec<(Vec<OpId>, Vec<OpId>, OpSpec)> = Vec::with_capacity(cuts.len());
     let mut remove: HashSet<(OpId, OpId)> = HashSet::new();
-    let mut add: Vec<(OpId, OpId)> = Vec::new();
     for cut in cuts {
         let members: HashSet<OpId> = cut.producers.iter().copied().collect();
         // `before`: the collective sits between the members' data predecessors and them;
@@ -773,32 +787,37 @@ fn add_collectives(j: &mut Job, splits: &[Split], t: u32, sequence: bool) {
             (true, true) => CollectiveKind::AllGather,
             (true, false) => CollectiveKind::ReduceScatter,
         };
-        let layer = j.local.ops[cut.producers[0] as usize].spec.layer;
-        let c = j.local.ops.len() as OpId;
-        j.local.ops.push(LocalOp {
-            spec: OpSpec {
-                layer,
-                ..OpSpec::new(
-                    OpKind::Collective,
-                    cut.phase,
-                    stream,
-                    collective_ns(j, kind, t, cut.bytes),
-                )
-            },
-            work: None,
-        });
         for &a in &from {
-            add.push((a, c));
             for &b in &to {
                 remove.insert((a, b));
             }
         }
-        for &b in &to {
-            add.push((c, b));
-        }
+        let spec = OpSpec {
+            layer: j.local.ops[cut.producers[0] as usize].spec.layer,
+            ..OpSpec::new(
+                OpKind::Collective,
+                cut.phase,
+                stream,
+                collective_ns(j, kind, t, cut.bytes),
+            )
+        };
+        joins.push((from, to, spec));
     }
     j.local.edges.retain(|e| !remove.contains(e));
-    j.local.edges.extend(add);
+    let mut ed = j.edit();
+    for (from, to, spec) in joins {
+        ed.insert(spec, None, &from, &to, call_ns)
+            .map_err(edit_error)?;
+    }
+    *j = ed.finish().map_err(edit_error)?;
+    Ok(())
+}
+
+fn edit_error(source: crate::graph::job::JobError) -> PassError {
+    PassError::Edit {
+        pass: NAME.into(),
+        source,
+    }
 }
 
 /// Where one collective goes: after `producers` (their data successors wait for it) or, with
@@ -894,6 +913,21 @@ mod tests {
             }
             assert!(j.local_dfg().is_ok(), "acyclic");
         }
+        // Each collective is called from the host in program order, at the host's cost of a
+        // collective call (`c10d::allreduce_`).
+        let call = tp.host.collective_call_ns().round() as u64;
+        assert!(call > 0);
+        let launched = tp
+            .local
+            .edges
+            .iter()
+            .filter(|&&(a, b)| {
+                tp.local.ops[b as usize].spec.kind == OpKind::Collective
+                    && tp.local.ops[a as usize].spec.kind == OpKind::Launch
+                    && tp.local.ops[a as usize].spec.dur_ns == call
+            })
+            .count();
+        assert_eq!(launched, 4 * layers + 2);
     }
 
     /// Weights, gradients and optimizer state of the split layers (QKV, attention out, MLP in

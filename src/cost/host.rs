@@ -42,6 +42,11 @@ pub struct HostSpec {
     /// Fixed CPU work per micro-step (fetching the batch, its host-to-device copy, the
     /// training loop's Python, `backward()`'s setup), µs.
     pub micro_step_us: f64,
+    /// CPU time of one collective call from the framework (`c10d::allreduce_`: the process
+    /// group's bookkeeping, stream synchronisation and the NCCL launch), µs; 0 when a file
+    /// leaves it out. What tensor parallelism's all-reduces cost the host.
+    #[serde(default)]
+    pub collective_call_us: f64,
     /// The machine's factor on all of the above (1 = the measured host).
     pub speed: f64,
     #[serde(default)]
@@ -90,6 +95,11 @@ impl HostSpec {
     /// CPU time of one multi-tensor optimizer call over `tensors` tensors, ns.
     pub fn foreach_ns(&self, tensors: usize) -> f64 {
         self.speed * (self.foreach_call_us + self.foreach_tensor_us * tensors as f64) * 1e3
+    }
+
+    /// CPU time of one collective call, ns.
+    pub fn collective_call_ns(&self) -> f64 {
+        self.speed * self.collective_call_us * 1e3
     }
 
     /// Fixed CPU time per micro-step, ns.
