@@ -477,6 +477,10 @@ struct Allocator<'a> {
     /// Segment sizes (index = segment id), and the pool's growing segment when expandable.
     segments: Vec<(u64, u64)>,
     growing: [Option<u32>; 2],
+    /// Segments (not growing) whose whole range is one free block: what a release under
+    /// pressure frees, kept as blocks change so a release costs the idle segments, not every
+    /// segment ever made (a job far over its GPU released on every new segment).
+    idle: BTreeSet<u32>,
     next_addr: u64,
     total: u64,
     peak: u64,
@@ -497,6 +501,7 @@ impl<'a> Allocator<'a> {
             free: BTreeSet::new(),
             segments: Vec::new(),
             growing: [None, None],
+            idle: BTreeSet::new(),
             // Above the expandable segments' ranges (pool + 1) << 52.
             next_addr: 3 << 52,
             total: 0,
@@ -511,7 +516,9 @@ impl<'a> Allocator<'a> {
     /// Under pressure: release every segment whose one block is free (expandable segments are
     /// kept).
     fn release_cached(&mut self) {
-        for id in 0..self.segments.len() {
+        debug_assert_eq!(self.idle, self.idle_by_scan(), "the idle set drifted");
+        for id in std::mem::take(&mut self.idle) {
+            let id = id as usize;
             if self.growing.contains(&Some(id as u32)) {
                 continue;
             }
@@ -529,6 +536,22 @@ impl<'a> Allocator<'a> {
                 self.total -= len;
             }
         }
+    }
+
+    /// The idle segments found the slow way, by looking at every segment (what `idle` keeps
+    /// up to date; checked against it in debug builds).
+    fn idle_by_scan(&self) -> BTreeSet<u32> {
+        (0..self.segments.len() as u32)
+            .filter(|id| !self.growing.contains(&Some(*id)))
+            .filter(|&id| {
+                let (base, len) = self.segments[id as usize];
+                len > 0
+                    && self
+                        .blocks
+                        .get(&base)
+                        .is_some_and(|b| b.free && b.size == len)
+            })
+            .collect()
     }
 
     fn bfc(&self) -> bool {
@@ -571,6 +594,7 @@ impl<'a> Allocator<'a> {
             },
         );
         self.free.insert((pool, size, addr));
+        self.idle.insert(id);
         self.total += size;
         self.peak = self.peak.max(self.total);
         addr
@@ -673,6 +697,7 @@ impl<'a> Allocator<'a> {
             return self.new_segment(pool, size);
         };
         self.free.remove(&(pool, block.size, addr));
+        self.idle.remove(&block.segment);
         let handed = if self.splits(pool, block.size, size) {
             size
         } else {
@@ -745,6 +770,11 @@ impl<'a> Allocator<'a> {
         b.free = true;
         self.blocks.insert(start, b);
         self.free.insert((b.pool, b.size, start));
+        if self.segments[b.segment as usize] == (start, b.size)
+            && !self.growing.contains(&Some(b.segment))
+        {
+            self.idle.insert(b.segment);
+        }
     }
 }
 
@@ -756,6 +786,45 @@ mod tests {
 
     fn caching() -> MemorySpec {
         MemorySpec::builtin(Framework::Pytorch)
+    }
+
+    /// Under pressure the allocator releases its idle segments from a set it keeps as blocks
+    /// change (debug builds check it against a scan of every segment at each release): random
+    /// allocations and frees of mixed sizes on a small limit, for both allocators, release
+    /// often and end with every block freed, the cache emptied by a last release.
+    #[test]
+    fn idle_segments_are_tracked_through_random_allocations_under_pressure() {
+        let mut bfc = MemorySpec::builtin(Framework::Tf);
+        bfc.allocator = AllocatorKind::Bfc;
+        for spec in [caching(), bfc] {
+            let mut a = Allocator::new(&spec);
+            a.limit = 64 * MIB;
+            let mut live: Vec<u64> = Vec::new();
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            for _ in 0..4000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if live.len() > 40 || (x % 3 == 0 && !live.is_empty()) {
+                    let i = (x >> 8) as usize % live.len();
+                    a.free(live.swap_remove(i));
+                } else {
+                    let bytes = match x % 4 {
+                        0 => (x >> 20) % MIB,
+                        1 => (x >> 20) % (8 * MIB),
+                        2 => 2 * MIB + (x >> 20) % (30 * MIB),
+                        _ => 512,
+                    };
+                    live.push(a.alloc(bytes.max(1)));
+                }
+            }
+            for addr in live.drain(..) {
+                a.free(addr);
+            }
+            assert_eq!(a.in_use, 0);
+            a.release_cached();
+            assert_eq!(a.total, 0, "every segment idle and released");
+        }
     }
 
     #[test]
