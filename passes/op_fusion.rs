@@ -71,8 +71,10 @@
 //! member of a cluster chosen on the critical path lies in one block of a repeated structure —
 //! op names that differ only in the first all-digit component, `bert.encoder.layer.3.…` or
 //! `layer2.1.…` ([`block_of`]) — the same patch also merges the twin cluster of every other
-//! block index (the ops whose member names are the cluster's with the index replaced), when all
-//! of them exist, are free and the merge is legal. One candidate evaluation then fuses twelve
+//! block index (the ops whose member names are the cluster's with the index replaced, each the
+//! same occurrence of its names as the member it stands for: a recomputed layer's forward runs
+//! twice, the original and the re-run), when all of them exist, are free and the merge is
+//! legal. One candidate evaluation then fuses twelve
 //! BERT layers instead of one per round. The search passes `twins=0` under `plan --no-symmetry`.
 //! VGG's `features.N` (each index a different op) and names without an index have no twins.
 //!
@@ -328,7 +330,11 @@ struct Fuser<'a> {
     seen: Vec<u32>,
     stamp: u32,
     /// Fusible ops by their member names (twin lookup; filled on first use).
-    signatures: std::collections::BTreeMap<Vec<String>, OpId>,
+    /// Keyed by the names and the occurrence among ops of the same names (0 for the first in id
+    /// order): a recomputed layer has its forward twice, the original and the re-run.
+    signatures: std::collections::BTreeMap<(Vec<String>, u32), OpId>,
+    /// Each fusible op's occurrence (see `signatures`; filled with it).
+    occurrence: Vec<u32>,
     /// With `within=block`: each op's module block, numbered; a cluster's ops share one.
     block: Option<Vec<u32>>,
 }
@@ -412,6 +418,7 @@ impl<'a> Fuser<'a> {
             seen: vec![0; total],
             stamp: 0,
             signatures: Default::default(),
+            occurrence: Vec::new(),
             block: None,
         })
     }
@@ -713,16 +720,22 @@ impl<'a> Fuser<'a> {
         };
         let prefix = prefix.to_string();
         if self.signatures.is_empty() {
+            let mut seen: std::collections::BTreeMap<Vec<String>, u32> = Default::default();
+            self.occurrence = vec![0; l.ops.len()];
             for o in 0..l.ops.len() as OpId {
                 if fusible(self.job, o) {
-                    self.signatures.insert(l.members(o), o);
+                    let m = l.members(o);
+                    let n = seen.entry(m.clone()).or_insert(0);
+                    self.occurrence[o as usize] = *n;
+                    *n += 1;
+                    self.signatures.insert((m, self.occurrence[o as usize]), o);
                 }
             }
         }
         let indices: BTreeSet<u32> = self
             .signatures
             .keys()
-            .flatten()
+            .flat_map(|(names, _)| names)
             .filter_map(|n| block_of(n).filter(|b| b.0 == prefix).map(|b| b.1))
             .collect();
         let mut out = Vec::new();
@@ -736,7 +749,7 @@ impl<'a> Fuser<'a> {
                 continue;
             }
             let mut twin: Vec<OpId> = Vec::with_capacity(cluster.len());
-            for member in &names {
+            for (member, &op) in names.iter().zip(&cluster) {
                 let renamed: Vec<String> = member
                     .iter()
                     .map(|n| match block_of(n) {
@@ -744,7 +757,10 @@ impl<'a> Fuser<'a> {
                         None => n.clone(),
                     })
                     .collect();
-                match self.signatures.get(&renamed) {
+                match self
+                    .signatures
+                    .get(&(renamed, self.occurrence[op as usize]))
+                {
                     Some(&t) if !twin.contains(&t) => twin.push(t),
                     _ => break,
                 }
@@ -1144,6 +1160,38 @@ mod tests {
         assert_eq!(block_of("features.0 FW"), None);
         assert_eq!(block_of("12.fc FW"), None);
         assert_eq!(block_of("bert.embeddings.word_embeddings FW"), None);
+    }
+
+    /// With recomputation a dropped layer's forward runs twice (the original and the re-run,
+    /// same names): a twin is the op of the same occurrence in the other block, so a fusion of
+    /// checkpointed or re-run forward ops still repeats in every block. (Keyed by names alone,
+    /// the twins of a checkpoint layer's ops were the other layers' re-runs and none applied:
+    /// `plan --model llama3-70b --cluster 512xh100-ib` took 157 rounds of one layer each.)
+    #[test]
+    fn twins_survive_recomputation() {
+        let model = crate::zoo::model("bert-base", &Default::default()).unwrap();
+        let cluster = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
+        let mut job = crate::zoo::build::job(&model, &cluster, &Default::default()).unwrap();
+        job.symmetric = true;
+        let base = evaluate(job).unwrap();
+        let reg = super::super::registry();
+        let rc = super::super::find(&reg, "recompute").unwrap();
+        let k = super::super::resolve_knobs(rc, &[]).unwrap();
+        let patches = super::super::propose(rc, &base, &k).unwrap();
+        let rec = evaluate(apply_all(&base.job, &patches).unwrap()).unwrap();
+        let twin = OpFusion.propose(&rec, &knobs(&[])).unwrap();
+        let merges = |p: &Patch| {
+            p.edits
+                .iter()
+                .filter(|e| matches!(e, Edit::Merge { .. }))
+                .count()
+        };
+        let widest = twin.iter().map(merges).max().unwrap();
+        eprintln!(
+            "bert-base + recompute: {} moves, widest {widest}",
+            twin.len()
+        );
+        assert_eq!(widest, 12, "a fusion repeated in all 12 encoder layers");
     }
 
     #[test]

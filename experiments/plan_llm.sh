@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 24's search bench, as far as the planner goes today: `plan` for Llama 3 70B on 512 H100s
+# (512xh100-ib) and Llama 3 405B on 16,384 H100s (16384xh100-ib), framework pytorch (FSDP2 as
+# the memory step's sharding, AMP, recomputation, op fusion). No layout search yet (tensor and
+# pipeline parallelism are not among the planner's moves), so this times the data-parallel +
+# sharding plan. Target (issue 24): 405B on 16,384 GPUs in <= 60 s on 2 cores.
+#
+#   bash experiments/plan_llm.sh [BIN]        (BIN default: target/release/trainplan)
+#
+# Writes experiments/results/plan_llm.md (and prints it): exit code, baseline and planned
+# step, rounds and replays, MFU, device memory, wall time and peak resident memory of the
+# whole command. Wall-clock and memory figures belong in reports, never in tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="${1:-target/release/trainplan}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+out=experiments/results/plan_llm.md
+rows=()
+for job in "llama3-70b 512xh100-ib" "llama3-405b 16384xh100-ib"; do
+  read -r model cluster <<<"$job"
+  /usr/bin/time -f '%e %M' -o "$tmp/time" "$bin" plan --model "$model" --cluster "$cluster" \
+    --framework pytorch -o "$tmp/p.yaml" --json >"$tmp/out.json" 2>"$tmp/err" && code=0 || code=$?
+  read -r wall kb < <(tail -n 1 "$tmp/time")
+  summary=$(python3 - "$tmp/out.json" <<'PY'
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))
+except Exception:
+    print("| — | — | — | — | — |")
+    sys.exit(0)
+mfu = v.get("mfu")
+print(f"| {v.get('baseline_iteration_ms', 0):.1f} | {v.get('planned_iteration_ms', 0):.1f} | "
+      f"{v.get('rounds', '—')} / {v.get('replays', '—')} | "
+      f"{'—' if mfu is None else f'{100 * mfu:.1f} %'} | "
+      f"{v.get('planned_device_used_bytes', 0) / 1e9:.1f} GB |")
+PY
+)
+  rows+=("| $model | $cluster | $code $summary $wall s | $((kb / 1024)) MiB |")
+done
+{
+  echo "# plan for Llama 3 70B and 405B (issue 24)"
+  echo
+  echo "\`bash experiments/plan_llm.sh\` on $(nproc) cores, $(date -u +%Y-%m-%d), \`--framework pytorch\`."
+  echo
+  echo "| model | cluster | exit | baseline ms | planned ms | rounds / replays | MFU | device used | wall | peak RSS |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} >"$out"
+cat "$out"
