@@ -1169,23 +1169,13 @@ mod tests {
     /// `plan --model llama3-70b --cluster 512xh100-ib` took 157 rounds of one layer each.)
     #[test]
     fn twins_survive_recomputation() {
-        let model = crate::zoo::model("bert-base", &Default::default()).unwrap();
-        let cluster = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
-        let mut job = crate::zoo::build::job(&model, &cluster, &Default::default()).unwrap();
-        job.symmetric = true;
-        let base = evaluate(job).unwrap();
+        let base = evaluate(bert_base_symmetric()).unwrap();
         let reg = super::super::registry();
         let rc = super::super::find(&reg, "recompute").unwrap();
         let k = super::super::resolve_knobs(rc, &[]).unwrap();
         let patches = super::super::propose(rc, &base, &k).unwrap();
         let rec = evaluate(apply_all(&base.job, &patches).unwrap()).unwrap();
         let twin = OpFusion.propose(&rec, &knobs(&[])).unwrap();
-        let merges = |p: &Patch| {
-            p.edits
-                .iter()
-                .filter(|e| matches!(e, Edit::Merge { .. }))
-                .count()
-        };
         let widest = twin.iter().map(merges).max().unwrap();
         eprintln!(
             "bert-base + recompute: {} moves, widest {widest}",
@@ -1194,22 +1184,29 @@ mod tests {
         assert_eq!(widest, 12, "a fusion repeated in all 12 encoder layers");
     }
 
-    #[test]
-    fn zoo_bert_base_twins_fuse_every_block_in_one_move() {
+    /// BERT-base on dPRO's 16 V100s, symmetric form.
+    fn bert_base_symmetric() -> Job {
         let model = crate::zoo::model("bert-base", &Default::default()).unwrap();
         let cluster = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
-        let job = crate::zoo::build::job(&model, &cluster, &Default::default()).unwrap();
-        let mut sym = job.clone();
-        sym.symmetric = true;
+        let mut job = crate::zoo::build::job(&model, &cluster, &Default::default()).unwrap();
+        job.symmetric = true;
+        job
+    }
+
+    /// Clusters a patch merges.
+    fn merges(p: &Patch) -> usize {
+        p.edits
+            .iter()
+            .filter(|e| matches!(e, Edit::Merge { .. }))
+            .count()
+    }
+
+    #[test]
+    fn zoo_bert_base_twins_fuse_every_block_in_one_move() {
+        let sym = bert_base_symmetric();
         let base = evaluate(sym.clone()).unwrap();
         let solo = OpFusion.propose(&base, &knobs(&[("twins", "0")])).unwrap();
         let twin = OpFusion.propose(&base, &knobs(&[])).unwrap();
-        let merges = |p: &Patch| {
-            p.edits
-                .iter()
-                .filter(|e| matches!(e, Edit::Merge { .. }))
-                .count()
-        };
         let widest = twin.iter().map(merges).max().unwrap();
         eprintln!(
             "bert-base: {} patches without twins, {} with; widest patch merges {} clusters",

@@ -6,7 +6,7 @@ use crate::support::{check_bad_input, run_json};
 
 /// A 1.8 B-parameter GPT (16 layers, hidden 3072) at batch 1: FP32 Adam's 16 bytes per
 /// parameter alone are 29 GB per GPU under DDP.
-const BIG_GPT: &[&str] = &[
+pub(crate) const BIG_GPT: &[&str] = &[
     "whatif",
     "--model",
     "gpt",
@@ -28,7 +28,7 @@ fn whatif(pass: &str) -> serde_json::Value {
     run_json(&a)
 }
 
-fn bytes(v: &serde_json::Value, k: &str) -> u64 {
+pub(crate) fn bytes(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {v}"))
 }
 

@@ -2,25 +2,11 @@
 //! splits the blocks' memory, composes with sharding over the data-parallel ranks, and a layout
 //! that cannot apply exits 3 naming the constraint.
 
+use crate::sharding::{BIG_GPT, bytes};
 use crate::support::{check_bad_input, run_json};
 
-/// A 1.8 B-parameter GPT (16 layers, hidden 3072, 24 heads) at batch 1 on 8 V100s: over a
-/// V100 under DDP.
-const BIG_GPT: &[&str] = &[
-    "whatif",
-    "--model",
-    "gpt",
-    "--hidden",
-    "3072",
-    "--heads",
-    "24",
-    "--layers",
-    "16",
-    "--batch",
-    "1",
-    "--cluster",
-    "8xv100",
-];
+// BIG_GPT: the sharding tests' 1.8 B-parameter GPT (16 layers, hidden 3072, 24 heads) at
+// batch 1 on 8 V100s, over a V100 under DDP.
 
 fn whatif(passes: &[&str]) -> serde_json::Value {
     let mut a = BIG_GPT.to_vec();
@@ -28,10 +14,6 @@ fn whatif(passes: &[&str]) -> serde_json::Value {
         a.extend_from_slice(&["--pass", p]);
     }
     run_json(&a)
-}
-
-fn bytes(v: &serde_json::Value, k: &str) -> u64 {
-    v[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {v}"))
 }
 
 #[test]
