@@ -148,6 +148,13 @@ impl Split {
     }
 }
 
+/// Whether the parameter `name` of a layer split as `split` is split: the weights of the
+/// split layers and the column-parallel biases; a row-parallel bias is whole on every rank
+/// (Megatron's `RowParallelLinear` adds it after the all-reduce).
+pub fn param_split(split: Split, name: &str) -> bool {
+    split.weights_split() && !(split == Split::Row && name.ends_with(".bias"))
+}
+
 const COLUMN_ATTN: [&str; 7] = [
     "attn.c_attn",
     "self_attn.q_proj",
@@ -351,7 +358,7 @@ pub fn tensor_parallel(
         .local
         .tensors
         .iter()
-        .map(|x| x.layer != NONE && splits[x.layer as usize].weights_split())
+        .map(|x| x.layer != NONE && param_split(splits[x.layer as usize], &x.name))
         .collect();
     split_static_memory(&mut j, &split_tensor, t);
     split_syncs(&mut j, job, t);
@@ -666,11 +673,12 @@ fn memory_factors(
 fn add_collectives(j: &mut Job, splits: &[Split], t: u32, sequence: bool) -> Result<(), PassError> {
     let elem = j.dtype.bytes() as f64;
     let ops = j.local.ops.len();
-    let mut succ: Vec<Vec<OpId>> = vec![Vec::new(); ops];
+    let succ = j.local_succs();
     let mut pred: Vec<Vec<OpId>> = vec![Vec::new(); ops];
-    for &(a, b) in &j.local.edges {
-        succ[a as usize].push(b);
-        pred[b as usize].push(a);
+    for (a, next) in succ.iter().enumerate() {
+        for &b in next {
+            pred[b as usize].push(a as OpId);
+        }
     }
     let mut cuts: Vec<Cut> = Vec::new();
     // Column groups: the forward and backward ops of each block's attention / MLP inputs.
@@ -932,16 +940,39 @@ mod tests {
 
     /// Weights, gradients and optimizer state of the split layers (QKV, attention out, MLP in
     /// and out, the word embedding) are 1/t per rank; LayerNorms, position embeddings and
-    /// row-parallel biases... stay whole, so the static bytes follow that arithmetic.
+    /// row-parallel biases stay whole, so the static bytes follow that arithmetic.
     #[test]
     fn static_memory_splits_the_block_matrices_and_the_vocabulary() {
         let (m, job) = test_job("gpt", 4, "8xh200");
-        let split: u64 = m
+        let in_split_layers: u64 = m
             .layers
             .iter()
             .filter(|l| split_of(&l.name).weights_split())
             .map(|l| l.param_elems())
             .sum();
+        // Row-parallel biases stay whole: two per block of `hidden` elements each.
+        let row_bias: u64 = m
+            .layers
+            .iter()
+            .filter(|l| split_of(&l.name) == Split::Row)
+            .flat_map(|l| &l.params)
+            .filter(|p| p.name.ends_with(".bias"))
+            .map(|p| p.elems)
+            .sum();
+        assert_eq!(row_bias, 2 * 12 * 768);
+        let split = in_split_layers - row_bias;
+        let tp = tensor_parallel(&job, 4, false, true).expect("tp");
+        for (before, after) in job.local.tensors.iter().zip(&tp.local.tensors) {
+            let whole = before.name.ends_with("c_proj.bias") || before.name.contains("ln_");
+            let want = if whole {
+                before.bytes
+            } else if before.name.contains(".h.") || before.name.contains("wte") {
+                before.bytes.div_ceil(4)
+            } else {
+                before.bytes
+            };
+            assert_eq!(after.bytes, want, "{}", before.name);
+        }
         let psi = m.param_elems();
         assert!(split > psi * 9 / 10, "{split} of {psi}");
         for t in [2u64, 4] {
