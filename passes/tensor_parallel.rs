@@ -338,6 +338,18 @@ fn check(job: &Job, t: u32, splits: &[Split]) -> Result<(), PassError> {
     Ok(())
 }
 
+/// The degrees the layout step tries on `job`: 2, 4, 8, … up to a node's GPUs, those the pass
+/// takes (dividing the heads, the KV heads and the workers; a zoo transformer not yet
+/// tensor-parallel or sharded). Empty for every other job.
+pub fn degrees(job: &Job) -> Vec<u32> {
+    let splits: Vec<Split> = job.local.layers.iter().map(|n| split_of(n)).collect();
+    (1..32)
+        .map(|i| 1u32 << i)
+        .take_while(|&t| t <= job.comm.gpus_per_node)
+        .filter(|&t| check(job, t, &splits).is_ok())
+        .collect()
+}
+
 /// `job` with tensor parallelism of degree `t` (sequence parallelism with `sequence`). With
 /// `keep_global` each group of `t` ranks trains `t` times the job's per-worker batch, so the
 /// global batch stays; otherwise the batch per model replica stays.

@@ -15,6 +15,7 @@ mod calibrate;
 mod chakra;
 pub(crate) mod distinct;
 mod export;
+mod layouts;
 mod lower_bound;
 mod memory;
 pub(crate) mod output;
@@ -371,6 +372,12 @@ pub struct PlanArgs {
     /// time, so the same input gives the same plan on any machine (stop reason `round_limit`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_rounds: Option<u32>,
+    /// Show the K best layouts the memory step tried (tensor-parallel degree, sharding,
+    /// micro-batch, accumulation, recomputation; step time, tokens/s per GPU, MFU and device
+    /// memory each), and add them to --json as `top_layouts`. Layouts are searched when the
+    /// job does not fit as it is.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub top: Option<u32>,
     /// Device memory per GPU the plan may use (16GiB, 80GB, 512MiB, bytes; default and at most
     /// the GPU's): over it the planner first tries AMP, recomputation, gradient accumulation and
     /// sharding; exit 4 when nothing fits. What TensorFlow or JAX keep out of their allocator's

@@ -259,6 +259,15 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     let extra = finished
         .as_ref()
         .map(|f| TraceExtra::of(&f.outcome, multi.as_ref()));
+    let layouts = a.top.map(|k| {
+        let rows = finished
+            .as_ref()
+            .map_or(&[][..], |f| f.outcome.layouts.as_slice());
+        (
+            super::layouts::top_json(rows, k as usize, w.per_step),
+            super::layouts::top_lines(rows, k as usize, w.per_step),
+        )
+    });
     let chosen = Chosen::of(finished, stopped_at, &snap, &headline, w.fw, multi.as_ref());
     let memory_modelled =
         headline.peaks.allocated > 0 && super::traceinfo::has_memory(&headline.job);
@@ -274,7 +283,7 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         multi.as_ref(),
     );
     write_plan(a, &plan, &svg_path)?;
-    report(a, &plan, t0.elapsed(), &svg_path, extra.as_ref())?;
+    report(a, &plan, t0.elapsed(), &svg_path, extra.as_ref(), layouts)?;
     if chosen.stop == StopReason::Interrupted {
         return Err(CliError {
             code: exit::INTERRUPTED,
@@ -1111,6 +1120,8 @@ fn snapshot_report(
         wall: Duration::ZERO,
         stop: StopReason::Budget,
         rounds: snap.rounds,
+        // An interrupted search's snapshot keeps no layout table.
+        layouts: Vec::new(),
     };
     let lower_ns = lower_bound_ns(&outcome, trace)?;
     Ok(Some(Finished { outcome, lower_ns }))
@@ -1253,11 +1264,14 @@ fn report(
     wall: Duration,
     svg: &std::path::Path,
     extra: Option<&TraceExtra>,
+    layouts: Option<(serde_json::Value, Vec<String>)>,
 ) -> Result<(), CliError> {
     let mut o = super::output::stdout();
     let p = &plan.predicted;
+    let (top_json, top_lines) = layouts.unzip();
     if a.json {
         let v = json!({
+            "top_layouts": top_json,
             "baseline_iteration_ms": p.baseline.iteration_ms,
             "baseline_name": p.baseline_name,
             "baseline_precision": p.baseline_precision,
@@ -1298,6 +1312,10 @@ fn report(
         return writeln!(o, "{v}").map_err(super::CliError::stdout);
     }
     let mut lines = summary(plan);
+    if let Some(top) = top_lines {
+        lines.extend(top);
+        lines.push(String::new());
+    }
     if let Some(e) = extra {
         // A trace's facts under the headline; its makespan and what bounds it after the
         // memory line.

@@ -179,6 +179,36 @@ pub struct FinalConfig {
     /// gradient collectives (reduce-scatters from stage 2), not the parameter all-gathers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharding: Option<ShardConfig>,
+    /// Megatron tensor parallelism (the `tensor-parallel` pass); absent: degree 1. With it the
+    /// data-parallel ranks (the gradient collectives' and `sharding`'s) are `ranks / degree`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_parallel: Option<TensorParallelConfig>,
+}
+
+/// What the torchtitan export applies for tensor parallelism (`parallelism.tensor_parallel_degree`;
+/// the other exports refuse a plan with it, naming `config.tensor_parallel`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorParallelConfig {
+    /// Ranks per tensor-parallel group (consecutive ranks of one node).
+    pub degree: u32,
+    /// Sequence parallelism: norms, dropout and residuals split over the sequence.
+    pub sequence: bool,
+    /// The global batch is kept: each group of `degree` ranks trains `degree` x the per-GPU
+    /// batch (`workload.batch`); false: each group trains the per-GPU batch (`batch=replica`).
+    pub global_batch: bool,
+}
+
+impl TensorParallelConfig {
+    /// Samples one data-parallel replica (a tensor-parallel group) trains per iteration, from
+    /// the per-GPU batch of the plan's workload.
+    pub fn replica_batch(&self, per_gpu: u32) -> u32 {
+        if self.global_batch {
+            per_gpu.saturating_mul(self.degree)
+        } else {
+            per_gpu
+        }
+    }
 }
 
 /// What the FSDP2 (`pytorch`), DeepSpeed and torchtitan exports apply for sharding.
@@ -325,9 +355,19 @@ impl FinalConfig {
             .collect();
         let (mut k, mut recompute) = (1, Vec::<String>::new());
         let mut sharding = None;
+        let mut tensor_parallel = None;
         for d in decisions {
             match d.pass.as_str() {
                 "op-fusion" | "tensor-fusion" | "tensor-partition" => {}
+                "tensor-parallel" => {
+                    let knob = |k: &str| d.knobs.get(k).map(|v| v.trim());
+                    let degree = knob("degree").and_then(|v| v.parse().ok()).unwrap_or(2);
+                    tensor_parallel = (degree > 1).then(|| TensorParallelConfig {
+                        degree,
+                        sequence: knob("sequence") == Some("1"),
+                        global_batch: knob("batch") != Some("replica"),
+                    });
+                }
                 "shard" => sharding = Some(ShardConfig::of(job, &d.knobs)),
                 b if b.starts_with("baseline:") => {
                     if d.knobs.contains_key("stage") {
@@ -360,6 +400,7 @@ impl FinalConfig {
             grad_accumulation: k,
             recompute,
             sharding,
+            tensor_parallel,
         }
     }
 }

@@ -22,7 +22,8 @@
 //! | `config.dtype` | fp32, fp16, bf16, fp8, fp64 | what `plan` writes |
 //! | `config.tensor_bytes`, each group's sum | ≤ 16 TiB (checked addition) | [`crate::graph::bounds::MAX_TENSOR_BYTES`] |
 //! | `config.tensor_groups` | no empty group, no tensor twice; partitions keyed by a group's first tensor | the job's syncs |
-//! | `config.sharding` | stage 1..=3; shard_size ≥ 2 and shard_size × replicas = ranks; prefetch ≤ 64; one byte count per unit, no unit twice, stage 3 has units | the `shard` pass |
+//! | `config.tensor_parallel` | degree ≥ 2, dividing the ranks | the `tensor-parallel` pass |
+//! | `config.sharding` | stage 1..=3; shard_size ≥ 2 and shard_size × replicas = the data-parallel ranks (ranks ÷ the tensor-parallel degree); prefetch ≤ 64; one byte count per unit, no unit twice, stage 3 has units | the `shard` pass |
 //! | `search.budget_s` | finite, ≥ 0 | `--budget` |
 
 use std::collections::BTreeSet;
@@ -190,7 +191,7 @@ fn decision_knobs(
                 return Err(invalid(
                     field("k"),
                     format!(
-                        "{k} micro-batches do not divide the batch of {batch} (workload.batch): a micro-step would hold {:.3} samples",
+                        "{k} micro-batches do not divide the batch of {batch} (workload.batch, per data-parallel replica): a micro-step would hold {:.3} samples",
                         f64::from(batch) / k as f64
                     ),
                 ));
@@ -208,6 +209,16 @@ fn config(c: &FinalConfig, batch: u32, ranks: u32) -> Result<(), Invalid> {
             format!("{:?}: must be one of {}", c.dtype, DTYPES.join(", ")),
         ));
     }
+    let dp_ranks = match &c.tensor_parallel {
+        Some(tp) => tensor_parallel(tp, ranks)?,
+        None => ranks,
+    };
+    // Accumulation splits what one data-parallel replica trains (a tensor-parallel group's
+    // batch, with tensor parallelism).
+    let batch = c
+        .tensor_parallel
+        .as_ref()
+        .map_or(batch, |tp| tp.replica_batch(batch));
     let k = c.grad_accumulation;
     if k == 0 || k > MAX_ACCUMULATION {
         return Err(invalid(
@@ -219,7 +230,7 @@ fn config(c: &FinalConfig, batch: u32, ranks: u32) -> Result<(), Invalid> {
         return Err(invalid(
             "config.grad_accumulation",
             format!(
-                "{k} micro-batches do not divide the batch of {batch} (workload.batch): a micro-step would hold {:.3} samples",
+                "{k} micro-batches do not divide the batch of {batch} (workload.batch, per data-parallel replica): a micro-step would hold {:.3} samples",
                 f64::from(batch) / f64::from(k)
             ),
         ));
@@ -263,7 +274,7 @@ fn config(c: &FinalConfig, batch: u32, ranks: u32) -> Result<(), Invalid> {
         }
     }
     if let Some(sh) = &c.sharding {
-        sharding(sh, ranks)?;
+        sharding(sh, dp_ranks)?;
     }
     for (first, &n) in &c.partitions {
         let field = format!("config.partitions[{}]", key(first));
@@ -283,8 +294,24 @@ fn config(c: &FinalConfig, batch: u32, ranks: u32) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// `config.sharding`: a stage the passes know, groups that tile the ranks, units matching
-/// their bytes.
+/// `config.tensor_parallel`: a degree of at least 2 dividing the ranks; the data-parallel
+/// ranks it leaves.
+fn tensor_parallel(tp: &crate::plan::TensorParallelConfig, ranks: u32) -> Result<u32, Invalid> {
+    if tp.degree < 2 || !ranks.is_multiple_of(tp.degree) {
+        return Err(invalid(
+            "config.tensor_parallel.degree",
+            format!(
+                "{}: must be at least 2 and divide the {ranks} ranks (workload.ranks); a plan without tensor parallelism has no config.tensor_parallel",
+                tp.degree
+            ),
+        ));
+    }
+    Ok(ranks / tp.degree)
+}
+
+/// `config.sharding`: a stage the passes know, groups that tile the data-parallel ranks
+/// (`ranks`: every rank, or `ranks / degree` with tensor parallelism), units matching their
+/// bytes.
 fn sharding(sh: &crate::plan::ShardConfig, ranks: u32) -> Result<(), Invalid> {
     if !(1..=3).contains(&sh.stage) {
         return Err(invalid(
@@ -299,7 +326,7 @@ fn sharding(sh: &crate::plan::ShardConfig, ranks: u32) -> Result<(), Invalid> {
         return Err(invalid(
             "config.sharding.shard_size",
             format!(
-                "{} ranks per shard group x {} replicas must be the {ranks} ranks (workload.ranks), with at least 2 per group",
+                "{} ranks per shard group x {} replicas must be the {ranks} data-parallel ranks (workload.ranks / config.tensor_parallel.degree), with at least 2 per group",
                 sh.shard_size, sh.replicas
             ),
         ));
@@ -423,6 +450,17 @@ impl Plan {
             time(&format!("baselines[{}]", key(name)), v)?;
         }
         let registry = crate::passes::registry();
+        // Accumulation splits what one data-parallel replica trains (a tensor-parallel
+        // group's batch, its degree checked first).
+        if let Some(tp) = &self.config.tensor_parallel {
+            tensor_parallel(tp, w.ranks)?;
+        }
+        let replica_batch = w.batch().map_or(0, |b| {
+            self.config
+                .tensor_parallel
+                .as_ref()
+                .map_or(b, |tp| tp.replica_batch(b))
+        });
         for (i, d) in self.decisions.iter().enumerate() {
             effect(&format!("decisions[{i}].effect_ms"), d.effect_ms)?;
             if let Some(n) = d.partitions
@@ -433,7 +471,7 @@ impl Plan {
                     format!("{n}: must be between 1 and {MAX_K}"),
                 ));
             }
-            decision_knobs(i, d, w.batch().unwrap_or(0), &registry)?;
+            decision_knobs(i, d, replica_batch, &registry)?;
         }
         for (i, a) in self.advice.iter().enumerate() {
             effect(&format!("advice[{i}].effect_ms"), a.effect_ms)?;
@@ -618,6 +656,77 @@ mod tests {
             |p| p.search.budget_s = f64::NAN,
             "search.budget_s",
             "seconds",
+        );
+    }
+
+    #[test]
+    fn tensor_parallelism_checks_its_degree_and_moves_the_data_parallel_ranks() {
+        use crate::plan::{ShardConfig, TensorParallelConfig};
+        // 8 ranks at batch 4: degree 2 leaves 4 data-parallel ranks, each a group training 8.
+        let tp = |p: &mut Plan, degree: u32| {
+            p.config.tensor_parallel = Some(TensorParallelConfig {
+                degree,
+                sequence: true,
+                global_batch: true,
+            });
+        };
+        let sharded = |p: &mut Plan, shard_size: u32| {
+            p.config.sharding = Some(ShardConfig {
+                stage: 3,
+                shard_size,
+                replicas: 1,
+                reshard: true,
+                prefetch: 1,
+                offload: false,
+                units: vec!["net.0".into(), String::new()],
+                unit_bytes: vec![1024, 512],
+            });
+        };
+        let mut p = tiny_plan();
+        tp(&mut p, 2);
+        sharded(&mut p, 4);
+        p.config.grad_accumulation = 8;
+        p.decisions[1] = decision("grad-accumulation", &[("k", "8")], "x");
+        p.check().unwrap();
+        let refused = |edit: &dyn Fn(&mut Plan), field: &str, why: &str| {
+            let mut q = p.clone();
+            edit(&mut q);
+            let e = q.check().unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.to_string().contains(why), "{e}");
+        };
+        refused(
+            &|q| tp(q, 3),
+            "config.tensor_parallel.degree",
+            "must be at least 2 and divide the 8 ranks",
+        );
+        refused(
+            &|q| tp(q, 1),
+            "config.tensor_parallel.degree",
+            "must be at least 2",
+        );
+        // The shard groups tile the 4 data-parallel ranks, not the 8.
+        refused(
+            &|q| sharded(q, 8),
+            "config.sharding.shard_size",
+            "must be the 4 data-parallel ranks",
+        );
+        // 16 micro-batches split a group's 8 samples into halves.
+        refused(
+            &|q| q.config.grad_accumulation = 16,
+            "config.grad_accumulation",
+            "do not divide the batch of 8",
+        );
+        refused(
+            &|q| q.decisions[1] = decision("grad-accumulation", &[("k", "16")], "x"),
+            "decisions[1].knobs.k",
+            "do not divide the batch of 8",
+        );
+        // Keeping the batch per replica instead: a group trains 4, so k = 8 no longer divides.
+        refused(
+            &|q| q.config.tensor_parallel.as_mut().unwrap().global_batch = false,
+            "decisions[1].knobs.k",
+            "do not divide the batch of 4",
         );
     }
 

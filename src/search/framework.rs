@@ -181,6 +181,14 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "this framework's export has no sharded data parallelism (FSDP2 comes with --framework pytorch, ZeRO with deepspeed)",
             ),
         },
+        "tensor-parallel" => match fw {
+            Torchtitan => Ok(
+                "parallelism.tensor_parallel_degree: torchtitan's Megatron-style plan (column/row-parallel attention and MLP, sequence-parallel norms, vocabulary-parallel loss) on consecutive ranks (torchtitan.toml)",
+            ),
+            _ => Err(
+                "this framework's export has no tensor parallelism (it comes with --framework torchtitan)",
+            ),
+        },
         "blueconnect" => match fw {
             Horovod => Ok("HOROVOD_HIERARCHICAL_ALLREDUCE=1 (horovod.env)"),
             _ => Err("no hierarchical all-reduce switch in this framework's export"),
@@ -219,6 +227,33 @@ pub fn shard_supported(
         }
         Deepspeed => Ok(()),
         _ => Err("this framework's export has no sharded data parallelism"),
+    }
+}
+
+/// Whether `fw`'s export can apply tensor parallelism (`sequence`: with sequence parallelism)
+/// on `dp_ranks` data-parallel ranks, sharded at stage 3 (`fsdp`) or not: `Err(why not)`.
+///
+/// | | sequence=1 | sequence=0 | DP > 1 without FSDP |
+/// |---|---|---|---|
+/// | torchtitan 0.2.0 | `tensor_parallel_degree` | — (its TP plan always puts `SequenceParallel` on the norms) | — (`parallelize_llama`: "DDP has not supported > 1D parallelism") |
+/// | other exports | — | — | — |
+pub fn tp_supported(
+    fw: Framework,
+    sequence: bool,
+    dp_ranks: u32,
+    fsdp: bool,
+) -> Result<(), &'static str> {
+    match fw {
+        Framework::Torchtitan if !sequence => Err(
+            "torchtitan's tensor parallelism always shards the norms over the sequence (SequenceParallel): plan it with sequence=1",
+        ),
+        Framework::Torchtitan if dp_ranks > 1 && !fsdp => Err(
+            "torchtitan 0.2.0 applies DDP to a one-dimensional mesh only: with tensor parallelism the data-parallel ranks must be sharded (FSDP2, shard:stage=3)",
+        ),
+        Framework::Torchtitan => Ok(()),
+        _ => Err(
+            "this framework's export has no tensor parallelism (it comes with --framework torchtitan)",
+        ),
     }
 }
 

@@ -30,6 +30,7 @@
 
 pub mod baselines;
 pub mod framework;
+pub mod layout;
 pub mod mcmc;
 #[cfg(test)]
 mod quality;
@@ -255,6 +256,9 @@ pub struct Outcome {
     pub wall: Duration,
     pub stop: StopReason,
     pub rounds: usize,
+    /// Every option the memory step tried on the baseline (the layout search), ranked: those
+    /// that fit first, fastest first. Empty when the baseline fits as it is.
+    pub layouts: Vec<layout::LayoutRow>,
 }
 
 /// Evaluations of graphs with at least this many ops are kept *lean* once scored: their graph,
@@ -448,6 +452,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) memory_budget: Option<u64>,
     /// Decisions taken before the strategy started (baseline, memory step), for the reports.
     pub(crate) prefix: Vec<Decision>,
+    /// Every option the memory step tried on the start, ranked ([`layout::ranked`]); empty
+    /// when the start fits.
+    pub(crate) layouts: Vec<layout::LayoutRow>,
 }
 
 /// Where a strategy ended: its best job, the decisions from its start to it, and the replays
@@ -707,6 +714,7 @@ pub fn search_from(
         deadline,
         memory_budget: opts.memory_budget,
         prefix,
+        layouts: Vec::new(),
     };
     let (walk, mut decisions) = walk_within_memory(&mut ctx, &start, all)?;
     name_mechanisms(opts, &mut decisions);
@@ -725,6 +733,7 @@ pub fn search_from(
         wall: started.elapsed(),
         stop,
         rounds,
+        layouts: ctx.layouts,
     })
 }
 
@@ -733,17 +742,23 @@ pub fn search_from(
 /// is a memory move, like recomputation: the unconstrained search meets it through the sharded
 /// baselines (`fsdp2_default`, `zero2_default`, ...), not as a move.
 fn memory_passes(opts: &SearchOptions) -> Vec<&'static str> {
-    ["amp", "recompute", "grad-accumulation", "shard"]
-        .into_iter()
-        .filter(|p| match &opts.passes {
-            Some(list) => list.iter().any(|l| l == p),
-            None => true,
-        })
-        .filter(|p| {
-            opts.framework
-                .is_none_or(|(fw, n)| framework::mechanism(fw, p, n).is_ok())
-        })
-        .collect()
+    [
+        "amp",
+        "recompute",
+        "grad-accumulation",
+        "shard",
+        "tensor-parallel",
+    ]
+    .into_iter()
+    .filter(|p| match &opts.passes {
+        Some(list) => list.iter().any(|l| l == p),
+        None => true,
+    })
+    .filter(|p| {
+        opts.framework
+            .is_none_or(|(fw, n)| framework::mechanism(fw, p, n).is_ok())
+    })
+    .collect()
 }
 
 /// Whether `e`'s peak is over the options' memory budget (never without one).
@@ -788,6 +803,7 @@ fn walk_within_memory(
         all,
         ctx.eval,
         opts.lean_ops,
+        &mut ctx.layouts,
     ) {
         Ok(r) => {
             ctx.report(&r.0, &r.2, 1 + r.1, 0);
@@ -863,6 +879,7 @@ fn constrained_from_memory_options(
         all,
         ctx.eval,
         opts.lean_ops,
+        &mut Vec::new(),
     );
     for (fitted, path) in [(on_free, free.decisions.clone()), (start_fit, Vec::new())] {
         match fitted {
@@ -984,7 +1001,7 @@ fn advise(
         .par_iter()
         .map(|name| {
             let p = passes::find(all, name)?;
-            let knobs = passes::resolve_knobs(p, &speedup_knobs(p, &opts.speedups))?;
+            let knobs = passes::resolve_knobs(p, &move_knobs(p, opts))?;
             // As in the search: a pass that cannot apply is skipped, one that proposes
             // something out of range (a user's pass file) is an error, named.
             let patches = match passes::propose(p, best, &knobs) {
@@ -1109,7 +1126,7 @@ fn candidate_moves(
         if used.contains(p.name()) {
             continue;
         }
-        let knobs = passes::resolve_knobs(*p, &speedup_knobs(*p, &opts.speedups))?;
+        let knobs = passes::resolve_knobs(*p, &move_knobs(*p, opts))?;
         let patches = match passes::propose(*p, cur, &knobs) {
             Ok(v) => v,
             Err(PassError::NotApplicable { .. }) => continue,
@@ -1147,6 +1164,23 @@ pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
             _ => None,
         })
         .collect()
+}
+
+/// The knobs a move of `p` runs with: the speed-up switches ([`speedup_knobs`]) and what the
+/// framework's export needs ([`framework_knobs`]).
+fn move_knobs(p: &dyn Pass, opts: &SearchOptions) -> Vec<(String, String)> {
+    let mut k = speedup_knobs(p, &opts.speedups);
+    k.extend(framework_knobs(p.name(), opts.framework.map(|(fw, _)| fw)));
+    k
+}
+
+/// Knobs `fw`'s export needs a pass to take: torchtitan runs AMP in bf16 only (it has no
+/// loss scaler), so its plans' `amp` is bf16.
+fn framework_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
+    match (pass, fw) {
+        ("amp", Some(Framework::Torchtitan)) => vec![("dtype".into(), "bf16".into())],
+        _ => Vec::new(),
+    }
 }
 
 /// Over the memory budget: the fastest option that fits, among recomputation, gradient
@@ -1232,6 +1266,7 @@ fn memory_step(
     all: &[Box<dyn Pass>],
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
     lean_ops: usize,
+    rows: &mut Vec<layout::LayoutRow>,
 ) -> Result<(Evaluated, u64, Vec<Decision>), SearchError> {
     let options = without_hopeless(cur, budget, memory_options(cur, allowed, fw));
     if options.is_empty() {
@@ -1257,6 +1292,16 @@ fn memory_step(
         .iter()
         .map(|(s, r)| if r.is_ok() { s.len() as u64 } else { 0 })
         .sum();
+    let (workers, batch) = (cur.job.workers, cur.job.meta.batch);
+    *rows = layout::ranked(
+        std::iter::once(layout::row(&[], cur, workers, batch, budget))
+            .chain(tried.iter().filter_map(|(steps, r)| {
+                r.as_ref()
+                    .ok()
+                    .map(|(e, _)| layout::row(steps, e, workers, batch, budget))
+            }))
+            .collect(),
+    );
     let (steps, e, trail) = fastest_fitting(cur, budget, tried)?;
     let decisions = memory_decisions(cur, budget, &steps, &e, &trail);
     Ok((e, replays, decisions))
@@ -1265,8 +1310,8 @@ fn memory_step(
 /// `options` less those that cannot fit: an option that keeps every rank's weights, gradients
 /// and optimizer state whole cannot fit when those and the runtime alone are over the budget
 /// (AMP adds half copies; recomputation and accumulation leave them as they are), so when a
-/// sharded option is left they are not tried (a 70 B model on 512 GPUs: half the options, each
-/// a replay of the whole model).
+/// sharded or tensor-parallel option (each divides them) is left they are not tried (a 70 B
+/// model on 512 GPUs: half the options, each a replay of the whole model).
 fn without_hopeless(
     cur: &Evaluated,
     budget: u64,
@@ -1274,7 +1319,10 @@ fn without_hopeless(
 ) -> Vec<Vec<KnobbedPass>> {
     let b = &cur.memory.peaks.breakdown;
     let floor = b.static_bytes + b.workspace_bytes + b.context_bytes + b.nccl_bytes;
-    let sharded = |o: &Vec<KnobbedPass>| o.iter().any(|(n, _)| n == "shard");
+    let sharded = |o: &Vec<KnobbedPass>| {
+        o.iter()
+            .any(|(n, _)| n == "shard" || n == "tensor-parallel")
+    };
     if floor > budget && options.iter().any(sharded) {
         options.retain(sharded);
     }
@@ -1284,7 +1332,10 @@ fn without_hopeless(
 /// The memory options, each a list of passes with knobs: AMP alone (when allowed and the job
 /// is in fp32), then with and without AMP first, recomputation, gradient accumulation at each
 /// k [`accumulation_steps`] gives, and recomputation with the largest k; then each sharding
-/// the framework's export applies ([`shard_options`]), alone and before those.
+/// the framework's export applies ([`shard_options`]), alone and before those; then each
+/// tensor-parallel layout ([`layout::tp_layouts`]) before all of those, where the export
+/// applies it with that sharding ([`layout::layout_exported`]). The memory step is the layout search: a layout
+/// is a memory move, met when the job does not fit as it is.
 fn memory_options(
     cur: &Evaluated,
     allowed: &[&str],
@@ -1294,12 +1345,15 @@ fn memory_options(
     let amp_on = cur.job.dtype != crate::cost::config::Dtype::Fp32;
     let mut firsts: Vec<Vec<KnobbedPass>> = vec![Vec::new()];
     if has("amp") && !amp_on {
-        firsts.push(vec![("amp".into(), vec![])]);
+        firsts.push(vec![("amp".into(), framework_knobs("amp", fw))]);
     }
-    let ks = if has("grad-accumulation") {
-        accumulation_steps(cur.job.meta.batch)
-    } else {
-        Vec::new()
+    // A tensor-parallel group of t ranks trains t x the per-GPU batch: its k divide that.
+    let ks_of = |head: &[KnobbedPass]| -> Vec<u32> {
+        if !has("grad-accumulation") {
+            return Vec::new();
+        }
+        let t = layout::knob_of(head, "tensor-parallel", "degree").unwrap_or(1);
+        accumulation_steps(cur.job.meta.batch.saturating_mul(t))
     };
     let acc = |k: u32| -> KnobbedPass {
         (
@@ -1312,16 +1366,29 @@ fn memory_options(
     } else {
         Vec::new()
     };
+    let layouts = if has("tensor-parallel") {
+        layout::tp_layouts(cur)
+    } else {
+        Vec::new()
+    };
     let mut options: Vec<Vec<KnobbedPass>> = Vec::new();
     for first in &firsts {
-        // Without sharding, then with each sharding the export applies.
-        let mut heads: Vec<Vec<KnobbedPass>> = vec![first.clone()];
-        for sh in &shards {
-            let mut h = first.clone();
-            h.push(sh.clone());
-            heads.push(h);
+        // Without tensor parallelism, then at each degree; each without sharding, then with
+        // each sharding the export applies (over the data-parallel ranks the degree leaves).
+        let mut heads: Vec<Vec<KnobbedPass>> = Vec::new();
+        for tp in std::iter::once(None).chain(layouts.iter().map(Some)) {
+            let mut base = first.clone();
+            base.extend(tp.cloned());
+            for sh in std::iter::once(None).chain(shards.iter().map(Some)) {
+                let mut h = base.clone();
+                h.extend(sh.cloned());
+                if layout::layout_exported(&h, cur.job.workers, fw) {
+                    heads.push(h);
+                }
+            }
         }
         for head in heads {
+            let ks = ks_of(&head);
             let with = |rest: Vec<KnobbedPass>| {
                 let mut v = head.clone();
                 v.extend(rest);
@@ -1333,8 +1400,11 @@ fn memory_options(
             if has("recompute") {
                 options.push(with(vec![("recompute".into(), vec![])]));
             }
-            // Every k without sharding; with it, the largest only (the options multiply).
-            let sharded = head.iter().any(|(n, _)| n == "shard");
+            // Every k without sharding or tensor parallelism; with either, the largest only
+            // (the options multiply).
+            let sharded = head
+                .iter()
+                .any(|(n, _)| n == "shard" || n == "tensor-parallel");
             for &k in ks.iter().filter(|&&k| !sharded || Some(&k) == ks.last()) {
                 options.push(with(vec![acc(k)]));
             }

@@ -11,14 +11,16 @@ Prints one JSON line, {"torchtitan": version, "cases": [...]}, one case per file
   choices, int, bool, str): the manager itself checks names, not values;
 * `mesh`: ParallelDims built from the parallelism section with world_size = RANKS (its own
   validation), then its device mesh on a fake process group of RANKS ranks (torch's
-  FakeStore backend, device "cpu"): dimension names and sizes, the data-parallel sizes, and
-  the ranks of rank 0's shard group;
+  FakeStore backend, device "cpu"): dimension names and sizes, the data-parallel sizes, the
+  ranks of rank 0's shard group, the tensor-parallel size and rank 0's tp group;
 * `accumulation_steps`: global_batch_size // (local_batch_size * dp degree), the derivation
   torchtitan's Trainer.__init__ makes (`formula_in_train_py` checks that train.py still holds
   it), and the loss rescale torchtitan applies for it (`rescaled_loss` of a loss of 1.0);
 * `fsdp` / `ddp`: torchtitan's llama3 `parallelize_llama` applied with this config to its
   `debugmodel` on the meta device: each fully_shard module's reshard-after-forward and mixed
-  precision policy; whether DDP was applied instead;
+  precision policy; whether DDP was applied instead; `tp_placements`: the placement on the
+  `tp` mesh dimension of block 0's `attention.wq` (column-parallel) and `attention.wo`
+  (row-parallel) weights, when tensor parallelism was applied;
 * `amp_context`: what `maybe_enable_amp` returns (FSDP handles precision itself);
 * `optimizer`: the fused / foreach flags of the optimizer `build_optimizers` makes;
 * `model_refused`: torchtitan's error for the [model] placeholder; `cli_model`: the model
@@ -108,13 +110,16 @@ def mesh_facts(dims):
     mesh = dims.world_mesh
     names = list(mesh.mesh_dim_names or [])
     sizes = [mesh.size(i) for i in range(mesh.ndim)]
-    flat = mesh.mesh.reshape(-1, sizes[-1]) if names else None
     out = {
         "names": names,
         "sizes": sizes,
         "dp": mesh["dp"].size() if dims.dp_enabled else 1,
         "dp_shard_cp": mesh["dp_shard_cp"].size() if dims.fsdp_enabled else None,
-        "shard_group_of_rank0": flat[0].tolist() if dims.dp_shard_enabled else None,
+        # Rank 0's shard group: consecutive ranks, or every tp-th with tensor parallelism
+        # (torchtitan's mesh puts tp innermost).
+        "shard_group_of_rank0": mesh["dp_shard_cp"].mesh.tolist() if dims.fsdp_enabled else None,
+        "tp": mesh["tp"].size() if dims.tp_enabled else 1,
+        "tp_group_of_rank0": mesh["tp"].mesh.tolist() if dims.tp_enabled else None,
         "dp_enabled": dims.dp_enabled,
         "fsdp_enabled": dims.fsdp_enabled,
         "dp_replicate_enabled": dims.dp_replicate_enabled,
@@ -179,10 +184,19 @@ def parallelized(cfg, dims):
         if isinstance(amp, contextlib.nullcontext)
         else f"autocast:{getattr(amp, 'fast_dtype', None)}"
     )
+    # Tensor parallelism as applied: the placement of block 0's column-parallel (wq) and
+    # row-parallel (wo) weights on the tp mesh dimension.
+    tp = {}
+    for name, param in model.named_parameters():
+        if name in ("layers.0.attention.wq.weight", "layers.0.attention.wo.weight"):
+            dims_of = list(getattr(getattr(param, "device_mesh", None), "mesh_dim_names", None) or [])
+            if "tp" in dims_of:
+                tp[name] = str(param.placements[dims_of.index("tp")])
     opt = spec.build_optimizers_fn([model], cfg.optimizer, dims)
     group0 = opt.optimizers[0].param_groups[0]
     return {
         "fsdp": fsdp or None,
+        "tp_placements": tp or None,
         "ddp": ddp,
         "amp_context": amp_context,
         "optimizer": {"fused": group0.get("fused"), "foreach": group0.get("foreach")},

@@ -1106,6 +1106,8 @@ struct TitanCase {
     dtype: &'static str,
     k: u32,
     fused_adam: bool,
+    /// Tensor-parallel degree (with sequence parallelism; 1: none).
+    tp: u32,
 }
 
 /// `trainplan plan --framework torchtitan` on a tiny GPT (8 ranks, batch 4 per GPU), then the
@@ -1124,9 +1126,15 @@ fn titan_plan(dir: &Path, case: &TitanCase) -> trainplan::plan::Plan {
     assert_eq!(code, 0, "plan: {err}");
     let mut p = Plan::from_yaml(&std::fs::read_to_string(&path).unwrap(), "plan.yaml").unwrap();
     let c = &mut p.config;
+    c.tensor_parallel = (case.tp > 1).then_some(trainplan::plan::TensorParallelConfig {
+        degree: case.tp,
+        sequence: true,
+        global_batch: true,
+    });
     c.sharding = case.shard.map(|(replicas, reshard)| ShardConfig {
         stage: 3,
-        shard_size: p.workload.ranks / replicas,
+        // Over the data-parallel ranks tensor parallelism leaves.
+        shard_size: p.workload.ranks / case.tp / replicas,
         replicas,
         reshard,
         prefetch: 1,
@@ -1166,26 +1174,45 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     let ranks = u64::from(plan.workload.ranks);
     let batch = u64::from(plan.workload.batch().unwrap());
     let k = u64::from(case.k);
+    let tp = u64::from(case.tp);
+    // The data-parallel ranks: one per tensor-parallel group.
+    let dp = ranks / tp;
     assert_eq!(seen["type_errors"], serde_json::json!([]), "{ctx}");
     let cfg = &seen["config"];
     let par = &cfg["parallelism"];
     let (replicas, shard) = match case.shard {
-        Some((r, _)) => (u64::from(r), ranks / u64::from(r)),
-        None => (ranks, 1),
+        Some((r, _)) => (u64::from(r), dp / u64::from(r)),
+        None => (dp, 1),
     };
     assert_eq!(par["data_parallel_replicate_degree"], replicas, "{ctx}");
     assert_eq!(par["data_parallel_shard_degree"], shard, "{ctx}");
-    for d in ["tensor", "pipeline", "context"] {
+    assert_eq!(par["tensor_parallel_degree"], tp, "{ctx}");
+    for d in ["pipeline", "context"] {
         assert_eq!(par[format!("{d}_parallel_degree")], 1, "{ctx}");
     }
-    // torchtitan's mesh: every rank data-parallel, shard groups of consecutive ranks.
+    // torchtitan's mesh: tp innermost (groups of consecutive ranks, as the pass places them),
+    // the data-parallel ranks every tp-th.
     let mesh = &seen["mesh"];
-    assert_eq!(mesh["dp"], ranks, "{ctx}");
+    assert_eq!(mesh["dp"], dp, "{ctx}");
+    assert_eq!(mesh["tp"], tp, "{ctx}");
     assert_eq!(mesh["dp_replicate_enabled"], replicas > 1, "{ctx}");
     assert_eq!(mesh["fsdp_enabled"], case.shard.is_some(), "{ctx}");
-    // Accumulation: torchtitan's own derivation gives k micro-batches of batch/k, loss ÷ k.
+    if tp > 1 {
+        let group: Vec<u64> = (0..tp).collect();
+        assert_eq!(mesh["tp_group_of_rank0"], serde_json::json!(group), "{ctx}");
+        // Megatron's split as torchtitan applied it: wq column-parallel (rows of the weight),
+        // wo row-parallel (its columns).
+        let placed = &seen["tp_placements"];
+        assert_eq!(placed["layers.0.attention.wq.weight"], "S(0)", "{ctx}");
+        assert_eq!(placed["layers.0.attention.wo.weight"], "S(1)", "{ctx}");
+    } else {
+        assert!(seen["tp_placements"].is_null(), "{ctx}");
+    }
+    // Accumulation: torchtitan's own derivation gives k micro-batches of what one
+    // data-parallel rank (a tensor-parallel group) trains, ÷ k; the loss ÷ k; the global batch
+    // as planned.
     let tr = &cfg["training"];
-    assert_eq!(tr["local_batch_size"], batch / k, "{ctx}");
+    assert_eq!(tr["local_batch_size"], batch * tp / k, "{ctx}");
     assert_eq!(tr["global_batch_size"], batch * ranks, "{ctx}");
     assert_eq!(seen["formula_in_train_py"], true, "{ctx}");
     assert_eq!(seen["divides"], true, "{ctx}");
@@ -1208,7 +1235,7 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
                 if reshard { "always" } else { "never" }
             );
             assert_eq!(mesh["dp_shard_cp"], shard, "{ctx}");
-            let group: Vec<u64> = (0..shard).collect();
+            let group: Vec<u64> = (0..shard).map(|i| i * tp).collect();
             assert_eq!(
                 mesh["shard_group_of_rank0"],
                 serde_json::json!(group),
@@ -1268,19 +1295,24 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
 #[test]
 fn torchtitan_exports_load_in_torchtitan_as_planned() {
     let Some(py) = python() else { return };
-    let case = |tag, shard, dtype, k, fused_adam| TitanCase {
+    let case = |tag, shard, dtype, k, fused_adam, tp| TitanCase {
         tag,
         shard,
         dtype,
         k,
         fused_adam,
+        tp,
     };
     let cases = [
-        case("ddp", None, "fp32", 1, false),
-        case("fsdp", Some((1, true)), "bf16", 1, true),
-        case("fsdp-keep", Some((1, false)), "fp32", 2, false),
-        case("hsdp", Some((2, true)), "bf16", 4, true),
-        case("fp16", None, "fp16", 2, true),
+        case("ddp", None, "fp32", 1, false, 1),
+        case("fsdp", Some((1, true)), "bf16", 1, true, 1),
+        case("fsdp-keep", Some((1, false)), "fp32", 2, false, 1),
+        case("hsdp", Some((2, true)), "bf16", 4, true, 1),
+        case("fp16", None, "fp16", 2, true, 1),
+        // Tensor parallelism of 2 with FSDP2 over the 4 data-parallel ranks; with HSDP, and
+        // k = 8 (a tensor-parallel group trains 8 samples: one per micro-step).
+        case("tp-fsdp", Some((1, true)), "bf16", 2, true, 2),
+        case("tp-hsdp", Some((2, false)), "bf16", 8, true, 2),
     ];
     let root = scratch("titan");
     let mut args: Vec<String> = Vec::new();
@@ -1343,6 +1375,49 @@ fn torchtitan_exports_load_in_torchtitan_as_planned() {
         ) && err.contains("deepspeed"),
         "{err}"
     );
+    // Tensor parallelism torchtitan cannot run, and exports without tensor parallelism: exit 3
+    // naming the field (an export that dropped it would run the whole model on every rank).
+    let tp_plan = &plans[5];
+    let refusals: [(&str, &str, fn(&mut trainplan::plan::Plan), &str); 3] = [
+        (
+            "tp-ddp",
+            "torchtitan",
+            |p| p.config.sharding = None,
+            "config.tensor_parallel.degree cannot be exported for this framework: torchtitan 0.2.0 applies DDP to a one-dimensional mesh only",
+        ),
+        (
+            "tp-no-sp",
+            "torchtitan",
+            |p| p.config.tensor_parallel.as_mut().unwrap().sequence = false,
+            "config.tensor_parallel.sequence cannot be exported for this framework: torchtitan's tensor parallelism always shards the norms over the sequence",
+        ),
+        (
+            "tp-pytorch",
+            "pytorch",
+            |_| {},
+            "config.tensor_parallel cannot be exported for this framework: this export has no tensor parallelism (degree 2 planned)",
+        ),
+    ];
+    for (tag, to, edit, want) in refusals {
+        let dir = root.join(tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("plan.yaml");
+        let mut plan = tp_plan.clone();
+        edit(&mut plan);
+        std::fs::write(&p, plan.to_yaml()).unwrap();
+        let out = dir.join("out");
+        let (code, _, err) = run(&[
+            "export",
+            p.to_str().unwrap(),
+            "--to",
+            to,
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 3, "{tag}: {err}");
+        assert!(err.contains(want), "{tag}: {err}");
+        assert!(!out.exists(), "{tag}: nothing is written");
+    }
     let _ = std::fs::remove_dir_all(&root);
 }
 

@@ -251,6 +251,7 @@ fn plan_of(n: &Names) -> Plan {
                 units: units.clone(),
                 unit_bytes: vec![1 << 20; units.len()],
             }),
+            tensor_parallel: None,
         },
         search: SearchStats {
             strategy: SearchStrategy::CriticalPath,

@@ -84,3 +84,123 @@ fn an_impossible_layout_exits_3_naming_the_constraint() {
     ]);
     check_bad_input(&b, "apply tensor-parallel before sharding");
 }
+
+/// A 4-layer GPT at sequence 16,384 on 8 H200s for torchtitan: one sample's activations are
+/// more than a GPU holds, torchtitan has no recomputation the plan could set, so only a
+/// tensor-parallel layout (with sequence parallelism, and FSDP2 over the data-parallel ranks:
+/// torchtitan's DDP takes a 1-D mesh only) fits.
+const LONG_GPT: &[&str] = &[
+    "plan",
+    "--model",
+    "gpt",
+    "--hidden",
+    "4096",
+    "--heads",
+    "32",
+    "--layers",
+    "4",
+    "--seq",
+    "16384",
+    "--vocab",
+    "32000",
+    "--batch",
+    "1",
+    "--cluster",
+    "8xh200",
+    "--max-rounds",
+    "2",
+    "--json",
+];
+
+fn long_gpt_plan(framework: &str, out: &std::path::Path) -> (i32, String, String) {
+    let mut a = LONG_GPT.to_vec();
+    let o = out.to_str().unwrap();
+    a.extend_from_slice(&["--framework", framework, "--top", "5", "-o", o]);
+    crate::support::run(&a)
+}
+
+#[test]
+fn the_layout_search_picks_tensor_parallelism_where_nothing_else_fits() {
+    let dir = crate::support::scratch("tp-layout");
+    let (code, out, err) = long_gpt_plan("torchtitan", &dir.join("plan.yaml"));
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let gpu = bytes(&v, "gpu_memory_bytes");
+    assert!(bytes(&v, "baseline_device_used_bytes") > gpu, "{v}");
+    assert!(bytes(&v, "planned_device_used_bytes") <= gpu, "{v}");
+    let decisions = v["decisions"].as_array().unwrap();
+    let knob = |pass: &str, k: &str| -> Option<String> {
+        decisions
+            .iter()
+            .find(|d| d["pass"] == pass)
+            .and_then(|d| d["knobs"][k].as_str().map(str::to_string))
+    };
+    let tp: u64 = knob("tensor-parallel", "degree").unwrap().parse().unwrap();
+    assert!(tp >= 2, "{v}");
+    assert_eq!(knob("tensor-parallel", "sequence").as_deref(), Some("1"));
+    assert_eq!(knob("shard", "stage").as_deref(), Some("3"), "{v}");
+    // DESIGN.md's layout: the degrees multiply to the GPUs.
+    let l = &v["layout"];
+    assert_eq!(l["tp"], tp, "{v}");
+    let ranks = l["tp"].as_u64().unwrap()
+        * l["dp_shard"].as_u64().unwrap()
+        * l["dp_replicate"].as_u64().unwrap();
+    assert_eq!(ranks, 8, "{v}");
+    assert!(v["mfu"].as_f64().unwrap() > 0.0, "{v}");
+    // The table: at most K rows, those that fit first and fastest first, the plan's layout
+    // the first of them.
+    let top = v["top_layouts"].as_array().unwrap();
+    assert!(!top.is_empty() && top.len() <= 5, "{v}");
+    assert_eq!(top[0]["layout"]["tp"], tp, "{v}");
+    assert!(top[0]["fits"].as_bool().unwrap());
+    let fitting: Vec<f64> = top
+        .iter()
+        .take_while(|r| r["fits"] == true)
+        .map(|r| r["iteration_ms"].as_f64().unwrap())
+        .collect();
+    assert!(fitting.windows(2).all(|w| w[0] <= w[1]), "{v}");
+    assert!(
+        top.iter()
+            .all(|r| (r["fits"] == true) == (bytes(r, "device_used_bytes") <= gpu)),
+        "{v}"
+    );
+    // Deterministic: the same input gives the same table.
+    let (_, again, _) = long_gpt_plan("torchtitan", &dir.join("again.yaml"));
+    let w: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(w["top_layouts"], v["top_layouts"]);
+    // The export sets the degree; the data-parallel ranks are FSDP2's.
+    let toml_dir = dir.join("titan");
+    let (code, _, err) = crate::support::run(&[
+        "export",
+        dir.join("plan.yaml").to_str().unwrap(),
+        "--to",
+        "torchtitan",
+        "-o",
+        toml_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(toml_dir.join("torchtitan.toml")).unwrap();
+    assert!(
+        text.contains(&format!("tensor_parallel_degree = {tp}\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("data_parallel_shard_degree = {}\n", 8 / tp)),
+        "{text}"
+    );
+    // PyTorch's export has no tensor parallelism: its plan never has it (recomputation
+    // fits there instead).
+    let (code, out, err) = long_gpt_plan("pytorch", &dir.join("pt.yaml"));
+    assert_eq!(code, 0, "{err}");
+    let p: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        !p["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["pass"] == "tensor-parallel"),
+        "{p}"
+    );
+    assert_eq!(p["layout"]["tp"], 1, "{p}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

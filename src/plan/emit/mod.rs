@@ -175,6 +175,17 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
     plan.check()
         .map_err(|e| EmitError::Inconsistent(e.to_string()))?;
     let facts = Facts::of(plan)?;
+    if let Some(tp) = &plan.config.tensor_parallel
+        && fw != Framework::Torchtitan
+    {
+        return Err(EmitError::Unsupported {
+            field: "config.tensor_parallel".into(),
+            why: format!(
+                "this export has no tensor parallelism (degree {} planned): it comes with --framework torchtitan (parallelism.tensor_parallel_degree); run without it, every rank would hold the whole model",
+                tp.degree
+            ),
+        });
+    }
     let mut out = match fw {
         Framework::Horovod => horovod::emit(plan, &facts)?,
         Framework::Xla => xla::emit(plan, &facts)?,
@@ -214,8 +225,9 @@ pub(crate) struct Facts {
     pub fp16_allreduce: bool,
     /// Micro-batches per iteration.
     pub k: u32,
-    /// Samples per micro-step (the per-GPU batch ÷ k, always whole: a plan whose k does not
-    /// divide its batch is refused), `None` when the plan does not know its batch (a trace).
+    /// Samples per micro-step (the per-GPU batch ÷ k — per tensor-parallel group with tensor
+    /// parallelism —, always whole: a plan whose k does not divide its batch is refused),
+    /// `None` when the plan does not know its batch (a trace).
     pub micro_batch: Option<u32>,
     /// Modules to recompute (checkpoint), forward order, collapsed to parents where all of a
     /// parent's planned layers are recomputed.
@@ -236,7 +248,13 @@ impl Facts {
                 "grad_accumulation is 0 (1 means no accumulation)".into(),
             ));
         }
-        let batch = plan.workload.batch().unwrap_or(0);
+        // What one data-parallel replica trains: a tensor-parallel group's batch, with
+        // tensor parallelism.
+        let batch = plan.workload.batch().map_or(0, |b| {
+            c.tensor_parallel
+                .as_ref()
+                .map_or(b, |tp| tp.replica_batch(b))
+        });
         if batch > 0 && !batch.is_multiple_of(c.grad_accumulation) {
             return Err(EmitError::Inconsistent(format!(
                 "grad_accumulation {} does not divide the per-GPU batch of {batch}: a micro-step would hold {:.3} samples (no export feeds a fraction of a sample)",
@@ -673,6 +691,7 @@ pub(crate) mod tests {
                 grad_accumulation: 2,
                 recompute: Vec::new(),
                 sharding: None,
+                tensor_parallel: None,
             },
             search: SearchStats {
                 strategy: Strategy::CriticalPath,

@@ -18,7 +18,8 @@
 //! | `fused-adam` | `optimizer.implementation = "fused"`; without it `"foreach"` (what the plan priced; torchtitan's own default is `"fused"`) |
 //! | `recompute` | — `activation_checkpoint.mode = "none"`: torchtitan checkpoints whole blocks by its own policy (every block, or every n-th), not the planned layers; a note lists them |
 //! | `fused_ops` | — `compile.enable = false`: torchtitan compiles every block or none |
-//! | tensor, pipeline, context parallelism | degrees 1 |
+//! | `tensor_parallel` degree t | `parallelism.tensor_parallel_degree` = t; the data-parallel degrees over ranks ÷ t; `local_batch_size` per tensor-parallel group. Refused ([`crate::search::framework::tp_supported`]): `sequence` false (torchtitan always shards the norms over the sequence), or more than one data-parallel rank without FSDP (torchtitan's DDP takes a 1-D mesh only) |
+//! | pipeline, context parallelism | degrees 1 |
 //! | model | `[model]` `name` / `flavor` = `"set-me"`: the plan's model (a zoo stand-in, or a traced model) is not one of torchtitan's registered models; torchtitan refuses the placeholder until the user sets it |
 //!
 //! Plan text reaches the file only as a TOML string through [`toml_str`] (`job.description`)
@@ -75,11 +76,12 @@ const SET_ME: &str = "set-me";
 
 pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let sharding = supported_sharding(plan)?;
+    let tp = supported_tp(plan, sharding)?;
     let param_dtype = param_dtype(plan, f)?;
     let sections = [
         job(plan),
         model(plan),
-        parallelism(plan, sharding),
+        parallelism(plan, sharding, tp),
         training(plan, f, param_dtype),
         optimizer(f),
         Section {
@@ -138,6 +140,31 @@ fn supported_sharding(plan: &Plan) -> Result<Option<&ShardConfig>, EmitError> {
     Ok(Some(sh))
 }
 
+/// The plan's tensor-parallel degree (1 without), when torchtitan can apply it
+/// ([`crate::search::framework::tp_supported`]), else the field it cannot.
+fn supported_tp(plan: &Plan, sharding: Option<&ShardConfig>) -> Result<u32, EmitError> {
+    let Some(tp) = &plan.config.tensor_parallel else {
+        return Ok(1);
+    };
+    let dp = plan.workload.ranks / tp.degree.max(1);
+    let fsdp = sharding.is_some_and(|sh| sh.stage == 3);
+    crate::search::framework::tp_supported(
+        crate::cost::framework::Framework::Torchtitan,
+        tp.sequence,
+        dp,
+        fsdp,
+    )
+    .map_err(|why| EmitError::Unsupported {
+        field: if tp.sequence {
+            "config.tensor_parallel.degree".into()
+        } else {
+            "config.tensor_parallel.sequence".into()
+        },
+        why: why.into(),
+    })?;
+    Ok(tp.degree)
+}
+
 /// `training.mixed_precision_param` for the plan's dtype: bf16 AMP → bfloat16; fp32, and fp16
 /// AMP, which torchtitan cannot run (a note says so) → float32.
 fn param_dtype(plan: &Plan, f: &Facts) -> Result<&'static str, EmitError> {
@@ -189,14 +216,22 @@ fn model(plan: &Plan) -> Section {
     }
 }
 
-fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>) -> Section {
+fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32) -> Section {
     let ranks = u64::from(plan.workload.ranks);
+    // The data-parallel ranks: every rank, or one per tensor-parallel group.
+    let dp = ranks / u64::from(tp.max(1));
     let mut entries = Vec::new();
+    let mut comments = Vec::new();
     let comment = match sharding {
-        None => {
-            entries.push(("data_parallel_replicate_degree", Value::Int(ranks)));
+        None if dp == 1 => {
+            entries.push(("data_parallel_replicate_degree", Value::Int(1)));
             entries.push(("data_parallel_shard_degree", Value::Int(1)));
-            format!("no sharding: DDP over the {ranks} ranks")
+            "no data parallelism: one tensor-parallel group".to_string()
+        }
+        None => {
+            entries.push(("data_parallel_replicate_degree", Value::Int(dp)));
+            entries.push(("data_parallel_shard_degree", Value::Int(1)));
+            format!("no sharding: DDP over the {dp} ranks")
         }
         Some(sh) => {
             entries.push((
@@ -217,40 +252,55 @@ fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>) -> Section {
                     sh.shard_size, sh.replicas
                 )
             } else {
-                format!("FSDP2 (stage 3) over the {ranks} ranks")
+                format!("FSDP2 (stage 3) over the {dp} data-parallel ranks")
             }
         }
     };
+    comments.push(comment);
+    if tp > 1 {
+        comments.push(format!(
+            "tensor parallelism over groups of {tp} consecutive ranks (torchtitan's mesh puts tp innermost), with sequence-parallel norms and a vocabulary-parallel loss; training.seq_len must be a multiple of {tp}"
+        ));
+    }
     entries.extend([
-        ("tensor_parallel_degree", Value::Int(1)),
+        ("tensor_parallel_degree", Value::Int(tp.into())),
         ("pipeline_parallel_degree", Value::Int(1)),
         ("context_parallel_degree", Value::Int(1)),
     ]);
     Section {
         name: "parallelism",
-        comments: vec![comment],
+        comments,
         entries,
     }
 }
 
 fn training(plan: &Plan, f: &Facts, param_dtype: &'static str) -> Section {
-    let ranks = u64::from(plan.workload.ranks);
+    let tp = plan.config.tensor_parallel.as_ref();
+    // torchtitan's batch sizes are per data-parallel rank: a tensor-parallel group's.
+    let dp = u64::from(plan.workload.ranks / tp.map_or(1, |t| t.degree.max(1)));
     let mut comments = Vec::new();
     let mut entries = Vec::new();
     match (plan.workload.batch(), f.micro_batch) {
         (Some(batch), Some(micro)) => {
-            comments.push(format!(
-                "batch {batch} per GPU in {} micro-batch(es) of {micro}: torchtitan runs global / (local x {ranks} data-parallel ranks) = {} per step",
-                f.k, f.k
-            ));
+            let replica = tp.map_or(batch, |t| t.replica_batch(batch));
+            comments.push(match tp {
+                Some(t) => format!(
+                    "batch {batch} per GPU: each tensor-parallel group of {} trains {replica}, in {} micro-batch(es) of {micro}; torchtitan runs global / (local x {dp} data-parallel ranks) = {} per step",
+                    t.degree, f.k, f.k
+                ),
+                None => format!(
+                    "batch {batch} per GPU in {} micro-batch(es) of {micro}: torchtitan runs global / (local x {dp} data-parallel ranks) = {} per step",
+                    f.k, f.k
+                ),
+            });
             entries.push(("local_batch_size", Value::Int(micro.into())));
             entries.push((
                 "global_batch_size",
-                Value::Int(u64::from(batch) * ranks),
+                Value::Int(u64::from(replica) * dp),
             ));
         }
         _ => comments.push(format!(
-            "the plan does not record the per-GPU batch: set local_batch_size = batch / {} and global_batch_size = batch x {ranks}",
+            "the plan does not record the per-GPU batch: set local_batch_size = batch / {} and global_batch_size = batch x {dp}",
             f.k
         )),
     }
@@ -382,6 +432,69 @@ mod tests {
 
     fn str_of<'a>(t: &'a toml::Table, sec: &str, key: &str) -> Option<&'a str> {
         t[sec].get(key).and_then(|v| v.as_str())
+    }
+
+    #[test]
+    fn tensor_parallelism_sets_the_degree_and_batches_per_group() {
+        // 8 ranks, tensor parallelism of 2: FSDP2 over the 4 data-parallel ranks; each group
+        // trains 2 x 4 samples in k = 2 micro-batches of 4.
+        let mut p = sharded(1, true);
+        p.config.sharding.as_mut().unwrap().shard_size = 4;
+        p.config.tensor_parallel = Some(crate::plan::TensorParallelConfig {
+            degree: 2,
+            sequence: true,
+            global_batch: true,
+        });
+        let (t, _) = check(&p);
+        let par = |k: &str| int(&t, "parallelism", k);
+        assert_eq!(par("tensor_parallel_degree"), Some(2));
+        assert_eq!(par("data_parallel_shard_degree"), Some(4));
+        assert_eq!(par("data_parallel_replicate_degree"), Some(1));
+        assert_eq!(int(&t, "training", "local_batch_size"), Some(4));
+        assert_eq!(int(&t, "training", "global_batch_size"), Some(32));
+        // One group on every rank: no data parallelism, DDP not needed.
+        let mut one = tiny_plan();
+        one.config.tensor_parallel = Some(crate::plan::TensorParallelConfig {
+            degree: 8,
+            sequence: true,
+            global_batch: true,
+        });
+        let (t, _) = check(&one);
+        assert_eq!(int(&t, "parallelism", "tensor_parallel_degree"), Some(8));
+        assert_eq!(
+            int(&t, "parallelism", "data_parallel_replicate_degree"),
+            Some(1)
+        );
+        assert_eq!(int(&t, "training", "local_batch_size"), Some(16));
+        // Without FSDP over several data-parallel ranks, or without sequence parallelism:
+        // refused, naming the field.
+        let mut ddp = one.clone();
+        ddp.config.tensor_parallel.as_mut().unwrap().degree = 2;
+        for (q, field) in [
+            (ddp, "config.tensor_parallel.degree"),
+            (
+                {
+                    let mut q = p.clone();
+                    q.config.tensor_parallel.as_mut().unwrap().sequence = false;
+                    q
+                },
+                "config.tensor_parallel.sequence",
+            ),
+        ] {
+            match emit_plan(&q, Framework::Torchtitan) {
+                Err(EmitError::Unsupported { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        // Every other export refuses the plan.
+        for fw in [Framework::Pytorch, Framework::Deepspeed, Framework::Jax] {
+            match emit_plan(&p, fw) {
+                Err(EmitError::Unsupported { field, .. }) => {
+                    assert_eq!(field, "config.tensor_parallel")
+                }
+                other => panic!("{fw:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]
