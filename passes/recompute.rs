@@ -26,6 +26,14 @@
 //! once, so recomputing it would cost time and save nothing (`torch.utils.checkpoint_sequential`
 //! does the same with its last segment).
 //!
+//! **Full checkpointing** (knob `policy=full`; default `layers`, the selection above): each
+//! numbered block in scope (`bert.encoder.layer.N`, `model.layers.N`: the unit sharding wraps)
+//! is one segment, its first layer the checkpoint — a pre-norm block's first layer saves the
+//! block's input, so what stays is one input per block and the block being back-propagated;
+//! layers outside blocks are kept. What torchtitan's `activation_checkpoint.mode = "full"`
+//! and Megatron's `--recompute-granularity full --recompute-method uniform
+//! --recompute-num-layers 1` do.
+//!
 //! **Cost model.** Each re-run op is a copy of its forward op (spec and [`OpWork`], phase FW, same
 //! GPU stream, same duration), a forward collective of the layer (tensor parallelism's
 //! all-reduce) included: time grows by one forward of every dropped segment, exposed where
@@ -73,6 +81,11 @@ impl Pass for Recompute {
                 0,
                 1_000_000,
             ),
+            KnobSpec::text(
+                "policy",
+                "layers: segments of `every` layers; full: every numbered block (transformer layer) is one segment, its first layer (which saves the block's input) the checkpoint: torchtitan's and Megatron's full activation checkpointing",
+                "layers",
+            ),
         ]
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
@@ -86,7 +99,24 @@ impl Pass for Recompute {
             });
         }
         let every = knobs.int("every");
-        Ok(plan(&cx.job, pattern, every as usize)?
+        let full = match knobs.text("policy").trim() {
+            "layers" => false,
+            "full" => true,
+            other => {
+                return Err(PassError::BadKnob {
+                    pass: NAME.into(),
+                    knob: "policy".into(),
+                    value: other.into(),
+                    why: "expected layers or full".into(),
+                });
+            }
+        };
+        let seg = if full {
+            Segmenting::Blocks
+        } else {
+            Segmenting::Every(every as usize)
+        };
+        Ok(plan(&cx.job, pattern, seg)?
             .iter()
             .map(Segment::patch)
             .collect())
@@ -148,10 +178,11 @@ fn units(job: &Job) -> Vec<Unit> {
     let mut step_of: BTreeMap<OpId, (LayerId, usize)> = BTreeMap::new();
     for (i, op) in job.local.ops.iter().enumerate() {
         let s = &op.spec;
-        // A layer's forward collective (tensor parallelism's all-reduce) runs again with it.
-        let rerun =
-            s.kind == OpKind::Compute || s.kind == OpKind::Collective && s.phase == Phase::Fw;
-        if !rerun || s.layer == NONE || !matches!(s.phase, Phase::Fw | Phase::Bw) {
+        // A layer's forward collective (tensor parallelism's all-reduce) runs again with it;
+        // its backward collectives belong to its backward (the segment's backward is told
+        // from the backward before it by them too).
+        let ours = s.kind == OpKind::Compute || s.kind == OpKind::Collective;
+        if !ours || s.layer == NONE || !matches!(s.phase, Phase::Fw | Phase::Bw) {
             continue;
         }
         let n = seen
@@ -225,11 +256,24 @@ fn sqrt_ceil(m: usize) -> usize {
     s.max(1)
 }
 
+/// How the layers in scope are cut into segments.
+#[derive(Clone, Copy, Debug)]
+enum Segmenting {
+    /// Every n-th layer a checkpoint (0: ⌈√m⌉), the layers between one segment.
+    Every(usize),
+    /// One segment per numbered block ([`super::shard::unit_of`]), its first layer the
+    /// checkpoint; layers outside blocks (embeddings, head) kept.
+    Blocks,
+}
+
 /// The segments to drop and their edits. Inserted ids count on from `job.local.ops.len()`
 /// across segments, in order, as [`super::apply_all`] assigns them.
-fn plan(job: &Job, pattern: &str, every: usize) -> Result<Vec<Segment>, PassError> {
+fn plan(job: &Job, pattern: &str, seg: Segmenting) -> Result<Vec<Segment>, PassError> {
     let all = units(job);
-    let dropped = dropped_units(job, &all, pattern, every)?;
+    let dropped = match seg {
+        Segmenting::Every(every) => dropped_units(job, &all, pattern, every)?,
+        Segmenting::Blocks => dropped_blocks(job, &all, pattern)?,
+    };
     let last_unit = last_unit_per_step(&all);
     let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); job.local.ops.len()];
     for &(a, b) in &job.local.edges {
@@ -297,6 +341,39 @@ fn dropped_units(
             dropped[i] = *p % every != every - 1 && all[i].saved_bytes > 0;
             *p += 1;
         }
+    }
+    Ok(dropped)
+}
+
+/// Full checkpointing: in each micro-step, every layer in scope inside a numbered block but
+/// the block's first (its checkpoint, which saves the block's input) is dropped, so each
+/// block is one segment re-run whole before its backward. Not applicable without blocks.
+fn dropped_blocks(job: &Job, all: &[Unit], pattern: &str) -> Result<Vec<bool>, PassError> {
+    let whole = matches!(pattern, "all" | "auto" | "sqrt");
+    let mut dropped = vec![false; all.len()];
+    let mut first_seen: std::collections::BTreeSet<(usize, String)> = Default::default();
+    for (i, u) in all.iter().enumerate() {
+        let name = layer_name(job, u.layer);
+        let block = super::shard::unit_of(&name);
+        if block.is_empty() || !(whole || glob_match(pattern, &name)) {
+            continue;
+        }
+        // The block's first layer in forward order (units are sorted so) is its checkpoint;
+        // every other layer of it re-runs, those that save nothing too (the whole block's
+        // forward runs again).
+        dropped[i] = !first_seen.insert((u.step, block.to_string()));
+    }
+    let saves = all
+        .iter()
+        .zip(&dropped)
+        .any(|(u, &d)| d && u.saved_bytes > 0);
+    if !saves {
+        return Err(PassError::NotApplicable {
+            pass: NAME.into(),
+            why: format!(
+                "policy=full checkpoints numbered blocks (model.layers.N, transformer.h.N); no block of layers matching `{pattern}` saves activations past its first layer"
+            ),
+        });
     }
     Ok(dropped)
 }
@@ -714,6 +791,63 @@ pub(crate) mod tests {
         let knobs = resolve_knobs(p, &[("layers".into(), "nope.*".into())]).unwrap();
         let e = p.propose(&evaluate(job).unwrap(), &knobs).unwrap_err();
         assert!(e.to_string().contains("nope.*"), "{e}");
+    }
+
+    #[test]
+    fn full_policy_re_runs_each_block_whole_from_its_input() {
+        let (_, job) = crate::zoo::build::test_job("bert-base", 8, "dpro-16xv100-rdma");
+        let (base, after, patches) = run(job.clone(), &[("policy", "full")]);
+        // One segment per encoder block, each inside its block, its first layer kept.
+        assert_eq!(patches.len(), 12, "{patches:#?}");
+        for (i, p) in patches.iter().enumerate() {
+            let block = format!("bert.encoder.layer.{i}.");
+            let names: Vec<&str> = p
+                .why
+                .split(' ')
+                .filter(|w| w.starts_with("bert."))
+                .collect();
+            assert_eq!(names.len(), 2, "{}", p.why);
+            assert!(names.iter().all(|n| n.starts_with(&block)), "{}", p.why);
+            assert!(
+                !p.why.contains(&format!("{block}attention.self.query ")),
+                "{}",
+                p.why
+            );
+        }
+        // Kept: the block inputs, one block being back-propagated, and what lies outside
+        // the blocks (the embeddings, the MLM head's logits); the sqrt schedule keeps more
+        // (whole layers as checkpoints inside the blocks).
+        let act = |e: &Evaluated| e.memory.peak_bytes - e.job.local.static_mem_bytes;
+        let (_, sqrt, _) = run(job, &[]);
+        assert!(
+            act(&after) * 2 < act(&base),
+            "{} vs {}",
+            act(&after),
+            act(&base)
+        );
+        assert!(
+            act(&after) < act(&sqrt),
+            "{} vs {}",
+            act(&after),
+            act(&sqrt)
+        );
+        // About one forward of the blocks more.
+        assert!(after.iteration_ns() > base.iteration_ns());
+        // A model without numbered blocks has nothing to checkpoint this way.
+        let chain = chain(&[1000, 2000, 3000], &[10, 20, 30]);
+        let reg = registry();
+        let p = crate::passes::find(&reg, NAME).unwrap();
+        let knobs = resolve_knobs(p, &[("policy".into(), "full".into())]).unwrap();
+        let e = evaluate(chain).unwrap();
+        assert!(matches!(
+            p.propose(&e, &knobs),
+            Err(PassError::NotApplicable { .. })
+        ));
+        let bad = resolve_knobs(p, &[("policy".into(), "selective".into())]).unwrap();
+        assert!(matches!(
+            p.propose(&e, &bad),
+            Err(PassError::BadKnob { .. })
+        ));
     }
 
     #[test]

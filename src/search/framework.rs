@@ -142,6 +142,9 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             Jax => Ok(
                 "jax.checkpoint (nothing saved inside) around each planned layer's function (trainplan_jax.remat(name, fn))",
             ),
+            Torchtitan => Ok(
+                "activation_checkpoint.mode = \"full\": every transformer block checkpointed, as recompute:policy=full plans it (torchtitan.toml)",
+            ),
             _ => Err("the export has no recomputation switch for this framework"),
         },
         "grad-accumulation" => Ok(match fw {

@@ -1175,10 +1175,12 @@ fn move_knobs(p: &dyn Pass, opts: &SearchOptions) -> Vec<(String, String)> {
 }
 
 /// Knobs `fw`'s export needs a pass to take: torchtitan runs AMP in bf16 only (it has no
-/// loss scaler), so its plans' `amp` is bf16.
+/// loss scaler), so its plans' `amp` is bf16; it checkpoints whole blocks, so its plans'
+/// `recompute` is `policy=full`.
 fn framework_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
     match (pass, fw) {
         ("amp", Some(Framework::Torchtitan)) => vec![("dtype".into(), "bf16".into())],
+        ("recompute", Some(Framework::Torchtitan)) => vec![("policy".into(), "full".into())],
         _ => Vec::new(),
     }
 }
@@ -1398,7 +1400,10 @@ fn memory_options(
                 options.push(head.clone());
             }
             if has("recompute") {
-                options.push(with(vec![("recompute".into(), vec![])]));
+                options.push(with(vec![(
+                    "recompute".into(),
+                    framework_knobs("recompute", fw),
+                )]));
             }
             // Every k without sharding or tensor parallelism; with either, the largest only
             // (the options multiply).
@@ -1411,7 +1416,10 @@ fn memory_options(
             if has("recompute")
                 && let Some(&k) = ks.last()
             {
-                options.push(with(vec![("recompute".into(), vec![]), acc(k)]));
+                options.push(with(vec![
+                    ("recompute".into(), framework_knobs("recompute", fw)),
+                    acc(k),
+                ]));
             }
         }
     }

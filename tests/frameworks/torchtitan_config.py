@@ -20,7 +20,8 @@ Prints one JSON line, {"torchtitan": version, "cases": [...]}, one case per file
   `debugmodel` on the meta device: each fully_shard module's reshard-after-forward and mixed
   precision policy; whether DDP was applied instead; `tp_placements`: the placement on the
   `tp` mesh dimension of block 0's `attention.wq` (column-parallel) and `attention.wo`
-  (row-parallel) weights, when tensor parallelism was applied;
+  (row-parallel) weights, when tensor parallelism was applied; `checkpointed_modules`: how
+  many modules activation checkpointing wrapped, of `blocks` transformer blocks;
 * `amp_context`: what `maybe_enable_amp` returns (FSDP handles precision itself);
 * `optimizer`: the fused / foreach flags of the optimizer `build_optimizers` makes;
 * `model_refused`: torchtitan's error for the [model] placeholder; `cli_model`: the model
@@ -188,15 +189,23 @@ def parallelized(cfg, dims):
     # row-parallel (wo) weights on the tp mesh dimension.
     tp = {}
     for name, param in model.named_parameters():
+        # Activation checkpointing wraps each block: its parameters' names gain a segment.
+        name = name.replace("_checkpoint_wrapped_module.", "")
         if name in ("layers.0.attention.wq.weight", "layers.0.attention.wo.weight"):
             dims_of = list(getattr(getattr(param, "device_mesh", None), "mesh_dim_names", None) or [])
             if "tp" in dims_of:
                 tp[name] = str(param.placements[dims_of.index("tp")])
+    # Activation checkpointing as applied: the modules torchtitan wrapped.
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    wrapped = sum(isinstance(m, CheckpointWrapper) for m in model.modules())
     opt = spec.build_optimizers_fn([model], cfg.optimizer, dims)
     group0 = opt.optimizers[0].param_groups[0]
     return {
         "fsdp": fsdp or None,
         "tp_placements": tp or None,
+        "checkpointed_modules": wrapped,
+        "blocks": len(model.layers),
         "ddp": ddp,
         "amp_context": amp_context,
         "optimizer": {"fused": group0.get("fused"), "foreach": group0.get("foreach")},

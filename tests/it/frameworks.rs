@@ -1108,6 +1108,8 @@ struct TitanCase {
     fused_adam: bool,
     /// Tensor-parallel degree (with sequence parallelism; 1: none).
     tp: u32,
+    /// Every block recomputed (`recompute:policy=full`).
+    full_ac: bool,
 }
 
 /// `trainplan plan --framework torchtitan` on a tiny GPT (8 ranks, batch 4 per GPU), then the
@@ -1163,6 +1165,14 @@ fn titan_plan(dir: &Path, case: &TitanCase) -> trainplan::plan::Plan {
     }
     c.passes.sort();
     c.grad_accumulation = case.k;
+    if case.full_ac {
+        // What `recompute:policy=full` plans on the tiny GPT: each block but its first layer.
+        c.recompute = vec!["transformer.h.0.attn".into(), "transformer.h.1.attn".into()];
+        let mut rc = p.decisions[0].clone();
+        rc.pass = "recompute".into();
+        rc.knobs = [("policy".to_string(), "full".to_string())].into();
+        p.decisions.push(rc);
+    }
     p.check().unwrap();
     std::fs::write(&path, p.to_yaml()).unwrap();
     p
@@ -1271,7 +1281,16 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     );
     assert_eq!(seen["optimizer"]["fused"], fused, "{ctx}");
     assert_eq!(seen["optimizer"]["foreach"], !fused, "{ctx}");
-    assert_eq!(cfg["activation_checkpoint"]["mode"], "none", "{ctx}");
+    // Full activation checkpointing: torchtitan wraps every block of its model.
+    let mode = if case.full_ac { "full" } else { "none" };
+    assert_eq!(cfg["activation_checkpoint"]["mode"], mode, "{ctx}");
+    let wrapped = seen["checkpointed_modules"].as_u64().unwrap();
+    if case.full_ac {
+        assert_eq!(wrapped, seen["blocks"].as_u64().unwrap(), "{ctx}");
+        assert!(wrapped > 0, "{ctx}");
+    } else {
+        assert_eq!(wrapped, 0, "{ctx}");
+    }
     assert_eq!(cfg["compile"]["enable"], false, "{ctx}");
     // The model is the user's to set: torchtitan refuses the placeholder, takes the CLI's.
     assert!(
@@ -1295,24 +1314,26 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
 #[test]
 fn torchtitan_exports_load_in_torchtitan_as_planned() {
     let Some(py) = python() else { return };
-    let case = |tag, shard, dtype, k, fused_adam, tp| TitanCase {
+    let case = |tag, shard, dtype, k, fused_adam, tp, full_ac| TitanCase {
         tag,
         shard,
         dtype,
         k,
         fused_adam,
         tp,
+        full_ac,
     };
     let cases = [
-        case("ddp", None, "fp32", 1, false, 1),
-        case("fsdp", Some((1, true)), "bf16", 1, true, 1),
-        case("fsdp-keep", Some((1, false)), "fp32", 2, false, 1),
-        case("hsdp", Some((2, true)), "bf16", 4, true, 1),
-        case("fp16", None, "fp16", 2, true, 1),
-        // Tensor parallelism of 2 with FSDP2 over the 4 data-parallel ranks; with HSDP, and
-        // k = 8 (a tensor-parallel group trains 8 samples: one per micro-step).
-        case("tp-fsdp", Some((1, true)), "bf16", 2, true, 2),
-        case("tp-hsdp", Some((2, false)), "bf16", 8, true, 2),
+        case("ddp", None, "fp32", 1, false, 1, false),
+        case("fsdp", Some((1, true)), "bf16", 1, true, 1, false),
+        case("fsdp-keep", Some((1, false)), "fp32", 2, false, 1, false),
+        case("hsdp", Some((2, true)), "bf16", 4, true, 1, false),
+        case("fp16", None, "fp16", 2, true, 1, false),
+        // Tensor parallelism of 2 with FSDP2 over the 4 data-parallel ranks (and every block
+        // checkpointed); with HSDP, and k = 8 (a tensor-parallel group trains 8 samples: one
+        // per micro-step).
+        case("tp-fsdp", Some((1, true)), "bf16", 2, true, 2, true),
+        case("tp-hsdp", Some((2, false)), "bf16", 8, true, 2, false),
     ];
     let root = scratch("titan");
     let mut args: Vec<String> = Vec::new();

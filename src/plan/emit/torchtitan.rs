@@ -16,7 +16,8 @@
 //! | `dtype` fp16 (AMP) | — `mixed_precision_param` takes bfloat16 or float32 only and torchtitan has no loss scaler: `"float32"` is written, and a note says so |
 //! | `dtype` fp8, fp64 | refused (`training.dtype` is bfloat16 or float32; fp8 is a torchao model converter) |
 //! | `fused-adam` | `optimizer.implementation = "fused"`; without it `"foreach"` (what the plan priced; torchtitan's own default is `"fused"`) |
-//! | `recompute` | — `activation_checkpoint.mode = "none"`: torchtitan checkpoints whole blocks by its own policy (every block, or every n-th), not the planned layers; a note lists them |
+//! | `recompute` with `policy=full` over every layer | `activation_checkpoint.mode = "full"`: torchtitan checkpoints each transformer block, as the pass plans it |
+//! | `recompute` of chosen layers | — `activation_checkpoint.mode = "none"`: torchtitan checkpoints whole blocks by its own policy (every block, or every n-th), not the planned layers; a note lists them |
 //! | `fused_ops` | — `compile.enable = false`: torchtitan compiles every block or none |
 //! | `tensor_parallel` degree t | `parallelism.tensor_parallel_degree` = t; the data-parallel degrees over ranks ÷ t; `local_batch_size` per tensor-parallel group. Refused ([`crate::search::framework::tp_supported`]): `sequence` false (torchtitan always shards the norms over the sequence), or more than one data-parallel rank without FSDP (torchtitan's DDP takes a 1-D mesh only) |
 //! | pipeline, context parallelism | degrees 1 |
@@ -84,16 +85,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         parallelism(plan, sharding, tp),
         training(plan, f, param_dtype),
         optimizer(f),
-        Section {
-            name: "activation_checkpoint",
-            comments: vec![if plan.config.recompute.is_empty() {
-                "the plan recomputes nothing (torchtitan's default is selective checkpointing)"
-                    .into()
-            } else {
-                "the plan's recomputed layers cannot be named here: checkpointing is left off (see the notes)".into()
-            }],
-            entries: vec![("mode", s("none"))],
-        },
+        activation_checkpoint(plan),
         Section {
             name: "compile",
             comments: vec![
@@ -138,6 +130,43 @@ fn supported_sharding(plan: &Plan) -> Result<Option<&ShardConfig>, EmitError> {
         });
     }
     Ok(Some(sh))
+}
+
+/// Whether the plan checkpoints every block whole: a `recompute` decision with
+/// `policy=full` over every layer (torchtitan's `mode = "full"` wraps each block).
+fn full_checkpointing(plan: &Plan) -> bool {
+    !plan.config.recompute.is_empty()
+        && plan.decisions.iter().any(|d| {
+            d.pass == "recompute"
+                && d.knobs.get("policy").map(|v| v.trim()) == Some("full")
+                && d.knobs
+                    .get("layers")
+                    .is_none_or(|v| matches!(v.trim(), "all" | "auto" | "sqrt"))
+        })
+}
+
+fn activation_checkpoint(plan: &Plan) -> Section {
+    let (comment, mode) = if plan.config.recompute.is_empty() {
+        (
+            "the plan recomputes nothing (torchtitan's default is selective checkpointing)",
+            "none",
+        )
+    } else if full_checkpointing(plan) {
+        (
+            "every transformer block checkpointed, as planned (recompute:policy=full)",
+            "full",
+        )
+    } else {
+        (
+            "the plan's recomputed layers cannot be named here: checkpointing is left off (see the notes)",
+            "none",
+        )
+    };
+    Section {
+        name: "activation_checkpoint",
+        comments: vec![comment.into()],
+        entries: vec![("mode", s(mode))],
+    }
 }
 
 /// The plan's tensor-parallel degree (1 without), when torchtitan can apply it
@@ -354,6 +383,12 @@ fn notes(plan: &Plan, f: &Facts, sharding: Option<&ShardConfig>) -> Vec<String> 
             "FSDP2 wrap units: torchtitan wraps its own model's token embedding, each transformer block, the final norm with the output, then the root (the plan's {} units, root last, are its estimate of the same per-block policy)",
             sh.units.len()
         ));
+        if f.k > 1 {
+            notes.push(format!(
+                "accumulation over FSDP2: the plan prices {} micro-batches with gradients held unsharded and reduce-scattered once (FSDP2's set_requires_gradient_sync(False), as the pytorch export runs it); torchtitan 0.2.0 reduce-scatters after every micro-batch, so the run holds 1/{} of those gradients and communicates {} times: less memory, more communication than predicted",
+                f.k, sh.shard_size, f.k
+            ));
+        }
         if sh.prefetch != 1 {
             notes.push(format!(
                 "the plan's prefetch of {} unit(s) is not applied: torchtitan has no prefetch setting and keeps FSDP2's implicit prefetch of one",
@@ -367,7 +402,7 @@ fn notes(plan: &Plan, f: &Facts, sharding: Option<&ShardConfig>) -> Vec<String> 
     if f.fp16_allreduce {
         notes.push("the plan's fp16 gradient all-reduce is not applied: torchtitan reduces in float32 (mixed_precision_reduce)".into());
     }
-    if !plan.config.recompute.is_empty() {
+    if !plan.config.recompute.is_empty() && !full_checkpointing(plan) {
         notes.push(format!(
             "the plan recomputes {} module(s) (e.g. {}); torchtitan checkpoints whole blocks by its own policy (activation_checkpoint.mode full, or selective every n-th block), not chosen layers, so the file leaves checkpointing off and the run keeps those activations",
             f.recompute.len(),
