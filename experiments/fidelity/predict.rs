@@ -110,7 +110,12 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         ));
     }
     if c.recompute {
-        steps.push(("recompute", Vec::new()));
+        let knobs = if c.recompute_blocks {
+            vec![("policy".into(), "full".into())]
+        } else {
+            Vec::new()
+        };
+        steps.push(("recompute", knobs));
     }
     if c.accum > 1 {
         steps.push(("grad-accumulation", vec![("k".into(), c.accum.to_string())]));

@@ -30,6 +30,11 @@ pub struct Case {
     /// Activations in channels-last layout, when the source says.
     pub channels_last: Option<bool>,
     pub recompute: bool,
+    /// Recomputation of whole transformer layers (the published runs' checkpointing:
+    /// Megatron's `--checkpoint-activations`, Hugging Face's `gradient_checkpointing`, one
+    /// checkpoint per layer): the pass's `policy=full`; false: the pass's default segments
+    /// (dPRO's own re-computation, Chen's √ schedule).
+    pub recompute_blocks: bool,
     pub accum: u32,
     /// The sharding stage the run used (`sharding=zero1|zero2|zero3|fsdp-grad-op|fsdp-full` in
     /// the row's `extra`): the `shard` pass at that stage; `None` for plain data parallelism.
@@ -396,6 +401,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             None
         },
         recompute,
+        recompute_blocks: recompute,
         accum,
         shard,
         tp,
@@ -432,6 +438,7 @@ pub fn dpro() -> Vec<Case> {
         precision: Some(Precision::Fp32),
         channels_last: None,
         recompute: false,
+        recompute_blocks: false,
         accum: 1,
         shard: None,
         tp: 1,

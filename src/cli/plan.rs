@@ -1418,6 +1418,13 @@ fn layout(plan: &Plan) -> serde_json::Value {
         .as_ref()
         .map_or((1, w.ranks / tp), |s| (s.shard_size, s.replicas));
     let k = plan.config.grad_accumulation.max(1);
+    // The micro-batch of one data-parallel replica (a tensor-parallel group's).
+    let replica = w.batch().map(|b| {
+        plan.config
+            .tensor_parallel
+            .as_ref()
+            .map_or(b, |t| t.replica_batch(b))
+    });
     json!({
         "dp_replicate": dp_replicate,
         "dp_shard": dp_shard,
@@ -1425,7 +1432,7 @@ fn layout(plan: &Plan) -> serde_json::Value {
         "pp": 1,
         "virtual": 1,
         "cp": 1,
-        "micro_batch": w.batch().map(|b| b / k),
+        "micro_batch": replica.map(|b| b / k),
         "schedule": serde_json::Value::Null,
     })
 }

@@ -1281,29 +1281,33 @@ fn memory_step(
             ),
         });
     }
-    let tried: Vec<Tried> = options
-        .par_iter()
-        .map(|steps| {
-            (
-                steps.clone(),
-                try_memory_option(cur, steps, all, eval, lean_ops),
-            )
-        })
-        .collect();
-    let replays = tried
-        .iter()
-        .map(|(s, r)| if r.is_ok() { s.len() as u64 } else { 0 })
-        .sum();
     let (workers, batch) = (cur.job.workers, cur.job.meta.batch);
+    // Each option's row as it is tried; of the options themselves (each a job and its trail)
+    // only those that can still be chosen are kept (a 70 B model's 57 options held 1.5 GB).
+    let kept = options
+        .par_iter()
+        .enumerate()
+        .map(|(i, steps)| {
+            let r = try_memory_option(cur, steps, all, eval, lean_ops);
+            let row = r
+                .as_ref()
+                .ok()
+                .map(|(e, _)| layout::row(steps, e, workers, batch, budget));
+            let replays = if r.is_ok() { steps.len() as u64 } else { 0 };
+            Kept {
+                tried: vec![(i, (steps.clone(), r))],
+                rows: row.into_iter().collect(),
+                replays,
+            }
+        })
+        .reduce(Kept::default, |a, b| a.merge(b, budget));
     *rows = layout::ranked(
         std::iter::once(layout::row(&[], cur, workers, batch, budget))
-            .chain(tried.iter().filter_map(|(steps, r)| {
-                r.as_ref()
-                    .ok()
-                    .map(|(e, _)| layout::row(steps, e, workers, batch, budget))
-            }))
+            .chain(kept.rows)
             .collect(),
     );
+    let replays = kept.replays;
+    let tried = kept.tried.into_iter().map(|(_, t)| t).collect();
     let (steps, e, trail) = fastest_fitting(cur, budget, tried)?;
     let decisions = memory_decisions(cur, budget, &steps, &e, &trail);
     Ok((e, replays, decisions))
@@ -1486,6 +1490,41 @@ fn try_memory_option(
         lean_from(&mut t.0, lean_ops);
     }
     Ok((e, trail))
+}
+
+/// What the memory step keeps of the options tried so far: those [`fastest_fitting`] can
+/// still choose (the fastest fitting and the smallest peak, the first of equals), with their
+/// position in option order; every option's row; the replays.
+#[derive(Default)]
+struct Kept {
+    tried: Vec<(usize, Tried)>,
+    rows: Vec<layout::LayoutRow>,
+    replays: u64,
+}
+
+impl Kept {
+    /// `self` (earlier options) and `later` together, pruned to what can still be chosen.
+    fn merge(mut self, later: Kept, budget: u64) -> Kept {
+        self.tried.extend(later.tried);
+        self.rows.extend(later.rows);
+        self.replays += later.replays;
+        fn ok(t: &(usize, Tried)) -> Option<&Evaluated> {
+            t.1.1.as_ref().ok().map(|(e, _)| e)
+        }
+        let first_min = |key: &dyn Fn(&Evaluated) -> Option<u64>| -> Option<usize> {
+            self.tried
+                .iter()
+                .filter_map(|t| ok(t).and_then(key).map(|k| (k, t.0)))
+                .min()
+                .map(|(_, i)| i)
+        };
+        let fastest = first_min(&|e| (budget_peak(e, budget) <= budget).then(|| e.iteration_ns()));
+        let smallest = first_min(&|e| Some(budget_peak(e, budget)));
+        self.tried
+            .retain(|t| Some(t.0) == fastest || Some(t.0) == smallest);
+        self.tried.sort_by_key(|t| t.0);
+        self
+    }
 }
 
 /// The fastest tried option whose peak fits `budget` (the first of equals, in option order).

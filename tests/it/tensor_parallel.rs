@@ -85,10 +85,10 @@ fn an_impossible_layout_exits_3_naming_the_constraint() {
     check_bad_input(&b, "apply tensor-parallel before sharding");
 }
 
-/// A 4-layer GPT at sequence 16,384 on 8 H200s for torchtitan: one sample's activations are
-/// more than a GPU holds, torchtitan has no recomputation the plan could set, so only a
-/// tensor-parallel layout (with sequence parallelism, and FSDP2 over the data-parallel ranks:
-/// torchtitan's DDP takes a 1-D mesh only) fits.
+/// A 4-layer GPT at sequence 16,384 on 8 H200s: one sample's activations are more than a GPU
+/// holds, so without recomputation only a tensor-parallel layout (with sequence parallelism,
+/// and for torchtitan FSDP2 over the data-parallel ranks: its DDP takes a 1-D mesh only)
+/// fits.
 const LONG_GPT: &[&str] = &[
     "plan",
     "--model",
@@ -112,17 +112,28 @@ const LONG_GPT: &[&str] = &[
     "--json",
 ];
 
-fn long_gpt_plan(framework: &str, out: &std::path::Path) -> (i32, String, String) {
+/// `LONG_GPT` planned for `framework` with the memory moves `passes` (all when None).
+fn long_gpt_plan(
+    framework: &str,
+    passes: Option<&str>,
+    out: &std::path::Path,
+) -> (i32, String, String) {
     let mut a = LONG_GPT.to_vec();
     let o = out.to_str().unwrap();
     a.extend_from_slice(&["--framework", framework, "--top", "5", "-o", o]);
+    if let Some(p) = passes {
+        a.extend_from_slice(&["--passes", p]);
+    }
     crate::support::run(&a)
 }
+
+/// No recomputation: a layout must split the activations.
+const NO_RECOMPUTE: Option<&str> = Some("amp,shard,tensor-parallel,grad-accumulation");
 
 #[test]
 fn the_layout_search_picks_tensor_parallelism_where_nothing_else_fits() {
     let dir = crate::support::scratch("tp-layout");
-    let (code, out, err) = long_gpt_plan("torchtitan", &dir.join("plan.yaml"));
+    let (code, out, err) = long_gpt_plan("torchtitan", NO_RECOMPUTE, &dir.join("plan.yaml"));
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let gpu = bytes(&v, "gpu_memory_bytes");
@@ -151,7 +162,10 @@ fn the_layout_search_picks_tensor_parallelism_where_nothing_else_fits() {
     // the first of them.
     let top = v["top_layouts"].as_array().unwrap();
     assert!(!top.is_empty() && top.len() <= 5, "{v}");
-    assert_eq!(top[0]["layout"]["tp"], tp, "{v}");
+    assert_eq!(top[0]["layout"], v["layout"], "{v}");
+    // A group of tp ranks trains tp samples (batch 1 per GPU): the micro-batch is whole.
+    let k = knob("grad-accumulation", "k").map_or(1, |k| k.parse::<u64>().unwrap());
+    assert_eq!(l["micro_batch"].as_u64().unwrap() * k, tp, "{v}");
     assert!(top[0]["fits"].as_bool().unwrap());
     let fitting: Vec<f64> = top
         .iter()
@@ -165,7 +179,7 @@ fn the_layout_search_picks_tensor_parallelism_where_nothing_else_fits() {
         "{v}"
     );
     // Deterministic: the same input gives the same table.
-    let (_, again, _) = long_gpt_plan("torchtitan", &dir.join("again.yaml"));
+    let (_, again, _) = long_gpt_plan("torchtitan", NO_RECOMPUTE, &dir.join("again.yaml"));
     let w: serde_json::Value = serde_json::from_str(&again).unwrap();
     assert_eq!(w["top_layouts"], v["top_layouts"]);
     // The export sets the degree; the data-parallel ranks are FSDP2's.
@@ -189,8 +203,10 @@ fn the_layout_search_picks_tensor_parallelism_where_nothing_else_fits() {
         "{text}"
     );
     // PyTorch's export has no tensor parallelism: its plan never has it (recomputation
-    // fits there instead).
-    let (code, out, err) = long_gpt_plan("pytorch", &dir.join("pt.yaml"));
+    // fits there instead), and without recomputation nothing fits.
+    let (code, _, err) = long_gpt_plan("pytorch", NO_RECOMPUTE, &dir.join("pt0.yaml"));
+    assert_eq!(code, 4, "{err}");
+    let (code, out, err) = long_gpt_plan("pytorch", None, &dir.join("pt.yaml"));
     assert_eq!(code, 0, "{err}");
     let p: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(
