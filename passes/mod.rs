@@ -663,6 +663,21 @@ fn fuse_syncs(job: &mut Job, which: &[usize]) -> Result<(), JobError> {
     Ok(())
 }
 
+/// The numbered block a layer belongs to: its path up to the first all-digit component
+/// (`bert.encoder.layer.3`, `model.layers.11`, `layer3.1`), or `""` outside blocks. Sharding's
+/// wrap units and full recomputation's segments.
+pub fn unit_of(layer: &str) -> &str {
+    let mut end = 0;
+    for part in layer.split('.') {
+        let stop = end + part.len();
+        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+            return &layer[..stop];
+        }
+        end = stop + 1;
+    }
+    ""
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

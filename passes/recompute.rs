@@ -261,7 +261,7 @@ fn sqrt_ceil(m: usize) -> usize {
 enum Segmenting {
     /// Every n-th layer a checkpoint (0: ⌈√m⌉), the layers between one segment.
     Every(usize),
-    /// One segment per numbered block ([`super::shard::unit_of`]), its first layer the
+    /// One segment per numbered block ([`super::unit_of`]), its first layer the
     /// checkpoint; layers outside blocks (embeddings, head) kept.
     Blocks,
 }
@@ -354,7 +354,7 @@ fn dropped_blocks(job: &Job, all: &[Unit], pattern: &str) -> Result<Vec<bool>, P
     let mut first_seen: std::collections::BTreeSet<(usize, String)> = Default::default();
     for (i, u) in all.iter().enumerate() {
         let name = layer_name(job, u.layer);
-        let block = super::shard::unit_of(&name);
+        let block = super::unit_of(&name);
         if block.is_empty() || !(whole || glob_match(pattern, &name)) {
             continue;
         }

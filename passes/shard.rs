@@ -165,19 +165,8 @@ fn not_applicable(why: String) -> PassError {
     }
 }
 
-/// The unit a layer belongs to: its path up to the first all-digit component, or the root unit
-/// (`""`).
-pub fn unit_of(layer: &str) -> &str {
-    let mut end = 0;
-    for part in layer.split('.') {
-        let stop = end + part.len();
-        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-            return &layer[..stop];
-        }
-        end = stop + 1;
-    }
-    ""
-}
+/// The unit a layer belongs to: its numbered block ([`super::unit_of`]), or the root unit.
+pub use super::unit_of;
 
 /// The `units` knob's default: one unit per numbered block ([`unit_of`]).
 pub const AUTO: &str = "auto";

@@ -1001,6 +1001,9 @@ fn advise(
         .par_iter()
         .map(|name| {
             let p = passes::find(all, name)?;
+            if framework_rules_out(name, opts.framework.map(|(fw, _)| fw), &best.job) {
+                return Ok((None, false));
+            }
             let knobs = passes::resolve_knobs(p, &move_knobs(p, opts))?;
             // As in the search: a pass that cannot apply is skipped, one that proposes
             // something out of range (a user's pass file) is an error, named.
@@ -1123,7 +1126,9 @@ fn candidate_moves(
 ) -> Result<Vec<Move>, SearchError> {
     let mut moves = Vec::new();
     for p in allowed {
-        if used.contains(p.name()) {
+        if used.contains(p.name())
+            || framework_rules_out(p.name(), opts.framework.map(|(fw, _)| fw), &cur.job)
+        {
             continue;
         }
         let knobs = passes::resolve_knobs(*p, &move_knobs(*p, opts))?;
@@ -1183,6 +1188,17 @@ fn framework_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
         ("recompute", Some(Framework::Torchtitan)) => vec![("policy".into(), "full".into())],
         _ => Vec::new(),
     }
+}
+
+/// Whether `fw`'s export rules the pass out on `job` whatever its knobs: torchtitan's AMP is
+/// bf16 only, so on a GPU without bf16 (a V100) a torchtitan plan has none.
+fn framework_rules_out(pass: &str, fw: Option<Framework>, job: &Job) -> bool {
+    pass == "amp"
+        && fw == Some(Framework::Torchtitan)
+        && !job
+            .gpu
+            .matrix_tflops
+            .contains_key(&crate::cost::config::Dtype::Bf16)
 }
 
 /// Over the memory budget: the fastest option that fits, among recomputation, gradient
@@ -1350,7 +1366,7 @@ fn memory_options(
     let has = |p: &str| allowed.contains(&p);
     let amp_on = cur.job.dtype != crate::cost::config::Dtype::Fp32;
     let mut firsts: Vec<Vec<KnobbedPass>> = vec![Vec::new()];
-    if has("amp") && !amp_on {
+    if has("amp") && !amp_on && !framework_rules_out("amp", fw, &cur.job) {
         firsts.push(vec![("amp".into(), framework_knobs("amp", fw))]);
     }
     // A tensor-parallel group of t ranks trains t x the per-GPU batch: its k divide that.
