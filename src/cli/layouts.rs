@@ -60,10 +60,17 @@ pub fn top_lines(rows: &[LayoutRow], k: usize, per_step: Option<(f64, f64)>) -> 
         ];
     }
     let shown = k.min(rows.len());
-    let mut lines = vec![format!(
-        "layouts tried: {} (the best {shown}; those that fit first, fastest first)",
-        rows.len()
-    )];
+    let mut lines = vec![if rows.iter().any(|r| r.fits) {
+        format!(
+            "layouts tried: {} (the best {shown}; those that fit first, fastest first)",
+            rows.len()
+        )
+    } else {
+        format!(
+            "layouts tried: {}, none fits (the {shown} with the least device memory first)",
+            rows.len()
+        )
+    }];
     lines.push(format!(
         "  {:>3}  {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>11}  {:>9}  {:>6}  {:>9}  passes",
         "#", "tp", "shard", "repl", "micro", "k", "rec", "step", "tok/s/GPU", "MFU", "device"
@@ -145,6 +152,7 @@ mod tests {
         assert!(lines[2].contains("1000.0 ms") && !lines[2].contains(" over "));
         assert!(lines[3].contains("GB over"), "{lines:?}");
         assert_eq!(top_lines(&rows, 1, None).len(), 3);
+        assert!(top_lines(&rows[1..], 1, None)[0].contains("none fits"));
         assert!(top_lines(&[], 3, None)[0].contains("fits as it is"));
     }
 }

@@ -161,6 +161,7 @@ Examples:
   trainplan plan --model bert-base --batch 64 --cluster dpro-16xv100-rdma --memory-budget 8GB
   trainplan plan --model gpt --cluster 64xh100-ib --passes tensor-fusion,op-fusion,amp --json
   trainplan plan --model vgg16 --cluster dpro-16xv100-rdma --strategy mcmc --seed 7
+  trainplan plan --model llama3-70b --cluster 512xh100-ib --framework torchtitan --top 5
 
 Then: trainplan export plan.yaml --to pytorch. Ctrl-C writes the best plan so far (exit 130).")]
     Plan(PlanArgs),

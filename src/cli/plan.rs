@@ -142,6 +142,8 @@ struct Snapshot {
     /// The options the search runs with (the DDP layout included), for the report of a plan
     /// written from the snapshot.
     opts: Option<SearchOptions>,
+    /// The layouts the memory step tried, when nothing fitted (for `--top` with exit 4).
+    infeasible_layouts: Vec<search::layout::LayoutRow>,
 }
 
 /// How the worker thread ended.
@@ -233,7 +235,22 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     let bar = progress_bar(a, s.budget);
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
     let rx = spawn_search(input, w.fw, &opts, s.all, &snapshot, bar.clone())?;
-    let (finished, stopped_at) = watch(&rx, s.deadline, &snapshot)?;
+    let (finished, stopped_at) = match watch(&rx, s.deadline, &snapshot) {
+        // Nothing fits: with --top, what came closest goes to stderr before the error.
+        Err(e) if e.code == exit::INFEASIBLE && a.top.is_some() => {
+            let rows = snapshot
+                .lock()
+                .map(|s| s.infeasible_layouts.clone())
+                .unwrap_or_default();
+            let k = a.top.unwrap_or(0) as usize;
+            let mut err = super::output::Clean::new(std::io::stderr().lock());
+            for line in super::layouts::top_lines(&rows, k, w.per_step) {
+                let _ = writeln!(err, "{line}");
+            }
+            return Err(e);
+        }
+        r => r?,
+    };
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -1051,7 +1068,21 @@ fn work(
         .install(|| search::search_from(start_eval, prefix, opts, &all, &INTERRUPTED, &progress))
     {
         Ok(o) => o,
-        Err(e @ SearchError::Infeasible { .. }) => {
+        Err(SearchError::Infeasible {
+            budget_gb,
+            smallest_gb,
+            how,
+            layouts,
+        }) => {
+            if let Ok(mut s) = snapshot.lock() {
+                s.infeasible_layouts = layouts;
+            }
+            let e = SearchError::Infeasible {
+                budget_gb,
+                smallest_gb,
+                how,
+                layouts: Vec::new(),
+            };
             return Err(CliError {
                 code: exit::INFEASIBLE,
                 message: e.to_string(),

@@ -234,6 +234,9 @@ pub enum SearchError {
         budget_gb: f64,
         smallest_gb: f64,
         how: String,
+        /// The options the memory step tried on the start, ranked ([`layout::ranked`]): what
+        /// came closest (`plan --top K` prints them with the error).
+        layouts: Vec<layout::LayoutRow>,
     },
     #[error(transparent)]
     Pass(#[from] PassError),
@@ -716,7 +719,23 @@ pub fn search_from(
         prefix,
         layouts: Vec::new(),
     };
-    let (walk, mut decisions) = walk_within_memory(&mut ctx, &start, all)?;
+    let (walk, mut decisions) = match walk_within_memory(&mut ctx, &start, all) {
+        Ok(w) => w,
+        Err(SearchError::Infeasible {
+            budget_gb,
+            smallest_gb,
+            how,
+            ..
+        }) => {
+            return Err(SearchError::Infeasible {
+                budget_gb,
+                smallest_gb,
+                how,
+                layouts: ctx.layouts,
+            });
+        }
+        Err(e) => return Err(e),
+    };
     name_mechanisms(opts, &mut decisions);
     let (stop, rounds) = (walk.stop, walk.rounds);
     let symmetric_report = opts
@@ -1295,6 +1314,7 @@ fn memory_step(
                 "no memory option allowed: --passes and the framework's export leave neither amp, recompute, grad-accumulation nor shard; {}",
                 what_would_fit(cur, budget, 1, 1)
             ),
+            layouts: Vec::new(),
         });
     }
     let (workers, batch) = (cur.job.workers, cur.job.meta.batch);
@@ -1615,6 +1635,7 @@ fn fastest_fitting(
         budget_gb: budget as f64 / 1e9,
         smallest_gb: bytes as f64 / 1e9,
         how: format!("{how}; {}", what_would_fit(&s, budget, k.0, k.1)),
+        layouts: Vec::new(),
     })
 }
 
@@ -1670,6 +1691,17 @@ pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32, sharded: u32) -> Strin
     let gb = |x: u64| x as f64 / 1e9;
     if batch > 0 && fixed < budget && per_sample > 0 {
         let fit = (budget - fixed) / per_sample;
+        let tp = u64::from(s.job.meta.tp.max(1));
+        if fit >= 1 && tp > 1 {
+            // A tensor-parallel group trains the samples together: say it per group.
+            return format!(
+                "{fit} samples per tensor-parallel group of {tp} per micro-step would fit ({:.2} GB fixed + {:.3} GB a sample): a global batch of {} on these {} GPUs",
+                gb(fixed),
+                gb(per_sample),
+                fit * u64::from(s.job.workers.max(1)) / tp,
+                s.job.workers
+            );
+        }
         if fit >= 1 {
             let w = u64::from(s.job.workers.max(1));
             let global = batch * w;

@@ -218,5 +218,29 @@ fn the_layout_search_picks_tensor_parallelism_where_nothing_else_fits() {
         "{p}"
     );
     assert_eq!(p["layout"]["tp"], 1, "{p}");
+    // Without accumulation a group of t ranks holds t samples' activations: nothing fits, and
+    // `--top` shows what came closest before the error (exit 4).
+    let mut a = LONG_GPT.to_vec();
+    let tight = dir.join("over.yaml");
+    a.extend_from_slice(&[
+        "--framework",
+        "torchtitan",
+        "--passes",
+        "amp,shard,tensor-parallel",
+        "--memory-budget",
+        "20GB",
+        "--top",
+        "3",
+        "-o",
+        tight.to_str().unwrap(),
+    ]);
+    let (code, _, err) = crate::support::run(&a);
+    assert_eq!(code, 4, "{err}");
+    let table = err.find("none fits (the 3 with the least device memory first)");
+    let error = err.find("error: no plan fits the memory budget of 20.00 GB");
+    assert!(table.is_some() && error.is_some() && table < error, "{err}");
+    assert_eq!(err.matches(" over  ").count(), 3, "{err}");
+    assert!(err.contains("tensor-parallel:degree="), "{err}");
+    assert!(!tight.exists(), "no plan is written");
     let _ = std::fs::remove_dir_all(&dir);
 }
