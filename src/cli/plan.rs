@@ -1068,32 +1068,25 @@ fn work(
         .install(|| search::search_from(start_eval, prefix, opts, &all, &INTERRUPTED, &progress))
     {
         Ok(o) => o,
-        Err(SearchError::Infeasible {
-            budget_gb,
-            smallest_gb,
-            how,
-            layouts,
-        }) => {
-            if let Ok(mut s) = snapshot.lock() {
-                s.infeasible_layouts = layouts;
-            }
-            let e = SearchError::Infeasible {
-                budget_gb,
-                smallest_gb,
-                how,
-                layouts: Vec::new(),
-            };
-            return Err(CliError {
-                code: exit::INFEASIBLE,
-                message: e.to_string(),
-            });
-        }
+        Err(e @ SearchError::Infeasible { .. }) => return Err(infeasible(e, snapshot)),
         Err(e) => return Err(CliError::bad_input(e)),
     };
     let lower_ns = lower_bound_ns(&outcome, trace)?;
     let mut outcome = outcome;
     outcome.replays += table.len() as u64;
     Ok(Finished { outcome, lower_ns })
+}
+
+/// Exit 4 for an infeasible search, its layouts left in the snapshot (for `--top`).
+fn infeasible(e: SearchError, snapshot: &Mutex<Snapshot>) -> CliError {
+    let message = e.to_string();
+    if let (SearchError::Infeasible { layouts, .. }, Ok(mut s)) = (e, snapshot.lock()) {
+        s.infeasible_layouts = layouts;
+    }
+    CliError {
+        code: exit::INFEASIBLE,
+        message,
+    }
 }
 
 /// The plan's lower bound (the plan with free synchronisation; a trace's own step), unless the
