@@ -202,6 +202,28 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
     }
 }
 
+/// Knobs `fw`'s export needs a pass to take when the search moves it: torchtitan runs AMP in
+/// bf16 only (it has no loss scaler), so its plans' `amp` is bf16; it checkpoints whole
+/// blocks, so its plans' `recompute` is `policy=full`.
+pub fn pass_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
+    match (pass, fw) {
+        ("amp", Some(Framework::Torchtitan)) => vec![("dtype".into(), "bf16".into())],
+        ("recompute", Some(Framework::Torchtitan)) => vec![("policy".into(), "full".into())],
+        _ => Vec::new(),
+    }
+}
+
+/// Whether `fw`'s export rules `pass` out on `job` whatever its knobs: torchtitan's AMP is
+/// bf16 only, so on a GPU without bf16 (a V100) a torchtitan plan has none.
+pub fn rules_out(pass: &str, fw: Option<Framework>, job: &crate::graph::job::Job) -> bool {
+    pass == "amp"
+        && fw == Some(Framework::Torchtitan)
+        && !job
+            .gpu
+            .matrix_tflops
+            .contains_key(&crate::cost::config::Dtype::Bf16)
+}
+
 /// Whether `fw`'s export can apply sharding `stage` with `replicas` replica groups and
 /// `reshard`: `Err(why not)` for a combination it has no setting for.
 ///

@@ -1020,7 +1020,7 @@ fn advise(
         .par_iter()
         .map(|name| {
             let p = passes::find(all, name)?;
-            if framework_rules_out(name, opts.framework.map(|(fw, _)| fw), &best.job) {
+            if framework::rules_out(name, opts.framework.map(|(fw, _)| fw), &best.job) {
                 return Ok((None, false));
             }
             let knobs = passes::resolve_knobs(p, &move_knobs(p, opts))?;
@@ -1146,7 +1146,7 @@ fn candidate_moves(
     let mut moves = Vec::new();
     for p in allowed {
         if used.contains(p.name())
-            || framework_rules_out(p.name(), opts.framework.map(|(fw, _)| fw), &cur.job)
+            || framework::rules_out(p.name(), opts.framework.map(|(fw, _)| fw), &cur.job)
         {
             continue;
         }
@@ -1191,33 +1191,14 @@ pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
 }
 
 /// The knobs a move of `p` runs with: the speed-up switches ([`speedup_knobs`]) and what the
-/// framework's export needs ([`framework_knobs`]).
+/// framework's export needs ([`framework::pass_knobs`]).
 fn move_knobs(p: &dyn Pass, opts: &SearchOptions) -> Vec<(String, String)> {
     let mut k = speedup_knobs(p, &opts.speedups);
-    k.extend(framework_knobs(p.name(), opts.framework.map(|(fw, _)| fw)));
+    k.extend(framework::pass_knobs(
+        p.name(),
+        opts.framework.map(|(fw, _)| fw),
+    ));
     k
-}
-
-/// Knobs `fw`'s export needs a pass to take: torchtitan runs AMP in bf16 only (it has no
-/// loss scaler), so its plans' `amp` is bf16; it checkpoints whole blocks, so its plans'
-/// `recompute` is `policy=full`.
-fn framework_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
-    match (pass, fw) {
-        ("amp", Some(Framework::Torchtitan)) => vec![("dtype".into(), "bf16".into())],
-        ("recompute", Some(Framework::Torchtitan)) => vec![("policy".into(), "full".into())],
-        _ => Vec::new(),
-    }
-}
-
-/// Whether `fw`'s export rules the pass out on `job` whatever its knobs: torchtitan's AMP is
-/// bf16 only, so on a GPU without bf16 (a V100) a torchtitan plan has none.
-fn framework_rules_out(pass: &str, fw: Option<Framework>, job: &Job) -> bool {
-    pass == "amp"
-        && fw == Some(Framework::Torchtitan)
-        && !job
-            .gpu
-            .matrix_tflops
-            .contains_key(&crate::cost::config::Dtype::Bf16)
 }
 
 /// Over the memory budget: the fastest option that fits, among recomputation, gradient
@@ -1386,8 +1367,8 @@ fn memory_options(
     let has = |p: &str| allowed.contains(&p);
     let amp_on = cur.job.dtype != crate::cost::config::Dtype::Fp32;
     let mut firsts: Vec<Vec<KnobbedPass>> = vec![Vec::new()];
-    if has("amp") && !amp_on && !framework_rules_out("amp", fw, &cur.job) {
-        firsts.push(vec![("amp".into(), framework_knobs("amp", fw))]);
+    if has("amp") && !amp_on && !framework::rules_out("amp", fw, &cur.job) {
+        firsts.push(vec![("amp".into(), framework::pass_knobs("amp", fw))]);
     }
     // A tensor-parallel group of t ranks trains t x the per-GPU batch: its k divide that.
     let ks_of = |head: &[KnobbedPass]| -> Vec<u32> {
@@ -1442,7 +1423,7 @@ fn memory_options(
             if has("recompute") {
                 options.push(with(vec![(
                     "recompute".into(),
-                    framework_knobs("recompute", fw),
+                    framework::pass_knobs("recompute", fw),
                 )]));
             }
             // Every k without sharding or tensor parallelism; with either, the largest only
@@ -1457,7 +1438,7 @@ fn memory_options(
                 && let Some(&k) = ks.last()
             {
                 options.push(with(vec![
-                    ("recompute".into(), framework_knobs("recompute", fw)),
+                    ("recompute".into(), framework::pass_knobs("recompute", fw)),
                     acc(k),
                 ]));
             }
