@@ -795,7 +795,24 @@ pub(crate) mod tests {
 
     #[test]
     fn full_policy_re_runs_each_block_whole_from_its_input() {
-        let (_, job) = crate::zoo::build::test_job("bert-base", 8, "dpro-16xv100-rdma");
+        // SQuAD fine-tuning at batch 32: the pre-training head's logits (held by the loop, with
+        // a scratch as large in the loss's backward) would set the peak outside the blocks, and
+        // at a small batch the gradients (0.44 GB) would.
+        let m = crate::zoo::model(
+            "bert-base",
+            &crate::zoo::ModelOptions {
+                batch: Some(32),
+                head: Some(crate::zoo::Head::Squad),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let c = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
+        let opts = crate::zoo::BuildOptions {
+            symmetric: true,
+            ..Default::default()
+        };
+        let job = crate::zoo::build::job(&m, &c, &opts).unwrap();
         let (base, after, patches) = run(job.clone(), &[("policy", "full")]);
         // One segment per encoder block, each inside its block, its first layer kept.
         assert_eq!(patches.len(), 12, "{patches:#?}");
@@ -815,21 +832,15 @@ pub(crate) mod tests {
             );
         }
         // Kept: the block inputs, one block being back-propagated, and what lies outside
-        // the blocks (the embeddings, the MLM head's logits); the sqrt schedule keeps more
-        // (whole layers as checkpoints inside the blocks).
+        // the blocks (the embeddings, the SQuAD head), with the gradients made so far. (The
+        // sqrt schedule's segments can be smaller than a block, so its peak can be lower or
+        // higher than this one's, depending on the batch and the head.)
         let act = |e: &Evaluated| e.memory.peak_bytes - e.job.local.static_mem_bytes;
-        let (_, sqrt, _) = run(job, &[]);
         assert!(
             act(&after) * 2 < act(&base),
             "{} vs {}",
             act(&after),
             act(&base)
-        );
-        assert!(
-            act(&after) < act(&sqrt),
-            "{} vs {}",
-            act(&after),
-            act(&sqrt)
         );
         // About one forward of the blocks more.
         assert!(after.iteration_ns() > base.iteration_ns());

@@ -67,7 +67,17 @@ pub struct Overrides {
 
 /// The prediction of `c`, with the configs' constants replaced by `o`'s (the fit).
 pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
-    let model = trainplan::zoo::model(&c.model, &c.opts).map_err(|e| e.to_string())?;
+    // As the CLI does: a framework whose own loop runs the loss decides it.
+    let opts = trainplan::zoo::ModelOptions {
+        loss: c.opts.loss.or_else(|| {
+            trainplan::zoo::entry(&c.model)
+                .is_ok_and(|e| e.transformer)
+                .then(|| trainplan::zoo::Loss::of_framework(c.framework))
+                .flatten()
+        }),
+        ..c.opts.clone()
+    };
+    let model = trainplan::zoo::model(&c.model, &opts).map_err(|e| e.to_string())?;
     let mut cl = cluster(c)?;
     if let Some(a) = o.arch.get(&cl.gpu.arch) {
         cl.gpu.kernels = a.clone();

@@ -325,14 +325,29 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
                 // Hugging Face GPT2LMHeadModel (transformers' modeling_gpt2.py before SDPA):
                 // scores, scale, mask, softmax and dropout as separate kernels, and `gelu_new`
                 // (the tanh approximation) as element-wise ops.
+                // Its loss is `F.cross_entropy` on the logits the model returns, which the
+                // training loop holds through the backward (`outputs.loss.backward()`).
                 Some("hf-gpt2") => {
                     opts.attention = Some(trainplan::zoo::Attention::Eager);
                     opts.gelu = Some(trainplan::zoo::Gelu::Composite);
+                    opts.loss = Some(trainplan::zoo::Loss::Held);
                 }
                 // minGPT's CausalSelfAttention (mingpt/model.py: q @ k^T, masked_fill, softmax,
-                // dropout, @ v) with nn.GELU (one kernel).
-                Some("mingpt") => opts.attention = Some(trainplan::zoo::Attention::Eager),
+                // dropout, @ v) with nn.GELU (one kernel); its loss is `F.cross_entropy`, and
+                // SeanNaren's fork (these rows) trains it with PyTorch Lightning (below).
+                Some("mingpt") => {
+                    opts.attention = Some(trainplan::zoo::Attention::Eager);
+                    opts.loss = Some(trainplan::zoo::Loss::Freed);
+                }
                 Some(other) => return Err(format!("model code `{other}` is not modelled")),
+            }
+            // PyTorch Lightning (SeanNaren's minGPT fork; the ColossalAI-Pytorch-lightning
+            // benchmark, whose ColossalAI strategies run through Lightning too) backpropagates
+            // the loss its `training_step` returns: the logits are gone by then.
+            if token(extra, "code=") == Some("hf-gpt2")
+                && (extra.contains("lightning") || extra.contains("impl=colossalai"))
+            {
+                opts.loss = Some(trainplan::zoo::Loss::Freed);
             }
             "gpt"
         }

@@ -41,10 +41,11 @@ MODELS = {
     "bert-base-eager": ["--model", "bert-base", "--head", "classify", "--seq", "128", "--attention", "eager"],
     "bert-large": ["--model", "bert-large", "--head", "classify", "--seq", "512", "--attention", "flash"],
     "bert-large-eager": ["--model", "bert-large", "--head", "classify", "--seq", "512", "--attention", "eager"],
+    # record.py's loop keeps the model's output (the logits) until the backward is done.
     "gpt2-medium": ["--model", "gpt", "--hidden", "1024", "--layers", "24", "--heads", "16", "--seq", "1024",
-                    "--vocab", "50257", "--attention", "flash", "--gelu", "composite"],
+                    "--vocab", "50257", "--attention", "flash", "--gelu", "composite", "--loss", "held"],
     "gpt2-large": ["--model", "gpt", "--hidden", "1280", "--layers", "36", "--heads", "20", "--seq", "1024",
-                   "--vocab", "50257", "--attention", "flash", "--gelu", "composite"],
+                   "--vocab", "50257", "--attention", "flash", "--gelu", "composite", "--loss", "held"],
 }
 # measured variant -> (extra replay arguments, whatif passes); None: not expressible here
 VARIANTS = {
@@ -127,6 +128,33 @@ def trace_rows(tp):
     return out
 
 
+def fact_rows(tp):
+    """The runs of memory_facts.py (issue 21's published memory facts re-run in PyTorch) that
+    one GPU can express. The DDP runs (world size 1) are shown against an 8-GPU replay's (a 1-GPU
+    job has no DDP; its NCCL buffers are for 7 peers, the measured run's for none) and left out
+    of the means."""
+    out = []
+    for r in json.load(open(os.path.join(ROOT, H, "memory_facts.json"))):
+        if "error" in r:
+            continue
+        head = "pretraining" if r["task"] == "pretrain" else "squad"
+        attn = "eager" if r["attention"] == "eager" else "flash"
+        ddp = "ddp" in r["options"]
+        cluster = "8xh200" if ddp else CLUSTER
+        cmd = ["replay", "--model", r["model"], "--head", head, "--seq", str(r["seq"]), "--batch", str(r["batch"]),
+               "--vocab", "30528", "--attention", attn, "--precision", r["precision"], "--cluster", cluster]
+        d = tp_json(tp, cmd)
+        out.append(dict(name=r["name"], ddp=ddp,
+                        measured_alloc_gb=r["peak_bytes"] / 1e9, predicted_alloc_gb=d["peak_memory_bytes"] / 1e9,
+                        measured_reserved_gb=r["peak_reserved_bytes"] / 1e9,
+                        predicted_reserved_gb=d["reserved_peak_bytes"] / 1e9,
+                        measured_device_gb=r["device_used_bytes"] / 1e9, predicted_device_gb=d["device_used_bytes"] / 1e9,
+                        measured_static_gb=r["static_bytes"] / 1e9,
+                        measured_forward_gb=r["after_forward_bytes"] / 1e9,
+                        command="trainplan " + " ".join(cmd)))
+    return out
+
+
 def table(rows, cols):
     s = "| " + " | ".join(h for h, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
     for r in rows:
@@ -138,7 +166,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tp", default=os.path.join(ROOT, "target/release/trainplan"))
     a = ap.parse_args()
-    zoo, tr = zoo_rows(a.tp), trace_rows(a.tp)
+    zoo, tr, facts = zoo_rows(a.tp), trace_rows(a.tp), fact_rows(a.tp)
     fsdp = {n: tp_json(a.tp, ["replay", "--trace", f"{H}/{n}.json.gz"]) for n in ("plain_gpt2m", "fsdp_gpt2m_1rank", "fsdp_gpt2m_1rank_detail")}
     mean = lambda v: statistics.fmean(abs(x) for x in v)
     e = lambda k: [pct(r[f"predicted_{k}"], r[f"measured_{k}"]) for r in zoo]
@@ -171,6 +199,24 @@ def main():
           table(tr, [("model", lambda r: r["model"]), ("variant", lambda r: r["variant"]),
                      ("measured", lambda r: f"{r['measured_speedup']:.2f}x"), ("predicted", lambda r: f"{r['predicted_speedup']:.2f}x"),
                      ("err", lambda r: f"{pct(r['predicted_speedup'], r['measured_speedup']):+.0f} %")]),
+          "## Issue 21's memory facts, re-run in PyTorch (`memory_facts.py`)\n",
+          "Published out-of-memory facts and completed runs whose model code is public, re-run on the H200 "
+          "(`h200/memory_facts.json`): DLE PyTorch BERT-base phase-1 pre-training (FP32, seq 128; the MLM logits "
+          "at every position) at batches 48 and 64, and BERT-large SQuAD (seq 384) at the batches of the TF1 "
+          "out-of-memory facts (FP32 3, 10) and of Lambda's completed AMP runs (16). The `-ddp` runs are DDP at "
+          "world size 1 (NCCL), shown against an 8-GPU replay's DDP buckets and NCCL buffers (for 7 peers, the run's for none) and left out of the means. Static = allocated "
+          "with the gradients freed (weights + Adam state); forward = allocated once the loss exists.\n",
+          f"Mean abs error: allocated {mean([pct(r['predicted_alloc_gb'], r['measured_alloc_gb']) for r in facts if not r['ddp']]):.1f} %, "
+          f"reserved {mean([pct(r['predicted_reserved_gb'], r['measured_reserved_gb']) for r in facts if not r['ddp']]):.1f} %, "
+          f"device used {mean([pct(r['predicted_device_gb'], r['measured_device_gb']) for r in facts if not r['ddp']]):.1f} % "
+          f"({sum(not r['ddp'] for r in facts)} runs without DDP).\n",
+          table(facts, [("run", lambda r: r["name"]),
+                        ("static / forward GB (measured)", lambda r: f"{r['measured_static_gb']:.2f} / {r['measured_forward_gb']:.2f}"),
+                        ("allocated GB", lambda r: f"{r['measured_alloc_gb']:.2f} / {r['predicted_alloc_gb']:.2f}"),
+                        ("reserved GB", lambda r: f"{r['measured_reserved_gb']:.2f} / {r['predicted_reserved_gb']:.2f}"),
+                        ("device used GB", lambda r: f"{r['measured_device_gb']:.2f} / {r['predicted_device_gb']:.2f}"),
+                        ("err alloc / reserved / device", lambda r: " / ".join(f"{pct(r['predicted_' + k], r['measured_' + k]):+.1f}" for k in ("alloc_gb", "reserved_gb", "device_gb")) + " %")]),
+          "Memory cells: measured / predicted.\n",
           "## FSDP2, one rank, replayed from its trace\n",
           "| trace | measured step (profiled) | replayed | error |\n|---|---|---|---|\n" + "".join(
               f"| {n} | {d['measured_iteration_ms']:.1f} ms | {d['iteration_ms']:.1f} ms | {d['error_pct']:+.2f} % |\n" for n, d in fsdp.items()),
@@ -182,9 +228,9 @@ def main():
     os.replace(tmp, os.path.join(res, "gpu_truth_h200.md"))
     tmp = os.path.join(res, "gpu_truth_h200.csv.tmp")
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=sorted({k for r in zoo + tr for k in r}))
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in zoo + tr + facts for k in r}))
         w.writeheader()
-        w.writerows(zoo + tr)
+        w.writerows(zoo + tr + facts)
     os.replace(tmp, os.path.join(res, "gpu_truth_h200.csv"))
     print("\n".join(md))
 

@@ -286,6 +286,13 @@ pub struct InputArgs {
     /// (the tanh approximation as eight element-wise ops: Hugging Face GPT-2's `gelu_new`).
     #[arg(long, value_enum, value_name = "IMPL")]
     pub gelu: Option<crate::zoo::Gelu>,
+    /// The loss and the training loop around it: held (`F.cross_entropy`, the loop holding the
+    /// logits through the backward, as Hugging Face scripts do; BERT's default), freed (the
+    /// logits deleted before the backward, as torchtitan and Hugging Face's Trainer do; the
+    /// llama models' default and torchtitan's) or fused (one kernel writing the gradient in
+    /// place, Megatron-LM's; GPT's default, and what tf and jax compile).
+    #[arg(long, value_enum, value_name = "IMPL")]
+    pub loss: Option<crate::zoo::Loss>,
     /// Key/value heads of grouped-query attention (llama models; must divide --heads).
     #[arg(long, value_name = "N")]
     pub kv_heads: Option<u32>,

@@ -318,6 +318,7 @@ fn backward_op(model: &Model, i: usize, elem: u64, cost: &dyn Fn(&OpWork) -> u64
         },
     };
     let grads: u64 = l.out_elems
+        + l.bw_scratch_elems
         + l.inputs
             .iter()
             .map(|&p| model.layers[p].out_elems)
@@ -848,6 +849,7 @@ mod tests {
             bw_kernels: 2,
             saved_elems: 5,
             out_elems: 3,
+            bw_scratch_elems: 0,
             params: params
                 .iter()
                 .map(|&(p, elems)| Param {

@@ -125,6 +125,7 @@ impl Builder {
             bw_kernels: w.bw_kernels,
             saved_elems: saved,
             out_elems: out,
+            bw_scratch_elems: 0,
             params,
             gemm: None,
         });

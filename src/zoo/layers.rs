@@ -67,6 +67,10 @@ pub struct Layer {
     pub saved_elems: u64,
     /// Elements of its output.
     pub out_elems: u64,
+    /// Elements its backward holds beyond the gradients of its output and inputs: an
+    /// intermediate gradient between its backward kernels (PyTorch's cross-entropy writes the
+    /// log-probabilities' gradient, dense, before the logits').
+    pub bw_scratch_elems: u64,
     pub params: Vec<Param>,
     /// The forward matrix product of a conv (implicit GEMM), linear layer or batched matmul;
     /// the backward's data- and weight-gradient products follow from it ([`Gemm::backward`]).

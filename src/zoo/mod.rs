@@ -11,7 +11,7 @@ pub mod transformer;
 
 pub use build::{BuildError, BuildOptions, build};
 pub use layers::{Layer, LayerKind, MathClass, Model, Optimizer, Param};
-pub use transformer::{Attention, Gelu, Head, TransformerConfig};
+pub use transformer::{Attention, Gelu, Head, Loss, TransformerConfig};
 
 /// A zoo entry: name, one-line description, default per-worker batch and optimizer.
 #[derive(Clone, Copy, Debug)]
@@ -130,6 +130,9 @@ pub struct ModelOptions {
     pub kv_heads: Option<u32>,
     /// Feed-forward width (default: 4 × hidden; a Llama keeps its preset's ratio).
     pub ffn: Option<u32>,
+    /// How the loss runs and whether the loop holds the logits (default: the preset's; see
+    /// [`transformer::Loss::of_framework`] for the frameworks that decide it themselves).
+    pub loss: Option<transformer::Loss>,
 }
 
 /// Why a model could not be made.
@@ -168,10 +171,11 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
             || opts.attention.is_some()
             || opts.gelu.is_some()
             || opts.kv_heads.is_some()
-            || opts.ffn.is_some())
+            || opts.ffn.is_some()
+            || opts.loss.is_some())
     {
         return Err(ZooError::Invalid(format!(
-            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab, --head, --attention, --gelu, --kv-heads and --ffn apply to the transformers (bert-*, gpt*, llama*)"
+            "{name} is not a transformer: --hidden, --heads, --layers, --seq, --vocab, --head, --attention, --gelu, --loss, --kv-heads and --ffn apply to the transformers (bert-*, gpt*, llama*)"
         )));
     }
     let mut tokens_per_sample = 0;
@@ -220,6 +224,9 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
             }
             if let Some(g) = opts.gelu {
                 cfg.gelu = g;
+            }
+            if let Some(l) = opts.loss {
+                cfg.loss = l;
             }
             if let Some(h) = opts.head {
                 if cfg.decoder {

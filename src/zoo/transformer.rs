@@ -59,6 +59,9 @@ pub struct TransformerConfig {
     /// Key/value heads of grouped-query attention (0: one per query head).
     #[serde(default)]
     pub kv_heads: u32,
+    /// How the loss runs and whether the loop holds the logits through the backward.
+    #[serde(default)]
+    pub loss: Loss,
 }
 
 /// How the feed-forward GELU runs (`--gelu`).
@@ -82,6 +85,54 @@ pub enum Gelu {
     /// The tanh approximation written as eight element-wise ops, autograd keeping four tensors
     /// (Hugging Face GPT-2's `gelu_new`, `NewGELUActivation`).
     Composite,
+}
+
+/// How the loss over the logits runs, and whether the training loop keeps the logits alive
+/// through the backward (`--loss`). Measured on an H200 (`experiments/gpu_truth/memory_facts.py`,
+/// `h200/memory_facts.json`): Hugging Face `BertForPreTraining` in FP32 holds, at its peak, the
+/// saved activations plus the logits the script still references plus two logits-sized
+/// gradients (PyTorch's `nll_loss` backward writes a dense gradient of the log-probabilities,
+/// which `log_softmax`'s backward reads while writing the logits').
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Loss {
+    /// `F.cross_entropy` (log-softmax + NLL) with the training loop holding the model's output
+    /// (the logits) until the backward is done: Hugging Face's `outputs = model(**batch);
+    /// outputs.loss.backward()`, NVIDIA's DLE BERT scripts, minGPT. BERT's default.
+    Held,
+    /// `F.cross_entropy` with the logits freed before the backward (torchtitan's train step
+    /// deletes its `pred`; Hugging Face's `Trainer` keeps only the loss). The llama models'
+    /// default, and torchtitan's.
+    Freed,
+    /// One cross-entropy kernel that keeps one logits-sized buffer and writes the gradient into
+    /// it (Megatron-LM's vocab-parallel cross entropy; XLA's fusion in tf and jax). GPT's
+    /// default.
+    #[default]
+    Fused,
+}
+
+impl Loss {
+    /// The loss a framework's own training loop runs, whatever the model code: tf and jax
+    /// compile the loss into one fusion; torchtitan frees the logits before the backward.
+    /// `None`: the model code decides (the preset's default or `--loss`).
+    pub fn of_framework(f: crate::cost::framework::Framework) -> Option<Loss> {
+        use crate::cost::framework::Framework;
+        match f {
+            Framework::Tf | Framework::Jax => Some(Loss::Fused),
+            Framework::Torchtitan => Some(Loss::Freed),
+            _ => None,
+        }
+    }
 }
 
 /// How the attention core (QKᵀ, softmax, dropout, ·V) runs (`--attention`).
@@ -153,6 +204,7 @@ impl TransformerConfig {
             gelu: Gelu::Fused,
             llama: false,
             kv_heads: 0,
+            loss: Loss::Held,
         }
     }
 
@@ -183,6 +235,7 @@ impl TransformerConfig {
             gelu: Gelu::Fused,
             llama: false,
             kv_heads: 0,
+            loss: Loss::Fused,
         }
     }
 
@@ -219,6 +272,7 @@ impl TransformerConfig {
             gelu: Gelu::Fused,
             llama: true,
             kv_heads: 8,
+            loss: Loss::Freed,
         }
     }
 
@@ -550,6 +604,25 @@ impl Net {
         i
     }
 
+    /// Cross-entropy over `logits` in `rows` rows, as `cfg.loss` runs it: the log-softmax keeps
+    /// its output for the backward in every case; PyTorch's `cross_entropy` backward also holds
+    /// the dense gradient of the log-probabilities while it writes the logits' (a logits-sized
+    /// scratch); a loop that holds the model's output keeps the logits until then too.
+    fn loss(&mut self, name: &str, logits: usize, rows: u64, cfg: &TransformerConfig) -> usize {
+        let i = self.b.loss(name, logits, rows);
+        let n = self.b.out(logits);
+        match cfg.loss {
+            Loss::Fused => {}
+            Loss::Freed => self.b.layer_mut(i).bw_scratch_elems = n,
+            Loss::Held => {
+                let l = self.b.layer_mut(i);
+                l.bw_scratch_elems = n;
+                l.saved_elems = l.saved_elems.saturating_add(n);
+            }
+        }
+        i
+    }
+
     /// A GEMM onto the vocabulary with the word-embedding weight (`hidden`·`vocab`, tied).
     fn tied_head(&mut self, name: &str, x: usize, vocab: u32, bias: Option<&str>) -> usize {
         self.tied_head_rows(name, x, self.tokens, vocab, bias)
@@ -709,7 +782,7 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
         }
         let x = m.rms_norm("model.norm", x);
         let logits = m.linear_no_bias("lm_head", x, cfg.hidden, cfg.vocab);
-        m.b.loss("loss", logits, m.tokens);
+        m.loss("loss", logits, m.tokens, cfg);
     } else if cfg.decoder {
         let wte = m.embedding("transformer.wte", cfg.vocab);
         let wpe = m.embedding("transformer.wpe", cfg.max_positions);
@@ -720,7 +793,7 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
         }
         let x = m.layer_norm("transformer.ln_f", x);
         let logits = m.tied_head("lm_head", x, cfg.vocab, None);
-        m.b.loss("loss", logits, m.tokens);
+        m.loss("loss", logits, m.tokens, cfg);
     } else {
         let word = m.embedding("bert.embeddings.word_embeddings", cfg.vocab);
         let ty = m.embedding("bert.embeddings.token_type_embeddings", TYPE_VOCAB);
@@ -736,14 +809,14 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
         match cfg.head {
             Head::Squad => {
                 let logits = m.b.linear("qa_outputs", x, m.tokens, h, 2);
-                m.b.loss("loss", logits, 2 * rows);
+                m.loss("loss", logits, 2 * rows, cfg);
             }
             Head::Classify => {
                 let pooled = m.b.linear("bert.pooler.dense", x, rows, h, h);
                 let pooled = m.b.tanh("bert.pooler.activation", pooled);
                 let pooled = m.b.dropout("dropout", pooled);
                 let logits = m.b.linear("classifier", pooled, rows, h, 2);
-                m.b.loss("loss", logits, rows);
+                m.loss("loss", logits, rows, cfg);
             }
             Head::Pretraining | Head::MaskedLm => {
                 // The pooler reads the first token of each sequence only.
@@ -766,8 +839,8 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
                     Some("cls.predictions.bias"),
                 );
                 let nsp = m.b.linear("cls.seq_relationship", pooled, rows, h, 2);
-                let mlm = m.b.loss("loss.masked_lm", logits, predicted);
-                let nsp = m.b.loss("loss.next_sentence", nsp, rows);
+                let mlm = m.loss("loss.masked_lm", logits, predicted, cfg);
+                let nsp = m.loss("loss.next_sentence", nsp, rows, cfg);
                 m.b.add("loss.total", mlm, nsp);
             }
         }
@@ -934,9 +1007,47 @@ mod tests {
         //     + 512 stats = 2,064,896, × 12                                       = 24,778,752
         //   heads: Th (pooler input) + 768 (tanh) + Th (GELU in) + Th + 256 (LN in)
         //     + Th (decoder in) + 128·30,522 (log-probs) + 2 (NSP)               =  4,301,058
-        let ls = transformer(&TransformerConfig::bert_base(), 1);
-        let saved: u64 = ls.iter().map(|l| l.saved_elems).sum();
+        //   the logits the loop holds (`Loss::Held`, BERT's default): 128·30,522 + 2 = 3,906,818
+        let held = transformer(&TransformerConfig::bert_base(), 1);
+        let saved: u64 = held.iter().map(|l| l.saved_elems).sum();
+        assert_eq!(saved, 29_203_330 + 3_906_818);
+        let fused = TransformerConfig {
+            loss: Loss::Fused,
+            ..TransformerConfig::bert_base()
+        };
+        let saved: u64 = transformer(&fused, 1).iter().map(|l| l.saved_elems).sum();
         assert_eq!(saved, 29_203_330);
+    }
+
+    #[test]
+    fn the_loss_backward_holds_a_logits_sized_scratch_unless_fused() {
+        // GPT-2 small, batch 2: the LM head's logits are 2·1024·50,257 elements.
+        let logits = 2 * 1024 * 50_257;
+        for (loss, scratch, saved) in [
+            (Loss::Fused, 0, logits),
+            (Loss::Freed, logits, logits),
+            (Loss::Held, logits, 2 * logits),
+        ] {
+            let cfg = TransformerConfig {
+                loss,
+                ..TransformerConfig::gpt2_small()
+            };
+            let ls = transformer(&cfg, 2);
+            let l = ls.last().unwrap();
+            assert_eq!(l.kind, LayerKind::Loss);
+            assert_eq!(ls[l.inputs[0]].out_elems, logits);
+            assert_eq!(
+                (l.bw_scratch_elems, l.saved_elems),
+                (scratch, saved),
+                "{loss:?}"
+            );
+        }
+        // Every other layer's backward holds only the gradients of its output and inputs.
+        let ls = transformer(&TransformerConfig::bert_base(), 1);
+        assert!(
+            ls.iter()
+                .all(|l| l.kind == LayerKind::Loss || l.bw_scratch_elems == 0)
+        );
     }
 
     #[test]
