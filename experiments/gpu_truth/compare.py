@@ -16,6 +16,9 @@ plain_gpt2m.json.gz); every prediction is a plain CLI call (shown in the CSV's `
    against the measured speed-up of the variant that applies P (baseline median / variant median,
    both measured without the profiler).
 3. The one-rank FSDP2 trace and its plain twin replayed (`trainplan replay --trace`).
+4. Issue 21's memory facts re-run in PyTorch (`memory_facts.json`, from `memory_facts.py`): the
+   three peaks of each run against `trainplan replay --model` (the DDP runs, at world size 1,
+   against an 8-GPU replay, and left out of the means).
 
 Known mismatches, kept rather than hidden: the recorded runs use Adam with `foreach=False` (one
 update kernel per tensor) where the zoo prices the multi-tensor update, and ResNet-50 with Adam
