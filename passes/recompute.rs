@@ -798,21 +798,12 @@ pub(crate) mod tests {
         // SQuAD fine-tuning at batch 32: the pre-training head's logits (held by the loop, with
         // a scratch as large in the loss's backward) would set the peak outside the blocks, and
         // at a small batch the gradients (0.44 GB) would.
-        let m = crate::zoo::model(
-            "bert-base",
-            &crate::zoo::ModelOptions {
-                batch: Some(32),
-                head: Some(crate::zoo::Head::Squad),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let c = crate::cost::config::load_cluster("dpro-16xv100-rdma").unwrap();
-        let opts = crate::zoo::BuildOptions {
-            symmetric: true,
+        let opts = crate::zoo::ModelOptions {
+            batch: Some(32),
+            head: Some(crate::zoo::Head::Squad),
             ..Default::default()
         };
-        let job = crate::zoo::build::job(&m, &c, &opts).unwrap();
+        let (_, job) = crate::zoo::build::test_job_with("bert-base", &opts, "dpro-16xv100-rdma");
         let (base, after, patches) = run(job.clone(), &[("policy", "full")]);
         // One segment per encoder block, each inside its block, its first layer kept.
         assert_eq!(patches.len(), 12, "{patches:#?}");

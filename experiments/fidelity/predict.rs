@@ -69,12 +69,10 @@ pub struct Overrides {
 pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     // As the CLI does: a framework whose own loop runs the loss decides it.
     let opts = trainplan::zoo::ModelOptions {
-        loss: c.opts.loss.or_else(|| {
-            trainplan::zoo::entry(&c.model)
-                .is_ok_and(|e| e.transformer)
-                .then(|| trainplan::zoo::Loss::of_framework(c.framework))
-                .flatten()
-        }),
+        loss: c
+            .opts
+            .loss
+            .or_else(|| trainplan::zoo::framework_loss(&c.model, c.framework)),
         ..c.opts.clone()
     };
     let model = trainplan::zoo::model(&c.model, &opts).map_err(|e| e.to_string())?;

@@ -352,12 +352,7 @@ fn zoo_job(i: &InputArgs) -> Result<Input, CliError> {
         ffn: i.ffn,
         // A framework whose own loop runs the loss decides it (tf, jax: fused; torchtitan: the
         // logits freed); otherwise the model code's (`--loss`, or the preset's).
-        loss: i.loss.or_else(|| {
-            zoo::entry(name)
-                .is_ok_and(|e| e.transformer)
-                .then(|| crate::zoo::Loss::of_framework(i.framework))
-                .flatten()
-        }),
+        loss: i.loss.or_else(|| zoo::framework_loss(name, i.framework)),
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;

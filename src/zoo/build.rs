@@ -698,14 +698,24 @@ fn emit_syncs(
 /// Test helper: a zoo model at `batch` and its job (symmetric form) on a built-in cluster.
 #[cfg(test)]
 pub(crate) fn test_job(model: &str, batch: u32, cluster: &str) -> (Model, Job) {
-    let m = super::model(
+    test_job_with(
         model,
         &super::ModelOptions {
             batch: Some(batch),
             ..Default::default()
         },
+        cluster,
     )
-    .expect("zoo model");
+}
+
+/// [`test_job`] with the model's options given.
+#[cfg(test)]
+pub(crate) fn test_job_with(
+    model: &str,
+    opts: &super::ModelOptions,
+    cluster: &str,
+) -> (Model, Job) {
+    let m = super::model(model, opts).expect("zoo model");
     let c = crate::cost::config::load_cluster(cluster).expect("built-in cluster");
     let j = job(
         &m,

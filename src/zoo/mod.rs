@@ -155,6 +155,19 @@ pub fn entry(name: &str) -> Result<&'static ZooEntry, ZooError> {
         })
 }
 
+/// The loss `framework`'s own training loop runs for zoo model `name`
+/// ([`transformer::Loss::of_framework`]); `None` for a model that is not a transformer, or a
+/// framework that leaves it to the model code.
+pub fn framework_loss(
+    name: &str,
+    framework: crate::cost::framework::Framework,
+) -> Option<transformer::Loss> {
+    entry(name)
+        .is_ok_and(|e| e.transformer)
+        .then(|| transformer::Loss::of_framework(framework))
+        .flatten()
+}
+
 /// Make a zoo model at the options' batch size and shape.
 pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
     let e = entry(name)?;
