@@ -32,7 +32,23 @@
 //! `Compression.fp16`) halves them. The job's dtype becomes the half dtype, so later passes
 //! re-cost FW/BW ops consistently.
 //!
-//! **Knobs.** `dtype` = `fp16` (default) | `bf16`; `fp16_allreduce` = 0 (default) | 1.
+//! **Styles.** `style=autocast` is the above: autocast around an FP32 model. `style=pure` is a
+//! model stored in half precision with FP32 master weights in the optimizer (DeepSpeed's
+//! fp16/bf16, Megatron-LM's --fp16/--bf16, apex O2; Micikevicius et al. 2018's own recipe):
+//! autocast's FP32 operator classes (softmax, norms, reductions, the loss) run and save in half
+//! too, the gradients are half (their buffers and shards: the effects of the gradients'
+//! communication ops) and reduced in half. Static memory is autocast's: the half weights beside
+//! the FP32 master weights (2 + 4 B per parameter) and the optimizer state, with ZeRO's
+//! sharding of them (stages 1–2: the half weights whole, the rest sharded). The copy of the updated master
+//! weights into the model (read 4 B, write 2 B per parameter) is priced as the autocast casts
+//! are, one kernel per weight before its layer's forward. Not modelled: the FP32 master
+//! gradients apex O2 and DeepSpeed's `FP16_Optimizer` materialise during the optimizer step
+//! (4 B per parameter while no activation is live). `style=framework` (default) is the job's
+//! framework's (`Framework::default_amp_style`: pure for deepspeed, autocast elsewhere); `pure`
+//! is refused on a framework whose export applies autocast (the plan would not be what runs).
+//!
+//! **Knobs.** `dtype` = `fp16` (default) | `bf16`; `fp16_allreduce` = 0 (default) | 1;
+//! `style` = `framework` (default) | `autocast` | `pure`.
 //!
 //! **Framework knobs** (DESIGN.md table): PyTorch `torch.autocast(dtype=…)` +
 //! `torch.amp.GradScaler` (fp16 only), Horovod `compression=hvd.Compression.fp16` when
@@ -42,7 +58,7 @@
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::compute::ns;
 use crate::cost::config::Dtype;
-use crate::cost::framework::{Math, Precision};
+use crate::cost::framework::{AmpStyle, Math, Precision};
 use crate::cost::kernel::OpClass;
 use crate::graph::job::{CollectiveKind, Job, OpWork};
 use crate::graph::{DeviceKind, MemEffect, OpId, OpKind, OpSpec, Phase};
@@ -80,6 +96,11 @@ impl Pass for Amp {
                 0,
                 1,
             ),
+            KnobSpec::text(
+                "style",
+                "framework (its default), autocast (FP32 model, per-op casts) or pure (the model in half, FP32 master weights: DeepSpeed, Megatron-LM, apex O2)",
+                "framework",
+            ),
         ]
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
@@ -116,7 +137,44 @@ impl Pass for Amp {
             });
         }
         let fp16_allreduce = knobs.int("fp16_allreduce") == 1;
-        Ok(vec![amp_patch(job, half, fp16_allreduce)])
+        let raw_style = knobs.text("style").trim();
+        let style = match amp_style(raw_style) {
+            Some(s) => s.unwrap_or(job.framework.default_amp_style()),
+            None => {
+                return Err(PassError::BadKnob {
+                    pass: NAME.into(),
+                    knob: "style".into(),
+                    value: raw_style.into(),
+                    why: "must be framework, autocast or pure".into(),
+                });
+            }
+        };
+        if style == AmpStyle::Pure && job.framework.default_amp_style() != AmpStyle::Pure {
+            // A plan is applied by its framework's export: PyTorch's, TensorFlow's, JAX's and
+            // Horovod's AMP is autocast (`--amp-style pure` describes a baseline that already
+            // runs the model in half, such as apex O2 or Megatron-LM).
+            return Err(PassError::BadKnob {
+                pass: NAME.into(),
+                knob: "style".into(),
+                value: raw_style.into(),
+                why: format!(
+                    "the model in half is DeepSpeed's AMP (--framework deepspeed); {}'s export applies autocast",
+                    job.framework
+                ),
+            });
+        }
+        Ok(vec![amp_patch(job, half, fp16_allreduce, style)])
+    }
+}
+
+/// The style a `style` knob names: `Some(None)` for `framework` (the job's framework's),
+/// `None` when it names none.
+pub fn amp_style(raw: &str) -> Option<Option<AmpStyle>> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "framework" | "" => Some(None),
+        "autocast" => Some(Some(AmpStyle::Autocast)),
+        "pure" => Some(Some(AmpStyle::Pure)),
+        _ => None,
     }
 }
 
@@ -126,10 +184,12 @@ impl Pass for Amp {
 /// mixed precision with GEMMs on the FP8 tensor cores, on GPUs with an FP8 peak.
 ///
 /// `channels_last` sets the activations' layout (default: the framework's: NCHW for PyTorch,
-/// NHWC for TensorFlow and JAX).
+/// NHWC for TensorFlow and JAX); `style` how mixed precision holds the model (default: the
+/// framework's).
 pub fn with_precision(
     job: &Job,
     precision: Option<Precision>,
+    style: Option<AmpStyle>,
     channels_last: Option<bool>,
 ) -> Result<Job, PassError> {
     let bad = |why: String| PassError::NotApplicable {
@@ -147,6 +207,7 @@ pub fn with_precision(
     let recost = |mut j: Job, math: Math| {
         j.math = Math {
             channels_last: layout,
+            pure_half: j.math.pure_half,
             ..math
         };
         for i in 0..j.local.ops.len() {
@@ -187,12 +248,14 @@ pub fn with_precision(
             )));
         }
     }
-    let mut out = super::apply(&out, &amp_patch(&out, half, false))?;
+    let style = style.unwrap_or(job.framework.default_amp_style());
+    let mut out = super::apply(&out, &amp_patch(&out, half, false, style))?;
     if precision == Some(Precision::Fp8) {
         let math = Math {
             conv: Dtype::Bf16,
             matmul: Dtype::Fp8,
             channels_last: layout,
+            pure_half: out.math.pure_half,
         };
         out = recost(out, math);
     }
@@ -209,11 +272,26 @@ pub fn memory_bound_ratio(job: &Job, half: Dtype) -> f64 {
 }
 
 /// The AMP patch: compute re-costed in `half`, half-precision activations, the fp16 weight
-/// copy, the weight casts, optionally fp16 gradients, then the job's dtype.
-fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
+/// copy, the weight casts, optionally fp16 gradients, then the job's dtype. `Pure` (the model
+/// in half) also runs autocast's FP32 classes in half, keeps no extra copy (the master weights
+/// take the FP32 weights' and gradients' bytes) and reduces the half gradients.
+fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool, style: AmpStyle) -> Patch {
     let l = &job.local;
-    let (mut edits, before_ns, after_ns) = recost_in_half(job, half);
-    let act_saved = half_activations(job, half, &mut edits);
+    let pure = style == AmpStyle::Pure;
+    let fp16_allreduce = fp16_allreduce || pure;
+    let math = Math {
+        pure_half: pure,
+        ..job.math
+    };
+    let (mut edits, before_ns, after_ns) = if math == job.math {
+        recost_in_half(job, half)
+    } else {
+        let mut j = job.clone();
+        j.math = math;
+        recost_in_half(&j, half)
+    };
+    edits.push(Edit::Math(math));
+    let act_saved = half_activations(job, half, pure, &mut edits);
     // The fp16 weight copy, and one cast kernel per weight tensor before its layer's first FW.
     // A job sharded at stage 3 keeps only its shard of the copy (DeepSpeed's fp16 partition;
     // FSDP2 casts the shard before gathering it), and every parameter all-gather moves the
@@ -221,8 +299,9 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
     // params). The gathered units' memory is an effect of forward/backward ops: halved with the
     // activations.
     let params: u64 = l.tensors.iter().map(|t| t.bytes / job.dtype.bytes()).sum();
+    let copy = params * half.bytes();
     edits.push(Edit::StaticMemory {
-        bytes: static_with_half_copy(job, params * half.bytes()),
+        bytes: static_with_half_copy(job, copy),
     });
     let cast_ns = weight_casts(job, half, cast_launch_ns(job), &mut edits);
     let factor = half.bytes() as f64 / job.dtype.bytes() as f64;
@@ -244,15 +323,36 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool) -> Patch {
     Patch {
         pass: NAME.into(),
         why: format!(
-            "{half:?} forward/backward: GPU FW+BW {:.2} ms → {:.2} ms by the roofline (+{:.2} ms of {} weight casts); activations {:.2} GB → {:.2} GB; +{:.2} GB fp16 weight copy; gradients all-reduced in {}",
+            "{half:?} forward/backward ({}): GPU FW+BW {:.2} ms → {:.2} ms by the roofline (+{:.2} ms of {} weight {}); activations {:.2} GB → {:.2} GB; {}; gradients all-reduced in {}",
+            if pure {
+                "the model in half, FP32 master weights"
+            } else {
+                "autocast"
+            },
             before_ns as f64 / 1e6,
             after_ns as f64 / 1e6,
             cast_ns as f64 / 1e6,
             l.tensors.len(),
+            if pure {
+                "copies from the master weights"
+            } else {
+                "casts"
+            },
             act_saved as f64 / 1e9,
             (act_saved * half.bytes()).div_ceil(job.dtype.bytes()) as f64 / 1e9,
-            (params * half.bytes()) as f64 / 1e9,
-            if fp16_allreduce { "fp16" } else { "fp32" },
+            if pure {
+                format!(
+                    "+{:.2} GB of half weights beside the FP32 master weights; gradients in half",
+                    copy as f64 / 1e9
+                )
+            } else {
+                format!("+{:.2} GB fp16 weight copy", copy as f64 / 1e9)
+            },
+            if fp16_allreduce {
+                format!("{half:?}").to_lowercase()
+            } else {
+                "fp32".into()
+            },
         ),
         edits,
     }
@@ -339,19 +439,28 @@ fn recost_in_half(job: &Job, half: Dtype) -> (Vec<Edit>, u64, u64) {
 
 /// Saved activations in half precision: the memory effects of forward and backward ops
 /// shrunk by `half`'s size over the job's dtype, except autocast's FP32 ops (which keep FP32
-/// outputs and what they save). Pushes one `SetMem` per op; returns the activation bytes
-/// allocated before (alloc-at-start effects of FW/BW ops).
-fn half_activations(job: &Job, half: Dtype, edits: &mut Vec<Edit>) -> u64 {
+/// outputs and what they save) unless the model is `pure` half, whose gradient buffers (the
+/// effects of communication ops) halve too. Pushes one `SetMem` per op;
+/// returns the activation bytes allocated before (alloc-at-start effects of FW/BW ops).
+fn half_activations(job: &Job, half: Dtype, pure: bool, edits: &mut Vec<Edit>) -> u64 {
     let l = &job.local;
     let mut by_op: std::collections::BTreeMap<OpId, Vec<MemEffect>> = Default::default();
     let fp32_op = |op: OpId| {
-        l.ops[op as usize]
-            .work
-            .is_some_and(|w| w.class.runs_in_fp32())
+        !pure
+            && l.ops[op as usize]
+                .work
+                .is_some_and(|w| w.class.runs_in_fp32())
     };
     for m in &l.mem {
-        // Autocast's FP32 ops keep FP32 outputs (and what they save).
-        if matches!(l.ops[m.op as usize].spec.phase, Phase::Fw | Phase::Bw) && !fp32_op(m.op) {
+        // Autocast's FP32 ops keep FP32 outputs (and what they save); a half model's
+        // gradients (the buffers its gradients' communication ops hold) are half too.
+        let phase = l.ops[m.op as usize].spec.phase;
+        let halves = match phase {
+            Phase::Fw | Phase::Bw => !fp32_op(m.op),
+            Phase::Comm => pure,
+            _ => false,
+        };
+        if halves {
             by_op.entry(m.op).or_default().push(MemEffect {
                 bytes: (m.bytes * half.bytes()).div_ceil(job.dtype.bytes()),
                 ..*m
@@ -573,5 +682,77 @@ mod tests {
         // One cast per weight tensor, each issued by the host (its launch op).
         let casts = after.job.local.ops.len() - base.job.local.ops.len();
         assert_eq!(casts, 2 * base.job.local.tensors.len());
+    }
+
+    #[test]
+    fn pure_half_halves_every_activation_and_the_gradients() {
+        let (m, job) = crate::zoo::build::test_job("bert-base", 8, "8xv100");
+        let params = m.param_elems();
+        let (base, auto) = run(job.clone(), &[("style", "autocast")]).unwrap();
+        let mut ds = job.clone();
+        ds.framework = crate::cost::framework::Framework::Deepspeed;
+        let (_, pure) = run(ds.clone(), &[("style", "pure")]).unwrap();
+        // PyTorch's export applies autocast: the pass refuses the other style there.
+        let e = run(job.clone(), &[("style", "pure")]).unwrap_err();
+        assert!(e.to_string().contains("--framework deepspeed"), "{e}");
+        // The framework's style is pytorch's: autocast.
+        let (_, dflt) = run(job.clone(), &[]).unwrap();
+        assert_eq!(
+            dflt.job.local.static_mem_bytes,
+            auto.job.local.static_mem_bytes
+        );
+        // Both keep 2 B of half weights beside 4 B of FP32 (master) weights per parameter.
+        let s0 = base.job.local.static_mem_bytes;
+        assert_eq!(auto.job.local.static_mem_bytes, s0 + 2 * params);
+        assert_eq!(pure.job.local.static_mem_bytes, s0 + 2 * params);
+        // Gradient buffers (the syncs' `Out` ops' allocations): FP32 under autocast, half in a
+        // half model.
+        let grads = |e: &Evaluated| -> u64 {
+            e.job
+                .local
+                .mem
+                .iter()
+                .filter(|m| e.job.syncs.iter().any(|s| s.ready.contains(&m.op)))
+                .map(|m| m.bytes)
+                .sum()
+        };
+        assert_eq!(grads(&auto), grads(&base));
+        assert_eq!(grads(&base), 4 * params);
+        assert!(grads(&pure) * 2 >= grads(&base) && grads(&pure) * 2 <= grads(&base) + 1000);
+        // Softmax, LayerNorm and the loss keep FP32 under autocast, not in a half model.
+        let saved = |e: &Evaluated| -> (u64, u64) {
+            let mut out = (0, 0);
+            for m in &e.job.local.mem {
+                let o = &e.job.local.ops[m.op as usize];
+                if m.when != crate::graph::MemWhen::AllocAtStart || o.spec.phase != Phase::Fw {
+                    continue;
+                }
+                if o.work.is_some_and(|w| w.class.runs_in_fp32()) {
+                    out.1 += m.bytes;
+                } else {
+                    out.0 += m.bytes;
+                }
+            }
+            out
+        };
+        let ((h0, f0), (h1, f1), (h2, f2)) = (saved(&base), saved(&auto), saved(&pure));
+        assert!(f0 > 0 && h0 > 0);
+        assert_eq!(f1, f0);
+        assert_eq!(h2, h1);
+        assert!(f2 * 2 >= f0 && f2 * 2 <= f0 + 1000, "{f2} vs {f0}");
+        assert!(pure.memory.peak_bytes < auto.memory.peak_bytes);
+        // Half gradients are reduced in half.
+        let bytes = |e: &Evaluated| e.job.syncs.iter().map(|s| s.bytes).sum::<u64>();
+        assert_eq!(bytes(&auto), bytes(&base));
+        assert!(bytes(&pure) * 2 <= bytes(&base) + base.job.syncs.len() as u64);
+        // FP32 classes run in half: faster than under autocast, which casts around them.
+        assert!(pure.job.math.pure_half && !auto.job.math.pure_half);
+        assert!(pure.iteration_ns() < auto.iteration_ns());
+        // A framework whose AMP is the model in half gets it by default.
+        let (_, d) = run(ds, &[]).unwrap();
+        assert!(d.job.math.pure_half);
+        assert_eq!(d.iteration_ns(), pure.iteration_ns());
+        let e = run(base.job.clone(), &[("style", "o2")]).unwrap_err();
+        assert!(e.to_string().contains("framework, autocast or pure"), "{e}");
     }
 }

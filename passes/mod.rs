@@ -222,6 +222,9 @@ pub enum Edit {
     },
     /// Change the dtype the job is costed in (AMP).
     Dtype(Dtype),
+    /// Change how the job's math is costed (AMP's pure-half style: the FP32 operator classes
+    /// in half).
+    Math(crate::cost::framework::Math),
     /// Replace the whole job: for rewrites no local primitive expresses (gradient accumulation
     /// replicates the forward and backward k times).
     ReplaceJob(Box<Job>),
@@ -609,6 +612,10 @@ fn apply_edit(ed: &mut Editor, e: &Edit) -> Result<(), JobError> {
         }
         Edit::Dtype(d) => {
             ed.job_mut().dtype = *d;
+            Ok(())
+        }
+        Edit::Math(m) => {
+            ed.job_mut().math = *m;
             Ok(())
         }
         Edit::ReplaceJob(j) => {

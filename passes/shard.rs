@@ -885,6 +885,55 @@ mod tests {
         }
     }
 
+    /// ZeRO's own setting (Rajbhandari et al. §5, mixed-precision Adam: K = 12): the model in
+    /// fp16 with FP32 master weights. Static: 2Ψ half weights + 12Ψ of master weights and
+    /// Adam state, sharded with the stage; the half gradients (2Ψ) are reduce-scattered in
+    /// half. Stage 1–2: 2Ψ + 12Ψ/N; stage 3: 14Ψ/N.
+    #[test]
+    fn a_model_in_half_shards_as_zero_counts() {
+        let (m, job) = test_job("bert-base", 8, "8xv100");
+        let (n, psi) = (u64::from(job.workers), m.param_elems());
+        let half = crate::passes::amp::with_precision(
+            &job,
+            Some(crate::cost::framework::Precision::Fp16),
+            Some(crate::cost::framework::AmpStyle::Pure),
+            None,
+        )
+        .unwrap();
+        assert_eq!(half.local.static_mem_bytes, 2 * psi + 12 * psi);
+        let grads: u64 = half.syncs.iter().map(|s| s.bytes).sum();
+        assert!(grads * 2 >= 4 * psi && grads * 2 <= 4 * psi + 2 * half.syncs.len() as u64);
+        let s2 = shard(&half, sharding(2)).expect("stage 2");
+        let s3 = shard(&half, sharding(3)).expect("stage 3");
+        assert_eq!(s2.local.static_mem_bytes, 2 * psi + (12 * psi).div_ceil(n));
+        assert_eq!(s3.local.static_mem_bytes, (14 * psi).div_ceil(n));
+        // Each reduce-scatter moves the half gradients, each all-gather the half weights: half
+        // of what the FP32 job's collectives move.
+        let moved = |j: &Job, kind: CollectiveKind| -> (u64, u64) {
+            let v: Vec<u64> = j
+                .syncs
+                .iter()
+                .filter(|s| s.kind == kind)
+                .map(|s| s.bytes)
+                .collect();
+            (v.iter().sum(), v.len() as u64)
+        };
+        let f2 = shard(&job, sharding(2)).expect("fp32 stage 2");
+        let f3 = shard(&job, sharding(3)).expect("fp32 stage 3");
+        for (h, f, kind) in [
+            (&s2, &f2, CollectiveKind::ReduceScatter),
+            (&s3, &f3, CollectiveKind::ReduceScatter),
+            (&s3, &f3, CollectiveKind::AllGather),
+        ] {
+            let ((hb, hn), (fb, fn_)) = (moved(h, kind), moved(f, kind));
+            assert_eq!(hn, fn_, "{kind:?}");
+            assert!(
+                hn > 0 && hb * 2 <= fb + hn && hb * 2 + hn >= fb,
+                "{kind:?}: {hb} vs {fb}"
+            );
+        }
+    }
+
     #[test]
     fn a_units_glob_picks_the_outermost_matching_module() {
         let l = "bert.encoder.layer.3.attention.self.query";

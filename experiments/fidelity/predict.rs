@@ -93,6 +93,7 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         &cl,
         c.framework,
         c.precision,
+        c.amp_style,
         false,
         true,
         host,

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use trainplan::cost::framework::{Framework, Precision};
+use trainplan::cost::framework::{AmpStyle, Framework, Precision};
 use trainplan::zoo::{Head, ModelOptions};
 
 /// One measured setting the model predicts.
@@ -27,6 +27,9 @@ pub struct Case {
     /// Gradient synchronisation as run, when it is not the framework's (TF + Horovod).
     pub horovod_sync: bool,
     pub precision: Option<Precision>,
+    /// How the run's mixed precision held the model, where its code says (`None`: the
+    /// framework's default, `Framework::default_amp_style`).
+    pub amp_style: Option<AmpStyle>,
     /// Activations in channels-last layout, when the source says.
     pub channels_last: Option<bool>,
     pub recompute: bool,
@@ -377,6 +380,22 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     } else {
         return Err("precision not stated".into());
     };
+    // The model in half with FP32 master weights, where the code the run executed does that:
+    // NVIDIA's PyTorch BERT scripts before native AMP (run_pretraining.py and run_squad.py,
+    // `amp.initialize(model, optimizer, opt_level="O2")`: DLE's NGC 19.07-20.03 rows, DLPerf's
+    // re-run, and Lambda's runs of run_squad.py, which kept apex O2); Megatron-DeepSpeed
+    // (vTrain's runs: `--fp16`, FP32 master weights in the optimizer); DeepSpeed engines
+    // (`fp16.enabled`, which Lightning's DeepSpeed strategy and plugin set for precision=16).
+    let apex_o2_bert = matches!(family, "dle" | "dlperf" | "lambda")
+        && model.starts_with("bert")
+        && framework_text.contains("pytorch")
+        && !framework_text.contains("native amp");
+    let amp_style = (precision == Some(Precision::Fp16)
+        && (apex_o2_bert
+            || family == "vtrain"
+            || extra.contains("impl=deepspeed")
+            || extra.contains("DeepSpeedStrategy")))
+    .then_some(AmpStyle::Pure);
     let recompute = get("checkpointing").to_ascii_lowercase().starts_with("yes")
         || get("checkpointing")
             .to_ascii_lowercase()
@@ -408,6 +427,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         framework,
         horovod_sync: false,
         precision,
+        amp_style,
         channels_last: if extra.contains("NHWC") {
             Some(true)
         } else if extra.contains("NCHW") {
@@ -451,6 +471,7 @@ pub fn dpro() -> Vec<Case> {
         framework: Framework::Tf,
         horovod_sync: true,
         precision: Some(Precision::Fp32),
+        amp_style: None,
         channels_last: None,
         recompute: false,
         recompute_blocks: false,

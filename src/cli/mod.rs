@@ -325,6 +325,12 @@ pub struct InputArgs {
     /// fp16 / bf16 are mixed precision (FP32 master weights); fp8 needs a GPU with an FP8 peak.
     #[arg(long, value_enum, value_name = "PRECISION")]
     pub precision: Option<crate::cost::framework::Precision>,
+    /// How mixed precision holds the model: autocast (an FP32 model with per-operator casts,
+    /// `torch.autocast`; every framework's default but deepspeed's) or pure (the model itself
+    /// in fp16/bf16 with FP32 master weights in the optimizer: DeepSpeed's default, Megatron-LM's
+    /// --fp16/--bf16, apex O2). Applies to --precision fp16, bf16 and fp8.
+    #[arg(long, value_enum, value_name = "STYLE")]
+    pub amp_style: Option<crate::cost::framework::AmpStyle>,
     /// Gradient synchronisation of a --model job: the framework's default (DDP buckets for
     /// pytorch, …), or one collective per gradient tensor (what no framework does by default).
     #[arg(long, value_enum, default_value = "framework", value_name = "SYNC")]

@@ -870,6 +870,7 @@ fn half_baseline(a: &PlanArgs, input: &Input, fw: Framework) -> Option<(&'static
                 cluster,
                 fw,
                 Some(p),
+                a.input.amp_style,
                 a.input.sync == super::SyncArg::PerTensor,
                 a.input.symmetric,
                 None,

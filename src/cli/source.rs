@@ -104,7 +104,8 @@ pub struct Extrapolation {
     pub collectives: Vec<crate::trace::extrapolate::Extrapolated>,
 }
 
-/// `--precision` describes a zoo job; a trace ran in the precision it was recorded in.
+/// `--precision` and `--amp-style` describe a zoo job; a trace ran in the precision it was
+/// recorded in.
 fn refuse_trace_precision(i: &InputArgs) -> Result<(), CliError> {
     match i.precision {
         Some(p) => Err(CliError::usage(format!(
@@ -112,6 +113,10 @@ fn refuse_trace_precision(i: &InputArgs) -> Result<(), CliError> {
              recorded in (try `whatif --pass amp` on it)",
             p.name()
         ))),
+        None if i.amp_style.is_some() => Err(CliError::usage(
+            "--amp-style applies to --model jobs: a trace ran in the precision it was recorded in (try `whatif --framework deepspeed --pass amp` on an FP32 trace)"
+                .to_string(),
+        )),
         None => Ok(()),
     }
 }
@@ -361,6 +366,7 @@ fn zoo_job(i: &InputArgs) -> Result<Input, CliError> {
         &cluster,
         i.framework,
         i.precision,
+        i.amp_style,
         i.sync == SyncArg::PerTensor,
         i.symmetric,
         None,

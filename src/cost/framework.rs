@@ -106,6 +106,9 @@ pub struct Math {
     /// transposed around every tensor-core convolution (cuDNN's `nchwToNhwc`/`nhwcToNchw`
     /// kernels).
     pub channels_last: bool,
+    /// The model itself is stored in the half dtype ([`AmpStyle::Pure`]): autocast's FP32
+    /// operator classes (softmax, norms, reductions, the loss) run in half precision too.
+    pub pure_half: bool,
 }
 
 impl Math {
@@ -114,12 +117,14 @@ impl Math {
         conv: Dtype::Fp32,
         matmul: Dtype::Fp32,
         channels_last: false,
+        pure_half: false,
     };
     /// TF32 tensor cores for every matrix class.
     pub const TF32: Math = Math {
         conv: Dtype::Tf32,
         matmul: Dtype::Tf32,
         channels_last: false,
+        pure_half: false,
     };
 }
 
@@ -180,12 +185,25 @@ impl Framework {
                 conv: pick(true),
                 matmul: pick(false),
                 channels_last: false,
+                pure_half: false,
             },
             Framework::Tf | Framework::Jax => Math {
                 conv: pick(true),
                 matmul: pick(true),
                 channels_last: true,
+                pure_half: false,
             },
+        }
+    }
+
+    /// How its mixed precision holds the model: DeepSpeed's `fp16`/`bf16` sections cast the
+    /// whole model and keep FP32 master weights in the optimizer (its `FP16_Optimizer`, and
+    /// ZeRO's FP32 partitions); the others' AMP is autocast around an FP32 model
+    /// (`torch.autocast`, Keras' and JAX's mixed policies, Horovod and BytePS over PyTorch's).
+    pub fn default_amp_style(self) -> AmpStyle {
+        match self {
+            Framework::Deepspeed => AmpStyle::Pure,
+            _ => AmpStyle::Autocast,
         }
     }
 
@@ -249,6 +267,31 @@ impl Precision {
     }
 }
 
+/// `--amp-style`: how a mixed-precision job (`--precision fp16|bf16|fp8`, the `amp` pass)
+/// holds its model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AmpStyle {
+    /// Autocast around an FP32 model (`torch.autocast`, apex O1, Keras' `mixed_float16`):
+    /// FP32 weights and gradients, a half copy of each weight per step, softmax, norms,
+    /// reductions and the loss in FP32, gradients reduced in FP32.
+    Autocast,
+    /// The model itself in half precision, FP32 master weights in the optimizer (DeepSpeed's
+    /// fp16/bf16, Megatron-LM's --fp16/--bf16, apex O2): every activation in half, half
+    /// gradients reduced in half, the master weights copied into the model after each step.
+    Pure,
+}
+
+impl AmpStyle {
+    /// The name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            AmpStyle::Autocast => "autocast",
+            AmpStyle::Pure => "pure",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +307,7 @@ mod tests {
                 conv: Dtype::Tf32,
                 matmul: Dtype::Fp32,
                 channels_last: false,
+                pure_half: false,
             }
         );
         let nhwc = |m: Math| Math {

@@ -343,9 +343,10 @@ impl<'a> KernelModel<'a> {
     /// GPU time of `work`'s kernels in ns, values stored in `storage`, FP32 matrix math as
     /// `math` says.
     pub fn time_ns(&self, work: &OpWork, storage: Dtype, math: Math) -> f64 {
-        if storage.bytes() < 4 && work.class.runs_in_fp32() {
+        if storage.bytes() < 4 && work.class.runs_in_fp32() && !math.pure_half {
             // Autocast's FP32 ops: the op in FP32 plus the cast of its half input (read 2 B,
             // write 4 B per input element; about half the op's activation traffic is input).
+            // A model stored in half runs them in half, like every other op.
             let cast = self.memory_ns(work.act_elems * 0.5 * 6.0) + self.launch_ns();
             return self.time_ns(work, Dtype::Fp32, math) + cast;
         }

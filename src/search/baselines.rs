@@ -418,7 +418,7 @@ pub fn default_from_ready(
 }
 
 /// A zoo job as its framework runs it by default: built, at `precision` (`None`: the
-/// framework's default), with the framework's default synchronisation unless `per_tensor`.
+/// framework's default) in `amp_style` (`None`: the framework's), with the framework's default synchronisation unless `per_tensor`.
 /// Returns (that job, the same job with one collective per gradient tensor, one line on the
 /// synchronisation). What `replay`/`whatif`/`plan --model` start from, and what the fidelity
 /// experiment predicts with.
@@ -427,6 +427,7 @@ pub fn zoo_baseline(
     cluster: &crate::cost::config::Cluster,
     framework: Framework,
     precision: Option<crate::cost::framework::Precision>,
+    amp_style: Option<crate::cost::framework::AmpStyle>,
     per_tensor: bool,
     symmetric: bool,
     host: Option<crate::cost::host::HostSpec>,
@@ -443,8 +444,8 @@ pub fn zoo_baseline(
         },
     )
     .map_err(|e| e.to_string())?;
-    let flat =
-        passes::amp::with_precision(&job, precision, channels_last).map_err(|e| e.to_string())?;
+    let flat = passes::amp::with_precision(&job, precision, amp_style, channels_last)
+        .map_err(|e| e.to_string())?;
     if per_tensor {
         let cfg = format!("one collective per tensor: {} syncs", flat.syncs.len());
         return Ok((flat.clone(), flat, cfg));

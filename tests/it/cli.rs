@@ -554,3 +554,64 @@ fn precision_is_checked_against_the_gpu_and_the_input() {
     assert!(fp32 > default, "fp32 {fp32} vs default {default}");
     assert!(bf16 < default, "bf16 {bf16} vs default {default}");
 }
+
+#[test]
+fn amp_style_pure_holds_the_model_in_half() {
+    let job = |extra: &[&str]| {
+        let mut a = vec![
+            "replay",
+            "--model",
+            "bert-large",
+            "--head",
+            "squad",
+            "--seq",
+            "384",
+            "--batch",
+            "8",
+            "--cluster",
+            "8xv100",
+            "--precision",
+            "fp16",
+        ];
+        a.extend(extra);
+        run_json(&a)
+    };
+    let auto = job(&[]);
+    let pure = job(&["--amp-style", "pure"]);
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    // Softmax, LayerNorm and the loss saved in half, half gradients: less memory; no casts
+    // around them and half the all-reduce: faster.
+    assert!(
+        f(&pure, "peak_memory_bytes") < f(&auto, "peak_memory_bytes"),
+        "{pure} vs {auto}"
+    );
+    assert!(f(&pure, "iteration_ms") < f(&auto, "iteration_ms"));
+    // DeepSpeed's AMP is the model in half; naming the style it already has changes nothing.
+    let ds = job(&["--framework", "deepspeed"]);
+    let ds_pure = job(&["--framework", "deepspeed", "--amp-style", "pure"]);
+    assert_eq!(ds["peak_memory_bytes"], ds_pure["peak_memory_bytes"]);
+    assert_eq!(ds["iteration_ms"], ds_pure["iteration_ms"]);
+    let ds_auto = job(&["--framework", "deepspeed", "--amp-style", "autocast"]);
+    assert!(f(&ds_auto, "peak_memory_bytes") > f(&ds, "peak_memory_bytes"));
+    // A trace ran in its own precision; an unknown style is a usage error.
+    let (code, _, stderr) = run(&["replay", "--trace", "no-such.json", "--amp-style", "pure"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--amp-style applies to --model jobs"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&[
+        "replay",
+        "--model",
+        "gpt",
+        "--cluster",
+        "8xv100",
+        "--amp-style",
+        "o2",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("autocast") && stderr.contains("pure"),
+        "{stderr}"
+    );
+}

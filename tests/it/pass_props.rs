@@ -78,6 +78,7 @@ fn job_of(r: &RandJob) -> trainplan::graph::job::Job {
         &cluster,
         r.framework,
         None,
+        None,
         false,
         false,
         None,

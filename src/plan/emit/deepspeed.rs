@@ -6,7 +6,7 @@
 //! | plan | `ds_config.json` |
 //! |---|---|
 //! | `workload.batch` b, `grad_accumulation` k, `workload.ranks` n | `train_micro_batch_size_per_gpu` = b/k, `gradient_accumulation_steps` = k, `train_batch_size` = b·n; batch unknown (a trace without shapes): k only, the user adds the micro-batch (never a fraction) |
-//! | `dtype` / the `amp` decision | `bf16.enabled`, or `fp16.enabled` with dynamic loss scaling (`loss_scale` 0); `communication_data_type` = the half dtype with `fp16_allreduce=1`, else `fp32` (what the plan priced) |
+//! | `dtype` / the `amp` decision | `bf16.enabled`, or `fp16.enabled` with dynamic loss scaling (`loss_scale` 0); `communication_data_type` = the half dtype with `fp16_allreduce=1` or the model in half (`style=pure`, DeepSpeed's own AMP and the `amp` pass's default here), else `fp32` (what the plan priced) |
 //! | `sharding.stage` (0 when absent) | `zero_optimization.stage` |
 //! | `tensor_groups` + `tensor_bytes` (stages 1–3) | `reduce_bucket_size` = the largest group's elements; stages 1–2: `allgather_bucket_size` = all groups' elements (the plan's one all-gather after the step) |
 //! | a planned shard | `overlap_comm` true (the replay runs every collective beside the compute), `contiguous_gradients` true |
@@ -661,16 +661,32 @@ mod tests {
     }
 
     #[test]
-    fn bf16_without_half_allreduce_reduces_in_fp32_and_fp32_sets_no_half() {
+    fn bf16_autocast_without_half_allreduce_reduces_in_fp32_and_fp32_sets_no_half() {
         let mut p = tiny_plan();
         p.config.dtype = "bf16".into();
         p.decisions.retain(|d| d.pass != "amp");
-        p.decisions
-            .push(decision("amp", &[("dtype", "bf16")], "bf16"));
+        p.decisions.push(decision(
+            "amp",
+            &[("dtype", "bf16"), ("style", "autocast")],
+            "bf16",
+        ));
         let (c, _) = config(&p);
         assert_eq!(c["bf16"]["enabled"], true);
         assert_eq!(c["fp16"]["enabled"], false);
         assert_eq!(c["communication_data_type"], "fp32");
+        // DeepSpeed's own style (the knob absent or `framework`): the model in half, whose
+        // half gradients the plan priced reduced in half.
+        for style in [None, Some("framework"), Some("pure")] {
+            let mut p = tiny_plan();
+            p.workload.framework = crate::cost::framework::Framework::Deepspeed;
+            p.config.dtype = "bf16".into();
+            p.decisions.retain(|d| d.pass != "amp");
+            let mut knobs = vec![("dtype", "bf16")];
+            knobs.extend(style.map(|s| ("style", s)));
+            p.decisions.push(decision("amp", &knobs, "bf16"));
+            let (c, _) = config(&p);
+            assert_eq!(c["communication_data_type"], "bf16", "{style:?}");
+        }
         let mut p = tiny_plan();
         p.config.dtype = "fp32".into();
         p.config.passes.retain(|x| x != "amp" && x != "fused-adam");

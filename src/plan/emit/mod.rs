@@ -221,7 +221,8 @@ pub(crate) struct Facts {
     pub group_bytes: Option<Vec<u64>>,
     /// Half dtype under AMP (`fp16` / `bf16`), None for fp32.
     pub half: Option<String>,
-    /// AMP all-reduces gradients in fp16 (the `amp` decision's `fp16_allreduce=1`).
+    /// AMP all-reduces gradients in half (the `amp` decision's `fp16_allreduce=1`, or its model
+    /// in half: `style=pure`, DeepSpeed's default).
     pub fp16_allreduce: bool,
     /// Micro-batches per iteration.
     pub k: u32,
@@ -328,9 +329,21 @@ impl Facts {
             }
             _ => None,
         };
-        let fp16_allreduce = amp
-            .and_then(|d| d.knobs.get("fp16_allreduce"))
-            .is_some_and(|v| v.trim() == "1");
+        // A model in half (`style=pure`, or the framework's style when the knob is absent or
+        // `framework`) reduces its half gradients in half: the pass priced that.
+        let pure = amp.is_some_and(|d| {
+            let named = d
+                .knobs
+                .get("style")
+                .and_then(|v| crate::passes::amp::amp_style(v))
+                .flatten();
+            named.unwrap_or(plan.workload.framework.default_amp_style())
+                == crate::cost::framework::AmpStyle::Pure
+        });
+        let fp16_allreduce = pure
+            || amp
+                .and_then(|d| d.knobs.get("fp16_allreduce"))
+                .is_some_and(|v| v.trim() == "1");
         let horovod_cycle_ms = plan
             .decisions
             .iter()
