@@ -179,25 +179,47 @@ impl Builder {
     /// Autograd keeps x (for pow), tanh's output and both factors of the last product: x plus
     /// three new tensors. Backward: 11 kernels (the product's two grads, tanh's, two scalar
     /// muls, pow's three, x's three incoming grads summed in two adds, the 0.5 factor) over
-    /// about 30 tensor passes. Under autocast `pow` is on the float32 list, so the chain runs
-    /// and saves in FP32 (`0.5·x` alone stays half: counted in FP32 here).
+    /// about 30 tensor passes. Under autocast `pow` is on the float32 list, so the chain from it
+    /// runs and saves in FP32 (x cast for pow, tanh's output, `1 + tanh`; the last product
+    /// promotes to FP32), while `0.5·x` alone stays in the half dtype — measured: the saved
+    /// tensors of Hugging Face GPT-2 medium under bf16 autocast
+    /// (`experiments/gpu_truth/h200/saved_tensors.json`). So two layers: `name.scale` (`0.5·x`:
+    /// one kernel each way, its output saved by the product) and `name` (the rest, in FP32
+    /// under autocast).
     pub(super) fn gelu_composite(&mut self, name: &str, x: usize) -> usize {
         let n = self.out(x);
         let nf = n as f64;
-        let w = Work {
-            fw_flops: 10.0 * nf,
-            fw_elems: 18.0 * nf,
-            bw_flops: 16.0 * nf,
-            bw_elems: 30.0 * nf,
-            fw_kernels: 8,
-            bw_kernels: 11,
+        let scale = Work {
+            fw_flops: nf,
+            fw_elems: 2.0 * nf,
+            bw_flops: nf,
+            bw_elems: 2.0 * nf,
+            fw_kernels: 1,
+            bw_kernels: 1,
         };
-        let saved = self.keep(x).saturating_add(n.saturating_mul(3));
+        let half = self.push(
+            &format!("{name}.scale"),
+            LayerKind::Elementwise,
+            vec![x],
+            scale,
+            n,
+            n,
+            vec![],
+        );
+        let chain = Work {
+            fw_flops: 9.0 * nf,
+            fw_elems: 16.0 * nf,
+            bw_flops: 15.0 * nf,
+            bw_elems: 28.0 * nf,
+            fw_kernels: 7,
+            bw_kernels: 10,
+        };
+        let saved = self.keep(x).saturating_add(n.saturating_mul(2));
         self.push(
             name,
             LayerKind::ElementwiseFp32,
-            vec![x],
-            w,
+            vec![x, half],
+            chain,
             saved,
             n,
             vec![],

@@ -1062,6 +1062,12 @@ mod tests {
         let saved = |ls: &[Layer]| ls.iter().map(|l| l.saved_elems).sum::<u64>();
         let n = 4 * 1024 * 768u64;
         assert_eq!(saved(&b) - saved(&a), 12 * 3 * n);
+        let ls_named = |ls: &[Layer], name: &str| {
+            ls.iter()
+                .find(|l| l.name == name)
+                .cloned()
+                .expect("a layer of that name")
+        };
         let act = |ls: &[Layer]| {
             ls.iter()
                 .find(|l| l.name == "transformer.h.0.mlp.act")
@@ -1069,12 +1075,18 @@ mod tests {
                 .expect("the block's activation")
         };
         let (fa, ca) = (act(&a), act(&b));
+        let cp = ls_named(&b, "transformer.h.0.mlp.act.scale");
         assert_eq!((fa.fw_kernels, fa.bw_kernels), (1, 1));
-        assert_eq!((ca.fw_kernels, ca.bw_kernels), (8, 11));
+        assert_eq!(
+            (ca.fw_kernels + cp.fw_kernels, ca.bw_kernels + cp.bw_kernels),
+            (8, 11)
+        );
         assert_eq!(fa.saved_elems, n);
-        assert_eq!(ca.saved_elems, 4 * n);
-        // Autocast runs the chain in FP32 (`pow` first); the fused kernel in the half dtype.
+        assert_eq!((ca.saved_elems, cp.saved_elems), (3 * n, n));
+        // Autocast runs the chain in FP32 (`pow` first); `0.5·x`, like the fused kernel, in the
+        // half dtype.
         assert!(ca.kind.class().runs_in_fp32());
+        assert!(!cp.kind.class().runs_in_fp32());
         assert!(!fa.kind.class().runs_in_fp32());
         check_well_formed(&|n| transformer(&composite, n));
     }
