@@ -440,7 +440,8 @@ fn recost_in_half(job: &Job, half: Dtype) -> (Vec<Edit>, u64, u64) {
 /// Saved activations in half precision: the memory effects of forward and backward ops
 /// shrunk by `half`'s size over the job's dtype, except autocast's FP32 ops (which keep FP32
 /// outputs and what they save) unless the model is `pure` half, whose gradient buffers (the
-/// effects of communication ops) halve too. Pushes one `SetMem` per op;
+/// effects of communication ops) halve too, and dropout masks (one byte per element in any
+/// dtype: PyTorch's `native_dropout` returns a bool mask). Pushes one `SetMem` per op;
 /// returns the activation bytes allocated before (alloc-at-start effects of FW/BW ops).
 fn half_activations(job: &Job, half: Dtype, pure: bool, edits: &mut Vec<Edit>) -> u64 {
     let l = &job.local;
@@ -451,21 +452,33 @@ fn half_activations(job: &Job, half: Dtype, pure: bool, edits: &mut Vec<Edit>) -
                 .work
                 .is_some_and(|w| w.class.runs_in_fp32())
     };
-    for m in &l.mem {
-        // Autocast's FP32 ops keep FP32 outputs (and what they save); a half model's
-        // gradients (the buffers its gradients' communication ops hold) are half too.
-        let phase = l.ops[m.op as usize].spec.phase;
-        let halves = match phase {
-            Phase::Fw | Phase::Bw => !fp32_op(m.op),
+    let halves = |m: &MemEffect| -> bool {
+        let op = &l.ops[m.op as usize];
+        // A dropout's mask (what it saves) is one byte per element in any dtype.
+        let mask = m.when != crate::graph::MemWhen::During
+            && op.work.is_some_and(|w| w.class == OpClass::Dropout);
+        match op.spec.phase {
+            // Autocast's FP32 ops keep FP32 outputs (and what they save).
+            Phase::Fw | Phase::Bw => !fp32_op(m.op) && !mask,
+            // A half model's gradients (the buffers its gradients' communication ops hold).
             Phase::Comm => pure,
             _ => false,
-        };
-        if halves {
-            by_op.entry(m.op).or_default().push(MemEffect {
-                bytes: (m.bytes * half.bytes()).div_ceil(job.dtype.bytes()),
-                ..*m
-            });
         }
+    };
+    // `SetMem` replaces all of an op's effects: an op with one effect to halve gets all of
+    // them, the others unchanged.
+    let touched: std::collections::BTreeSet<OpId> =
+        l.mem.iter().filter(|m| halves(m)).map(|m| m.op).collect();
+    for m in l.mem.iter().filter(|m| touched.contains(&m.op)) {
+        let bytes = if halves(m) {
+            (m.bytes * half.bytes()).div_ceil(job.dtype.bytes())
+        } else {
+            m.bytes
+        };
+        by_op
+            .entry(m.op)
+            .or_default()
+            .push(MemEffect { bytes, ..*m });
     }
     let act_saved: u64 = l
         .mem
@@ -741,6 +754,25 @@ mod tests {
         assert_eq!(h2, h1);
         assert!(f2 * 2 >= f0 && f2 * 2 <= f0 + 1000, "{f2} vs {f0}");
         assert!(pure.memory.peak_bytes < auto.memory.peak_bytes);
+        // Dropout masks are one byte per element in every dtype: what dropout ops save is
+        // unchanged by either style.
+        let masks = |e: &Evaluated| -> u64 {
+            e.job
+                .local
+                .mem
+                .iter()
+                .filter(|m| m.when == crate::graph::MemWhen::AllocAtStart)
+                .filter(|m| {
+                    e.job.local.ops[m.op as usize]
+                        .work
+                        .is_some_and(|w| w.class == OpClass::Dropout)
+                })
+                .map(|m| m.bytes)
+                .sum()
+        };
+        assert!(masks(&base) > 0);
+        assert_eq!(masks(&auto), masks(&base));
+        assert_eq!(masks(&pure), masks(&base));
         // Half gradients are reduced in half.
         let bytes = |e: &Evaluated| e.job.syncs.iter().map(|s| s.bytes).sum::<u64>();
         assert_eq!(bytes(&auto), bytes(&base));

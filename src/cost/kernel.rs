@@ -44,9 +44,13 @@ pub enum OpClass {
     LayerNorm,
     /// Softmax (with folded scale / mask).
     Softmax,
-    /// Element-wise (activations, dropout, adds, casts, scaling).
+    /// Element-wise (activations, adds, casts, scaling).
     #[default]
     Elementwise,
+    /// Dropout: element-wise, and what it saves is its mask, one byte per element whatever
+    /// the activations' dtype (PyTorch's `native_dropout` returns a bool mask): mixed
+    /// precision halves its output, not its mask.
+    Dropout,
     /// An element-wise chain that autocast promotes to FP32: its first op is on autocast's
     /// float32 list (`pow` in Hugging Face's composite GELU), so the ops after it compute
     /// and save FP32 tensors.

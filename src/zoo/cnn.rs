@@ -239,7 +239,7 @@ impl Builder {
         };
         self.push(
             name,
-            LayerKind::Elementwise,
+            LayerKind::Dropout,
             vec![x],
             w,
             n.div_ceil(4),

@@ -19,8 +19,10 @@ pub enum LayerKind {
     Attention,
     BatchNorm,
     LayerNorm,
-    /// ReLU, GELU, tanh, dropout, residual add, scale: element-wise.
+    /// ReLU, GELU, tanh, residual add, scale: element-wise.
     Elementwise,
+    /// Dropout: element-wise, saving a one-byte mask per element.
+    Dropout,
     /// Element-wise ops that autocast runs in FP32 (a chain starting with `pow`).
     ElementwiseFp32,
     Pool,
@@ -87,6 +89,7 @@ impl LayerKind {
             LayerKind::BatchNorm => OpClass::Norm,
             LayerKind::LayerNorm => OpClass::LayerNorm,
             LayerKind::Elementwise => OpClass::Elementwise,
+            LayerKind::Dropout => OpClass::Dropout,
             LayerKind::ElementwiseFp32 => OpClass::ElementwiseFp32,
             LayerKind::Pool => OpClass::Pool,
             LayerKind::Softmax => OpClass::Softmax,
