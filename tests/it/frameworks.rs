@@ -1662,10 +1662,19 @@ fn deepspeed_expected(plan: &Plan) -> Value {
     e.insert("fp16", (c.dtype == "fp16").into());
     e.insert("bf16", (c.dtype == "bf16").into());
     e.insert("loss_scale", 0.0.into());
-    let half_allreduce = plan
-        .decisions
-        .iter()
-        .any(|d| d.pass == "amp" && d.knobs.get("fp16_allreduce").is_some_and(|v| v == "1"));
+    // Half gradients are reduced in half with `fp16_allreduce=1`, or when the amp decision ran
+    // the model in half (`style=pure`, or DeepSpeed's own style when the knob is absent).
+    let half_allreduce = plan.decisions.iter().any(|d| {
+        let style = d
+            .knobs
+            .get("style")
+            .and_then(|v| trainplan::passes::amp::amp_style(v))
+            .flatten()
+            .unwrap_or(plan.workload.framework.default_amp_style());
+        d.pass == "amp"
+            && (d.knobs.get("fp16_allreduce").is_some_and(|v| v == "1")
+                || style == trainplan::cost::framework::AmpStyle::Pure)
+    });
     let comm = match c.dtype.as_str() {
         "fp32" => Value::Null,
         "fp16" if half_allreduce => "torch.float16".into(),
