@@ -581,6 +581,21 @@ mod tests {
     use crate::passes::recompute::tests::chain;
     use crate::passes::{apply_all, evaluate, find, registry, resolve_knobs};
 
+    /// Bytes the forward ops that `keep` selects allocate at their start (what they save).
+    fn fw_saved(e: &Evaluated, keep: impl Fn(&crate::graph::job::LocalOp) -> bool) -> u64 {
+        e.job
+            .local
+            .mem
+            .iter()
+            .filter(|m| m.when == crate::graph::MemWhen::AllocAtStart)
+            .filter(|m| {
+                let o = &e.job.local.ops[m.op as usize];
+                o.spec.phase == Phase::Fw && keep(o)
+            })
+            .map(|m| m.bytes)
+            .sum()
+    }
+
     fn run(job: Job, args: &[(&str, &str)]) -> Result<(Evaluated, Evaluated), PassError> {
         let reg = registry();
         let p = find(&reg, NAME).unwrap();
@@ -669,19 +684,10 @@ mod tests {
         assert_eq!(s1, s0 + 2 * params);
         // Saved activations halve (rounded up per effect), but for autocast's FP32 ops (here
         // the loss); the peak falls.
-        let saved = |e: &Evaluated, fp32: bool| -> u64 {
-            e.job
-                .local
-                .mem
-                .iter()
-                .filter(|m| m.when == crate::graph::MemWhen::AllocAtStart)
-                .filter(|m| {
-                    let o = &e.job.local.ops[m.op as usize];
-                    o.spec.phase == Phase::Fw
-                        && o.work.is_some_and(|w| w.class.runs_in_fp32()) == fp32
-                })
-                .map(|m| m.bytes)
-                .sum()
+        let saved = |e: &Evaluated, fp32: bool| {
+            fw_saved(e, |o| {
+                o.work.is_some_and(|w| w.class.runs_in_fp32()) == fp32
+            })
         };
         let (a0, a1) = (saved(&base, false), saved(&after, false));
         assert!(a1 * 2 >= a0 && a1 * 2 <= a0 + 200, "{a1} vs {a0}");
@@ -733,20 +739,10 @@ mod tests {
         assert_eq!(grads(&base), 4 * params);
         assert!(grads(&pure) * 2 >= grads(&base) && grads(&pure) * 2 <= grads(&base) + 1000);
         // Softmax, LayerNorm and the loss keep FP32 under autocast, not in a half model.
-        let saved = |e: &Evaluated| -> (u64, u64) {
-            let mut out = (0, 0);
-            for m in &e.job.local.mem {
-                let o = &e.job.local.ops[m.op as usize];
-                if m.when != crate::graph::MemWhen::AllocAtStart || o.spec.phase != Phase::Fw {
-                    continue;
-                }
-                if o.work.is_some_and(|w| w.class.runs_in_fp32()) {
-                    out.1 += m.bytes;
-                } else {
-                    out.0 += m.bytes;
-                }
-            }
-            out
+        let saved = |e: &Evaluated| {
+            let fp32 =
+                |o: &crate::graph::job::LocalOp| o.work.is_some_and(|w| w.class.runs_in_fp32());
+            (fw_saved(e, |o| !fp32(o)), fw_saved(e, fp32))
         };
         let ((h0, f0), (h1, f1), (h2, f2)) = (saved(&base), saved(&auto), saved(&pure));
         assert!(f0 > 0 && h0 > 0);
@@ -756,20 +752,8 @@ mod tests {
         assert!(pure.memory.peak_bytes < auto.memory.peak_bytes);
         // Dropout masks are one byte per element in every dtype: what dropout ops save is
         // unchanged by either style.
-        let masks = |e: &Evaluated| -> u64 {
-            e.job
-                .local
-                .mem
-                .iter()
-                .filter(|m| m.when == crate::graph::MemWhen::AllocAtStart)
-                .filter(|m| {
-                    e.job.local.ops[m.op as usize]
-                        .work
-                        .is_some_and(|w| w.class == OpClass::Dropout)
-                })
-                .map(|m| m.bytes)
-                .sum()
-        };
+        let masks =
+            |e: &Evaluated| fw_saved(e, |o| o.work.is_some_and(|w| w.class == OpClass::Dropout));
         assert!(masks(&base) > 0);
         assert_eq!(masks(&auto), masks(&base));
         assert_eq!(masks(&pure), masks(&base));
