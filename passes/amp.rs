@@ -212,7 +212,7 @@ pub fn with_precision(
         };
         for i in 0..j.local.ops.len() {
             if let Some(w) = j.local.ops[i].work {
-                j.local.ops[i].spec.dur_ns = j.cost_ns(&w, j.dtype, 1.0);
+                j.local_mut().ops[i].spec.dur_ns = j.cost_ns(&w, j.dtype, 1.0);
             }
         }
         j

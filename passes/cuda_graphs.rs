@@ -247,7 +247,7 @@ mod tests {
         let end = (g.ops.len() - 1) as OpId;
         g.edges.push((prev_l.unwrap(), end));
         let mut j = crate::passes::recompute::tests::chain(&[1000], &[0]);
-        j.local = g;
+        j.local = g.into();
         j.syncs.clear();
         j.meta = JobMeta {
             source: "trace".into(),

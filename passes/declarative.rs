@@ -1849,7 +1849,7 @@ impl Pass for DeclarativePass {
             && let Some(first) = patches.first_mut()
         {
             let mut j = job.clone();
-            j.local.devices = c.devices.clone();
+            j.local_mut().devices = c.devices.clone();
             first.edits.insert(0, Edit::ReplaceJob(Box::new(j)));
         }
         // Check the whole edit now, so that an illegal one (a cycle, nothing left) names the
@@ -1954,7 +1954,7 @@ mod tests {
             when,
         };
         Job {
-            local: LocalGraph {
+            local: std::sync::Arc::new(LocalGraph {
                 ops: ops
                     .into_iter()
                     .map(|(spec, work)| LocalOp { spec, work })
@@ -1999,7 +1999,7 @@ mod tests {
                 ],
                 static_mem_bytes: 1000,
                 fused: Default::default(),
-            },
+            }),
             syncs: vec![
                 Sync {
                     tensors: vec![1],

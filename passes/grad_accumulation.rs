@@ -153,7 +153,7 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         o
     };
     let mut out = job.clone();
-    let g = &mut out.local;
+    let g = out.local_mut();
     for (i, o) in g.ops.iter_mut().enumerate() {
         if micro[i] {
             *o = scaled(o);
@@ -444,12 +444,12 @@ mod tests {
         use crate::graph::{OpKind, OpSpec};
         let mut job = chain(&[1000, 3000], &[1000, 3000]);
         let x = job.local.ops.len() as OpId;
-        job.local.ops.push(LocalOp {
+        job.local_mut().ops.push(LocalOp {
             spec: OpSpec::new(OpKind::Compute, Phase::Other, 1, 500),
             work: None,
         });
-        job.local.edges.push((1, x));
-        job.local.edges.push((x, 2));
+        job.local_mut().edges.push((1, x));
+        job.local_mut().edges.push((x, 2));
         let (base, after, _) = run(job, "2");
         // The op runs once (it is not copied), between the last micro-step's forward and
         // backward; the first micro-step's backward follows its forward directly.

@@ -540,7 +540,7 @@ fn apply_edit(ed: &mut Editor, e: &Edit) -> Result<(), JobError> {
                 if !ed.is_alive(op) {
                     return Err(JobError::NoSuchOp(op));
                 }
-                ed.job_mut().local.ops[op as usize].spec.gap_ns = 0;
+                ed.job_mut().local_mut().ops[op as usize].spec.gap_ns = 0;
             }
             Ok(())
         }
@@ -548,7 +548,7 @@ fn apply_edit(ed: &mut Editor, e: &Edit) -> Result<(), JobError> {
             if !ed.is_alive(*op) {
                 return Err(JobError::NoSuchOp(*op));
             }
-            ed.job_mut().local.ops[*op as usize].work = *work;
+            ed.job_mut().local_mut().ops[*op as usize].work = *work;
             Ok(())
         }
         Edit::Remove { ops } => ed.remove(ops),
@@ -573,13 +573,13 @@ fn apply_edit(ed: &mut Editor, e: &Edit) -> Result<(), JobError> {
                     return Err(JobError::NoSuchOp(m.op));
                 }
             }
-            let mem = &mut ed.job_mut().local.mem;
+            let mem = &mut ed.job_mut().local_mut().mem;
             mem.retain(|m| m.op != *op);
             mem.extend(effects.iter().copied());
             Ok(())
         }
         Edit::StaticMemory { bytes } => {
-            ed.job_mut().local.static_mem_bytes = *bytes;
+            ed.job_mut().local_mut().static_mem_bytes = *bytes;
             Ok(())
         }
         Edit::FuseSyncs { syncs } => fuse_syncs(ed.job_mut(), syncs),

@@ -927,7 +927,7 @@ mod tests {
             1,
         );
         let one = t(1.8e6);
-        for o in &mut job.local.ops {
+        for o in &mut job.local_mut().ops {
             o.work = Some(w);
             o.spec.dur_ns = one;
         }
@@ -941,12 +941,12 @@ mod tests {
         assert_eq!(work.act_elems, 1.8e6);
         assert_eq!(work.flops, 2e6);
         // Forward pair: only the read is removed → 2.7e6 elements, one launch.
-        for o in &mut job.local.ops {
+        for o in &mut job.local_mut().ops {
             o.spec.phase = Phase::Fw;
         }
         assert!(fused_cost(&job, &[0, 1]).0.abs_diff(t(2.7e6)) <= 1);
         // Durations calibrated 10 % above the model keep their ratio.
-        for o in &mut job.local.ops {
+        for o in &mut job.local_mut().ops {
             o.spec.dur_ns = (one as f64 * 1.1).round() as u64;
         }
         let expect = (2.7e6 * 4.0 / bw + l) * 1.1;
@@ -1011,8 +1011,8 @@ mod tests {
             ring(),
             2,
         );
-        job.local.ops[1].spec.phase = Phase::Update;
-        job.local.edges.push((0, 2));
+        job.local_mut().ops[1].spec.phase = Phase::Update;
+        job.local_mut().edges.push((0, 2));
         let mut f = Fuser::new(&job).unwrap();
         assert!(!f.legal(&[0, 2]));
         assert!(f.legal(&[0, 1]));
@@ -1030,7 +1030,7 @@ mod tests {
             ring(),
             2,
         );
-        job.local.edges.push((2, 4)); // In(A's grad) → C
+        job.local_mut().edges.push((2, 4)); // In(A's grad) → C
         let mut f = Fuser::new(&job).unwrap();
         assert!(!f.legal(&[0, 4]));
         assert!(f.legal(&[0, 3]));
@@ -1042,8 +1042,8 @@ mod tests {
             2,
         );
         // ops: A=0 Out0=1 In0=2 B=3 Out1=4 In1=5 C=6; make C wait for In1 and drop B → C.
-        job.local.edges.retain(|&e| e != (3, 6));
-        job.local.edges.push((5, 6));
+        job.local_mut().edges.retain(|&e| e != (3, 6));
+        job.local_mut().edges.push((5, 6));
         let mut f = Fuser::new(&job).unwrap();
         assert!(!f.legal(&[0, 6]), "A → Out0 → sync0 → sync1 → In1 → C");
         assert!(f.legal(&[0, 3]));
@@ -1055,18 +1055,18 @@ mod tests {
         // is legal alone (b1 does not depend on a1), and so is {b1, b2}; together they form a
         // cycle a → b → a, which the second check must see.
         let mut job = chain_job(&[(10_000, false), (10_000, false)], 0, ring(), 2);
-        job.local.devices.push(DeviceKind::GpuStream {
+        job.local_mut().devices.push(DeviceKind::GpuStream {
             worker: 0,
             stream: 1,
         });
         for d in [10_000, 10_000] {
-            job.local.ops.push(LocalOp {
+            job.local_mut().ops.push(LocalOp {
                 spec: OpSpec::compute(2, Phase::Bw, 0, d),
                 work: None,
             });
         }
         // a1 = 0, a2 = 1 (edge 0 → 1); b1 = 2, b2 = 3.
-        job.local.edges.extend([(2, 3), (0, 3), (2, 1)]);
+        job.local_mut().edges.extend([(2, 3), (0, 3), (2, 1)]);
         let mut f = Fuser::new(&job).unwrap();
         assert!(f.legal(&[0, 1]));
         assert!(f.legal(&[2, 3]));

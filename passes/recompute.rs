@@ -659,7 +659,7 @@ pub(crate) mod tests {
         g.edges.push((2 * n + 2, 2 * n + 3));
         g.edges.push((2 * n, 2 * n + 3));
         Job {
-            local: g,
+            local: g.into(),
             syncs: vec![Sync {
                 tensors: vec![0],
                 bytes: 1000,

@@ -203,7 +203,7 @@ pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassErr
     let mut j = job.clone();
     let virt = virtual_device(&mut j);
     let params: u64 = job.local.tensors.iter().map(|t| t.bytes).sum();
-    j.local.static_mem_bytes = sharded_static_bytes(job, s.stage, g, params);
+    j.local_mut().static_mem_bytes = sharded_static_bytes(job, s.stage, g, params);
     let updates = shard_update_step(&mut j, g);
     let shard_group = Group {
         size: g,
@@ -316,7 +316,7 @@ fn shard_update_step(j: &mut Job, g: u32) -> Vec<OpId> {
         })
         .collect();
     for &u in &updates {
-        let op = &mut j.local.ops[u as usize];
+        let op = &mut j.local_mut().ops[u as usize];
         op.spec.dur_ns = op.spec.dur_ns.div_ceil(u64::from(g));
         if let Some(w) = op.work.as_mut() {
             // Every element the step touches is the shard's.
@@ -389,7 +389,7 @@ fn gather_after_update(
     let done = push_op(j, OpKind::In, Phase::Update, virt, NONE);
     let ready = push_op(j, OpKind::Out, Phase::Update, virt, NONE);
     for &u in updates {
-        j.local.edges.push((u, ready));
+        j.local_mut().edges.push((u, ready));
     }
     Sync {
         tensors: (0..j.local.tensors.len() as u32).collect(),
@@ -415,12 +415,12 @@ fn virtual_device(j: &mut Job) -> u32 {
     {
         return i as u32;
     }
-    j.local.devices.push(DeviceKind::Virtual);
+    j.local_mut().devices.push(DeviceKind::Virtual);
     (j.local.devices.len() - 1) as u32
 }
 
 fn push_op(j: &mut Job, kind: OpKind, phase: Phase, device: u32, layer: u32) -> OpId {
-    j.local.ops.push(LocalOp {
+    j.local_mut().ops.push(LocalOp {
         spec: OpSpec {
             layer,
             ..OpSpec::new(kind, phase, device, 0)
@@ -453,7 +453,7 @@ fn keep_shard(j: &mut Job, job: &Job, sy: &Sync, done: OpId, kept: u64) {
         return;
     }
     if kept > 0 {
-        j.local.mem.push(MemEffect {
+        j.local_mut().mem.push(MemEffect {
             op: done,
             worker: 0,
             bytes: kept,
@@ -467,7 +467,7 @@ fn keep_shard(j: &mut Job, job: &Job, sy: &Sync, done: OpId, kept: u64) {
 
 fn free_at_end(j: &mut Job, op: OpId, bytes: u64) {
     if bytes > 0 {
-        j.local.mem.push(MemEffect {
+        j.local_mut().mem.push(MemEffect {
             op,
             worker: 0,
             bytes,
@@ -736,22 +736,22 @@ fn gather_regions(
                 } else {
                     rel_of[i - 1]
                 };
-                j.local.edges.push((prev, issue));
+                j.local_mut().edges.push((prev, issue));
             }
             pos[r.ops[0] as usize]
         } else if i >= p {
-            j.local.edges.push((got_of[i - p], issue));
-            j.local.edges.push((regions[i - p].ops[0], issue));
+            j.local_mut().edges.push((got_of[i - p], issue));
+            j.local_mut().edges.push((regions[i - p].ops[0], issue));
             pos[regions[i - p].ops[0] as usize]
         } else {
             0
         };
         for &o in &r.ops {
-            j.local.edges.push((got, o));
-            j.local.edges.push((o, rel));
+            j.local_mut().edges.push((got, o));
+            j.local_mut().edges.push((o, rel));
         }
-        j.local.edges.push((got, rel));
-        j.local.mem.push(MemEffect {
+        j.local_mut().edges.push((got, rel));
+        j.local_mut().mem.push(MemEffect {
             op: issue,
             worker: 0,
             bytes,

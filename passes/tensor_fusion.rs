@@ -380,7 +380,7 @@ mod tests {
         // A, B, C (1 µs each), 4000 B gradients, 4 workers: unfused q0 ends 13,000, q1 25,000,
         // q2 37,000. Give A's and B's tensors the same layer: units {0, 1} and {2}.
         let mut job = chain_job(&[(1000, true), (1000, true), (1000, true)], 4000, ring(), 4);
-        job.local.tensors[1].layer = 0;
+        job.local_mut().tensors[1].layer = 0;
         assert_eq!(sync_units(&job, true), vec![vec![0, 1], vec![2]]);
         assert_eq!(sync_units(&job, false), vec![vec![0], vec![1], vec![2]]);
         // Unit {0,1}: ready 2000, unfused end 25,000; next unit {2}: 25,000 + 12,000 = 37,000 >
@@ -394,7 +394,7 @@ mod tests {
         // its syncs: A(1 µs) → B(10 µs): 25,000 unfused, 11,000 + 18,000 = 29,000 fused. The
         // search prices the move by replay and rejects it.
         let mut late = chain_job(&[(1000, true), (10_000, true)], 4000, ring(), 4);
-        late.local.tensors[1].layer = 0;
+        late.local_mut().tensors[1].layer = 0;
         assert_eq!(run(&late, &[("coarsen", "0")]), (25_000, vec![], 25_000));
         assert_eq!(run(&late, &[]), (25_000, vec![vec![0, 1]], 29_000));
         let cx = evaluate(late).unwrap();

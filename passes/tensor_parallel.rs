@@ -410,7 +410,7 @@ fn replica_batch(j: &mut Job, t: u32) {
             scale_op(j, i, &|w| w.scaled(tf));
         }
     }
-    for m in &mut j.local.mem {
+    for m in &mut j.local_mut().mem {
         if grew[m.op as usize] {
             m.bytes = m.bytes.saturating_mul(u64::from(t));
         }
@@ -437,9 +437,9 @@ fn split_static_memory(j: &mut Job, split: &[bool], t: u32) {
         .sum();
     if total > 0 {
         let f = kept as f64 / total as f64;
-        j.local.static_mem_bytes = (j.local.static_mem_bytes as f64 * f).ceil() as u64;
+        j.local_mut().static_mem_bytes = (j.local_mut().static_mem_bytes as f64 * f).ceil() as u64;
     }
-    for (x, &s) in j.local.tensors.iter_mut().zip(split) {
+    for (x, &s) in j.local_mut().tensors.iter_mut().zip(split) {
         if s {
             x.bytes = x.bytes.div_ceil(u64::from(t));
         }
@@ -572,7 +572,7 @@ fn scale_op(j: &mut Job, i: usize, f: &dyn Fn(&OpWork) -> OpWork) {
     let Some(w) = j.local.ops[i].work else { return };
     let new = f(&w);
     let dur = j.recost_ns(j.local.ops[i].spec.dur_ns, &new, j.dtype, 1.0);
-    let op = &mut j.local.ops[i];
+    let op = &mut j.local_mut().ops[i];
     op.work = Some(new);
     op.spec.dur_ns = dur;
 }
@@ -603,7 +603,7 @@ fn split_memory(j: &mut Job, splits: &[Split], split_tensor: &[bool], t: u32, se
             }
         })
         .collect();
-    for m in &mut j.local.mem {
+    for m in &mut j.local_mut().mem {
         let Some(f) = factors[m.op as usize] else {
             continue;
         };
@@ -823,7 +823,7 @@ fn splice(
         };
         joins.push((from, to, spec));
     }
-    j.local.edges.retain(|e| !remove.contains(e));
+    j.local_mut().edges.retain(|e| !remove.contains(e));
     let mut ed = j.edit();
     for (from, to, spec) in joins {
         ed.insert(spec, None, &from, &to, call_ns)
@@ -888,7 +888,7 @@ fn tp_stream(j: &mut Job) -> u32 {
         })
         .max()
         .unwrap_or(1);
-    j.local.devices.push(DeviceKind::GpuStream {
+    j.local_mut().devices.push(DeviceKind::GpuStream {
         worker: 0,
         stream: next,
     });

@@ -96,7 +96,7 @@ pub(crate) fn chain_job_sizes(ops: &[(u64, Option<u64>)], spec: CommSpec, worker
         }
     }
     Job {
-        local: g,
+        local: g.into(),
         syncs,
         comm: spec,
         workers,

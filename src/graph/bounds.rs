@@ -145,26 +145,26 @@ mod tests {
         let j = job();
         check(&j).unwrap();
         let mut a = j.clone();
-        a.local.ops[3].spec.dur_ns = MAX_OP_NS + 1;
+        a.local_mut().ops[3].spec.dur_ns = MAX_OP_NS + 1;
         assert!(
             check(&a).unwrap_err().starts_with("op 3 ("),
             "{:?}",
             check(&a)
         );
         let mut b = j.clone();
-        b.local.tensors[0].bytes = u64::MAX;
+        b.local_mut().tensors[0].bytes = u64::MAX;
         assert!(check(&b).unwrap_err().contains("16 TiB"));
         let mut c = j.clone();
         c.syncs[0].bytes = MAX_TENSOR_BYTES + 1;
         assert!(check(&c).unwrap_err().starts_with("synchronisation 0"));
         let mut d = j.clone();
-        d.local.mem[0].bytes = u64::MAX - 5;
+        d.local_mut().mem[0].bytes = u64::MAX - 5;
         assert!(check(&d).unwrap_err().contains("1 PiB"));
         // 4,097 ops of 2^50 ns each: every op within bounds, their sum past 2^62.
         let mut e = j;
         let mut op = e.local.ops[0].clone();
         op.spec.dur_ns = MAX_OP_NS;
-        e.local.ops = vec![op; 4097];
+        e.local_mut().ops = vec![op; 4097];
         assert!(check(&e).unwrap_err().contains("add up"));
     }
 }

@@ -233,7 +233,7 @@ pub struct WorkCoverage {
 /// A data-parallel job: `workers` copies of `local` joined by `syncs` over `comm`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Job {
-    pub local: LocalGraph,
+    pub local: std::sync::Arc<LocalGraph>,
     pub syncs: Vec<Sync>,
     pub comm: CommSpec,
     pub workers: u32,
@@ -281,6 +281,12 @@ pub enum JobError {
 pub const MAX_OPS: u64 = 200_000_000;
 
 impl Job {
+    /// The worker graph, to change: copied first when another job shares it (jobs share their
+    /// graph until one of them is edited, so cloning a job is cheap).
+    pub fn local_mut(&mut self) -> &mut LocalGraph {
+        std::sync::Arc::make_mut(&mut self.local)
+    }
+
     /// The optimizer the job steps with and whether it is already fused: a zoo model's
     /// declared one, or what a trace's annotations say; `None` when nothing says (a trace
     /// without `Optimizer.step#…` annotations).
@@ -580,7 +586,7 @@ impl Editor {
         }
         for &o in ops {
             self.check(o)?;
-            let s = &mut self.job.local.ops[o as usize].spec;
+            let s = &mut self.job.local_mut().ops[o as usize].spec;
             if !s.kind.is_virtual() {
                 s.dur_ns = ns(s.dur_ns as f64 * factor);
             }
@@ -591,7 +597,7 @@ impl Editor {
     /// Set one op's duration.
     pub fn set_duration(&mut self, op: OpId, dur_ns: u64) -> Result<(), JobError> {
         self.check(op)?;
-        let s = &mut self.job.local.ops[op as usize].spec;
+        let s = &mut self.job.local_mut().ops[op as usize].spec;
         if !s.kind.is_virtual() {
             s.dur_ns = dur_ns;
         }
@@ -659,7 +665,7 @@ impl Editor {
             }
             self.alive[o as usize] = false;
         }
-        let edges = &mut self.job.local.edges;
+        let edges = &mut self.job.local_mut().edges;
         edges.retain(|e| !gone.contains(&e.0) && !gone.contains(&e.1));
         edges.extend(
             bridges
@@ -671,7 +677,7 @@ impl Editor {
             edges.sort_unstable();
             edges.dedup();
         }
-        self.job.local.mem.retain(|m| !gone.contains(&m.op));
+        self.job.local_mut().mem.retain(|m| !gone.contains(&m.op));
         Ok(())
     }
 
@@ -700,10 +706,10 @@ impl Editor {
         }
         let id = self.push(LocalOp { spec, work });
         for &a in after {
-            self.job.local.edges.push((a, id));
+            self.job.local_mut().edges.push((a, id));
         }
         for &c in before {
-            self.job.local.edges.push((id, c));
+            self.job.local_mut().edges.push((id, c));
         }
         if let Some(l) = launch_ns {
             let launch_of = |ed: &Self, op: OpId| -> Option<OpId> {
@@ -758,12 +764,12 @@ impl Editor {
                 work: None,
             });
             for a in after_launches {
-                self.job.local.edges.push((a, launch));
+                self.job.local_mut().edges.push((a, launch));
             }
             for b in before_launches {
-                self.job.local.edges.push((launch, b));
+                self.job.local_mut().edges.push((launch, b));
             }
-            self.job.local.edges.push((launch, id));
+            self.job.local_mut().edges.push((launch, id));
         }
         Ok(id)
     }
@@ -774,13 +780,13 @@ impl Editor {
     }
 
     fn push(&mut self, op: LocalOp) -> OpId {
-        self.job.local.ops.push(op);
+        self.job.local_mut().ops.push(op);
         self.alive.push(true);
         (self.job.local.ops.len() - 1) as OpId
     }
 
     fn cpu_thread(&mut self) -> u32 {
-        let devs = &mut self.job.local.devices;
+        let devs = &mut self.job.local_mut().devices;
         if let Some(i) = devs
             .iter()
             .position(|d| matches!(d, DeviceKind::CpuThread { .. }))
@@ -805,7 +811,7 @@ impl Editor {
             self.check(o)?;
         }
         let gone: Vec<OpId> = ops[1..].to_vec();
-        for e in self.job.local.edges.iter_mut() {
+        for e in self.job.local_mut().edges.iter_mut() {
             if gone.contains(&e.0) {
                 e.0 = keep;
             }
@@ -813,8 +819,8 @@ impl Editor {
                 e.1 = keep;
             }
         }
-        self.job.local.edges.retain(|e| e.0 != e.1);
-        for m in self.job.local.mem.iter_mut() {
+        self.job.local_mut().edges.retain(|e| e.0 != e.1);
+        for m in self.job.local_mut().mem.iter_mut() {
             if gone.contains(&m.op) {
                 m.op = keep;
             }
@@ -831,7 +837,7 @@ impl Editor {
             .max();
         if let Some(b) = largest {
             let mut kept = false;
-            self.job.local.mem.retain(|m| {
+            self.job.local_mut().mem.retain(|m| {
                 if m.op != keep || m.when != MemWhen::During {
                     return true;
                 }
@@ -858,10 +864,10 @@ impl Editor {
             .flat_map(|&o| self.job.local.members(o))
             .collect();
         for &o in ops {
-            self.job.local.fused.remove(&o);
+            self.job.local_mut().fused.remove(&o);
         }
-        self.job.local.fused.insert(keep, members);
-        let k = &mut self.job.local.ops[keep as usize];
+        self.job.local_mut().fused.insert(keep, members);
+        let k = &mut self.job.local_mut().ops[keep as usize];
         k.spec.dur_ns = dur_ns;
         k.work = merged_work;
         for &o in &gone {
@@ -874,7 +880,7 @@ impl Editor {
     pub fn add_edge(&mut self, from: OpId, to: OpId) -> Result<(), JobError> {
         self.check(from)?;
         self.check(to)?;
-        self.job.local.edges.push((from, to));
+        self.job.local_mut().edges.push((from, to));
         Ok(())
     }
 
@@ -882,7 +888,7 @@ impl Editor {
     pub fn set_priority(&mut self, ops: &[OpId], priority: i32) -> Result<(), JobError> {
         for &o in ops {
             self.check(o)?;
-            self.job.local.ops[o as usize].spec.priority = priority;
+            self.job.local_mut().ops[o as usize].spec.priority = priority;
         }
         Ok(())
     }
@@ -903,7 +909,7 @@ impl Editor {
         let Editor { mut job, alive } = self;
         let mut map = vec![NONE; alive.len()];
         let mut ops = Vec::with_capacity(alive.len());
-        for (i, op) in job.local.ops.drain(..).enumerate() {
+        for (i, op) in job.local_mut().ops.drain(..).enumerate() {
             if alive[i] {
                 map[i] = ops.len() as OpId;
                 ops.push(op);
@@ -912,7 +918,7 @@ impl Editor {
         if !ops.iter().any(|o| o.spec.kind == OpKind::Compute) {
             return Err(JobError::Empty);
         }
-        job.local.ops = ops;
+        job.local_mut().ops = ops;
         let mut edges: Vec<(OpId, OpId)> = job
             .local
             .edges
@@ -924,14 +930,14 @@ impl Editor {
             .collect();
         edges.sort_unstable();
         edges.dedup();
-        job.local.edges = edges;
-        job.local.fused = std::mem::take(&mut job.local.fused)
+        job.local_mut().edges = edges;
+        job.local_mut().fused = std::mem::take(&mut job.local_mut().fused)
             .into_iter()
             .filter(|(op, _)| map[*op as usize] != NONE)
             .map(|(op, m)| (map[op as usize], m))
             .collect();
-        job.local.mem.retain(|m| map[m.op as usize] != NONE);
-        for m in job.local.mem.iter_mut() {
+        job.local_mut().mem.retain(|m| map[m.op as usize] != NONE);
+        for m in job.local_mut().mem.iter_mut() {
             m.op = map[m.op as usize];
         }
         for s in job.syncs.iter_mut() {

@@ -172,7 +172,7 @@ mod tests {
         });
         g.edges = vec![(l, k), (l, e)];
         let mut j = crate::passes::recompute::tests::chain(&[1000], &[0]);
-        j.local = g;
+        j.local = g.into();
         j.syncs.clear();
         j.meta = JobMeta {
             source: "trace".into(),

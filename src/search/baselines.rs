@@ -364,7 +364,8 @@ pub fn default_from_ready(
             if j.workers > 1 {
                 // The buckets are buffers of their own beside the gradients.
                 let total: u64 = j.syncs.iter().map(|s| s.bytes).sum();
-                j.local.static_mem_bytes = j.local.static_mem_bytes.saturating_add(total);
+                j.local_mut().static_mem_bytes =
+                    j.local_mut().static_mem_bytes.saturating_add(total);
             }
             Ok((j, cfg))
         }
@@ -394,7 +395,10 @@ pub fn default_from_ready(
             let mut j = with_buffer_copies(j, 2.0, 2.0, false).map_err(edit_err(name))?;
             if j.workers > 1 {
                 // The fusion buffer, allocated at the threshold's size on first use.
-                j.local.static_mem_bytes = j.local.static_mem_bytes.saturating_add(threshold_bytes);
+                j.local_mut().static_mem_bytes = j
+                    .local_mut()
+                    .static_mem_bytes
+                    .saturating_add(threshold_bytes);
             }
             Ok((j, cfg))
         }
@@ -1054,7 +1058,7 @@ fn fused_job(
         })
         .collect();
     if gates.iter().any(|(_, w)| *w > 0) {
-        let l = &mut out.local;
+        let l = out.local_mut();
         // Horovod's background thread: a CPU thread of its own.
         let thread = l
             .devices
@@ -1579,7 +1583,7 @@ mod tests {
             });
         }
         Job {
-            local: g,
+            local: g.into(),
             syncs,
             comm: ring(),
             workers: 2,

@@ -109,7 +109,7 @@ fn case(seed: u64) -> (Job, Vec<OpId>) {
         bytes_per_ns: rng.random_range(2.0..25.0),
     };
     let job = Job {
-        local: g,
+        local: g.into(),
         syncs,
         comm: CommSpec {
             scheme: SyncScheme::Ring,

@@ -147,7 +147,7 @@ pub fn extrapolate(
             },
         };
         let modelled_ns = collective_ns(size, n, link);
-        built.job.local.ops[c.op as usize].spec.dur_ns = modelled_ns;
+        built.job.local_mut().ops[c.op as usize].spec.dur_ns = modelled_ns;
         out.push(Extrapolated {
             name: c.name.clone(),
             size,

@@ -110,7 +110,7 @@ pub fn attach(
     let mut paired = event_effects(job, trace, &device[m.first..m.end], timeline, step_thread);
     let carried = carry_in_blocks(job, step_thread, &mut paired.effects, paired.unpaired);
     move_saved_to_kernels(job, &mut paired.effects, paired.saved);
-    job.local.mem = paired.effects;
+    job.local_mut().mem = paired.effects;
     settle_static(job, m.at_start, carried, m.peak);
     Some(MemoryFacts {
         source: if m.absolute {
@@ -335,9 +335,9 @@ fn move_saved_to_kernels(job: &Job, effects: &mut [MemEffect], saved: Vec<(usize
 /// step, then adjusted once so that the replayed step peaks at the measured `peak`.
 fn settle_static(job: &mut Job, at_start: u64, carried: u64, peak: u64) {
     let base = at_start.saturating_sub(carried);
-    job.local.static_mem_bytes = base;
+    job.local_mut().static_mem_bytes = base;
     if let Some(p) = replayed_peak(job) {
-        job.local.static_mem_bytes = (base as i128 + peak as i128 - p as i128).max(0) as u64;
+        job.local_mut().static_mem_bytes = (base as i128 + peak as i128 - p as i128).max(0) as u64;
     }
 }
 
@@ -484,8 +484,8 @@ fn from_shapes(
         })
         .sum();
     let weights = (params * 4.0) as u64;
-    job.local.static_mem_bytes = weights * (2 + state_per_param(optimizer)) + tables;
-    job.local.mem = effects;
+    job.local_mut().static_mem_bytes = weights * (2 + state_per_param(optimizer)) + tables;
+    job.local_mut().mem = effects;
     let peak = replayed_peak(job)?;
     Some(MemoryFacts {
         source: format!(

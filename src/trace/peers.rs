@@ -78,7 +78,7 @@ pub(crate) fn settle(job: &mut crate::graph::job::Job, targets: &[(usize, i64, u
         for &(op, end, x) in targets {
             let need = end - r.start_ns[op] as i64;
             let new = (need.max(0) as u64).max(x);
-            let cur = &mut job.local.ops[op].spec.dur_ns;
+            let cur = &mut job.local_mut().ops[op].spec.dur_ns;
             if (new as i64 - *cur as i64).abs() > SETTLED_NS {
                 *cur = new;
                 moved += 1;

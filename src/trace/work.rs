@@ -331,7 +331,7 @@ pub fn attach(
             } else {
                 job.local.ops[i].spec.dur_ns as f64 / total as f64
             };
-            job.local.ops[i].work = Some(shapes::share(&w.work, f));
+            job.local_mut().ops[i].work = Some(shapes::share(&w.work, f));
             source[i] = if w.approximate {
                 WorkSource::ShapesApprox
             } else {
@@ -344,7 +344,7 @@ pub fn attach(
         let spec = &job.local.ops[i].spec;
         let class = shapes::kernel_class(&ev[g].name);
         let w = shapes::class_work(job, class, spec.dur_ns, spec.phase == Phase::Update);
-        job.local.ops[i].work = Some(w);
+        job.local_mut().ops[i].work = Some(w);
         source[i] = WorkSource::KernelName;
     }
     (source, precision)
@@ -382,7 +382,7 @@ pub enum Bound {
 pub fn at_bound(job: &Job, source: &[WorkSource], bound: Bound) -> Job {
     let mut out = job.clone();
     let m = job.kernels();
-    for (i, op) in out.local.ops.iter_mut().enumerate() {
+    for (i, op) in out.local_mut().ops.iter_mut().enumerate() {
         if source.get(i) != Some(&WorkSource::KernelName) {
             continue;
         }
@@ -463,7 +463,7 @@ mod tests {
         let mut job = crate::passes::recompute::tests::chain(&[1000], &[0]);
         job.meta.source = "trace".into();
         let w = shapes::class_work(&job, OpClass::Gemm, 500_000, false);
-        job.local.ops[0].work = Some(w);
+        job.local_mut().ops[0].work = Some(w);
         let src = {
             let mut v = vec![WorkSource::None; job.local.ops.len()];
             v[0] = WorkSource::KernelName;

@@ -129,7 +129,7 @@ pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job,
     let plan = comm_plan(&dag);
     let (local, syncs) = assemble(&dag, &compute, &issue, &plan);
     Ok(Job {
-        local,
+        local: local.into(),
         syncs,
         ..wire(model, cluster, opts, host_spec)
     })
@@ -441,7 +441,7 @@ pub fn comm_plan(dag: &LayerDag) -> CommPlan {
 /// symmetric form, GPU and host constants, and the metadata reports show.
 pub fn wire(model: &Model, cluster: &Cluster, opts: &BuildOptions, host: HostSpec) -> Job {
     Job {
-        local: LocalGraph::default(),
+        local: Default::default(),
         syncs: Vec::new(),
         comm: CommSpec::from_cluster(cluster),
         workers: cluster.workers(),

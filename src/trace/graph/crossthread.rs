@@ -219,7 +219,7 @@ mod tests {
         // returns from the backward earlier by as much.
         let mut j = t.job.clone();
         let mut cut = 0;
-        for (i, o) in j.local.ops.iter_mut().enumerate() {
+        for (i, o) in j.local_mut().ops.iter_mut().enumerate() {
             if o.spec.kind == OpKind::CpuOther
                 && t.op_event[i].is_some_and(|e| {
                     crate::trace::parse_kineto(trace().as_bytes(), "t")

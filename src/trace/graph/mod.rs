@@ -458,7 +458,7 @@ pub(crate) fn one_worker_job(
         ..crate::cost::memory::MemorySpec::default().for_arch(&gpu.arch)
     };
     Job {
-        local,
+        local: local.into(),
         syncs: Vec::new(),
         comm: CommSpec {
             scheme: SyncScheme::Ring,
@@ -971,7 +971,7 @@ pub(crate) mod tests {
         // What if the GPU were twice as fast on `prev`: it ends at 75 µs; the launch returns at 77
         // and its gap (8 µs) brings the synchronize to 85; k2–k4 run 75–105, k5 105–115; the
         // synchronize returns 1 µs after k5 and the step ends 9 µs later: 125 µs instead of 200.
-        t.job.local.ops[prev].spec.dur_ns = 75_000;
+        t.job.local_mut().ops[prev].spec.dur_ns = 75_000;
         let g = t.job.expand().unwrap();
         let r = replay(&g);
         assert_eq!(r.end_ns[t.step_end as usize], 125_000);
@@ -1013,7 +1013,7 @@ pub(crate) mod tests {
         // The edge holds in a what-if: k2 twice as long pushes k3 to k2's end (k1 runs 15–35 from
         // its launch's return, k2 35–83).
         let mut j = t.job.clone();
-        j.local.ops[k2 as usize].spec.dur_ns = 48_000;
+        j.local_mut().ops[k2 as usize].spec.dur_ns = 48_000;
         let r = replay(&j.expand().unwrap());
         assert_eq!(r.start_ns[k3 as usize], 83_000);
         // k3 recorded before k2 ended: the guess contradicts the record, so no edge, a warning.
