@@ -950,12 +950,56 @@ impl Editor {
         job.syncs
             .retain(|s| !s.ready.is_empty() && !s.done.is_empty());
         // A cycle shows up when the one-worker graph is frozen.
-        job.local_dfg()?;
+        job.check_local()?;
         Ok(job)
     }
 }
 
 impl Job {
+    /// Whether [`Job::local_dfg`] would succeed, without building it (the check every edit
+    /// ends with): ops on existing devices, virtual ops without duration, edges between
+    /// existing ops, no cycle. A failure builds the graph for the error, which names the op.
+    pub fn check_local(&self) -> Result<(), GraphError> {
+        if self.local_is_valid() {
+            return Ok(());
+        }
+        self.local_dfg().map(|_| ())
+    }
+
+    /// [`Job::check_local`]'s test on the edge lists alone: the sync nodes `local_dfg` appends
+    /// (ids from `local.ops.len()` on) with their ready → node → done edges and, except under
+    /// a parameter server, each node after the one issued before it.
+    fn local_is_valid(&self) -> bool {
+        let l = &self.local;
+        let n = l.ops.len() + self.syncs.len();
+        // `local_dfg` appends the virtual device after the local ones.
+        let devices = l.devices.len() + 1;
+        if n >= u32::MAX as usize
+            || l.ops.iter().any(|o| {
+                o.spec.device as usize >= devices || o.spec.kind.is_virtual() && o.spec.dur_ns != 0
+            })
+        {
+            return false;
+        }
+        let ps = self.comm.scheme == crate::cost::config::SyncScheme::Ps;
+        let mut edges: Vec<(u32, u32)> = l.edges.clone();
+        for (i, s) in self.syncs.iter().enumerate() {
+            let node = (l.ops.len() + i) as u32;
+            edges.extend(s.ready.iter().map(|&r| (r, node)));
+            edges.extend(s.done.iter().map(|&d| (node, d)));
+            if i > 0 && !ps {
+                edges.push((node - 1, node));
+            }
+        }
+        if edges
+            .iter()
+            .any(|&(a, b)| a as usize >= n || b as usize >= n)
+        {
+            return false;
+        }
+        acyclic(n, &edges)
+    }
+
     /// The local graph frozen with one virtual op per sync appended (ids from
     /// `local.ops.len()` on), standing for the collective and its issue order: for legality
     /// checks and the cycle check after edits.
@@ -1008,6 +1052,38 @@ impl Job {
     }
 }
 
+/// Whether the graph of `n` nodes and `edges` has no cycle (Kahn's algorithm on a compressed
+/// successor list).
+fn acyclic(n: usize, edges: &[(u32, u32)]) -> bool {
+    let mut start = vec![0u32; n + 1];
+    let mut indeg = vec![0u32; n];
+    for &(a, b) in edges {
+        start[a as usize + 1] += 1;
+        indeg[b as usize] += 1;
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut fill = start.clone();
+    let mut succ = vec![0u32; edges.len()];
+    for &(a, b) in edges {
+        succ[fill[a as usize] as usize] = b;
+        fill[a as usize] += 1;
+    }
+    let mut stack: Vec<u32> = (0..n as u32).filter(|&i| indeg[i as usize] == 0).collect();
+    let mut seen = 0;
+    while let Some(v) = stack.pop() {
+        seen += 1;
+        for &w in &succ[start[v as usize] as usize..start[v as usize + 1] as usize] {
+            indeg[w as usize] -= 1;
+            if indeg[w as usize] == 0 {
+                stack.push(w);
+            }
+        }
+    }
+    seen == n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1028,6 +1104,48 @@ mod tests {
                 edges.dedup();
             }
         }
+    }
+
+    /// `check_local` (edge lists only) accepts and refuses exactly what building the one-worker
+    /// graph does: a real job, and the same job broken each way the build refuses.
+    #[test]
+    fn the_light_check_agrees_with_building_the_graph() {
+        let (_, job) = crate::zoo::build::test_job("resnet50", 4, "8xv100");
+        let agree = |j: &Job| {
+            let built = j.local_dfg().map(|_| ());
+            assert_eq!(j.local_is_valid(), built.is_ok(), "{built:?}");
+            assert_eq!(j.check_local(), built);
+        };
+        agree(&job);
+        let n = job.local.ops.len() as OpId;
+        let s = &job.syncs[0];
+        // A done op of the first sync made to precede one of its ready ops: a cycle through the
+        // sync node.
+        let mut cyc = job.clone();
+        cyc.local_mut().edges.push((s.done[0], s.ready[0]));
+        agree(&cyc);
+        assert!(!cyc.local_is_valid());
+        // Later syncs wait for earlier ones (ring): a done op of the last feeding the first.
+        let mut order = job.clone();
+        let last = job.syncs.last().unwrap();
+        order.local_mut().edges.push((last.done[0], s.ready[0]));
+        agree(&order);
+        assert!(!order.local_is_valid());
+        let mut range = job.clone();
+        range
+            .local_mut()
+            .edges
+            .push((0, n + job.syncs.len() as OpId));
+        agree(&range);
+        let mut dev = job.clone();
+        dev.local_mut().ops[0].spec.device = job.local.devices.len() as crate::graph::DeviceId + 1;
+        agree(&dev);
+        let mut virt = job.clone();
+        let first = &mut virt.local_mut().ops[0].spec;
+        first.kind = OpKind::In;
+        first.dur_ns = 1;
+        agree(&virt);
+        assert!(!virt.local_is_valid());
     }
 
     #[test]

@@ -1149,6 +1149,16 @@ pub const JAX_THRESHOLDS_MIB: [u64; 10] = [0, 1, 2, 4, 8, 16, 30, 64, 128, 256];
 /// One grid point of a tuned baseline: its job, what it set, and the knobs the export needs.
 type Point = (Job, String, BTreeMap<String, String>);
 
+/// A tuned baseline's grid, each point built when it is evaluated: a grid holds one point's job
+/// per thread, not every point's (ten edited graphs for `ddp_tuned`, the peak of `plan` on a
+/// small job before this).
+type Grid<'a> = Vec<Box<dyn FnOnce() -> Result<Point, PassError> + Send + 'a>>;
+
+/// A grid of one point already built.
+fn one<'a>(point: Point) -> Grid<'a> {
+    vec![Box::new(move || Ok(point))]
+}
+
 fn knobs(kv: &[(&str, String)]) -> BTreeMap<String, String> {
     kv.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
 }
@@ -1157,7 +1167,7 @@ fn knobs(kv: &[(&str, String)]) -> BTreeMap<String, String> {
 /// `stop()` turns true are skipped. `None` when none was evaluated.
 fn best_point(
     name: &'static str,
-    points: Vec<Point>,
+    points: Grid,
     evaluate: &Evaluator,
     stop: &(dyn Fn() -> bool + std::marker::Sync),
 ) -> Result<Option<Baseline>, PassError> {
@@ -1167,10 +1177,11 @@ fn best_point(
     let best = points
         .into_par_iter()
         .enumerate()
-        .map(|(i, (job, config, knobs))| -> Best {
+        .map(|(i, point)| -> Best {
             if stop() {
                 return Ok(None);
             }
+            let (job, config, knobs) = point()?;
             let mut eval = evaluate(job.clone()).map_err(edit_err(name))?;
             super::lean(&mut eval);
             let config = if n > 1 {
@@ -1242,26 +1253,26 @@ pub fn for_framework(
     let default_job = dj.clone();
     out.extend(best_point(
         default_name,
-        vec![(dj, dcfg, default_knobs)],
+        one((dj, dcfg, default_knobs)),
         evaluate,
         stop,
     )?);
     let tuned = match fw {
-        Framework::Pytorch => best_point("ddp_tuned", ddp_points(job, &order)?, evaluate, stop)?,
+        Framework::Pytorch => best_point("ddp_tuned", ddp_points(job, &order), evaluate, stop)?,
         Framework::Horovod => best_point(
             "horovod_autotune",
-            horovod_points(job, &ready)?,
+            horovod_points(job, &ready),
             evaluate,
             stop,
         )?,
-        Framework::Byteps => best_point("byteps_tuned", byteps_points(job)?, evaluate, stop)?,
+        Framework::Byteps => best_point("byteps_tuned", byteps_points(job), evaluate, stop)?,
         Framework::Tf => xla_baseline(default_job.clone(), evaluate, stop)?,
-        Framework::Jax => best_point("jax_tuned", jax_points(job, &order)?, evaluate, stop)?,
+        Framework::Jax => best_point("jax_tuned", jax_points(job, &order), evaluate, stop)?,
         Framework::Deepspeed | Framework::Torchtitan => None,
     };
     out.extend(tuned);
     for (name, point) in sharded_points(job, &default_job, fw, &order) {
-        out.extend(best_point(name, vec![point], evaluate, stop)?);
+        out.extend(best_point(name, one(point), evaluate, stop)?);
     }
     Ok(out)
 }
@@ -1399,45 +1410,46 @@ fn bucketed(
 
 /// `ddp_tuned`'s grid: one point per `bucket_cap_mb` of [`DDP_CAPS_MIB`] (first bucket the
 /// same size), in autograd order.
-fn ddp_points(job: &Job, order: &[usize]) -> Result<Vec<Point>, PassError> {
+fn ddp_points<'a>(job: &'a Job, order: &'a [usize]) -> Grid<'a> {
     let n = job.syncs.len();
-    let mut points = Vec::new();
+    let mut points: Grid<'a> = Vec::new();
     for c in DDP_CAPS_MIB {
-        let (j, len) = bucketed(job, order, c << 20, c << 20, Framework::Pytorch.name())?;
-        let cfg = format!("bucket_cap_mb {c}: {len} buckets for {n} tensors");
-        points.push((
-            j,
-            cfg,
-            knobs(&[("bucket_cap_bytes", (c << 20).to_string())]),
-        ));
+        points.push(Box::new(move || {
+            let (j, len) = bucketed(job, order, c << 20, c << 20, Framework::Pytorch.name())?;
+            let cfg = format!("bucket_cap_mb {c}: {len} buckets for {n} tensors");
+            let k = knobs(&[("bucket_cap_bytes", (c << 20).to_string())]);
+            Ok((j, cfg, k))
+        }));
     }
-    Ok(points)
+    points
 }
 
 /// `horovod_autotune`'s grid: every fusion threshold of [`AUTOTUNE_THRESHOLDS_MIB`] × cycle of
 /// [`AUTOTUNE_CYCLES_US`], grouped by ready time.
-fn horovod_points(job: &Job, ready: &[u64]) -> Result<Vec<Point>, PassError> {
-    let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
-    let mut points = Vec::new();
+fn horovod_points<'a>(job: &'a Job, ready: &'a [u64]) -> Grid<'a> {
+    let mut points: Grid<'a> = Vec::new();
     for t in AUTOTUNE_THRESHOLDS_MIB {
         for c in AUTOTUNE_CYCLES_US {
-            let ticks = horovod_groups(&bytes, ready, t << 20, c * 1000);
-            let j = horovod_job(job, &ticks).map_err(edit_err("horovod_autotune"))?;
-            let cfg = horovod_config(t << 20, c * 1000, &ticks);
-            let k = knobs(&[
-                ("threshold_bytes", (t << 20).to_string()),
-                ("cycle_ms", format!("{}", c as f64 / 1000.0)),
-            ]);
-            points.push((j, cfg, k));
+            points.push(Box::new(move || {
+                let bytes: Vec<u64> = job.syncs.iter().map(|s| s.bytes).collect();
+                let ticks = horovod_groups(&bytes, ready, t << 20, c * 1000);
+                let j = horovod_job(job, &ticks).map_err(edit_err("horovod_autotune"))?;
+                let cfg = horovod_config(t << 20, c * 1000, &ticks);
+                let k = knobs(&[
+                    ("threshold_bytes", (t << 20).to_string()),
+                    ("cycle_ms", format!("{}", c as f64 / 1000.0)),
+                ]);
+                Ok((j, cfg, k))
+            }));
         }
     }
-    Ok(points)
+    points
 }
 
 /// `byteps_tuned`'s grid: one point per partition size of [`BYTEPS_PARTITION_MIB`].
-fn byteps_points(job: &Job) -> Result<Vec<Point>, PassError> {
+fn byteps_points(job: &Job) -> Grid<'_> {
     let n = job.syncs.len();
-    let cut = |piece: u64| -> Result<Point, PassError> {
+    let cut = move |piece: u64| -> Result<Point, PassError> {
         let edits = partition_edits(job, piece);
         let cut = edits.len();
         let j = passes::apply(
@@ -1451,10 +1463,11 @@ fn byteps_points(job: &Job) -> Result<Vec<Point>, PassError> {
         let cfg = format!("partition bytes {piece}: {cut} of {n} tensors cut");
         Ok((j, cfg, knobs(&[("partition_bytes", piece.to_string())])))
     };
-    BYTEPS_PARTITION_MIB
-        .iter()
-        .map(|&m| cut(m << 20))
-        .collect::<Result<Vec<_>, _>>()
+    let mut points: Grid<'_> = Vec::new();
+    for m in BYTEPS_PARTITION_MIB {
+        points.push(Box::new(move || cut(m << 20)));
+    }
+    points
 }
 
 /// `xla_default`: TF's default job (`default_job`, one pack) with XLA auto-clustering; none
@@ -1470,35 +1483,25 @@ fn xla_baseline(
     let packed = evaluate(default_job).map_err(edit_err("xla_default"))?;
     let (xj, xcfg) = xla_default(&packed)?;
     let k = knobs(&[("auto_jit", "2".into())]);
-    best_point("xla_default", vec![(xj, xcfg, k)], evaluate, stop)
+    best_point("xla_default", one((xj, xcfg, k)), evaluate, stop)
 }
 
 /// `jax_tuned`'s grid: one point per combine threshold of [`JAX_THRESHOLDS_MIB`] (threshold 0:
 /// every gradient its own all-reduce).
-fn jax_points(job: &Job, order: &[usize]) -> Result<Vec<Point>, PassError> {
+fn jax_points<'a>(job: &'a Job, order: &'a [usize]) -> Grid<'a> {
     let n = job.syncs.len();
-    let mib = |b: u64| format!("{}", b >> 20);
-    let mut points = Vec::new();
+    let mut points: Grid<'a> = Vec::new();
     for m in JAX_THRESHOLDS_MIB {
-        // Threshold 0: every gradient its own all-reduce.
-        let (j, len) = bucketed(
-            job,
-            order,
-            (m << 20).max(1),
-            (m << 20).max(1),
-            Framework::Jax.name(),
-        )?;
-        let cfg = format!(
-            "combine threshold {} MiB: {len} collectives for {n} tensors",
-            mib(m << 20)
-        );
-        points.push((
-            j,
-            cfg,
-            knobs(&[("combine_threshold_bytes", (m << 20).to_string())]),
-        ));
+        points.push(Box::new(move || {
+            // Threshold 0: every gradient its own all-reduce.
+            let cap = (m << 20).max(1);
+            let (j, len) = bucketed(job, order, cap, cap, Framework::Jax.name())?;
+            let cfg = format!("combine threshold {m} MiB: {len} collectives for {n} tensors");
+            let k = knobs(&[("combine_threshold_bytes", (m << 20).to_string())]);
+            Ok((j, cfg, k))
+        }));
     }
-    Ok(points)
+    points
 }
 
 #[cfg(test)]
