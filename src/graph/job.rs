@@ -907,45 +907,16 @@ impl Editor {
     /// (acyclic, not empty). Errors leave the original job untouched (it was cloned).
     pub fn finish(self) -> Result<Job, JobError> {
         let Editor { mut job, alive } = self;
-        let mut map = vec![NONE; alive.len()];
-        let mut ops = Vec::with_capacity(alive.len());
-        for (i, op) in job.local_mut().ops.drain(..).enumerate() {
-            if alive[i] {
-                map[i] = ops.len() as OpId;
-                ops.push(op);
-            }
-        }
-        if !ops.iter().any(|o| o.spec.kind == OpKind::Compute) {
+        // No op removed and the edges sorted, without repeats or self-loops: compacting would
+        // change nothing, and the worker graph stays shared with the job it came from (an edit
+        // of the syncs alone copies no graph).
+        let untouched = alive.iter().all(|&a| a)
+            && job.local.edges.windows(2).all(|w| w[0] < w[1])
+            && job.local.edges.iter().all(|e| e.0 != e.1);
+        if !untouched {
+            compact(&mut job, &alive)?;
+        } else if !job.local.ops.iter().any(|o| o.spec.kind == OpKind::Compute) {
             return Err(JobError::Empty);
-        }
-        job.local_mut().ops = ops;
-        let mut edges: Vec<(OpId, OpId)> = job
-            .local
-            .edges
-            .iter()
-            .filter_map(|&(a, b)| {
-                let (a, b) = (map[a as usize], map[b as usize]);
-                (a != NONE && b != NONE && a != b).then_some((a, b))
-            })
-            .collect();
-        edges.sort_unstable();
-        edges.dedup();
-        job.local_mut().edges = edges;
-        job.local_mut().fused = std::mem::take(&mut job.local_mut().fused)
-            .into_iter()
-            .filter(|(op, _)| map[*op as usize] != NONE)
-            .map(|(op, m)| (map[op as usize], m))
-            .collect();
-        job.local_mut().mem.retain(|m| map[m.op as usize] != NONE);
-        for m in job.local_mut().mem.iter_mut() {
-            m.op = map[m.op as usize];
-        }
-        for s in job.syncs.iter_mut() {
-            for r in s.ready.iter_mut().chain(s.done.iter_mut()) {
-                *r = map[*r as usize];
-            }
-            s.ready.retain(|&r| r != NONE);
-            s.done.retain(|&r| r != NONE);
         }
         job.syncs
             .retain(|s| !s.ready.is_empty() && !s.done.is_empty());
@@ -1050,6 +1021,52 @@ impl Job {
         b.set_static_memory(0, self.local.static_mem_bytes);
         b.build()
     }
+}
+
+/// Drop the ops `alive` marks removed and renumber the rest, in the graph and the syncs; sort the
+/// edges without repeats or self-loops.
+fn compact(job: &mut Job, alive: &[bool]) -> Result<(), JobError> {
+    let mut map = vec![NONE; alive.len()];
+    let mut ops = Vec::with_capacity(alive.len());
+    for (i, op) in job.local_mut().ops.drain(..).enumerate() {
+        if alive[i] {
+            map[i] = ops.len() as OpId;
+            ops.push(op);
+        }
+    }
+    if !ops.iter().any(|o| o.spec.kind == OpKind::Compute) {
+        return Err(JobError::Empty);
+    }
+    job.local_mut().ops = ops;
+    let mut edges: Vec<(OpId, OpId)> = job
+        .local
+        .edges
+        .iter()
+        .filter_map(|&(a, b)| {
+            let (a, b) = (map[a as usize], map[b as usize]);
+            (a != NONE && b != NONE && a != b).then_some((a, b))
+        })
+        .collect();
+    edges.sort_unstable();
+    edges.dedup();
+    job.local_mut().edges = edges;
+    job.local_mut().fused = std::mem::take(&mut job.local_mut().fused)
+        .into_iter()
+        .filter(|(op, _)| map[*op as usize] != NONE)
+        .map(|(op, m)| (map[op as usize], m))
+        .collect();
+    job.local_mut().mem.retain(|m| map[m.op as usize] != NONE);
+    for m in job.local_mut().mem.iter_mut() {
+        m.op = map[m.op as usize];
+    }
+    for s in job.syncs.iter_mut() {
+        for r in s.ready.iter_mut().chain(s.done.iter_mut()) {
+            *r = map[*r as usize];
+        }
+        s.ready.retain(|&r| r != NONE);
+        s.done.retain(|&r| r != NONE);
+    }
+    Ok(())
 }
 
 /// Whether the graph of `n` nodes and `edges` has no cycle (Kahn's algorithm on a compressed
