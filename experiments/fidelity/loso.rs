@@ -3,8 +3,9 @@
 //! are predicted with them. A source is one organisation's table or repository; DeepLearning
 //! Examples' PyTorch and TensorFlow folders run different recipes, so they are two sources.
 //!
-//! `--loso [--iters N]` runs the fits (slow: one Nelder–Mead per source) and writes the fitted
-//! values to `experiments/fidelity/data/loso_constants.csv`; every later run predicts each
+//! `--loso [--iters N] [--only SOURCE]` runs the fits (slow: one Nelder–Mead per source; with
+//! `--only`, that source's fold alone, the other folds' rows kept as committed) and writes the
+//! fitted values to `experiments/fidelity/data/loso_constants.csv`; every later run predicts each
 //! source with its fold's committed values, so the report is reproducible without refitting.
 
 use std::collections::BTreeMap;
@@ -39,12 +40,32 @@ fn sources(cases: &[Case]) -> Vec<String> {
     s
 }
 
-/// Fits every fold and writes their constants (`--loso`).
-pub fn fit_folds(root: &Path, cases: &[Case], iters: u64) {
+/// Fits every fold, or the fold of `only` (keeping the other folds' committed rows), and writes
+/// their constants (`--loso`).
+pub fn fit_folds(root: &Path, cases: &[Case], iters: u64, only: Option<&str>) {
+    let all = sources(cases);
+    if let Some(o) = only {
+        assert!(
+            all.iter().any(|s| s == o),
+            "--only {o}: no such source (one of {})",
+            all.join(", ")
+        );
+    }
+    let committed = std::fs::read_to_string(root.join(CONSTANTS)).unwrap_or_default();
     let mut csv = String::from(
         "left_out,constant,configs_value,fitted_value,fit_rows,loss_before,loss_after,iterations\n",
     );
-    for s in sources(cases) {
+    for s in all {
+        if only.is_some_and(|o| o != s) {
+            for line in committed
+                .lines()
+                .filter(|l| l.split(',').next() == Some(s.as_str()))
+            {
+                csv.push_str(line);
+                csv.push('\n');
+            }
+            continue;
+        }
         let train: Vec<Case> = cases
             .iter()
             .filter(|c| !c.check_only() && source_of(c) != s)

@@ -150,7 +150,9 @@ fn main() {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or(100);
-        loso::fit_folds(root, &cases, iters);
+        // `--only SOURCE` refits that fold alone and keeps the other folds' committed values.
+        let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+        loso::fit_folds(root, &cases, iters, only.as_deref());
         return;
     }
     if let Some(every) = std::env::args()
