@@ -315,8 +315,9 @@ fn shard_update_step(j: &mut Job, g: u32) -> Vec<OpId> {
                 )
         })
         .collect();
+    let l = j.local_mut();
     for &u in &updates {
-        let op = &mut j.local_mut().ops[u as usize];
+        let op = &mut l.ops[u as usize];
         op.spec.dur_ns = op.spec.dur_ns.div_ceil(u64::from(g));
         if let Some(w) = op.work.as_mut() {
             // Every element the step touches is the shard's.
@@ -388,9 +389,9 @@ fn gather_after_update(
 ) -> Sync {
     let done = push_op(j, OpKind::In, Phase::Update, virt, NONE);
     let ready = push_op(j, OpKind::Out, Phase::Update, virt, NONE);
-    for &u in updates {
-        j.local_mut().edges.push((u, ready));
-    }
+    j.local_mut()
+        .edges
+        .extend(updates.iter().map(|&u| (u, ready)));
     Sync {
         tensors: (0..j.local.tensors.len() as u32).collect(),
         bytes: params.max(1),
@@ -740,18 +741,21 @@ fn gather_regions(
             }
             pos[r.ops[0] as usize]
         } else if i >= p {
-            j.local_mut().edges.push((got_of[i - p], issue));
-            j.local_mut().edges.push((regions[i - p].ops[0], issue));
+            let first = regions[i - p].ops[0];
+            j.local_mut()
+                .edges
+                .extend([(got_of[i - p], issue), (first, issue)]);
             pos[regions[i - p].ops[0] as usize]
         } else {
             0
         };
+        let l = j.local_mut();
         for &o in &r.ops {
-            j.local_mut().edges.push((got, o));
-            j.local_mut().edges.push((o, rel));
+            l.edges.push((got, o));
+            l.edges.push((o, rel));
         }
-        j.local_mut().edges.push((got, rel));
-        j.local_mut().mem.push(MemEffect {
+        l.edges.push((got, rel));
+        l.mem.push(MemEffect {
             op: issue,
             worker: 0,
             bytes,

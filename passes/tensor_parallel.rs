@@ -437,7 +437,8 @@ fn split_static_memory(j: &mut Job, split: &[bool], t: u32) {
         .sum();
     if total > 0 {
         let f = kept as f64 / total as f64;
-        j.local_mut().static_mem_bytes = (j.local_mut().static_mem_bytes as f64 * f).ceil() as u64;
+        let l = j.local_mut();
+        l.static_mem_bytes = (l.static_mem_bytes as f64 * f).ceil() as u64;
     }
     for (x, &s) in j.local_mut().tensors.iter_mut().zip(split) {
         if s {

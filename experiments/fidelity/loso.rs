@@ -51,7 +51,12 @@ pub fn fit_folds(root: &Path, cases: &[Case], iters: u64, only: Option<&str>) {
             all.join(", ")
         );
     }
-    let committed = std::fs::read_to_string(root.join(CONSTANTS)).unwrap_or_default();
+    // The other folds' rows come from the committed file: without it `--only` would drop them.
+    let committed = match only {
+        Some(_) => std::fs::read_to_string(root.join(CONSTANTS))
+            .expect("--only keeps the other folds of the committed loso_constants.csv"),
+        None => String::new(),
+    };
     let mut csv = String::from(
         "left_out,constant,configs_value,fitted_value,fit_rows,loss_before,loss_after,iterations\n",
     );

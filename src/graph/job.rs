@@ -1027,8 +1027,9 @@ impl Job {
 /// edges without repeats or self-loops.
 fn compact(job: &mut Job, alive: &[bool]) -> Result<(), JobError> {
     let mut map = vec![NONE; alive.len()];
+    let l = job.local_mut();
     let mut ops = Vec::with_capacity(alive.len());
-    for (i, op) in job.local_mut().ops.drain(..).enumerate() {
+    for (i, op) in l.ops.drain(..).enumerate() {
         if alive[i] {
             map[i] = ops.len() as OpId;
             ops.push(op);
@@ -1037,9 +1038,8 @@ fn compact(job: &mut Job, alive: &[bool]) -> Result<(), JobError> {
     if !ops.iter().any(|o| o.spec.kind == OpKind::Compute) {
         return Err(JobError::Empty);
     }
-    job.local_mut().ops = ops;
-    let mut edges: Vec<(OpId, OpId)> = job
-        .local
+    l.ops = ops;
+    l.edges = l
         .edges
         .iter()
         .filter_map(|&(a, b)| {
@@ -1047,16 +1047,15 @@ fn compact(job: &mut Job, alive: &[bool]) -> Result<(), JobError> {
             (a != NONE && b != NONE && a != b).then_some((a, b))
         })
         .collect();
-    edges.sort_unstable();
-    edges.dedup();
-    job.local_mut().edges = edges;
-    job.local_mut().fused = std::mem::take(&mut job.local_mut().fused)
+    l.edges.sort_unstable();
+    l.edges.dedup();
+    l.fused = std::mem::take(&mut l.fused)
         .into_iter()
         .filter(|(op, _)| map[*op as usize] != NONE)
         .map(|(op, m)| (map[op as usize], m))
         .collect();
-    job.local_mut().mem.retain(|m| map[m.op as usize] != NONE);
-    for m in job.local_mut().mem.iter_mut() {
+    l.mem.retain(|m| map[m.op as usize] != NONE);
+    for m in l.mem.iter_mut() {
         m.op = map[m.op as usize];
     }
     for s in job.syncs.iter_mut() {

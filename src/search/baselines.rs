@@ -364,8 +364,8 @@ pub fn default_from_ready(
             if j.workers > 1 {
                 // The buckets are buffers of their own beside the gradients.
                 let total: u64 = j.syncs.iter().map(|s| s.bytes).sum();
-                j.local_mut().static_mem_bytes =
-                    j.local_mut().static_mem_bytes.saturating_add(total);
+                let l = j.local_mut();
+                l.static_mem_bytes = l.static_mem_bytes.saturating_add(total);
             }
             Ok((j, cfg))
         }
@@ -395,10 +395,8 @@ pub fn default_from_ready(
             let mut j = with_buffer_copies(j, 2.0, 2.0, false).map_err(edit_err(name))?;
             if j.workers > 1 {
                 // The fusion buffer, allocated at the threshold's size on first use.
-                j.local_mut().static_mem_bytes = j
-                    .local_mut()
-                    .static_mem_bytes
-                    .saturating_add(threshold_bytes);
+                let l = j.local_mut();
+                l.static_mem_bytes = l.static_mem_bytes.saturating_add(threshold_bytes);
             }
             Ok((j, cfg))
         }
