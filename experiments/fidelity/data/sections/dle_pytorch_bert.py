@@ -5,6 +5,12 @@ S_1907 = "NVIDIA/DeepLearningExamples@23a6382cbe8f77c22b0a7b7d263191ee6b947dfa"
 S_2111 = ("NVIDIA/DeepLearningExamples README as mirrored in fork "
           "thelordsaves/DeepLearningExamples@ea2edf66ef50719d22432e2ef231453fa3f36fc5")
 L = "PyTorch/LanguageModeling/BERT/README.md"
+# The README's changelog (January 2022): "Binned pretraining for phase2 with LDDL using a bin size
+# of 64". Each phase-2 batch is padded to its bin, not to 512; the tables state 512.
+BINNED = "; phase-2 binned sequence lengths (bin 64)"
+# The same changelog: "Pre-training with native AMP, native DDP, and TorchScript with NVFuser
+# backend"; "Pre-training using [LDDL]". Fine-tuning (run_squad.py) is not scripted.
+PRETRAIN_2022 = "LDDL data loader; TorchScript with the NVFuser backend"
 
 
 def rows(add, BERT_LARGE, **_):
@@ -93,6 +99,10 @@ def rows(add, BERT_LARGE, **_):
     # ---------------- 21.11 container: DGX A100 80GB and DGX-1 V100 32G --------------------
     b2 = dict(BERT_LARGE, framework="PyTorch (NGC 21.11), native AMP + DDP, TorchScript/NVFuser",
               metric="throughput", unit="sequences/s", checkpointing="no")
+    # Fine-tuning kept apex: the changelog's native AMP, native DDP and TorchScript are
+    # pre-training's, and run_squad.py (NVIDIA/DeepLearningExamples@f8b3a63f, the newest stored)
+    # still calls amp.initialize(..., opt_level="O2") and wraps the model in apex's DDP.
+    ft2 = dict(b2, framework="PyTorch (NGC 21.11), apex AMP O2 + apex DDP (run_squad.py)")
     a100 = "A100-SXM4-80GB"
     h = "Training performance: NVIDIA DGX A100 (8x A100 80GB) / Pre-training NVIDIA DGX A100"
     for seq, mbs, accs, data in ((128, (128, 256), (64, 32), ((1, 317, 580), (8, 2505, 4591))),
@@ -104,7 +114,7 @@ def rows(add, BERT_LARGE, **_):
                     locator=f"{L} § {h}", seq=seq, gpu=a100, gpus=g, nodes=1,
                     network="NVLink/NVSwitch (single node)", precision=prec, micro_batch=mb,
                     accum_steps=acc, global_batch=mb * acc * g, optimizer="LAMB (APEX FusedLAMB)",
-                    extra="LDDL data loader" + ("; phase-2 binned sequence lengths (bin 64)" if seq == 512 else ""),
+                    extra=PRETRAIN_2022 + BINNED * (seq == 512),
                     value=v, notes="accumulated batch per GPU 8192 (seq128) / 4096 (seq512) per README",
                     **b2)
     h = "Pre-training NVIDIA DGX A100 (8x A100 80GB) Multi-node Scaling"
@@ -127,7 +137,7 @@ def rows(add, BERT_LARGE, **_):
                     network="multi-node (interconnect not stated; DGX A100 cluster)",
                     precision=prec, micro_batch=mb, accum_steps=acc,
                     global_batch=mb * acc * 8 * nodes, optimizer="LAMB (APEX FusedLAMB)",
-                    extra="LDDL data loader", value=v, notes=note, **b2)
+                    extra=PRETRAIN_2022 + BINNED * (seq == 512), value=v, notes=note, **b2)
     h = "Fine-tuning NVIDIA DGX A100 (8x A100 80GB) (SQuAD)"
     for g, vt, va in ((1, 61.5, 110.5), (8, 469.8, 846.7)):
         for prec, v in (("TF32", vt), ("AMP fp16", va)):
@@ -136,7 +146,7 @@ def rows(add, BERT_LARGE, **_):
             add(id=f"dle-pt-bert-2111-dgxa100-squad-{p}-{g}g", source=S_2111, locator=f"{L} § {h}",
                 seq=384, gpu=a100, gpus=g, nodes=1, network="NVLink/NVSwitch (single node)",
                 precision=prec, micro_batch=32, value=v, iteration_ms=it,
-                extra="SQuAD v1.1 fine-tuning", notes=n, **b2)
+                extra="SQuAD v1.1 fine-tuning", notes=n, **ft2)
     v32 = "V100-SXM2-32GB"
     h = "Training performance: NVIDIA DGX-1 (8x V100 32G) / Pre-training NVIDIA DGX-1 With 32G"
     for seq, mbs, accs, data in ((128, (32, 64), (128, 64), ((1, 50, 224), (8, 387, 1746))),
@@ -148,7 +158,7 @@ def rows(add, BERT_LARGE, **_):
                     locator=f"{L} § {h}", seq=seq, gpu=v32, gpus=g, nodes=1,
                     network="NVLink (single node)", precision=prec, micro_batch=mb,
                     accum_steps=acc, global_batch=mb * acc * g, optimizer="LAMB (APEX FusedLAMB)",
-                    extra="LDDL data loader", value=v,
+                    extra=PRETRAIN_2022 + BINNED * (seq == 512), value=v,
                     notes=("README column 'Batch size / GPU' prints the accumulated batch (4096 "
                            "seq128 / 2048 seq512); micro_batch derived = that / accumulation steps"),
                     **b2)
@@ -160,4 +170,4 @@ def rows(add, BERT_LARGE, **_):
             add(id=f"dle-pt-bert-2111-dgx1-32g-squad-{p}-{g}g", source=S_2111, locator=f"{L} § {h}",
                 seq=384, gpu=v32, gpus=g, nodes=1, network="NVLink (single node)", precision=prec,
                 micro_batch=mb, value=v, iteration_ms=it, extra="SQuAD v1.1 fine-tuning",
-                notes=n, **b2)
+                notes=n, **ft2)
