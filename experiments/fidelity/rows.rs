@@ -239,7 +239,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     if lower_extra.contains("xla") || precision_text.contains("xla") {
         return Err("XLA runs: the baseline would need XLA's fusion".into());
     }
-    if extra.contains("binned sequence lengths") {
+    if lower_extra.contains("binned sequence lengths") {
         // DLE's phase-2 tables (LDDL, bin size 64) state 512 tokens, but each batch was padded
         // to its own bin; the bins' share of the data is not published, and trainplan runs one
         // fixed length. Their per-token throughput exceeds phase 1's at 128 tokens, which no
@@ -315,7 +315,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             // in the activations' dtype under apex O2: the zoo's eager attention. The 2022
             // pre-training recipe runs the model under TorchScript with the NVFuser backend
             // (README changelog, January 2022), which fuses that chain into one kernel each way.
-            if nvidia_recipe && extra.contains("NVFuser") {
+            if nvidia_recipe && lower_extra.contains("nvfuser") {
                 opts.attention = Some(trainplan::zoo::Attention::FusedSoftmax);
             }
             if nvidia_recipe && framework_text.contains("pytorch") {
