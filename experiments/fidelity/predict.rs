@@ -73,6 +73,7 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
             .opts
             .loss
             .or_else(|| trainplan::zoo::framework_loss(&c.model, c.framework)),
+        graph_ops: Some(trainplan::zoo::framework_graph_ops(c.framework)),
         ..c.opts.clone()
     };
     let model = trainplan::zoo::model(&c.model, &opts).map_err(|e| e.to_string())?;

@@ -358,6 +358,9 @@ fn zoo_job(i: &InputArgs) -> Result<Input, CliError> {
         // A framework whose own loop runs the loss decides it (tf, jax: fused; torchtitan: the
         // logits freed); otherwise the model code's (`--loss`, or the preset's).
         loss: i.loss.or_else(|| zoo::framework_loss(name, i.framework)),
+        // TensorFlow's composed ops (dropout's float mask, layer norm's broadcast inverse, the
+        // written-out GELU), as its graph mode runs the model code.
+        graph_ops: Some(zoo::framework_graph_ops(i.framework)),
     };
     let model = zoo::model(name, &opts).map_err(CliError::bad_input)?;
     let cluster = config::load_cluster(cluster).map_err(CliError::bad_input)?;

@@ -226,6 +226,62 @@ impl Builder {
         )
     }
 
+    /// The tanh GELU as TensorFlow's BERT writes it (`modeling.py` `gelu`:
+    /// `x * 0.5 * (1 + tanh(√(2/π)·(x + 0.044715·pow(x, 3))))`), run op by op in graph mode:
+    /// the same eight kernels each way as [`Builder::gelu_composite`], but TensorFlow's
+    /// gradients keep x (for `pow` and the last product), tanh's output and the CDF factor, two
+    /// tensors beside x, where autograd also keeps `0.5·x`. One layer, in FP32 from `pow` on
+    /// as under PyTorch's autocast (an assumption for TensorFlow's AMP rewrite).
+    pub(super) fn gelu_composite_graph(&mut self, name: &str, x: usize) -> usize {
+        let n = self.out(x);
+        let nf = n as f64;
+        let chain = Work {
+            fw_flops: 10.0 * nf,
+            fw_elems: 18.0 * nf,
+            bw_flops: 16.0 * nf,
+            bw_elems: 30.0 * nf,
+            fw_kernels: 8,
+            bw_kernels: 11,
+        };
+        let saved = self.keep(x).saturating_add(n.saturating_mul(2));
+        self.push(
+            name,
+            LayerKind::ElementwiseFp32,
+            vec![x],
+            chain,
+            saved,
+            n,
+            vec![],
+        )
+    }
+
+    /// TensorFlow's `tf.nn.dropout(x, keep_prob)` (TensorFlow 1.x `nn_ops.py`:
+    /// `floor(keep_prob + random_uniform(shape))` as a float mask, then `div(x, keep_prob) *
+    /// mask`): five kernels forward; the product's gradient keeps both of its inputs, the
+    /// scaled input and the float mask, each the size of x in its dtype (PyTorch keeps one
+    /// byte per element). Backward: the product's gradient and the division's.
+    pub(super) fn dropout_scaled(&mut self, name: &str, x: usize) -> usize {
+        let n = self.out(x);
+        let nf = n as f64;
+        let w = Work {
+            fw_flops: 4.0 * nf,
+            fw_elems: 10.0 * nf,
+            bw_flops: 2.0 * nf,
+            bw_elems: 5.0 * nf,
+            fw_kernels: 5,
+            bw_kernels: 2,
+        };
+        self.push(
+            name,
+            LayerKind::Dropout,
+            vec![x],
+            w,
+            n.saturating_mul(2),
+            n,
+            vec![],
+        )
+    }
+
     pub(super) fn dropout(&mut self, name: &str, x: usize) -> usize {
         let n = self.out(x);
         let nf = n as f64;

@@ -133,6 +133,10 @@ pub struct ModelOptions {
     /// How the loss runs and whether the loop holds the logits (default: the preset's; see
     /// [`transformer::Loss::of_framework`] for the frameworks that decide it themselves).
     pub loss: Option<transformer::Loss>,
+    /// TensorFlow's composed ops in a transformer (see
+    /// [`transformer::TransformerConfig::graph_ops`]; default: off, or what
+    /// [`framework_graph_ops`] says for the job's framework). Ignored by the CNNs.
+    pub graph_ops: Option<bool>,
 }
 
 /// Why a model could not be made.
@@ -166,6 +170,14 @@ pub fn framework_loss(
         .is_ok_and(|e| e.transformer)
         .then(|| transformer::Loss::of_framework(framework))
         .flatten()
+}
+
+/// Whether `framework` runs a transformer's dropout, layer norm and written-out GELU as
+/// TensorFlow's composed ops keep them ([`transformer::TransformerConfig::graph_ops`]):
+/// TensorFlow does, in graph mode without XLA (what its BERT scripts run unless `--use_xla`);
+/// the GELU is then the tanh form its `modeling.py` writes out.
+pub fn framework_graph_ops(framework: crate::cost::framework::Framework) -> bool {
+    framework == crate::cost::framework::Framework::Tf
 }
 
 /// Make a zoo model at the options' batch size and shape.
@@ -234,6 +246,11 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
             cfg.vocab = opts.vocab.unwrap_or(cfg.vocab);
             if let Some(a) = opts.attention {
                 cfg.attention = a;
+            }
+            if let Some(true) = opts.graph_ops {
+                // TensorFlow's BERT writes its GELU out (`modeling.py`); `--gelu` still wins.
+                cfg.graph_ops = true;
+                cfg.gelu = Gelu::Composite;
             }
             if let Some(g) = opts.gelu {
                 cfg.gelu = g;

@@ -52,6 +52,15 @@ pub struct TransformerConfig {
     /// How the feed-forward GELU is computed.
     #[serde(default)]
     pub gelu: Gelu,
+    /// TensorFlow's composed ops, as graph-mode TensorFlow without XLA runs BERT's
+    /// `modeling.py` (google-research/bert, and NVIDIA's fork in DeepLearningExamples'
+    /// `TensorFlow/LanguageModeling/BERT`): `tf.nn.dropout` keeps the scaled input and a float
+    /// mask for the backward instead of a one-byte mask; `layer_norm` (`tf.contrib.layers`:
+    /// `nn.moments` then `nn.batch_normalization`) keeps, beside its input, the inverse standard
+    /// deviation times gamma broadcast to the input's size; the tanh GELU written out keeps its
+    /// input, tanh's output and the CDF factor. See [`Builder::dropout_scaled`].
+    #[serde(default)]
+    pub graph_ops: bool,
     /// A Llama decoder (RMSNorm, SwiGLU, grouped-query attention, rotary embeddings, untied
     /// head, no biases) instead of GPT-2's blocks.
     #[serde(default)]
@@ -202,6 +211,7 @@ impl TransformerConfig {
             head: Head::Pretraining,
             attention: Attention::Eager,
             gelu: Gelu::Fused,
+            graph_ops: false,
             llama: false,
             kv_heads: 0,
             loss: Loss::Held,
@@ -233,6 +243,7 @@ impl TransformerConfig {
             head: Head::Pretraining,
             attention: Attention::FusedSoftmax,
             gelu: Gelu::Fused,
+            graph_ops: false,
             llama: false,
             kv_heads: 0,
             loss: Loss::Fused,
@@ -270,6 +281,7 @@ impl TransformerConfig {
             head: Head::Pretraining,
             attention: Attention::Flash,
             gelu: Gelu::Fused,
+            graph_ops: false,
             llama: true,
             kv_heads: 8,
             loss: Loss::Freed,
@@ -360,6 +372,8 @@ struct Net {
     hidden: u64,
     /// batch · seq.
     tokens: u64,
+    /// TensorFlow's composed ops ([`TransformerConfig::graph_ops`]).
+    graph_ops: bool,
 }
 
 fn prod(xs: &[u64]) -> u64 {
@@ -376,6 +390,7 @@ impl Net {
             heads: u64::from(cfg.heads.max(1)),
             hidden: u64::from(cfg.hidden),
             tokens: prod(&[batch, seq]),
+            graph_ops: cfg.graph_ops,
         }
     }
 
@@ -417,7 +432,23 @@ impl Net {
             fw_kernels: 1,
             bw_kernels: 2,
         };
-        let saved = self.b.keep(x).saturating_add(2 * rows);
+        let mut saved = self.b.keep(x).saturating_add(2 * rows);
+        let mut w = w;
+        if self.graph_ops {
+            // TensorFlow 1's `layer_norm`: `nn.moments` (mean, squared difference, mean) and
+            // `nn.batch_normalization`, whose `inv = rsqrt(var + eps) * gamma` broadcasts to the
+            // input's size and is kept by `x * inv`; then `mean * inv`, `beta - ...` and the
+            // add. Forward 9 kernels, backward about 14 (each op's gradient, broadcasts summed).
+            saved = saved.saturating_add(n);
+            w = Work {
+                fw_flops: 9.0 * nf,
+                fw_elems: 14.0 * nf + 2.0 * h,
+                bw_flops: 16.0 * nf,
+                bw_elems: 26.0 * nf + 3.0 * h,
+                fw_kernels: 9,
+                bw_kernels: 14,
+            };
+        }
         let params = ["weight", "bias"].map(|s| Param {
             name: format!("{name}.{s}"),
             elems: self.hidden,
@@ -526,7 +557,7 @@ impl Net {
                 } else {
                     "dropout"
                 };
-                let s = self.b.dropout(&format!("{p}.{drop}"), s);
+                let s = self.dropout(&format!("{p}.{drop}"), s);
                 self.matmul_av(&format!("{p}.matmul_av"), vec![s, v])
             }
         }
@@ -664,7 +695,7 @@ impl Net {
         };
         let c = self.attention(&format!("{p}.attention.self"), qkv, v, cfg);
         let y = self.linear(&format!("{p}.attention.output.dense"), c, h, h);
-        let y = self.b.dropout(&format!("{p}.attention.output.dropout"), y);
+        let y = self.dropout(&format!("{p}.attention.output.dropout"), y);
         let y = self
             .b
             .add(&format!("{p}.attention.output.residual_add"), y, x);
@@ -672,16 +703,26 @@ impl Net {
         let y = self.linear(&format!("{p}.intermediate.dense"), a, h, ff);
         let y = self.gelu(&format!("{p}.intermediate.intermediate_act_fn"), y, cfg);
         let y = self.linear(&format!("{p}.output.dense"), y, ff, h);
-        let y = self.b.dropout(&format!("{p}.output.dropout"), y);
+        let y = self.dropout(&format!("{p}.output.dropout"), y);
         let y = self.b.add(&format!("{p}.output.residual_add"), y, a);
         self.layer_norm(&format!("{p}.output.LayerNorm"), y)
     }
 
     /// The feed-forward activation as `cfg` computes it.
     fn gelu(&mut self, name: &str, x: usize, cfg: &TransformerConfig) -> usize {
-        match cfg.gelu {
-            Gelu::Fused => self.b.gelu(name, x),
-            Gelu::Composite => self.b.gelu_composite(name, x),
+        match (cfg.gelu, cfg.graph_ops) {
+            (Gelu::Fused, _) => self.b.gelu(name, x),
+            (Gelu::Composite, false) => self.b.gelu_composite(name, x),
+            (Gelu::Composite, true) => self.b.gelu_composite_graph(name, x),
+        }
+    }
+
+    /// Dropout as the framework runs it ([`TransformerConfig::graph_ops`]).
+    fn dropout(&mut self, name: &str, x: usize) -> usize {
+        if self.graph_ops {
+            self.b.dropout_scaled(name, x)
+        } else {
+            self.b.dropout(name, x)
         }
     }
 
@@ -758,13 +799,13 @@ impl Net {
         let qkv = self.linear(&format!("{p}.attn.c_attn"), a, h, h.saturating_mul(3));
         let c = self.attention(&format!("{p}.attn"), vec![qkv], qkv, cfg);
         let y = self.linear(&format!("{p}.attn.c_proj"), c, h, h);
-        let y = self.b.dropout(&format!("{p}.attn.resid_dropout"), y);
+        let y = self.dropout(&format!("{p}.attn.resid_dropout"), y);
         let x = self.b.add(&format!("{p}.residual_add_attn"), y, x);
         let m = self.layer_norm(&format!("{p}.ln_2"), x);
         let y = self.linear(&format!("{p}.mlp.c_fc"), m, h, ff);
         let y = self.gelu(&format!("{p}.mlp.act"), y, cfg);
         let y = self.linear(&format!("{p}.mlp.c_proj"), y, ff, h);
-        let y = self.b.dropout(&format!("{p}.mlp.dropout"), y);
+        let y = self.dropout(&format!("{p}.mlp.dropout"), y);
         self.b.add(&format!("{p}.residual_add_mlp"), y, x)
     }
 }
@@ -787,7 +828,7 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
         let wte = m.embedding("transformer.wte", cfg.vocab);
         let wpe = m.embedding("transformer.wpe", cfg.max_positions);
         let x = m.b.add("transformer.add_wpe", wte, wpe);
-        let mut x = m.b.dropout("transformer.drop", x);
+        let mut x = m.dropout("transformer.drop", x);
         for l in 0..cfg.layers {
             x = m.gpt_block(&format!("transformer.h.{l}"), x, cfg);
         }
@@ -801,7 +842,7 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
         let pos = m.embedding("bert.embeddings.position_embeddings", cfg.max_positions);
         let x = m.b.add("bert.embeddings.add_position", x, pos);
         let x = m.layer_norm("bert.embeddings.LayerNorm", x);
-        let mut x = m.b.dropout("bert.embeddings.dropout", x);
+        let mut x = m.dropout("bert.embeddings.dropout", x);
         for l in 0..cfg.layers {
             x = m.bert_layer(&format!("bert.encoder.layer.{l}"), x, cfg);
         }
@@ -814,7 +855,7 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
             Head::Classify => {
                 let pooled = m.b.linear("bert.pooler.dense", x, rows, h, h);
                 let pooled = m.b.tanh("bert.pooler.activation", pooled);
-                let pooled = m.b.dropout("dropout", pooled);
+                let pooled = m.dropout("dropout", pooled);
                 let logits = m.b.linear("classifier", pooled, rows, h, 2);
                 m.loss("loss", logits, rows, cfg);
             }
@@ -1048,6 +1089,33 @@ mod tests {
             ls.iter()
                 .all(|l| l.kind == LayerKind::Loss || l.bw_scratch_elems == 0)
         );
+    }
+
+    #[test]
+    fn tensorflow_graph_ops_keep_what_its_gradients_reference() {
+        // BERT-base, batch 1, seq 128 (Th = 98,304; attention probabilities 12·128² = 196,608).
+        // Per encoder layer TensorFlow keeps, beyond PyTorch: for each of the three dropouts two
+        // tensors of its input's size instead of a quarter (one byte of four), for each of the
+        // two layer norms the broadcast inverse (Th), and for the written-out GELU two tensors of
+        // its 4·Th input beside the input a fused GELU keeps.
+        let layer0 = |cfg: &TransformerConfig| -> u64 {
+            transformer(cfg, 1)
+                .iter()
+                .filter(|l| l.name.starts_with("bert.encoder.layer.0."))
+                .map(|l| l.saved_elems)
+                .sum()
+        };
+        let torch = TransformerConfig::bert_base();
+        let tf = TransformerConfig {
+            graph_ops: true,
+            gelu: Gelu::Composite,
+            ..torch
+        };
+        let (th, probs) = (98_304u64, 196_608u64);
+        let dropout = |n: u64| 2 * n - n.div_ceil(4);
+        let extra = dropout(probs) + 2 * dropout(th) + 2 * th + 2 * 4 * th;
+        assert_eq!(layer0(&tf) - layer0(&torch), extra);
+        assert_eq!(extra, 1_671_168);
     }
 
     #[test]
