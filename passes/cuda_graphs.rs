@@ -93,23 +93,26 @@ fn patch(cx: &Evaluated, phases: &[Phase], host: bool) -> Result<Patch, PassErro
             )
         })
     };
-    let mut succs: Vec<Vec<OpId>> = vec![Vec::new(); l.ops.len()];
-    let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); l.ops.len()];
+    // What the edges say about each op, three flags rather than adjacency lists (the advice
+    // step proposes this pass on the best plan from several threads at once).
+    let n = l.ops.len();
+    let (mut starts_gpu, mut feeds_collective, mut after_gpu) =
+        (vec![false; n], vec![false; n], vec![false; n]);
     for &(a, b) in &l.edges {
-        succs[a as usize].push(b);
-        preds[b as usize].push(a);
+        let (a, b) = (a as usize, b as usize);
+        let (Some(from), Some(to)) = (l.ops.get(a), l.ops.get(b)) else {
+            continue;
+        };
+        starts_gpu[a] |= gpu(to.spec.device);
+        feeds_collective[a] |= to.spec.kind == OpKind::Collective;
+        after_gpu[b] |= gpu(from.spec.device);
     }
     // The host's usual launch: the median launch that starts GPU work.
     let mut launches: Vec<u64> = l
         .ops
         .iter()
         .enumerate()
-        .filter(|(i, o)| {
-            o.spec.kind == OpKind::Launch
-                && succs[*i]
-                    .iter()
-                    .any(|&s| gpu(l.ops[s as usize].spec.device))
-        })
+        .filter(|(i, o)| o.spec.kind == OpKind::Launch && starts_gpu[*i])
         .map(|(_, o)| o.spec.dur_ns)
         .collect();
     if launches.is_empty() {
@@ -132,11 +135,9 @@ fn patch(cx: &Evaluated, phases: &[Phase], host: bool) -> Result<Patch, PassErro
         if !cpu(s.device) || !phases.contains(&s.phase) {
             continue;
         }
-        let collective = succs[i]
-            .iter()
-            .any(|&k| l.ops[k as usize].spec.kind == OpKind::Collective);
+        let collective = feeds_collective[i];
         // A wait on the GPU (a blocking call's tail) ends a capture: it stays.
-        let waits = preds[i].iter().any(|&p| gpu(l.ops[p as usize].spec.device));
+        let waits = after_gpu[i];
         // Data loading is not in the captured region.
         let loading = l
             .layers

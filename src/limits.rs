@@ -197,6 +197,20 @@ pub fn limit_malloc_arenas(n: i32) {
     let _ = n;
 }
 
+/// Fix glibc's mmap threshold at `bytes`: allocations at least that large are mapped on their
+/// own and unmapped when freed. Setting it turns off glibc's dynamic threshold, which otherwise
+/// rises to the size of the largest block freed (up to 32 MiB on 64-bit) and then keeps such
+/// blocks in the heap after they are freed. No-op on other C libraries.
+pub fn fix_mmap_threshold(bytes: i32) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes a tunable.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = bytes;
+}
+
 /// Mapped size of this process (`VmSize`: the first field of `/proc/self/statm`), bytes.
 pub fn mapped_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;

@@ -125,7 +125,10 @@ pub fn parse_budget(s: &str) -> Result<Duration, String> {
 #[derive(Clone, Debug)]
 struct BaseRow {
     name: &'static str,
-    job: Job,
+    /// The job, kept for the rows a plan can start from or be compared with (the first, the
+    /// framework's default, the search's start): the others are reported by their numbers, and
+    /// holding their edited graphs through the search would cost a graph each (issue 28).
+    job: Option<Job>,
     ns: u64,
     peaks: MemoryPeaks,
     config: String,
@@ -136,6 +139,8 @@ struct BaseRow {
 #[derive(Clone, Debug, Default)]
 struct Snapshot {
     baselines: Vec<BaseRow>,
+    /// The baseline the search starts from (`None` until the worker chose it).
+    start: Option<&'static str>,
     best: Option<(Job, Vec<Decision>, u64, MemoryPeaks)>,
     replays: u64,
     rounds: usize,
@@ -186,13 +191,11 @@ pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 86_400);
 /// fit, is evaluated one candidate at a time — so `plan` needs about what `replay` needs; one
 /// that does not fit even alone is refused with what it would need (exit 3).
 fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::ThreadPool, CliError> {
-    let symmetric = job.symmetric
-        || (symmetry
-            && job.comm.scheme == crate::cost::config::SyncScheme::Ring
-            && job.workers > 1);
-    let ops = crate::graph::bounds::expanded_ops_in(job, symmetric);
+    let ops = evaluated_ops(job, symmetry);
     let one = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
-    let threads = rayon::current_num_threads().max(1) as u64;
+    // The cores, not `rayon::current_num_threads()`, which would start the global pool's
+    // threads (and their allocator arenas) only to ask its size.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     crate::limits::check(|| format!("evaluating the job's {ops} ops"), one)
         .map_err(CliError::bad_input)?;
     let lean =
@@ -210,6 +213,19 @@ fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::Thre
         .map_err(CliError::internal)
 }
 
+/// Ops of one evaluation of `job` in the form the search replays it (symmetric where it can).
+fn evaluated_ops(job: &crate::graph::job::Job, symmetry: bool) -> u64 {
+    let symmetric = job.symmetric
+        || (symmetry
+            && job.comm.scheme == crate::cost::config::SyncScheme::Ring
+            && job.workers > 1);
+    crate::graph::bounds::expanded_ops_in(job, symmetric)
+}
+
+/// Below this many ops per evaluation (a few MB each) the search's threads share one malloc
+/// arena.
+const SHARED_ARENA_OPS: u64 = 1 << 16;
+
 /// `trainplan plan`: the settings, the input, the outputs checked; the search on a worker
 /// thread watched by this one; the plan (the worker's outcome, or the snapshot of the best so
 /// far) gated on memory, written and reported.
@@ -217,6 +233,19 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     let t0 = Instant::now();
     let s = Settings::parse(a, t0)?;
     let (ranks, input) = plan_input(a)?;
+    // A small job: every thread of the search allocates from one arena, and blocks of 128 KiB
+    // or more (a candidate's graph) are unmapped when freed. With an arena per thread, a graph
+    // one thread frees stays resident in its arena while another thread's arena grows for the
+    // next candidate; and glibc's dynamic mmap threshold, raised by the first graph freed,
+    // keeps later ones in the heap. Together that was most of what `plan` held above `replay`
+    // (BERT-base on 1,024 GPUs, symmetric: 16.4-17.0 -> 14.6-14.8 MB resident, 0.08 -> 0.12 s
+    // on two cores; issue 28). Before the search's threads start: glibc fixes the arena limit
+    // when a thread first needs an arena.
+    let searched = input.sync.as_ref().map_or(&input.job, |s| &s.0);
+    if evaluated_ops(searched, !a.no_symmetry) < SHARED_ARENA_OPS {
+        crate::limits::limit_malloc_arenas(1);
+        crate::limits::fix_mmap_threshold(128 << 10);
+    }
     // Every input is read by now: refuse (exit 2) a plan or picture path that is one of them, or
     // a plan named `.svg` (its picture would replace it), before the search.
     let svg_path = a.output.with_extension("svg");
@@ -285,9 +314,13 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
             super::layouts::top_lines(rows, k as usize, w.per_step),
         )
     });
-    let chosen = Chosen::of(finished, stopped_at, &snap, &headline, w.fw, multi.as_ref());
+    let chosen = Chosen::of(finished, stopped_at, &snap, &headline, w.fw, multi.as_ref())?;
     let memory_modelled =
-        headline.peaks.allocated > 0 && super::traceinfo::has_memory(&headline.job);
+        headline.peaks.allocated > 0
+            && headline
+                .job
+                .as_ref()
+                .is_some_and(super::traceinfo::has_memory);
     check_memory_gate(&w, &chosen, memory_modelled)?;
     let plan = make_plan(
         &w,
@@ -586,6 +619,22 @@ fn watch(
     }
 }
 
+/// The baseline the search starts from: the one the worker chose, else (the worker stopped
+/// before choosing) the fastest evaluated that is not `none`, else the first.
+fn start_row(snap: &Snapshot) -> Option<&BaseRow> {
+    let chosen = snap
+        .start
+        .and_then(|n| snap.baselines.iter().find(|b| b.name == n));
+    chosen
+        .or_else(|| {
+            snap.baselines
+                .iter()
+                .filter(|b| b.name != "none" && b.job.is_some())
+                .min_by_key(|b| b.ns)
+        })
+        .or_else(|| snap.baselines.first())
+}
+
 /// The baseline the plan is compared with: the framework's default, else (a budget that
 /// ended before it) the first evaluated, with a warning; none at all is an interruption.
 fn headline(snap: &Snapshot, fw: Framework, is_trace: bool) -> Result<BaseRow, CliError> {
@@ -636,7 +685,7 @@ impl Chosen {
         headline: &BaseRow,
         fw: Framework,
         multi: Option<&RanksPlan>,
-    ) -> Chosen {
+    ) -> Result<Chosen, CliError> {
         let mut c = match finished {
             Some(f) => {
                 let o = f.outcome;
@@ -655,16 +704,19 @@ impl Chosen {
                 }
             }
             None => {
-                let (j, d, ns, pk) = snap.best.clone().unwrap_or_else(|| {
-                    let b = snap
-                        .baselines
-                        .iter()
-                        .filter(|b| b.name != "none")
-                        .min_by_key(|b| b.ns)
-                        .unwrap_or(headline);
-                    let d = start_decision(b, &snap.baselines, fw);
-                    (b.job.clone(), d.into_iter().collect(), b.ns, b.peaks)
-                });
+                let (j, d, ns, pk) = match snap.best.clone() {
+                    Some(best) => best,
+                    None => {
+                        let b = start_row(snap)
+                            .filter(|b| b.job.is_some())
+                            .unwrap_or(headline);
+                        let job = b.job.clone().ok_or_else(|| {
+                            CliError::internal(format!("baseline {} kept no job", b.name))
+                        })?;
+                        let d = start_decision(b, &snap.baselines, fw);
+                        (job, d.into_iter().collect(), b.ns, b.peaks)
+                    }
+                };
                 Chosen {
                     best_job: j,
                     decisions: d,
@@ -684,7 +736,7 @@ impl Chosen {
             (c.base_ns, c.base_peak, c.best_ns, c.best_peak) =
                 (m.baseline_ns, m.baseline_peak, m.planned_ns, m.planned_peak);
         }
-        c
+        Ok(c)
     }
 }
 
@@ -944,6 +996,46 @@ fn progress_message(p: &search::Progress, headline: Option<(&str, u64)>) -> Stri
     )
 }
 
+impl BaseRow {
+    fn of(b: &search::baselines::Baseline) -> BaseRow {
+        BaseRow {
+            name: b.name,
+            job: Some(b.job.clone()),
+            ns: b.eval.iteration_ns(),
+            peaks: b.eval.memory.peaks,
+            config: b.config.clone(),
+            knobs: b.knobs.clone(),
+        }
+    }
+}
+
+/// Hand the evaluated baselines to the snapshot with the search's start: the numbers of every
+/// one, the jobs of those a plan can start from or be compared with (the first, the default,
+/// the start; see [`BaseRow::job`]).
+fn publish_baselines(
+    table: Vec<BaseRow>,
+    start: &'static str,
+    default: &str,
+    snapshot: &Mutex<Snapshot>,
+) {
+    let n = table.len();
+    let kept: Vec<BaseRow> = table
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            if !(i == 0 || r.name == default || r.name == start) {
+                r.job = None;
+            }
+            r
+        })
+        .collect();
+    if let Ok(mut s) = snapshot.lock() {
+        s.baselines = kept;
+        s.start = Some(start);
+        s.replays = n as u64;
+    }
+}
+
 /// The worker: baselines, then the search, updating `snapshot` as it goes.
 fn work(
     input: Input,
@@ -958,13 +1050,30 @@ fn work(
     };
     let eval = search::evaluator(opts.speedups.symmetry);
     let trace = input.trace.is_some() || input.job.is_recorded();
-    // The baselines rewrite the job with one collective per gradient tensor.
-    let job = match &input.sync {
-        Some((per_tensor, _)) => per_tensor.clone(),
-        None => input.job.clone(),
+    // The baselines rewrite the job with one collective per gradient tensor. Nothing else of
+    // the input is needed here: the job as the framework runs it is rebuilt as a baseline.
+    let Input {
+        job: as_run,
+        sync,
+        model,
+        cluster,
+        trace: recorded,
+    } = input;
+    drop((model, cluster, recorded));
+    let job = match sync {
+        Some((per_tensor, _)) => {
+            drop(as_run);
+            per_tensor
+        }
+        None => as_run,
     };
     // Within the memory ceiling: a large job's baselines and candidates one at a time.
     let pool = eval_pool(&job, opts.speedups.symmetry)?;
+    // The report's form, decided once from the unoptimised job (as `replay` of that job would
+    // choose), so the plan's report needs no more memory than that replay. Decided before the
+    // baselines: counting the full graph lays out every worker's collectives (3.4 MB at 65,536
+    // workers), which should not add to what the baselines hold.
+    let report_form = search::report_symmetric(&job);
     let rows: Vec<search::baselines::Baseline> = if trace {
         // A trace is one recorded run: its own synchronisation is the only baseline.
         pool.install(|| search::baselines::recorded(&job, &eval))
@@ -975,29 +1084,13 @@ fn work(
     };
     let rows: Vec<(BaseRow, search::baselines::Baseline)> = rows
         .into_iter()
-        .map(|b| {
-            (
-                BaseRow {
-                    name: b.name,
-                    job: b.job.clone(),
-                    ns: b.eval.iteration_ns(),
-                    peaks: b.eval.memory.peaks,
-                    config: b.config.clone(),
-                    knobs: b.knobs.clone(),
-                },
-                b,
-            )
-        })
+        .map(|b| (BaseRow::of(&b), b))
         .collect();
     let table: Vec<BaseRow> = rows.iter().map(|r| r.0.clone()).collect();
     let headline_ns = table
         .iter()
         .find(|r| r.name == default_name(fw, trace))
         .map(|r| (r.name, r.ns));
-    if let Ok(mut s) = snapshot.lock() {
-        s.baselines = table.clone();
-        s.replays = table.len() as u64;
-    }
     // Start from the fastest setting the export can write (`none` is a reference only) that is
     // unsharded, fitting ones first: sharding is a memory move here (FSDP2's and ZeRO's copy-in
     // / copy-out and hook overheads are not modelled, so a predicted speed-up of sharding is
@@ -1020,12 +1113,12 @@ fn work(
         .or_else(|| rows.first())
         .ok_or_else(|| CliError::internal("no baseline was evaluated"))?;
     let prefix: Vec<Decision> = start_decision(&start.0, &table, fw).into_iter().collect();
+    let baselines = table.len();
+    publish_baselines(table, start.0.name, default_name(fw, trace), snapshot);
     // PyTorch: DDP rebuilds its buckets in autograd's order, which AMP changes; every job the
     // search evaluates is regrouped the way DDP will group it.
     let mut opts = opts.clone();
-    // The report's form, decided once from the unoptimised job (as `replay` of that job would
-    // choose), so the plan's report needs no more memory than that replay.
-    opts.report_symmetric = Some(search::report_symmetric(&job));
+    opts.report_symmetric = Some(report_form);
     if fw == Framework::Pytorch && !trace {
         opts.ddp = search::baselines::DdpLayout::caps(start.0.name, &start.0.knobs)
             .and_then(|(first, cap)| search::baselines::DdpLayout::of(&job, first, cap));
@@ -1034,10 +1127,11 @@ fn work(
         s.opts = Some(opts.clone());
     }
     // Tests wait for this line (RUST_LOG=trainplan=info) before they send Ctrl-C.
-    tracing::info!(baselines = table.len(), "baselines evaluated, searching");
+    tracing::info!(baselines, "baselines evaluated, searching");
     let opts = &opts;
     let start_eval = start.1.eval.clone();
     drop(rows);
+    drop(job);
     // A best so far that fits the memory budget is never replaced by one that does not: the
     // unconstrained part of the search reports faster jobs over the budget after the memory
     // step on the start reported one that fits, and a cut search writes the snapshot.
@@ -1074,7 +1168,7 @@ fn work(
     };
     let lower_ns = lower_bound_ns(&outcome, trace)?;
     let mut outcome = outcome;
-    outcome.replays += table.len() as u64;
+    outcome.replays += baselines as u64;
     Ok(Finished { outcome, lower_ns })
 }
 
@@ -1115,21 +1209,15 @@ fn snapshot_report(
     let Some(opts) = &snap.opts else {
         return Ok(None);
     };
-    let Some(start) = snap
-        .baselines
-        .iter()
-        .filter(|b| b.name != "none")
-        .min_by_key(|b| b.ns)
-        .or_else(|| snap.baselines.first())
-    else {
+    let Some(start) = start_row(snap).and_then(|b| b.job.as_ref()) else {
         return Ok(None);
     };
     let (job, decisions) = match &snap.best {
         Some((j, d, _, _)) => (j.clone(), d.clone()),
-        None => (start.job.clone(), Vec::new()),
+        None => (start.clone(), Vec::new()),
     };
     let eval = search::evaluator(opts.speedups.symmetry);
-    let baseline = eval(start.job.clone()).map_err(CliError::bad_input)?;
+    let baseline = eval(start.clone()).map_err(CliError::bad_input)?;
     let form = opts
         .report_symmetric
         .unwrap_or_else(|| search::report_symmetric(&job));

@@ -1170,39 +1170,54 @@ fn best_point(
     stop: &(dyn Fn() -> bool + std::marker::Sync),
 ) -> Result<Option<Baseline>, PassError> {
     let n = points.len();
-    type Best = Result<Option<(usize, Baseline)>, PassError>;
-    // Reduced while evaluated: one setting per thread is held, not every setting's job twice.
-    let best = points
-        .into_par_iter()
-        .enumerate()
-        .map(|(i, point)| -> Best {
-            if stop() {
-                return Ok(None);
-            }
-            let (job, config, knobs) = point()?;
+    // The fastest kept while evaluated: one setting per thread is held, not every setting's
+    // job twice. The error of the lowest-numbered setting that failed, if any, as a
+    // sequential loop would report it.
+    let best = super::Fastest::default();
+    let failed: std::sync::Mutex<Option<(usize, PassError)>> = std::sync::Mutex::new(None);
+    points.into_par_iter().enumerate().for_each(|(i, point)| {
+        if stop() {
+            return;
+        }
+        let made = point().and_then(|(job, config, knobs)| {
             let mut eval = evaluate(job.clone()).map_err(edit_err(name))?;
             super::lean(&mut eval);
-            let config = if n > 1 {
-                format!("{config} (best of {n} settings)")
-            } else {
-                config
-            };
-            Ok(Some((
-                i,
-                Baseline {
+            Ok((job, eval, config, knobs))
+        });
+        match made {
+            Ok((job, eval, config, knobs)) => {
+                let config = if n > 1 {
+                    format!("{config} (best of {n} settings)")
+                } else {
+                    config
+                };
+                let ns = eval.iteration_ns();
+                let b = Baseline {
                     name,
                     job,
                     eval,
                     config,
                     knobs,
-                },
-            )))
-        })
-        .reduce(
-            || Ok(None),
-            |a: Best, b: Best| Ok(super::fastest(a?, b?, |b: &Baseline| b.eval.iteration_ns())),
-        )?;
-    Ok(best.map(|(_, b)| b))
+                };
+                best.offer(i, ns, b);
+            }
+            Err(e) => {
+                let mut f = failed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if f.as_ref().is_none_or(|(j, _)| i < *j) {
+                    *f = Some((i, e));
+                }
+            }
+        }
+    });
+    if let Some((_, e)) = failed
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        return Err(e);
+    }
+    Ok(best.into_inner().map(|(_, b)| b))
 }
 
 /// The baselines a user of `fw` would otherwise get, evaluated on `job` (one collective per

@@ -36,7 +36,8 @@ pub mod mcmc;
 mod quality;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
@@ -365,6 +366,21 @@ pub fn evaluator(symmetry: bool) -> impl Fn(Job) -> Result<Evaluated, JobError> 
 /// whenever it was under the op limit, 10.8 GB for VGG-16 on 1,024 GPUs).
 pub fn report_symmetric(job: &Job) -> bool {
     let ring = job.comm.scheme == SyncScheme::Ring && job.workers > 1;
+    // Every worker's ops are a floor of the full graph's: over the limit on that alone, the
+    // count (which lays out the collectives' devices for every worker: 3.4 MB at 65,536
+    // workers, the largest thing `plan` held there) is not needed.
+    let floor = u64::from(job.workers).saturating_mul(job.local.ops.len() as u64);
+    let over = |ops: u64| {
+        ops > crate::graph::job::MAX_OPS
+            || !crate::limits::fits(ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP))
+    };
+    if ring && over(floor) {
+        tracing::info!(
+            ops = floor,
+            "the full graph (at least this many ops) is over the op limit or would not fit the memory ceiling: the report uses the symmetric form"
+        );
+        return true;
+    }
     let ops = crate::graph::bounds::expanded_ops_in(job, false);
     let fits = ops <= crate::graph::job::MAX_OPS
         && crate::limits::fits(ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP));
@@ -550,29 +566,29 @@ impl Ctx<'_> {
 
     /// The best move of `moves` from `cur`: the fastest evaluation that fits and is worth
     /// taking ([`Ctx::fits`], [`Ctx::worth`]), the lowest index on ties,
-    /// with the number of moves evaluated. Reduced while the moves are evaluated, so a round
-    /// holds one candidate per thread, not every candidate's job (issue 28: BERT-base on 16
-    /// GPUs held 19 MB of candidate jobs per round). The same choice as filtering
-    /// [`Ctx::evaluate_moves`]' results, whatever the thread count.
+    /// with the number of moves evaluated. One best is kept while the moves are evaluated, so
+    /// a round holds the best and one candidate per thread, not every candidate's job (issue
+    /// 28: BERT-base on 16 GPUs held 19 MB of candidate jobs per round; a parallel reduction
+    /// still held one result per pending split). The same choice as filtering
+    /// [`Ctx::evaluate_moves`]' results, whatever the thread count or the order the threads
+    /// finish in: the minimum of (time, index) over the kept moves.
     pub(crate) fn best_move(
         &self,
         cur: &Evaluated,
         moves: &[&Move],
     ) -> (Option<(usize, Evaluated)>, u64) {
-        moves
-            .par_iter()
-            .enumerate()
-            .map(|(i, m)| match self.evaluate_move(cur, m) {
-                None => (None, 0),
-                Some(e) => {
-                    let keep = self.fits(&e) && self.worth(m, cur, &e);
-                    (keep.then_some((i, e)), 1)
-                }
-            })
-            .reduce(
-                || (None, 0),
-                |a, b| (fastest(a.0, b.0, Evaluated::iteration_ns), a.1 + b.1),
-            )
+        let best = Fastest::default();
+        let evaluated = AtomicU64::new(0);
+        moves.par_iter().enumerate().for_each(|(i, m)| {
+            let Some(e) = self.evaluate_move(cur, m) else {
+                return;
+            };
+            evaluated.fetch_add(1, Ordering::Relaxed);
+            if self.fits(&e) && self.worth(m, cur, &e) {
+                best.offer(i, e.iteration_ns(), e);
+            }
+        });
+        (best.into_inner(), evaluated.into_inner())
     }
 
     /// Once a move is taken: a non-granular pass is not offered again.
@@ -583,22 +599,45 @@ impl Ctx<'_> {
     }
 }
 
-/// The faster of two indexed results by `ns`, the lower index on ties (either may be absent):
-/// the reduction step that keeps one result per thread while many are evaluated in parallel,
-/// and picks what `min_by_key((ns, index))` over them all would.
-pub(crate) fn fastest<T>(
-    a: Option<(usize, T)>,
-    b: Option<(usize, T)>,
-    ns: impl Fn(&T) -> u64,
-) -> Option<(usize, T)> {
-    match (a, b) {
-        (Some(x), Some(y)) => Some(if (ns(&y.1), y.0) < (ns(&x.1), x.0) {
-            y
+/// The fastest of indexed results offered from parallel threads, the lowest index on ties:
+/// what `min_by_key((ns, index))` over them all would pick, whatever the order the threads
+/// finish in. It holds one result, so a parallel loop over candidate jobs holds the best and
+/// the one each thread is evaluating (a parallel `reduce` also holds one per pending split:
+/// issue 28's plan-memory target).
+pub(crate) struct Fastest<T> {
+    held: Mutex<Option<(usize, u64, T)>>,
+}
+
+impl<T> Default for Fastest<T> {
+    fn default() -> Self {
+        Fastest {
+            held: Mutex::new(None),
+        }
+    }
+}
+
+impl<T> Fastest<T> {
+    /// Offer result `i` taking `ns`; the slower of it and the held one is dropped outside the
+    /// lock.
+    pub(crate) fn offer(&self, i: usize, ns: u64, v: T) {
+        // A poisoned lock means a thread panicked while replacing; the Option is whole.
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let faster = held.as_ref().is_none_or(|(j, b, _)| (ns, i) < (*b, *j));
+        let loser = if faster {
+            held.replace((i, ns, v))
         } else {
-            x
-        }),
-        (x, None) => x,
-        (None, y) => y,
+            Some((i, ns, v))
+        };
+        drop(held);
+        drop(loser);
+    }
+
+    /// The fastest offered, with its index.
+    pub(crate) fn into_inner(self) -> Option<(usize, T)> {
+        self.held
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|(i, _, v)| (i, v))
     }
 }
 
@@ -1738,6 +1777,27 @@ pub fn comm_free_bound_ns(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fastest_keeps_the_lowest_time_then_index_whatever_the_order() {
+        // Offered from many threads in whatever order they finish: the same pick as a
+        // sequential minimum of (time, index), ties to the lower index.
+        let ns = |i: usize| ((i * 7919) % 97) as u64;
+        let want = (0..1000).min_by_key(|&i| (ns(i), i)).unwrap();
+        for _ in 0..5 {
+            let f = Fastest::default();
+            (0..1000usize)
+                .into_par_iter()
+                .for_each(|i| f.offer(i, ns(i), i * 10));
+            assert_eq!(f.into_inner(), Some((want, want * 10)));
+        }
+        let f = Fastest::default();
+        for i in [3usize, 1, 2, 0] {
+            f.offer(i, 5, ());
+        }
+        assert_eq!(f.into_inner(), Some((0, ())));
+        assert_eq!(Fastest::<()>::default().into_inner(), None);
+    }
 
     fn job() -> Job {
         let m = crate::zoo::model(
