@@ -315,12 +315,11 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
         )
     });
     let chosen = Chosen::of(finished, stopped_at, &snap, &headline, w.fw, multi.as_ref())?;
-    let memory_modelled =
-        headline.peaks.allocated > 0
-            && headline
-                .job
-                .as_ref()
-                .is_some_and(super::traceinfo::has_memory);
+    let memory_modelled = headline.peaks.allocated > 0
+        && headline
+            .job
+            .as_ref()
+            .is_some_and(super::traceinfo::has_memory);
     check_memory_gate(&w, &chosen, memory_modelled)?;
     let plan = make_plan(
         &w,
@@ -1082,10 +1081,8 @@ fn work(
         pool.install(|| search::baselines::for_framework(&job, fw, &eval, &stop))
             .map_err(CliError::bad_input)?
     };
-    let rows: Vec<(BaseRow, search::baselines::Baseline)> = rows
-        .into_iter()
-        .map(|b| (BaseRow::of(&b), b))
-        .collect();
+    let rows: Vec<(BaseRow, search::baselines::Baseline)> =
+        rows.into_iter().map(|b| (BaseRow::of(&b), b)).collect();
     let table: Vec<BaseRow> = rows.iter().map(|r| r.0.clone()).collect();
     let headline_ns = table
         .iter()
