@@ -189,12 +189,18 @@ pub fn address_space_limit() -> Option<u64> {
 /// `ulimit -v` counts. No-op on other C libraries.
 pub fn limit_malloc_arenas(n: i32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes a tunable; called before the worker threads start.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, n);
-    }
+    set_malloc_tunable(libc::M_ARENA_MAX, n);
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = n;
+}
+
+/// glibc's `mallopt(param, value)`.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn set_malloc_tunable(param: libc::c_int, value: i32) {
+    // SAFETY: mallopt only changes a tunable of the allocator.
+    unsafe {
+        libc::mallopt(param, value);
+    }
 }
 
 /// Fix glibc's mmap threshold at `bytes`: allocations at least that large are mapped on their
@@ -203,10 +209,7 @@ pub fn limit_malloc_arenas(n: i32) {
 /// blocks in the heap after they are freed. No-op on other C libraries.
 pub fn fix_mmap_threshold(bytes: i32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes a tunable.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
-    }
+    set_malloc_tunable(libc::M_MMAP_THRESHOLD, bytes);
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = bytes;
 }

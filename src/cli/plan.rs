@@ -215,11 +215,26 @@ fn eval_pool(job: &crate::graph::job::Job, symmetry: bool) -> Result<rayon::Thre
 
 /// Ops of one evaluation of `job` in the form the search replays it (symmetric where it can).
 fn evaluated_ops(job: &crate::graph::job::Job, symmetry: bool) -> u64 {
-    let symmetric = job.symmetric
-        || (symmetry
-            && job.comm.scheme == crate::cost::config::SyncScheme::Ring
-            && job.workers > 1);
-    crate::graph::bounds::expanded_ops_in(job, symmetric)
+    crate::graph::bounds::expanded_ops_in(job, evaluated_symmetric(job, symmetry))
+}
+
+/// Whether the search evaluates `job` in the symmetric form.
+fn evaluated_symmetric(job: &crate::graph::job::Job, symmetry: bool) -> bool {
+    job.symmetric
+        || (symmetry && job.comm.scheme == crate::cost::config::SyncScheme::Ring && job.workers > 1)
+}
+
+/// Whether `job` is small enough for the search's threads to share one malloc arena (fewer
+/// than [`SHARED_ARENA_OPS`] ops per evaluation). Its workers' ops are a floor of the count: a
+/// large job is ruled out by it without laying out every worker's collectives.
+fn shares_one_arena(job: &crate::graph::job::Job, symmetry: bool) -> bool {
+    let workers = if evaluated_symmetric(job, symmetry) {
+        1
+    } else {
+        u64::from(job.workers)
+    };
+    workers.saturating_mul(job.local.ops.len() as u64) < SHARED_ARENA_OPS
+        && evaluated_ops(job, symmetry) < SHARED_ARENA_OPS
 }
 
 /// Below this many ops per evaluation (a few MB each) the search's threads share one malloc
@@ -242,8 +257,9 @@ pub fn plan_cmd(a: &PlanArgs) -> Result<(), CliError> {
     // on two cores; issue 28). Before the search's threads start: glibc fixes the arena limit
     // when a thread first needs an arena.
     let searched = input.sync.as_ref().map_or(&input.job, |s| &s.0);
-    if evaluated_ops(searched, !a.no_symmetry) < SHARED_ARENA_OPS {
+    if shares_one_arena(searched, !a.no_symmetry) {
         crate::limits::limit_malloc_arenas(1);
+        // glibc's own starting threshold (DEFAULT_MMAP_THRESHOLD_MIN, 128 KiB), held there.
         crate::limits::fix_mmap_threshold(128 << 10);
     }
     // Every input is read by now: refuse (exit 2) a plan or picture path that is one of them, or
