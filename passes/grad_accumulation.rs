@@ -25,13 +25,43 @@
 //! after its BW), the UPDATE ops and static memory (weights, gradients, optimizer state) are
 //! unchanged; earlier micro-steps do not feed the syncs (`no_sync()` / `backward_passes_per_step`).
 //!
+//! **Sharded gradients** (knob `sync`). On a job sharded at stage 2 or 3 (its gradient
+//! collectives are reduce-scatters: `shard` applied before this pass, which `shard` insists on),
+//! `sync=auto` (the default) reduce-scatters every micro-step's gradients, as FSDP2 does unless
+//! told otherwise and as DeepSpeed ZeRO-2/3 always do: each micro-step allocates its whole
+//! gradients, frees them when its reduce-scatter is done, and accumulates into the rank's 1/g
+//! shard, allocated once (at the first micro-step's reduce-scatter). `sync=last` holds the
+//! whole gradients over the micro-steps and reduce-scatters once, after the last (FSDP2's
+//! `set_requires_gradient_sync(False)`, what the PyTorch export runs): less communication, more
+//! memory. All-reduced gradients (DDP, Horovod, ZeRO-1) are synchronised once either way. A
+//! collective that belongs to the micro-step itself (stage 3's parameter all-gathers, issued and
+//! awaited by forward and backward ops) runs again in every micro-step.
+//!
+//! ```text
+//! stage 2/3, sync=auto:  FW₁ ─ BW₁ ─ RS₁ ┐                       (RSᵢ: reduce-scatter of
+//!                        FW₂ ─ BW₂ ─ RS₂ ┼─ UPDATE (on the shard)  micro-step i's gradients)
+//!                        …   FWₖ ─ BWₖ ─ RSₖ ┘
+//! ```
+//!
 //! **Framework knobs** (DESIGN.md table): Horovod / BytePS `backward_passes_per_step=k`, TF
 //! `gradient_accumulation_steps`, PyTorch DDP `no_sync()` for k−1 micro-steps, JAX
 //! `optax.MultiSteps(k)`; the data loader's per-step batch becomes batch/k.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
-use crate::graph::job::{Job, LocalOp};
+use crate::graph::job::{CollectiveKind, Job, LocalOp, Sync};
 use crate::graph::{DeviceKind, MemEffect, MemWhen, OpId, OpKind, Phase};
+
+/// When sharded gradients are reduce-scattered under accumulation (knob `sync`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GradSync {
+    /// Every micro-step (FSDP2's default, DeepSpeed ZeRO-2/3); all-reduced gradients once.
+    Auto,
+    /// Once, after the last micro-step, whole gradients held until then
+    /// (FSDP2 `set_requires_gradient_sync(False)`).
+    Last,
+}
 
 /// The `grad-accumulation` pass.
 pub struct GradAccumulation;
@@ -46,16 +76,35 @@ impl Pass for GradAccumulation {
         "k micro-batches of batch/k, one gradient synchronisation and update per iteration (dPRO Table 4)"
     }
     fn knobs(&self) -> Vec<KnobSpec> {
-        vec![KnobSpec::int(
-            "k",
-            "micro-batches per iteration; must divide the per-GPU batch (batch/k whole samples per micro-step)",
-            2,
-            1,
-            i64::from(u32::MAX),
-        )]
+        vec![
+            KnobSpec::int(
+                "k",
+                "micro-batches per iteration; must divide the per-GPU batch (batch/k whole samples per micro-step)",
+                2,
+                1,
+                i64::from(u32::MAX),
+            ),
+            KnobSpec::text(
+                "sync",
+                "sharded gradients (shard stage 2/3): auto reduce-scatters every micro-step (FSDP2's default, DeepSpeed ZeRO-2/3); last holds them whole and reduce-scatters once (FSDP2 set_requires_gradient_sync(False))",
+                "auto",
+            ),
+        ]
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
         let k = knobs.int("k");
+        let sync = match knobs.text("sync").trim() {
+            "auto" => GradSync::Auto,
+            "last" => GradSync::Last,
+            other => {
+                return Err(PassError::BadKnob {
+                    pass: NAME.into(),
+                    knob: "sync".into(),
+                    value: other.into(),
+                    why: "expected auto or last".into(),
+                });
+            }
+        };
         let bad = |why: String| PassError::BadKnob {
             pass: NAME.into(),
             knob: "k".into(),
@@ -94,7 +143,13 @@ impl Pass for GradAccumulation {
         if k == 1 {
             return Ok(Vec::new());
         }
-        let job = accumulate(&cx.job, k as u32);
+        let job = accumulate_with(&cx.job, k as u32, sync);
+        let scattered = |j: &Job| {
+            j.syncs
+                .iter()
+                .filter(|s| s.kind == CollectiveKind::ReduceScatter)
+                .count()
+        };
         let fw_bw = |j: &Job| -> u64 {
             j.local
                 .ops
@@ -107,8 +162,13 @@ impl Pass for GradAccumulation {
             0 => format!("batch/{k}"),
             b => format!("{} samples", i64::from(b) / k),
         };
+        let syncs = if scattered(&job) > scattered(&cx.job) {
+            "gradients reduce-scattered after every micro-batch into the rank's shard"
+        } else {
+            "one sync after the last micro-batch"
+        };
         let why = format!(
-            "{k} micro-batches of {per}: FW+BW GPU/CPU time {:.2} ms → {:.2} ms, activations ÷ {k}, one sync after the last micro-batch",
+            "{k} micro-batches of {per}: FW+BW GPU/CPU time {:.2} ms → {:.2} ms, activations ÷ {k}, {syncs}",
             fw_bw(&cx.job) as f64 / 1e6,
             fw_bw(&job) as f64 / 1e6,
         );
@@ -120,8 +180,15 @@ impl Pass for GradAccumulation {
     }
 }
 
-/// `job` with its FW/BW replicated into `k` micro-steps (see the module docs).
+/// `job` with its FW/BW replicated into `k` micro-steps, sharded gradients reduce-scattered
+/// every micro-step (`sync=auto`; see the module docs).
 pub fn accumulate(job: &Job, k: u32) -> Job {
+    accumulate_with(job, k, GradSync::Auto)
+}
+
+/// `job` with its FW/BW replicated into `k` micro-steps, sharded gradients synchronised as
+/// `sync` says (see the module docs).
+pub fn accumulate_with(job: &Job, k: u32, sync: GradSync) -> Job {
     let scale = 1.0 / k as f64;
     let l = &job.local;
     let n = l.ops.len();
@@ -130,33 +197,24 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         .iter()
         .map(|o| matches!(o.spec.phase, Phase::Fw | Phase::Bw))
         .collect();
-    let on_cpu = |o: &LocalOp| {
-        matches!(
-            l.devices.get(o.spec.device as usize),
-            Some(DeviceKind::CpuThread { .. })
-        )
-    };
-    // One micro-step's version of op i (durations and work at batch/k).
-    let scaled = |o: &LocalOp| -> LocalOp {
-        let mut o = o.clone();
-        if o.spec.kind.is_virtual() {
-            return o;
-        }
-        match o.work {
-            Some(w) => {
-                o.spec.dur_ns = job.recost_ns(o.spec.dur_ns, &w, job.dtype, scale);
-                o.work = Some(w.scaled(scale));
-            }
-            None if on_cpu(&o) => {}
-            None => o.spec.dur_ns = (o.spec.dur_ns as f64 * scale).round() as u64,
-        }
-        o
-    };
+    // Where a reduce-scatter leaves the rank's shard of the gradient (its done ops): the shard
+    // is allocated once, at the first micro-step's.
+    let shard_kept: BTreeSet<OpId> = job
+        .syncs
+        .iter()
+        .filter(|s| s.kind == CollectiveKind::ReduceScatter)
+        .flat_map(|s| s.done.iter().copied())
+        .collect();
+    // Sharded gradients reduce-scattered every micro-step: the copies get their own
+    // reduce-scatters (and, with HSDP, the all-reduces across replicas that follow them).
+    let each = sync == GradSync::Auto && !shard_kept.is_empty();
     let mut out = job.clone();
+    out.meta.accumulation = job.meta.accumulation.max(1).saturating_mul(k);
+    let mut copied_syncs: Vec<Sync> = Vec::new();
     let g = out.local_mut();
     for (i, o) in g.ops.iter_mut().enumerate() {
         if micro[i] {
-            *o = scaled(o);
+            *o = micro_op(job, o, scale);
         }
     }
     for m in g.mem.iter_mut() {
@@ -170,26 +228,13 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         let s = &l.ops[m.op as usize].spec;
         s.kind == OpKind::Out && s.phase == Phase::Comm && m.when == MemWhen::AllocAtStart
     };
-    let grad_bytes: u64 = g.mem.iter().filter(|m| is_grad(m)).map(|m| m.bytes).sum();
-    g.mem.retain(|m| !is_grad(m));
-    g.static_mem_bytes = g.static_mem_bytes.saturating_add(grad_bytes);
-    // Sources and sinks of one micro-step (within the FW/BW sub-graph), in id order.
-    let mut has_pred = vec![false; n];
-    let mut has_succ = vec![false; n];
-    for &(a, b) in &l.edges {
-        if micro[a as usize] && micro[b as usize] {
-            has_succ[a as usize] = true;
-            has_pred[b as usize] = true;
-        }
+    // Reduce-scattered every micro-step, they are allocated and freed by each micro-step.
+    if !each {
+        let grad_bytes: u64 = g.mem.iter().filter(|m| is_grad(m)).map(|m| m.bytes).sum();
+        g.mem.retain(|m| !is_grad(m));
+        g.static_mem_bytes = g.static_mem_bytes.saturating_add(grad_bytes);
     }
-    let sources: Vec<OpId> = (0..n)
-        .filter(|&i| micro[i] && !has_pred[i])
-        .map(|i| i as OpId)
-        .collect();
-    let sinks: Vec<OpId> = (0..n)
-        .filter(|&i| micro[i] && !has_succ[i])
-        .map(|i| i as OpId)
-        .collect();
+    let (sources, sinks) = step_ends(l, &micro);
     let bridges = bridges(l, &micro);
     let micro_mem: Vec<MemEffect> = g
         .mem
@@ -197,24 +242,10 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         .filter(|m| micro[m.op as usize])
         .copied()
         .collect();
-    // Ops outside the micro-step that come after part of it (the gradients' syncs and what
-    // waits for them, copies into a bucket, the update): an edge from one of them into the
-    // micro-step is not an input of the step, and the earlier copies must not wait for it.
-    let mut downstream = vec![false; n];
-    let succs = job.local_succs();
-    let mut stack: Vec<usize> = (0..n).filter(|&i| micro[i]).collect();
-    while let Some(i) = stack.pop() {
-        for &s in &succs[i] {
-            let s = s as usize;
-            if !micro[s] && !downstream[s] {
-                downstream[s] = true;
-                stack.push(s);
-            }
-        }
-    }
+    let downstream = downstream_of(job, &micro);
     // Micro-steps 0..k−1 are copies appended in order; the original ops are the last one.
     let mut prev_sinks: Option<Vec<OpId>> = None;
-    for _ in 0..k - 1 {
+    for copy in 0..k - 1 {
         let mut map = vec![OpId::MAX; n];
         for i in 0..n {
             if micro[i] {
@@ -246,6 +277,19 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
                 ..*m
             });
         }
+        copied_syncs.extend(copy_syncs(
+            g,
+            l,
+            &job.syncs,
+            &CopyOf {
+                micro: &micro,
+                map: &map,
+                downstream: &downstream,
+                each,
+                shard_kept: &shard_kept,
+                first: copy == 0,
+            },
+        ));
         if let Some(ps) = &prev_sinks {
             for &a in ps {
                 for &b in &sources {
@@ -255,11 +299,176 @@ pub fn accumulate(job: &Job, k: u32) -> Job {
         }
         prev_sinks = Some(sinks.iter().map(|&s| map[s as usize]).collect());
     }
+    if each && k > 1 {
+        // The shards were allocated at the first micro-step's reduce-scatters.
+        g.mem.retain(|m| {
+            !(m.when == MemWhen::AllocAtStart && (m.op as usize) < n && shard_kept.contains(&m.op))
+        });
+    }
     if let Some(ps) = &prev_sinks {
         for &a in ps {
             for &b in &sources {
                 g.edges.push((a, b));
             }
+        }
+    }
+    // Issue order: each micro-step's collectives before the next one's; the last micro-step's
+    // (the original syncs, with whatever runs once per iteration) last.
+    copied_syncs.append(&mut out.syncs);
+    out.syncs = copied_syncs;
+    out
+}
+
+/// One micro-step's version of op `o` of `job` (durations and work at `scale` = 1/k).
+fn micro_op(job: &Job, o: &LocalOp, scale: f64) -> LocalOp {
+    let mut o = o.clone();
+    if o.spec.kind.is_virtual() {
+        return o;
+    }
+    let on_cpu = matches!(
+        job.local.devices.get(o.spec.device as usize),
+        Some(DeviceKind::CpuThread { .. })
+    );
+    match o.work {
+        Some(w) => {
+            o.spec.dur_ns = job.recost_ns(o.spec.dur_ns, &w, job.dtype, scale);
+            o.work = Some(w.scaled(scale));
+        }
+        None if on_cpu => {}
+        None => o.spec.dur_ns = (o.spec.dur_ns as f64 * scale).round() as u64,
+    }
+    o
+}
+
+/// Sources and sinks of one micro-step (within the FW/BW sub-graph), in id order.
+fn step_ends(l: &crate::graph::job::LocalGraph, micro: &[bool]) -> (Vec<OpId>, Vec<OpId>) {
+    let n = l.ops.len();
+    let mut has_pred = vec![false; n];
+    let mut has_succ = vec![false; n];
+    for &(a, b) in &l.edges {
+        if micro[a as usize] && micro[b as usize] {
+            has_succ[a as usize] = true;
+            has_pred[b as usize] = true;
+        }
+    }
+    let ends = |has: &[bool]| -> Vec<OpId> {
+        (0..n)
+            .filter(|&i| micro[i] && !has[i])
+            .map(|i| i as OpId)
+            .collect()
+    };
+    (ends(&has_pred), ends(&has_succ))
+}
+
+/// Ops outside the micro-step that come after part of it (the gradients' syncs and what waits
+/// for them, copies into a bucket, the update): an edge from one of them into the micro-step is
+/// not an input of the step, and the earlier copies must not wait for it.
+fn downstream_of(job: &Job, micro: &[bool]) -> Vec<bool> {
+    let n = micro.len();
+    let mut downstream = vec![false; n];
+    let succs = job.local_succs();
+    let mut stack: Vec<usize> = (0..n).filter(|&i| micro[i]).collect();
+    while let Some(i) = stack.pop() {
+        for &s in &succs[i] {
+            let s = s as usize;
+            if !micro[s] && !downstream[s] {
+                downstream[s] = true;
+                stack.push(s);
+            }
+        }
+    }
+    downstream
+}
+
+/// What one micro-step's copy needs to copy the collectives it runs: which ops are micro-step
+/// ops and their copies, which ops run after the micro-step, and how gradients are synchronised.
+struct CopyOf<'a> {
+    micro: &'a [bool],
+    map: &'a [OpId],
+    downstream: &'a [bool],
+    /// Reduce-scatters (and the all-reduces that follow them) every micro-step.
+    each: bool,
+    /// Done ops of reduce-scatters, where the rank's gradient shard is allocated.
+    shard_kept: &'a BTreeSet<OpId>,
+    /// The first micro-step: it allocates the gradient shards.
+    first: bool,
+}
+
+/// The collectives of one micro-step's copy: those whose ready and done ops are all micro-step
+/// ops (stage 3's all-gathers), and with `each` the gradient reduce-scatters (their ready and
+/// done ops copied, with their memory effects) and what waits for them (an HSDP all-reduce
+/// across replicas). New ops and edges go into `g`; the copied syncs are returned in the
+/// original issue order.
+fn copy_syncs(
+    g: &mut crate::graph::job::LocalGraph,
+    l: &crate::graph::job::LocalGraph,
+    syncs: &[Sync],
+    c: &CopyOf,
+) -> Vec<Sync> {
+    let mut fresh: BTreeMap<OpId, OpId> = BTreeMap::new();
+    let mut out = Vec::new();
+    for sy in syncs {
+        let own = sy
+            .ready
+            .iter()
+            .chain(&sy.done)
+            .all(|&o| c.micro[o as usize]);
+        let grad = c.each
+            && (sy.kind == CollectiveKind::ReduceScatter
+                || (sy.kind == CollectiveKind::AllReduce
+                    && !sy.ready.is_empty()
+                    && sy.ready.iter().all(|r| fresh.contains_key(r))));
+        if !own && !grad {
+            continue;
+        }
+        let mut copy_of = |o: OpId, g: &mut crate::graph::job::LocalGraph| -> OpId {
+            if c.micro[o as usize] {
+                return c.map[o as usize];
+            }
+            *fresh.entry(o).or_insert_with(|| {
+                g.ops.push(l.ops[o as usize].clone());
+                (g.ops.len() - 1) as OpId
+            })
+        };
+        let ready = sy.ready.iter().map(|&o| copy_of(o, g)).collect();
+        let done = sy.done.iter().map(|&o| copy_of(o, g)).collect();
+        out.push(Sync {
+            ready,
+            done,
+            ..sy.clone()
+        });
+    }
+    if fresh.is_empty() {
+        return out;
+    }
+    // The copied ready/done ops keep their place: fed by this micro-step's ops (or the step's
+    // inputs), feeding this micro-step's ops and what runs once after the micro-steps (the
+    // update).
+    let at = |o: OpId| -> Option<OpId> {
+        if c.micro[o as usize] {
+            Some(c.map[o as usize])
+        } else {
+            fresh.get(&o).copied()
+        }
+    };
+    for &(a, b) in &l.edges {
+        let (fa, fb) = (fresh.contains_key(&a), fresh.contains_key(&b));
+        if !fa && !fb {
+            continue;
+        }
+        let from = at(a).or_else(|| (!c.downstream[a as usize]).then_some(a));
+        let to = at(b).unwrap_or(b);
+        if let Some(from) = from {
+            g.edges.push((from, to));
+        }
+    }
+    for m in &l.mem {
+        let Some(&op) = fresh.get(&m.op) else {
+            continue;
+        };
+        let shard = m.when == MemWhen::AllocAtStart && c.shard_kept.contains(&m.op);
+        if !shard || c.first {
+            g.mem.push(MemEffect { op, ..*m });
         }
     }
     out
@@ -471,6 +680,131 @@ mod tests {
         let (base, after, patches) = run(job, "1");
         assert!(patches.is_empty());
         assert_eq!(base.iteration_ns(), after.iteration_ns());
+    }
+
+    fn sharded(stage: u32) -> Job {
+        let (_, job) = crate::zoo::build::test_job("gpt", 4, "8xv100");
+        crate::passes::shard::shard(
+            &job,
+            crate::passes::shard::Sharding {
+                stage,
+                replicas: 1,
+                reshard: true,
+                prefetch: 1,
+            },
+        )
+        .unwrap()
+    }
+
+    fn count(j: &Job, kind: CollectiveKind) -> usize {
+        j.syncs.iter().filter(|s| s.kind == kind).count()
+    }
+
+    fn run_knobs(job: Job, knobs: &[(&str, &str)]) -> (Evaluated, Evaluated) {
+        let reg = registry();
+        let p = find(&reg, NAME).unwrap();
+        let kv: Vec<(String, String)> = knobs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let knobs = resolve_knobs(p, &kv).unwrap();
+        let base = evaluate(job).unwrap();
+        let patches = p.propose(&base, &knobs).unwrap();
+        let after = evaluate(apply_all(&base.job, &patches).unwrap()).unwrap();
+        (base, after)
+    }
+
+    /// Issue 23: FSDP and ZeRO-2/3 reduce-scatter every micro-step's gradients into the rank's
+    /// shard (`sync=auto`): k times the reduce-scatters, the whole gradients never held past
+    /// their micro-step, the shard allocated once. `sync=last` (FSDP2's
+    /// set_requires_gradient_sync(False)) holds them whole and reduce-scatters once: fewer
+    /// collectives, more memory. Stage 3's all-gathers run in every micro-step either way (they
+    /// used to run once, the earlier micro-steps computing with parameters never gathered).
+    #[test]
+    fn sharded_gradients_reduce_scatter_every_micro_step_unless_held() {
+        for stage in [2, 3] {
+            let job = sharded(stage);
+            let rs = count(&job, CollectiveKind::ReduceScatter);
+            let ag = count(&job, CollectiveKind::AllGather);
+            assert!(rs > 0 && ag > 0, "stage {stage}");
+            let (base, each) = run_knobs(job.clone(), &[("k", "4")]);
+            let (_, last) = run_knobs(job.clone(), &[("k", "4"), ("sync", "last")]);
+            assert_eq!(each.job.meta.accumulation, 4);
+            assert_eq!(count(&each.job, CollectiveKind::ReduceScatter), 4 * rs);
+            assert_eq!(count(&last.job, CollectiveKind::ReduceScatter), rs);
+            // Stage 3 gathers per micro-step; stage 2's one gather after the update stays one.
+            let gathers = if stage == 3 { 4 * ag } else { ag };
+            assert_eq!(count(&each.job, CollectiveKind::AllGather), gathers);
+            assert_eq!(count(&last.job, CollectiveKind::AllGather), gathers);
+            // Held whole: the gradients are static memory over the micro-steps; reduce-scattered
+            // each micro-step they are not, and the peak is lower.
+            let grads: u64 = job
+                .local
+                .mem
+                .iter()
+                .filter(|m| {
+                    let sp = &job.local.ops[m.op as usize].spec;
+                    sp.kind == OpKind::Out
+                        && sp.phase == Phase::Comm
+                        && m.when == MemWhen::AllocAtStart
+                })
+                .map(|m| m.bytes)
+                .sum();
+            assert!(grads > 0);
+            assert_eq!(
+                last.job.local.static_mem_bytes,
+                job.local.static_mem_bytes + grads,
+                "stage {stage}"
+            );
+            assert_eq!(each.job.local.static_mem_bytes, job.local.static_mem_bytes);
+            assert!(
+                each.memory.peak_bytes + grads / 2 < last.memory.peak_bytes,
+                "stage {stage}: {} vs {}",
+                each.memory.peak_bytes,
+                last.memory.peak_bytes
+            );
+            assert!(each.memory.peak_bytes < base.memory.peak_bytes);
+            // The rank's shards are allocated once, not once per micro-step: the allocations at
+            // reduce-scatter ends add up to what the sharded job allocates there.
+            let kept = |j: &Job| -> u64 {
+                let done: BTreeSet<OpId> = j
+                    .syncs
+                    .iter()
+                    .filter(|s| s.kind == CollectiveKind::ReduceScatter)
+                    .flat_map(|s| s.done.iter().copied())
+                    .collect();
+                j.local
+                    .mem
+                    .iter()
+                    .filter(|m| m.when == MemWhen::AllocAtStart && done.contains(&m.op))
+                    .map(|m| m.bytes)
+                    .sum()
+            };
+            assert!(kept(&job) > 0);
+            assert_eq!(kept(&each.job), kept(&job), "stage {stage}");
+            // More communication than once per iteration: slower on this slow network.
+            assert!(each.iteration_ns() > last.iteration_ns(), "stage {stage}");
+            each.job.expand().expect("acyclic");
+        }
+    }
+
+    /// All-reduced gradients (DDP) are synchronised once whatever `sync` says.
+    #[test]
+    fn all_reduced_gradients_sync_once_either_way() {
+        let (_, job) = crate::zoo::build::test_job("gpt", 4, "8xv100");
+        let (_, each) = run_knobs(job.clone(), &[("k", "2")]);
+        let (_, last) = run_knobs(job.clone(), &[("k", "2"), ("sync", "last")]);
+        assert_eq!(each.job.syncs, job.syncs);
+        assert_eq!(last.job.syncs, job.syncs);
+        assert_eq!(each.iteration_ns(), last.iteration_ns());
+        let reg = registry();
+        let p = find(&reg, NAME).unwrap();
+        let bad = resolve_knobs(p, &[("sync".into(), "every".into())]).unwrap();
+        let e = p
+            .propose(&evaluate(job).unwrap(), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected auto or last"), "{e}");
     }
 
     #[test]

@@ -26,8 +26,10 @@
 //! backward op (or recomputed forward: FSDP does not reshard after a forward run inside the
 //! backward) to the last is one; every micro-step gathers again (FSDP's pre-forward and
 //! pre-backward hooks). With `reshard=0`, and always for the root unit, one region runs from
-//! the unit's forward to the end of its backward. So the pass composes with `recompute` and
-//! `grad-accumulation` applied before or after it. Collectives are issued in the order of
+//! the unit's forward to the end of its backward. So the pass composes with `recompute`
+//! applied before or after it; `grad-accumulation` comes after it (a job already accumulated is
+//! refused), and copies the gathers — and, reduce-scattering every micro-step (its `sync=auto`),
+//! the gradient collectives — into every micro-step. Collectives are issued in the order of
 //! what lets each start (positions in that topological order), which keeps the comm stream
 //! acyclic with the compute it feeds.
 
@@ -198,6 +200,12 @@ pub fn shard(job: &Job, s: Sharding) -> Result<Job, PassError> {
 /// then its static memory, optimizer step, gradient collectives and parameter gathers rebuilt
 /// in turn.
 pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassError> {
+    if job.meta.accumulation > 1 {
+        return Err(not_applicable(format!(
+            "apply shard before grad-accumulation (this job already runs {} micro-steps): the accumulation then reduce-scatters every micro-step's gradients, or holds them whole with sync=last",
+            job.meta.accumulation
+        )));
+    }
     check_units(job, pattern)?;
     let g = shard_group_size(job, s)?;
     let mut j = job.clone();
@@ -1015,11 +1023,11 @@ mod tests {
         assert_eq!(ar[0].bytes, job.syncs[0].bytes / 4);
     }
 
-    /// Stage 3 after accumulation or recomputation (the order a user may type): every
-    /// micro-step's forward and backward gathers again, a recomputed forward runs inside its
-    /// unit's backward gather, and the graph stays acyclic.
+    /// Stage 3 with accumulation (shard first; the other order is refused) or recomputation
+    /// (either order): every micro-step's forward and backward gathers again, a recomputed
+    /// forward runs inside its unit's backward gather, and the graph stays acyclic.
     #[test]
-    fn stage_3_composes_with_accumulation_and_recomputation_in_any_order() {
+    fn stage_3_composes_with_accumulation_and_recomputation() {
         use crate::passes::{apply_all, evaluate, find, propose, registry, resolve_knobs};
         let (_, job) = test_job("gpt", 4, "8xv100");
         let all = registry();
@@ -1043,7 +1051,12 @@ mod tests {
         let plain = shard(&job, sharding(3)).unwrap();
         assert_eq!(gathers(&plain), 2 * units - 1);
         let acc = apply(&job, "grad-accumulation", &[("k", "2")]);
-        let acc3 = shard(&acc, sharding(3)).expect("accumulation, then stage 3");
+        let refused = shard(&acc, sharding(3)).unwrap_err().to_string();
+        assert!(
+            refused.contains("apply shard before grad-accumulation"),
+            "{refused}"
+        );
+        let acc3 = apply(&plain, "grad-accumulation", &[("k", "2")]);
         assert_eq!(
             gathers(&acc3),
             2 * (2 * units - 1),

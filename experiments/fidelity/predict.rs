@@ -127,13 +127,14 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         };
         steps.push(("recompute", knobs));
     }
-    if c.accum > 1 {
-        steps.push(("grad-accumulation", vec![("k".into(), c.accum.to_string())]));
-    }
-    // Sharding last: the stage the run used, with its defaults (one unit per block,
+    // Sharding before accumulation (which then reduce-scatters every micro-step, as FSDP and
+    // DeepSpeed ZeRO-2/3 do): the stage the run used, with its defaults (one unit per block,
     // resharding after the forward, prefetch one).
     if let Some(stage) = c.shard {
         steps.push(("shard", vec![("stage".into(), stage.to_string())]));
+    }
+    if c.accum > 1 {
+        steps.push(("grad-accumulation", vec![("k".into(), c.accum.to_string())]));
     }
     // Every source with a memory figure or fact ran before CUDA's lazy module loading became
     // PyTorch's default (1.13, CUDA 11.7, October 2022): NGC 19.03-21.11 containers, TensorFlow

@@ -135,6 +135,10 @@ pub struct JobMeta {
     /// With `tp > 1`: sequence parallelism too.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub sequence_parallel: bool,
+    /// Micro-steps per iteration (`passes/grad_accumulation.rs`); 0 or 1 when the job has no
+    /// gradient accumulation.
+    #[serde(skip_serializing_if = "is_untouched")]
+    pub accumulation: u32,
 }
 
 fn is_untouched(tp: &u32) -> bool {

@@ -204,11 +204,16 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
 
 /// Knobs `fw`'s export needs a pass to take when the search moves it: torchtitan runs AMP in
 /// bf16 only (it has no loss scaler), so its plans' `amp` is bf16; it checkpoints whole
-/// blocks, so its plans' `recompute` is `policy=full`.
+/// blocks, so its plans' `recompute` is `policy=full`. The PyTorch export accumulates with
+/// whole gradients held (`grad-accumulation` `sync=last`).
 pub fn pass_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
     match (pass, fw) {
         ("amp", Some(Framework::Torchtitan)) => vec![("dtype".into(), "bf16".into())],
         ("recompute", Some(Framework::Torchtitan)) => vec![("policy".into(), "full".into())],
+        // The PyTorch export accumulates an FSDP2 model with set_requires_gradient_sync(False)
+        // (whole gradients held, one reduce-scatter); torchtitan and DeepSpeed ZeRO-2/3
+        // reduce-scatter every micro-step, the pass's default.
+        ("grad-accumulation", Some(Framework::Pytorch)) => vec![("sync".into(), "last".into())],
         _ => Vec::new(),
     }
 }

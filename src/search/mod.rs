@@ -1418,10 +1418,9 @@ fn memory_options(
         accumulation_steps(cur.job.meta.batch.saturating_mul(t))
     };
     let acc = |k: u32| -> KnobbedPass {
-        (
-            "grad-accumulation".into(),
-            vec![("k".into(), k.to_string())],
-        )
+        let mut knobs = vec![("k".into(), k.to_string())];
+        knobs.extend(framework::pass_knobs("grad-accumulation", fw));
+        ("grad-accumulation".into(), knobs)
     };
     let shards = if has("shard") {
         shard_options(cur, fw)

@@ -604,6 +604,15 @@ pub(crate) fn unmapped_passes(facts: &Facts, mapped: &[&str], fw: &str) -> Optio
     })
 }
 
+/// Whether the plan's gradient accumulation holds sharded gradients whole over its micro-steps
+/// and reduce-scatters once (`grad-accumulation` `sync=last`, FSDP2's
+/// `set_requires_gradient_sync(False)`); otherwise they are reduce-scattered every micro-step.
+pub(crate) fn holds_sharded_gradients(plan: &crate::plan::Plan) -> bool {
+    plan.decisions.iter().any(|d| {
+        d.pass == "grad-accumulation" && d.knobs.get("sync").map(|v| v.trim()) == Some("last")
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -304,6 +304,9 @@ fn usage_notes(
                 "DDP: no_sync() on the first k-1 micro-steps"
             }
         ));
+        if sharded && !super::holds_sharded_gradients(plan) {
+            notes.push("the plan reduce-scatters every micro-step's gradients (grad-accumulation sync=auto, as torchtitan and DeepSpeed run it); this export holds them whole over the micro-steps (set_requires_gradient_sync(False)): more memory, less communication than predicted (plan with --framework pytorch)".into());
+        }
     }
     if !recompute.is_empty() {
         notes.push(format!(

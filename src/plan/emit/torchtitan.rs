@@ -383,9 +383,9 @@ fn notes(plan: &Plan, f: &Facts, sharding: Option<&ShardConfig>) -> Vec<String> 
             "FSDP2 wrap units: torchtitan wraps its own model's token embedding, each transformer block, the final norm with the output, then the root (the plan's {} units, root last, are its estimate of the same per-block policy)",
             sh.units.len()
         ));
-        if f.k > 1 {
+        if f.k > 1 && super::holds_sharded_gradients(plan) {
             notes.push(format!(
-                "accumulation over FSDP2: the plan prices {} micro-batches with gradients held unsharded and reduce-scattered once (FSDP2's set_requires_gradient_sync(False), as the pytorch export runs it); torchtitan 0.2.0 reduce-scatters after every micro-batch, so the run holds 1/{} of those gradients and communicates {} times: less memory, more communication than predicted",
+                "accumulation over FSDP2: the plan prices {} micro-batches with gradients held unsharded and reduce-scattered once (grad-accumulation sync=last: FSDP2's set_requires_gradient_sync(False), as the pytorch export runs it); torchtitan 0.2.0 reduce-scatters after every micro-batch, so the run holds 1/{} of those gradients and communicates {} times: less memory, more communication than predicted (plan with --framework torchtitan)",
                 f.k, sh.shard_size, f.k
             ));
         }
