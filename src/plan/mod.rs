@@ -323,11 +323,19 @@ impl FinalConfig {
         // Gradient collectives only: a sharded job's parameter all-gathers and HSDP's
         // all-reduce of each reduce-scattered shard across the replicas carry the same tensors
         // again (the export derives both from `sharding`).
+        // One micro-step's collectives: with gradient accumulation reduce-scattering every
+        // micro-step, each micro-step repeats the same groups (the first copy is kept).
+        let mut seen = std::collections::BTreeSet::new();
         let tensor_groups = job
             .syncs
             .iter()
             .filter(|s| {
                 s.kind != crate::graph::comm::CollectiveKind::AllGather && s.group.stride <= 1
+            })
+            .filter(|s| {
+                let fresh = s.tensors.iter().any(|t| !seen.contains(t));
+                seen.extend(s.tensors.iter().copied());
+                fresh
             })
             .map(|s| {
                 let names: Vec<String> = s.tensors.iter().map(|&t| name(t)).collect();
@@ -500,6 +508,35 @@ mod tests {
         let t = bare.to_yaml();
         assert!(!t.contains("tensor_bytes"));
         assert_eq!(Plan::from_yaml(&t, "p.yaml").unwrap().to_yaml(), t);
+    }
+
+    /// With accumulation reduce-scattering every micro-step, each micro-step repeats the same
+    /// gradient collectives: the plan lists one micro-step's groups, each tensor once (a
+    /// torchtitan plan once failed its own check: "tensor ... is in two collectives").
+    #[test]
+    fn tensor_groups_list_one_micro_steps_collectives() {
+        use crate::passes::shard::{Sharding, shard};
+        let (_, job) = crate::zoo::build::test_job("gpt", 4, "8xv100");
+        let sharded = shard(
+            &job,
+            Sharding {
+                stage: 2,
+                replicas: 1,
+                reshard: true,
+                prefetch: 1,
+            },
+        )
+        .unwrap();
+        let once = FinalConfig::of(&sharded, &[]).tensor_groups;
+        let acc = crate::passes::grad_accumulation::accumulate(&sharded, 4);
+        assert!(acc.syncs.len() > sharded.syncs.len());
+        let groups = FinalConfig::of(&acc, &[]).tensor_groups;
+        assert_eq!(groups, once);
+        let mut all: Vec<&String> = groups.iter().flatten().collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "each tensor once");
     }
 
     #[test]
