@@ -199,12 +199,7 @@ pub fn accumulate_with(job: &Job, k: u32, sync: GradSync) -> Job {
         .collect();
     // Where a reduce-scatter leaves the rank's shard of the gradient (its done ops): the shard
     // is allocated once, at the first micro-step's.
-    let shard_kept: BTreeSet<OpId> = job
-        .syncs
-        .iter()
-        .filter(|s| s.kind == CollectiveKind::ReduceScatter)
-        .flat_map(|s| s.done.iter().copied())
-        .collect();
+    let shard_kept = scatter_ends(job);
     // Sharded gradients reduce-scattered every micro-step: the copies get their own
     // reduce-scatters (and, with HSDP, the all-reduces across replicas that follow them).
     let each = sync == GradSync::Auto && !shard_kept.is_empty();
@@ -317,6 +312,15 @@ pub fn accumulate_with(job: &Job, k: u32, sync: GradSync) -> Job {
     copied_syncs.append(&mut out.syncs);
     out.syncs = copied_syncs;
     out
+}
+
+/// The done ops of `job`'s reduce-scatters: where each leaves the rank's gradient shard.
+fn scatter_ends(job: &Job) -> BTreeSet<OpId> {
+    job.syncs
+        .iter()
+        .filter(|s| s.kind == CollectiveKind::ReduceScatter)
+        .flat_map(|s| s.done.iter().copied())
+        .collect()
 }
 
 /// One micro-step's version of op `o` of `job` (durations and work at `scale` = 1/k).
@@ -767,12 +771,7 @@ mod tests {
             // The rank's shards are allocated once, not once per micro-step: the allocations at
             // reduce-scatter ends add up to what the sharded job allocates there.
             let kept = |j: &Job| -> u64 {
-                let done: BTreeSet<OpId> = j
-                    .syncs
-                    .iter()
-                    .filter(|s| s.kind == CollectiveKind::ReduceScatter)
-                    .flat_map(|s| s.done.iter().copied())
-                    .collect();
+                let done = scatter_ends(j);
                 j.local
                     .mem
                     .iter()
