@@ -1344,12 +1344,12 @@ fn memory_step(
         .par_iter()
         .enumerate()
         .map(|(i, steps)| {
-            let r = try_memory_option(cur, steps, all, eval, lean_ops);
+            let r = try_memory_option(cur, steps, all, eval, lean_ops, false);
             let row = r
                 .as_ref()
                 .ok()
                 .map(|(e, _)| layout::row(steps, e, workers, batch, budget));
-            let replays = if r.is_ok() { steps.len() as u64 } else { 0 };
+            let replays = u64::from(r.is_ok());
             Kept {
                 tried: vec![(i, (steps.clone(), r))],
                 rows: row.into_iter().collect(),
@@ -1362,9 +1362,12 @@ fn memory_step(
             .chain(kept.rows)
             .collect(),
     );
-    let replays = kept.replays;
     let tried = kept.tried.into_iter().map(|(_, t)| t).collect();
-    let (steps, e, trail) = fastest_fitting(cur, budget, tried)?;
+    let (steps, _, _) = fastest_fitting(cur, budget, tried)?;
+    // The chosen option again, each step replayed, for its decisions' effects (the same end:
+    // replays are deterministic).
+    let (e, trail) = try_memory_option(cur, &steps, all, eval, lean_ops, true)?;
+    let replays = kept.replays + steps.len() as u64;
     let decisions = memory_decisions(cur, budget, &steps, &e, &trail);
     Ok((e, replays, decisions))
 }
@@ -1514,15 +1517,51 @@ fn shard_options(cur: &Evaluated, fw: Option<Framework>) -> Vec<KnobbedPass> {
         .collect()
 }
 
+/// The passes of a memory option ([`memory_options`]): each proposes from its input's job
+/// alone, never from its replay, so an option's intermediate jobs need no replay.
+/// `memory_passes_propose_from_the_job_alone` holds them to it.
+pub(crate) const MEMORY_PASSES: [&str; 5] = [
+    "amp",
+    "tensor-parallel",
+    "shard",
+    "recompute",
+    "grad-accumulation",
+];
+
 /// One memory option's passes applied in turn from `cur` (shown in full even when `cur` is
-/// lean), each result evaluated; the end and the trail, made lean per `lean_ops`.
+/// lean); the end, evaluated, and with `trail` each intermediate result evaluated too (the
+/// trail, for the chosen option's decisions: without it, empty), made lean per `lean_ops`.
+/// Without the trail the option costs one replay: each pass is shown the job before it in a
+/// shell that carries the start's numbers ([`MEMORY_PASSES`] read the job alone).
 fn try_memory_option(
     cur: &Evaluated,
     steps: &[KnobbedPass],
     all: &[Box<dyn Pass>],
     eval: &(dyn Fn(Job) -> Result<Evaluated, JobError> + Sync),
     lean_ops: usize,
+    trail: bool,
 ) -> Result<(Evaluated, Trail), SearchError> {
+    if !trail
+        && steps
+            .iter()
+            .all(|(n, _)| MEMORY_PASSES.contains(&n.as_str()))
+    {
+        let shell = lean_clone(cur, 0);
+        let mut job = cur.job.clone();
+        for (name, knobs) in steps {
+            let p = passes::find(all, name)?;
+            let k = passes::resolve_knobs(p, knobs)?;
+            let before = Evaluated {
+                job,
+                ..shell.clone()
+            };
+            let patches = p.propose(&before, &k)?;
+            job = passes::apply_all(&before.job, &patches)?;
+        }
+        let mut end = eval(job)?;
+        lean_from(&mut end, lean_ops);
+        return Ok((end, Vec::new()));
+    }
     // A lean start (the unconstrained search's best, scored lean) is shown to the passes in
     // full.
     let mut e = if cur.is_lean() {
@@ -1776,6 +1815,51 @@ pub fn comm_free_bound_ns(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memory step replays an option's end only: its passes must propose from the job
+    /// alone. Every option the memory step makes for a job (each framework's) ends where the
+    /// step-by-step replay of the same passes ends, and the chosen option's trail is the same.
+    #[test]
+    fn memory_passes_propose_from_the_job_alone() {
+        let (_, job) = crate::zoo::build::test_job("gpt", 8, "8xv100");
+        let cur = passes::evaluate(job).unwrap();
+        let all = passes::registry();
+        let eval = |j: Job| passes::evaluate(j);
+        for fw in [
+            None,
+            Some(Framework::Pytorch),
+            Some(Framework::Deepspeed),
+            Some(Framework::Torchtitan),
+        ] {
+            let options = memory_options(&cur, &MEMORY_PASSES, fw);
+            assert!(options.len() > 4, "{fw:?}: {}", options.len());
+            for steps in &options {
+                assert!(
+                    steps
+                        .iter()
+                        .all(|(n, _)| MEMORY_PASSES.contains(&n.as_str()))
+                );
+                let quick = try_memory_option(&cur, steps, &all, &eval, usize::MAX, false);
+                let full = try_memory_option(&cur, steps, &all, &eval, usize::MAX, true);
+                match (quick, full) {
+                    (Ok((q, qt)), Ok((f, ft))) => {
+                        assert!(qt.is_empty());
+                        assert_eq!(ft.len(), steps.len());
+                        assert_eq!(q.iteration_ns(), f.iteration_ns(), "{}", label(steps));
+                        assert_eq!(q.memory, f.memory, "{}", label(steps));
+                        assert_eq!(q.job.syncs, f.job.syncs, "{}", label(steps));
+                    }
+                    (Err(q), Err(f)) => assert_eq!(q.to_string(), f.to_string()),
+                    (q, f) => panic!(
+                        "{}: {:?} vs {:?}",
+                        label(steps),
+                        q.map(|_| ()).map_err(|e| e.to_string()),
+                        f.map(|_| ()).map_err(|e| e.to_string())
+                    ),
+                }
+            }
+        }
+    }
 
     #[test]
     fn fastest_keeps_the_lowest_time_then_index_whatever_the_order() {
