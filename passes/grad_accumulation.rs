@@ -324,7 +324,7 @@ fn scatter_ends(job: &Job) -> BTreeSet<OpId> {
 }
 
 /// One micro-step's version of op `o` of `job` (durations and work at `scale` = 1/k).
-fn micro_op(job: &Job, o: &LocalOp, scale: f64) -> LocalOp {
+pub(crate) fn micro_op(job: &Job, o: &LocalOp, scale: f64) -> LocalOp {
     let mut o = o.clone();
     if o.spec.kind.is_virtual() {
         return o;

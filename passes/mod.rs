@@ -14,6 +14,7 @@ pub mod cuda_graphs;
 pub mod declarative;
 pub mod grad_accumulation;
 pub mod op_fusion;
+pub mod pipeline;
 pub mod recompute;
 pub mod shard;
 mod sync_time;
@@ -292,7 +293,13 @@ pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
         crate::limits::check(|| format!("evaluating a graph of {ops} ops"), need)
             .map_err(|e| JobError::Invalid(e.to_string()))?;
     }
-    let graph = job.expand()?;
+    let (graph, local_of) = match &job.meta.pipeline {
+        Some(p) => {
+            let e = crate::graph::pipeline::expand(&job, p)?;
+            (e.graph, Some(e.local_of))
+        }
+        None => (job.expand()?, None),
+    };
     let replay = replay::replay(&graph);
     crate::graph::bounds::check_replayed(replay.iteration_ns).map_err(JobError::Invalid)?;
     let critical = replay::critical_path(&graph, &replay);
@@ -315,8 +322,13 @@ pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
     let mut seen_sync = vec![false; job.syncs.len()];
     let (mut critical_local, mut critical_syncs) = (Vec::new(), Vec::new());
     for &op in &critical.ops {
-        if op < local_total {
-            let l = op % per;
+        let local = match &local_of {
+            Some(map) => map[op as usize],
+            None if op < local_total => op % per,
+            None => NONE,
+        };
+        if local != NONE {
+            let l = local;
             if !std::mem::replace(&mut seen_op[l as usize], true) {
                 critical_local.push(l);
             }
@@ -377,6 +389,18 @@ pub fn propose(pass: &dyn Pass, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Pat
             pass: pass.name().to_string(),
         });
     }
+    if let Some(p) = cx.job.meta.pipeline {
+        // Passes read the replay by the template's op ids; a pipelined job's graph is its
+        // stages and micro-steps (`graph::pipeline`).
+        return Err(PassError::NotApplicable {
+            pass: pass.name().to_string(),
+            why: format!(
+                "the job is already pipelined ({} stages): apply {} before pipeline",
+                p.stages,
+                pass.name()
+            ),
+        });
+    }
     pass.propose(cx, knobs)
 }
 
@@ -387,6 +411,7 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         Box::new(cuda_graphs::CudaGraphs),
         Box::new(grad_accumulation::GradAccumulation),
         Box::new(op_fusion::OpFusion),
+        Box::new(pipeline::Pipeline),
         Box::new(recompute::Recompute),
         Box::new(shard::Shard),
         Box::new(tensor_fusion::TensorFusion),

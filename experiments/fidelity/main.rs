@@ -41,6 +41,8 @@ enum Split {
     Sharded,
     /// Tensor-parallel runs: reported on their own, never fitted.
     Parallel,
+    /// Pipeline-parallel runs: reported on their own, never fitted.
+    Pipeline,
 }
 
 impl Split {
@@ -51,6 +53,7 @@ impl Split {
             Split::Check => "dpro",
             Split::Sharded => "sharded",
             Split::Parallel => "tensor-parallel",
+            Split::Pipeline => "pipeline",
         }
     }
 }
@@ -192,6 +195,8 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
     for (c, p) in predicted {
         let split = if c.family == "dpro" {
             Split::Check
+        } else if c.pp > 1 {
+            Split::Pipeline
         } else if c.tp > 1 {
             Split::Parallel
         } else if c.check_only() {
@@ -504,21 +509,33 @@ fn facts_line(label: &str, v: &[&Result_]) -> String {
 /// rank correlation across the layouts of each model (the same shape on different GPU counts,
 /// tensor-parallel degrees and micro-batches; mean over models with three rows or more) and
 /// whether each completed run is predicted to fit.
-fn parallel_rows(results: &[Result_]) -> String {
+fn parallel_rows(results: &[Result_], split: Split, title: &str) -> String {
     let pick = |kind: &str| -> Vec<&Result_> {
         results
             .iter()
-            .filter(|r| r.split == Split::Parallel && r.kind == kind)
+            .filter(|r| r.split == split && r.kind == kind)
             .collect()
     };
     let it = pick("iteration");
     if it.is_empty() {
         return String::new();
     }
-    let mut s = error_line(
-        "tensor-parallel runs (vTrain, TP 2-8 in one node, PP 1; never fitted): iteration time",
-        &it,
-    );
+    let short = split.name();
+    let mut s = error_line(&format!("{title}: iteration time"), &it);
+    if split == Split::Pipeline {
+        // Apart from the tensor-parallel model's own error (the split above).
+        let alone: Vec<&Result_> = it
+            .iter()
+            .copied()
+            .filter(|r| !r.setting.split_whitespace().any(|t| t.starts_with("tp")))
+            .collect();
+        if !alone.is_empty() && alone.len() < it.len() {
+            s.push_str(&error_line(
+                "pipeline runs without tensor parallelism: iteration time",
+                &alone,
+            ));
+        }
+    }
     // A model: its name and shape tokens (s…, h…, l…) of the setting.
     let model = |r: &Result_| -> String {
         r.setting
@@ -547,7 +564,7 @@ fn parallel_rows(results: &[Result_]) -> String {
         let worst = rho.iter().copied().fold(f64::INFINITY, f64::min);
         let _ = writeln!(
             s,
-            "| tensor-parallel runs: Spearman across the layouts of each model | {} models | mean {:.2} | lowest {:.2} | | |",
+            "| {short} runs: Spearman across the layouts of each model | {} models | mean {:.2} | lowest {:.2} | | |",
             rho.len(),
             rho.iter().sum::<f64>() / rho.len() as f64,
             worst
@@ -559,7 +576,7 @@ fn parallel_rows(results: &[Result_]) -> String {
         .collect();
     if !fit.is_empty() {
         s.push_str(&facts_line(
-            "tensor-parallel runs: completed runs predicted to fit",
+            &format!("{short} runs: completed runs predicted to fit"),
             &fit,
         ));
     }
@@ -818,7 +835,10 @@ fn summary_table(results: &[Result_]) -> String {
         .iter()
         .filter(|r| {
             r.kind == "memory"
-                && !matches!(r.split, Split::Check | Split::Sharded | Split::Parallel)
+                && !matches!(
+                    r.split,
+                    Split::Check | Split::Sharded | Split::Parallel | Split::Pipeline
+                )
         })
         .collect();
     if !mem.is_empty() {
@@ -849,13 +869,22 @@ fn summary_table(results: &[Result_]) -> String {
             .filter(|r| {
                 r.kind == kind
                     && r.measured == want
-                    && !matches!(r.split, Split::Sharded | Split::Parallel)
+                    && !matches!(r.split, Split::Sharded | Split::Parallel | Split::Pipeline)
             })
             .collect();
         s.push_str(&facts_line(label, &v));
     }
     s.push_str(&sharded_rows(results));
-    s.push_str(&parallel_rows(results));
+    s.push_str(&parallel_rows(
+        results,
+        Split::Parallel,
+        "tensor-parallel runs (vTrain, TP 2-8 in one node, PP 1; never fitted)",
+    ));
+    s.push_str(&parallel_rows(
+        results,
+        Split::Pipeline,
+        "pipeline-parallel runs (vTrain, PP 2-4 in one node, 1F1B; never fitted)",
+    ));
     let dpro: Vec<&Result_> = results
         .iter()
         .filter(|r| r.split == Split::Check && !matches!(r.kind, "memory_fact" | "completed_run"))

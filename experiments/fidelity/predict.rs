@@ -133,7 +133,18 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     if let Some(stage) = c.shard {
         steps.push(("shard", vec![("stage".into(), stage.to_string())]));
     }
-    if c.accum > 1 {
+    // A pipeline's micro-batches are the row's accumulation steps (Megatron: global batch /
+    // (micro-batch × data-parallel size)); it comes last.
+    if c.pp > 1 {
+        steps.push((
+            "pipeline",
+            vec![
+                ("stages".into(), c.pp.to_string()),
+                ("microbatches".into(), c.accum.to_string()),
+                ("batch".into(), "replica".into()),
+            ],
+        ));
+    } else if c.accum > 1 {
         steps.push(("grad-accumulation", vec![("k".into(), c.accum.to_string())]));
     }
     // Every source with a memory figure or fact ran before CUDA's lazy module loading became

@@ -45,6 +45,9 @@ pub struct Case {
     /// Tensor-parallel degree (`TP=` in the row's `extra`; 1 without): the `tensor-parallel`
     /// pass at that degree, keeping the row's batch per model replica.
     pub tp: u32,
+    /// Pipeline stages (`PP=` in the row's `extra`; 1 without): the `pipeline` pass with the
+    /// row's accumulation steps as its micro-batches (1F1B, Megatron's default).
+    pub pp: u32,
     /// Measured time of one optimizer step (or micro-step, see the row's notes), ms.
     pub measured_ms: Option<f64>,
     /// A stated memory fact: the setting ran out of memory (`Some(false)`) or ran (`Some(true)`,
@@ -76,7 +79,10 @@ impl Case {
     /// Reported but never fitted on: dPRO's tables, the sharded sources and tensor-parallel
     /// runs.
     pub fn check_only(&self) -> bool {
-        self.family == "dpro" || SHARDED_FAMILIES.contains(&self.family) || self.tp > 1
+        self.family == "dpro"
+            || SHARDED_FAMILIES.contains(&self.family)
+            || self.tp > 1
+            || self.pp > 1
     }
 
     /// One line describing the setting.
@@ -101,6 +107,9 @@ impl Case {
         }
         if self.tp > 1 {
             s.push_str(&format!(" tp{}", self.tp));
+        }
+        if self.pp > 1 {
+            s.push_str(&format!(" pp{}", self.pp));
         }
         if self.recompute {
             s.push_str(" +recompute");
@@ -248,8 +257,9 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             "binned sequence lengths (LDDL, bin 64): the padded lengths are not stated".into(),
         );
     }
-    if field(extra, "PP").is_some_and(|v| v != 1) {
-        return Err("pipeline parallelism (not modelled yet)".into());
+    let pp = field(extra, "PP").unwrap_or(1).max(1);
+    if pp > 1 && lower_extra.contains("interleaved") {
+        return Err("interleaved pipeline schedule (not modelled yet)".into());
     }
     let tp = field(extra, "TP").unwrap_or(1).max(1);
     let shard = sharding(extra)?;
@@ -456,11 +466,12 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         accum,
         shard,
         tp,
+        pp,
         measured_ms,
         fits,
         measured_gb,
         memory_kind,
-        samples: f64::from(micro) * f64::from(gpus / tp.max(1)) * f64::from(accum),
+        samples: f64::from(micro) * f64::from(gpus / (tp * pp).max(1)) * f64::from(accum),
     })
 }
 
@@ -494,6 +505,7 @@ pub fn dpro() -> Vec<Case> {
         accum: 1,
         shard: None,
         tp: 1,
+        pp: 1,
         measured_ms: Some(ms),
         fits: None,
         measured_gb: None,

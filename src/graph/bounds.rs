@@ -85,6 +85,9 @@ pub fn expanded_ops(job: &Job) -> u64 {
 pub fn expanded_ops_in(job: &Job, symmetric: bool) -> u64 {
     use super::comm::CommTopology;
     use super::{DeviceKind, DfgBuilder};
+    if let Some(p) = &job.meta.pipeline {
+        return super::pipeline::expanded_ops(job, p);
+    }
     let gw = if symmetric { 1 } else { job.workers };
     let mut b = DfgBuilder::new();
     let streams: Vec<u32> = (0..gw)

@@ -132,7 +132,7 @@ impl CommCost {
         }
     }
 
-    fn link(&self, class: LinkClass) -> AlphaBeta {
+    pub(crate) fn link(&self, class: LinkClass) -> AlphaBeta {
         match class {
             LinkClass::IntraNode => self.intra,
             LinkClass::InterNode => self.inter,

@@ -139,6 +139,10 @@ pub struct JobMeta {
     /// gradient accumulation.
     #[serde(skip_serializing_if = "is_untouched")]
     pub accumulation: u32,
+    /// Pipeline parallelism (`passes/pipeline.rs`): the local graph is one micro-batch of the
+    /// whole model replica, cut into stages by [`super::pipeline::expand`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<super::pipeline::Pipeline>,
 }
 
 fn is_untouched(tp: &u32) -> bool {
@@ -391,6 +395,9 @@ impl Job {
 
     /// The global DFG of one iteration.
     pub fn expand(&self) -> Result<Dfg, JobError> {
+        if let Some(p) = &self.meta.pipeline {
+            return super::pipeline::expand(self, p).map(|e| e.graph);
+        }
         let n = self.workers;
         if self.symmetric && self.comm.scheme != crate::cost::config::SyncScheme::Ring {
             return Err(JobError::SymmetricNeedsRing);

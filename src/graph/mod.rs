@@ -17,6 +17,7 @@ pub mod bounds;
 pub mod comm;
 pub mod job;
 pub mod petgraph_impl;
+pub mod pipeline;
 
 use std::fmt;
 

@@ -156,12 +156,13 @@ impl Default for SearchOptions {
 /// Passes the search uses unless told otherwise: every registered pass except the lossy ones
 /// (`dgc` changes what is trained), those that only trade time for memory (`recompute`,
 /// `grad-accumulation`, `shard`, `vdnn`: the memory step uses the first three when memory
-/// demands it) and layouts (`tensor-parallel`: asked for by name until the layout search
-/// exists).
+/// demands it) and layouts (`tensor-parallel`, `pipeline`: asked for by name until the layout
+/// search exists).
 pub fn default_passes(all: &[Box<dyn Pass>]) -> Vec<String> {
-    const EXCLUDED: [&str; 6] = [
+    const EXCLUDED: [&str; 7] = [
         "dgc",
         "grad-accumulation",
+        "pipeline",
         "recompute",
         "shard",
         "tensor-parallel",

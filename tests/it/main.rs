@@ -65,6 +65,7 @@ mod lower_bound;
 mod memory;
 mod messages;
 mod pass_props;
+mod pipeline;
 mod plan;
 mod properties;
 mod safe_output;
