@@ -230,26 +230,7 @@ pub fn fusible(job: &Job, o: OpId) -> bool {
     s.kind == OpKind::Compute && matches!(s.phase, Phase::Fw | Phase::Bw)
 }
 
-/// `(prefix, block index, rest)` of an op name whose first all-digit dot component (followed by
-/// more components) is a block index: `bert.encoder.layer.3.output.dense BW` →
-/// (`bert.encoder.layer.`, 3, `.output.dense BW`); `layer2.1.conv1 FW` → (`layer2.`, 1,
-/// `.conv1 FW`). `features.0 FW` (VGG: each index a different op) has none.
-pub fn block_of(name: &str) -> Option<(&str, u32, &str)> {
-    let mut at = 0;
-    for comp in name.split('.') {
-        let end = at + comp.len();
-        if at > 0 && !comp.is_empty() && comp.bytes().all(|b| b.is_ascii_digit()) {
-            let rest = &name[end..];
-            return rest
-                .starts_with('.')
-                .then_some(())
-                .and_then(|_| comp.parse().ok())
-                .map(|i| (&name[..at], i, rest));
-        }
-        at = end + 1;
-    }
-    None
-}
+pub use crate::graph::block_of;
 
 /// `opfs_time` and the fused work of `ops` (see the module docs).
 pub fn fused_cost(job: &Job, ops: &[OpId]) -> (u64, Option<OpWork>) {

@@ -259,7 +259,9 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     }
     let pp = field(extra, "PP").unwrap_or(1).max(1);
     if pp > 1 && lower_extra.contains("interleaved") {
-        return Err("interleaved pipeline schedule (not modelled yet)".into());
+        // Korthikanti's rows say "interleaved schedule m=3" without saying whether 3 is the
+        // chunks per rank; the pass needs that count.
+        return Err("interleaved pipeline schedule: chunks per rank not stated as such".into());
     }
     let tp = field(extra, "TP").unwrap_or(1).max(1);
     let shard = sharding(extra)?;

@@ -826,6 +826,27 @@ impl Dfg {
     }
 }
 
+/// `(prefix, block index, rest)` of an op name whose first all-digit dot component (followed by
+/// more components) is a block index: `bert.encoder.layer.3.output.dense BW` →
+/// (`bert.encoder.layer.`, 3, `.output.dense BW`); `layer2.1.conv1 FW` → (`layer2.`, 1,
+/// `.conv1 FW`). `features.0 FW` (VGG: each index a different op) has none.
+pub fn block_of(name: &str) -> Option<(&str, u32, &str)> {
+    let mut at = 0;
+    for comp in name.split('.') {
+        let end = at + comp.len();
+        if at > 0 && !comp.is_empty() && comp.bytes().all(|b| b.is_ascii_digit()) {
+            let rest = &name[end..];
+            return rest
+                .starts_with('.')
+                .then_some(())
+                .and_then(|_| comp.parse().ok())
+                .map(|i| (&name[..at], i, rest));
+        }
+        at = end + 1;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

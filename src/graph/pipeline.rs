@@ -25,6 +25,9 @@
 //!   Megatron-LM and torchtitan: stage `s`'s ranks are `s · N / stages` onwards), with
 //!   Megatron's scatter/gather optimisation under tensor parallelism (each rank of a group sends
 //!   1/t of the activation; the all-gather after it, inside the node, is not modelled).
+//! - Interleaved (`virtual` = V > 1): the cut has `stages × V` model chunks, chunk `c` on rank
+//!   `c mod stages` (its devices, its memory, its gradient stream); sends go from a chunk to the
+//!   next one's rank, the last rank's to the first's on their own link.
 //! - The schedule orders each stage's micro-steps on each of its devices: a micro-step's first
 //!   op on the host thread or a stream waits for the previous micro-step's last op there (the
 //!   order a stage's process issues them: the host runs ahead, a stream waits for the send it
@@ -61,6 +64,9 @@ pub enum Schedule {
     /// One forward, one backward (PipeDream-Flush; Megatron-LM's default, `Schedule1F1B`).
     #[serde(rename = "1f1b")]
     OneFOneB,
+    /// 1F1B over `virtual` model chunks per rank (Narayanan et al. 2021 §2.2.2; Megatron-LM's
+    /// `--num-layers-per-virtual-pipeline-stage`, `ScheduleInterleaved1F1B`).
+    Interleaved,
 }
 
 impl Schedule {
@@ -68,37 +74,68 @@ impl Schedule {
         match self {
             Schedule::Gpipe => "gpipe",
             Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved",
         }
     }
 }
 
 /// A job's pipeline: stages (ranks per model replica along the pipeline), micro-batches per
-/// iteration, schedule.
+/// iteration, schedule, model chunks per rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Pipeline {
     pub stages: u32,
     pub microbatches: u32,
     pub schedule: Schedule,
+    /// Model chunks per rank (`virtual`): 1, or more with the interleaved schedule; chunk `c`
+    /// of the `stages × virtual` runs on rank `c mod stages`.
+    #[serde(rename = "virtual")]
+    pub chunks_per_rank: u32,
 }
 
-/// One micro-step of a stage's schedule: forward (`false`) or backward (`true`) of micro-batch
-/// `j`.
-pub fn stage_order(p: &Pipeline, stage: u32) -> Vec<(bool, u32)> {
+impl Pipeline {
+    /// Model chunks in all: the cut's pieces.
+    pub fn chunks(&self) -> u32 {
+        self.stages * self.chunks_per_rank.max(1)
+    }
+}
+
+/// One micro-step of a rank's schedule: forward (`false`) or backward (`true`), the model
+/// chunk (`0..stages × virtual`) and the micro-batch.
+pub fn stage_order(p: &Pipeline, stage: u32) -> Vec<(bool, u32, u32)> {
     let m = p.microbatches;
+    let n = p.stages;
     match p.schedule {
         Schedule::Gpipe => (0..m)
-            .map(|j| (false, j))
-            .chain((0..m).map(|j| (true, j)))
+            .map(|j| (false, stage, j))
+            .chain((0..m).map(|j| (true, stage, j)))
             .collect(),
-        Schedule::OneFOneB => {
-            let warm = (p.stages - stage - 1).min(m);
-            let mut v: Vec<(bool, u32)> = (0..warm).map(|j| (false, j)).collect();
-            for i in 0..m - warm {
-                v.push((false, warm + i));
-                v.push((true, i));
+        Schedule::OneFOneB | Schedule::Interleaved => {
+            let v = p.chunks_per_rank.max(1);
+            let total = m * v;
+            // Megatron-LM's interleaved order: the k-th forward runs chunk (k / n) mod v on
+            // micro-batch (k / (n v)) n + k mod n; backwards take the chunks in reverse.
+            let forward = |k: u32| {
+                let local = (k / n) % v;
+                (false, local * n + stage, (k / (n * v)) * n + k % n)
+            };
+            let backward = |k: u32| {
+                let local = v - 1 - (k / n) % v;
+                (true, local * n + stage, (k / (n * v)) * n + k % n)
+            };
+            let warm = if v == 1 {
+                (n - stage - 1).min(m)
+            } else if m == n {
+                total
+            } else {
+                ((n - stage - 1) * 2 + (v - 1) * n).min(total)
+            };
+            let mut order: Vec<(bool, u32, u32)> = (0..warm).map(forward).collect();
+            for i in 0..total - warm {
+                order.push(forward(warm + i));
+                order.push(backward(i));
             }
-            v.extend((m - warm..m).map(|j| (true, j)));
-            v
+            order.extend((total - warm..total).map(backward));
+            order
         }
     }
 }
@@ -123,7 +160,7 @@ pub fn stages(job: &Job, stages: u32) -> Result<Stages, String> {
     let block: Vec<Option<(&str, u32)>> = l
         .layers
         .iter()
-        .map(|name| crate::passes::op_fusion::block_of(name).map(|(prefix, i, _)| (prefix, i)))
+        .map(|name| super::block_of(name).map(|(prefix, i, _)| (prefix, i)))
         .collect();
     for &(prefix, i) in block.iter().flatten() {
         let e = by_prefix.entry(prefix).or_insert(0);
@@ -213,7 +250,7 @@ pub fn expanded_ops(job: &Job, p: &Pipeline) -> u64 {
     // Every op at most once per stage (ops without a layer: on every stage), micro-step ops
     // once per micro-batch; sends, joins and two ops per sync.
     let m = u64::from(p.microbatches);
-    let s = u64::from(p.stages);
+    let s = u64::from(p.chunks());
     (micro * m + once) * 2 + s * (2 * m + 2) + 2 * m * s * 8 + 2 * job.syncs.len() as u64
 }
 
@@ -222,7 +259,7 @@ pub fn expand(job: &Job, p: &Pipeline) -> Result<Expanded, JobError> {
     if job.comm.scheme != crate::cost::config::SyncScheme::Ring && !job.syncs.is_empty() {
         return Err(JobError::SymmetricNeedsRing);
     }
-    let cut = stages(job, p.stages).map_err(JobError::Invalid)?;
+    let cut = stages(job, p.chunks()).map_err(JobError::Invalid)?;
     let micro: Vec<bool> = job
         .local
         .ops
@@ -268,6 +305,7 @@ struct Expansion<'a> {
 }
 
 impl Expansion<'_> {
+    /// Index of (model chunk `s`, micro-batch `j`, template op `o`) in `id`.
     fn at(&self, s: u32, j: u32, o: usize) -> usize {
         (s as usize * self.p.microbatches as usize + j as usize) * self.job.local.ops.len() + o
     }
@@ -294,9 +332,11 @@ impl Expansion<'_> {
         self.b.add_op(spec)
     }
 
-    /// Devices per stage (a worker each) and every stage's copies of its template ops.
+    /// Devices per rank (a worker each) and every model chunk's copies of its template ops,
+    /// on its rank's devices.
     fn ops(&mut self) {
         let (job, l, ns) = (self.job, &self.job.local, self.p.stages);
+        let chunks = self.p.chunks();
         for t in &l.tensors {
             self.b.add_tensor(t.clone());
         }
@@ -331,15 +371,15 @@ impl Expansion<'_> {
         if job.workers > 1 && !job.is_recorded() {
             b.set_contention_ppm((job.gpu.kernels.overlap_slowdown * 1e6).round() as u32);
         }
-        self.id = vec![NONE; ns as usize * self.p.microbatches as usize * l.ops.len()];
-        for s in 0..ns {
+        self.id = vec![NONE; chunks as usize * self.p.microbatches as usize * l.ops.len()];
+        for s in 0..chunks {
             for (o, op) in l.ops.iter().enumerate() {
                 if !self.on(o, s) {
                     continue;
                 }
                 for j in 0..self.copies(o) {
                     let mut spec = op.spec.clone();
-                    spec.device = dev_map[s as usize][spec.device as usize];
+                    spec.device = dev_map[(s % ns) as usize][spec.device as usize];
                     let at = self.at(s, j, o);
                     self.id[at] = self.b.add_op(spec);
                     self.local_of.push(o as OpId);
@@ -360,14 +400,16 @@ impl Expansion<'_> {
         let fw_out = forward_outputs(job);
         let spec = &job.comm;
         let per_node = spec.gpus_per_node.max(1);
-        let node_of = |s: u32| s * (job.workers / ns) / per_node;
+        let chunks = self.p.chunks();
+        // The rank of chunk c is c mod stages; its node, the pipeline dimension outermost.
+        let node_of = |c: u32| (c % ns) * (job.workers / ns) / per_node;
         let mut links: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
         let mut sends: std::collections::HashMap<(u32, u32, u32), OpId> = Default::default();
         for &(a, c) in &l.edges {
             let (a, c) = (a as usize, c as usize);
             let (sa, sc) = (self.cut.of_op[a], self.cut.of_op[c]);
             if sa == sc || sa == ALL || sc == ALL {
-                for s in 0..ns {
+                for s in 0..chunks {
                     if !(self.on(a, s) && self.on(c, s)) {
                         continue;
                     }
@@ -402,10 +444,11 @@ impl Expansion<'_> {
                 LinkClass::InterNode
             };
             let b = &mut self.b;
-            let link = *links.entry((sa, sc)).or_insert_with(|| {
+            let (ra, rc) = (sa % ns, sc % ns);
+            let link = *links.entry((ra, rc)).or_insert_with(|| {
                 b.add_device(DeviceKind::Link {
-                    from: sa,
-                    to: sc,
+                    from: ra,
+                    to: rc,
                     class,
                 })
             });
@@ -433,19 +476,25 @@ impl Expansion<'_> {
     /// micro-step's last (program order on the host thread, stream order on the GPU: the host
     /// runs ahead, the streams wait for the sends).
     fn schedule(&mut self, tasks: &[(Task, u32)]) {
+        // Per model chunk: the first and last op of its forward and backward on each device.
+        let ends: Vec<[Vec<Option<(OpId, OpId)>>; 2]> = (0..self.p.chunks())
+            .map(|c| {
+                let on = |o: usize| self.on(o, c);
+                [
+                    device_ends(self.job, tasks, &on, Task::Forward),
+                    device_ends(self.job, tasks, &on, Task::Backward),
+                ]
+            })
+            .collect();
         for s in 0..self.p.stages {
-            let on = |o: usize| self.on(o, s);
-            let fw = device_ends(self.job, tasks, &on, Task::Forward);
-            let bw = device_ends(self.job, tasks, &on, Task::Backward);
             let mut last: Vec<Option<OpId>> = vec![None; self.job.local.devices.len()];
-            for (backward, j) in stage_order(&self.p, s) {
-                let ends = if backward { &bw } else { &fw };
-                for (d, e) in ends.iter().enumerate() {
+            for (backward, c, j) in stage_order(&self.p, s) {
+                for (d, e) in ends[c as usize][usize::from(backward)].iter().enumerate() {
                     let Some((first, end)) = *e else { continue };
                     if let Some(prev) = last[d] {
-                        self.b.add_edge(prev, self.op(s, j, first as usize));
+                        self.b.add_edge(prev, self.op(c, j, first as usize));
                     }
-                    last[d] = Some(self.op(s, j, end as usize));
+                    last[d] = Some(self.op(c, j, end as usize));
                 }
             }
         }
@@ -455,8 +504,10 @@ impl Expansion<'_> {
     /// activations.
     fn memory(&mut self) {
         let l = &self.job.local;
-        let stage_static = stage_static_memory(self.job, &self.cut, self.p.stages);
-        for s in 0..self.p.stages {
+        let stage_static = stage_static_memory(self.job, &self.cut, self.p.chunks());
+        let mut held = vec![0u64; self.p.stages as usize];
+        for s in 0..self.p.chunks() {
+            let rank = s % self.p.stages;
             let mut grads = 0u64;
             for e in &l.mem {
                 let o = e.op as usize;
@@ -473,23 +524,31 @@ impl Expansion<'_> {
                 for j in 0..self.copies(o) {
                     self.b.add_mem(MemEffect {
                         op: self.op(s, j, o),
-                        worker: s,
+                        worker: rank,
                         ..*e
                     });
                 }
             }
-            self.b
-                .set_static_memory(s, stage_static[s as usize].saturating_add(grads));
+            let h = &mut held[rank as usize];
+            *h = h.saturating_add(stage_static[s as usize].saturating_add(grads));
+        }
+        for (rank, &bytes) in held.iter().enumerate() {
+            self.b.set_static_memory(rank as u32, bytes);
         }
     }
 
     /// Each stage's gradients over its data-parallel replicas, on its own stream.
     fn syncs(&mut self) {
-        let (job, l) = (self.job, &self.job.local);
-        for s in 0..self.p.stages {
-            let stream = self.b.add_device(DeviceKind::CommStream { worker: s });
-            let mut topo =
-                CommTopology::symmetric_ring(&mut self.b, &job.comm, job.workers, stream);
+        let (job, l, ns) = (self.job, &self.job.local, self.p.stages);
+        let mut topos: Vec<CommTopology> = (0..ns)
+            .map(|w| {
+                let stream = self.b.add_device(DeviceKind::CommStream { worker: w });
+                CommTopology::symmetric_ring(&mut self.b, &job.comm, job.workers, stream)
+            })
+            .collect();
+        // A rank's later chunks finish their backward first.
+        for s in (0..self.p.chunks()).rev() {
+            let topo = &mut topos[(s % ns) as usize];
             for sync in &job.syncs {
                 let stage = sync
                     .tensors

@@ -192,15 +192,12 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "this framework's export has no tensor parallelism (it comes with --framework torchtitan)",
             ),
         },
-        "pipeline" => Err(
-            "no export applies pipeline parallelism yet (whatif models it; the plan and the exports do not take it)",
-        ),
         "blueconnect" => match fw {
             Horovod => Ok("HOROVOD_HIERARCHICAL_ALLREDUCE=1 (horovod.env)"),
             _ => Err("no hierarchical all-reduce switch in this framework's export"),
         },
         _ => Err(
-            "a what-if of a technique the framework does not switch on (p3, reconstruct-batchnorm, vdnn, dgc, pass files): nothing in the export applies it",
+            "a what-if of a technique the framework does not switch on (p3, reconstruct-batchnorm, vdnn, dgc, pipeline, pass files): nothing in the export applies it",
         ),
     }
 }

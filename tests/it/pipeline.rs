@@ -69,9 +69,22 @@ fn an_impossible_pipeline_exits_3_naming_the_constraint() {
         &["pipeline:stages=2,microbatches=3"],
         "must divide the replica's batch of 2 samples",
     );
-    bad(&["pipeline:schedule=interleaved"], "not modelled yet");
-    bad(&["pipeline:virtual=2"], "not modelled yet");
-    bad(&["pipeline:schedule=zigzag"], "expected 1f1b or gpipe");
+    bad(
+        &["pipeline:stages=2,microbatches=2,virtual=2"],
+        "virtual = 2 model chunks per rank need schedule=interleaved",
+    );
+    bad(
+        &["pipeline:stages=4,microbatches=2,schedule=interleaved"],
+        "needs microbatches = 2 to be a multiple of stages = 4",
+    );
+    bad(
+        &["pipeline:stages=4,microbatches=4,schedule=interleaved,virtual=8"],
+        "must divide the model's 16 blocks",
+    );
+    bad(
+        &["pipeline:schedule=zigzag"],
+        "expected 1f1b, gpipe or interleaved",
+    );
     bad(
         &["pipeline:stages=2,microbatches=2", "amp"],
         "apply amp before pipeline",
