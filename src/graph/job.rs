@@ -415,24 +415,7 @@ impl Job {
         // Local device d of worker w → global device.
         let mut dev_map: Vec<Vec<u32>> = Vec::with_capacity(gw as usize);
         for w in 0..gw {
-            dev_map.push(
-                l.devices
-                    .iter()
-                    .map(|&d| match d {
-                        DeviceKind::Virtual => virt,
-                        DeviceKind::GpuStream { stream, .. } => {
-                            b.add_device(DeviceKind::GpuStream { worker: w, stream })
-                        }
-                        DeviceKind::CpuThread { thread, .. } => {
-                            b.add_device(DeviceKind::CpuThread { worker: w, thread })
-                        }
-                        DeviceKind::CommStream { .. } => {
-                            b.add_device(DeviceKind::CommStream { worker: w })
-                        }
-                        other => b.add_device(other),
-                    })
-                    .collect(),
-            );
+            dev_map.push(b.add_worker_devices(&l.devices, w, virt));
         }
         let streams: Vec<u32> = (0..gw)
             .map(|w| b.add_device(DeviceKind::CommStream { worker: w }))

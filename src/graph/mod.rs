@@ -329,6 +329,33 @@ impl DfgBuilder {
         (self.g.devices.len() - 1) as DeviceId
     }
 
+    /// Worker `w`'s copy of a template's devices (`local`, all with worker 0): a stream, host
+    /// thread or communication stream of `w` each; virtual devices map to `virt`; others are
+    /// added as they are. Returns the global device of each local one.
+    pub fn add_worker_devices(
+        &mut self,
+        local: &[DeviceKind],
+        w: u32,
+        virt: DeviceId,
+    ) -> Vec<DeviceId> {
+        local
+            .iter()
+            .map(|&d| match d {
+                DeviceKind::Virtual => virt,
+                DeviceKind::GpuStream { stream, .. } => {
+                    self.add_device(DeviceKind::GpuStream { worker: w, stream })
+                }
+                DeviceKind::CpuThread { thread, .. } => {
+                    self.add_device(DeviceKind::CpuThread { worker: w, thread })
+                }
+                DeviceKind::CommStream { .. } => {
+                    self.add_device(DeviceKind::CommStream { worker: w })
+                }
+                other => self.add_device(other),
+            })
+            .collect()
+    }
+
     pub fn add_layer(&mut self, name: impl Into<String>) -> LayerId {
         self.g.layers.push(name.into());
         (self.g.layers.len() - 1) as LayerId

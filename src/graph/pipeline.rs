@@ -347,24 +347,7 @@ impl Expansion<'_> {
         let virt = b.add_device(DeviceKind::Virtual);
         self.virt = virt;
         let dev_map: Vec<Vec<u32>> = (0..ns)
-            .map(|w| {
-                l.devices
-                    .iter()
-                    .map(|&d| match d {
-                        DeviceKind::Virtual => virt,
-                        DeviceKind::GpuStream { stream, .. } => {
-                            b.add_device(DeviceKind::GpuStream { worker: w, stream })
-                        }
-                        DeviceKind::CpuThread { thread, .. } => {
-                            b.add_device(DeviceKind::CpuThread { worker: w, thread })
-                        }
-                        DeviceKind::CommStream { .. } => {
-                            b.add_device(DeviceKind::CommStream { worker: w })
-                        }
-                        other => b.add_device(other),
-                    })
-                    .collect()
-            })
+            .map(|w| b.add_worker_devices(&l.devices, w, virt))
             .collect();
         b.set_workers(ns);
         b.set_represents(job.workers);

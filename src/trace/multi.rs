@@ -334,21 +334,7 @@ pub fn global_graph(ranks: &[RankStep]) -> Result<GlobalTrace, MultiRankError> {
         }
         let w = w as u32;
         let l = &r.built.job.local;
-        let devs: Vec<u32> = l
-            .devices
-            .iter()
-            .map(|&d| match d {
-                DeviceKind::Virtual => virt,
-                DeviceKind::GpuStream { stream, .. } => {
-                    b.add_device(DeviceKind::GpuStream { worker: w, stream })
-                }
-                DeviceKind::CpuThread { thread, .. } => {
-                    b.add_device(DeviceKind::CpuThread { worker: w, thread })
-                }
-                DeviceKind::CommStream { .. } => b.add_device(DeviceKind::CommStream { worker: w }),
-                other => b.add_device(other),
-            })
-            .collect();
+        let devs: Vec<u32> = b.add_worker_devices(&l.devices, w, virt);
         let layers: Vec<u32> = l
             .layers
             .iter()

@@ -4,17 +4,10 @@
 
 use crate::sharding::{BIG_GPT, bytes};
 use crate::support::{check_bad_input, run_json};
+use crate::tensor_parallel::whatif;
 
 // BIG_GPT: the sharding tests' 1.8 B-parameter GPT (16 layers, hidden 3072, 24 heads) at
 // batch 1 on 8 V100s, over a V100 under DDP.
-
-fn whatif(passes: &[&str]) -> serde_json::Value {
-    let mut a = BIG_GPT.to_vec();
-    for p in passes {
-        a.extend_from_slice(&["--pass", p]);
-    }
-    run_json(&a)
-}
 
 #[test]
 fn a_pipeline_holds_a_stage_per_rank_and_its_schedules_activations() {
