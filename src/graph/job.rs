@@ -140,9 +140,53 @@ pub struct JobMeta {
     #[serde(skip_serializing_if = "is_untouched")]
     pub accumulation: u32,
     /// Pipeline parallelism (`passes/pipeline.rs`): the local graph is one micro-batch of the
-    /// whole model replica, cut into stages by [`super::pipeline::expand`].
+    /// whole model replica, cut into stages by `graph/pipeline.rs`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pipeline: Option<super::pipeline::Pipeline>,
+    pub pipeline: Option<Pipeline>,
+}
+
+/// Order of the forward and backward micro-steps on each stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// Every forward, then every backward (GPipe; `torch.distributed.pipelining.ScheduleGPipe`).
+    Gpipe,
+    /// One forward, one backward (PipeDream-Flush; Megatron-LM's default, `Schedule1F1B`).
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// 1F1B over `virtual` model chunks per rank (Narayanan et al. 2021 §2.2.2; Megatron-LM's
+    /// `--num-layers-per-virtual-pipeline-stage`, `ScheduleInterleaved1F1B`).
+    Interleaved,
+}
+
+impl Schedule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Gpipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved",
+        }
+    }
+}
+
+/// A job's pipeline: stages (ranks per model replica along the pipeline), micro-batches per
+/// iteration, schedule, model chunks per rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Pipeline {
+    pub stages: u32,
+    pub microbatches: u32,
+    pub schedule: Schedule,
+    /// Model chunks per rank (`virtual`): 1, or more with the interleaved schedule; chunk `c`
+    /// of the `stages × virtual` runs on rank `c mod stages`.
+    #[serde(rename = "virtual")]
+    pub chunks_per_rank: u32,
+}
+
+impl Pipeline {
+    /// Model chunks in all: the cut's pieces.
+    pub fn chunks(&self) -> u32 {
+        self.stages * self.chunks_per_rank.max(1)
+    }
 }
 
 fn is_untouched(tp: &u32) -> bool {
@@ -393,11 +437,10 @@ impl Job {
         if self.symmetric { 1 } else { self.workers }
     }
 
-    /// The global DFG of one iteration.
-    pub fn expand(&self) -> Result<Dfg, JobError> {
-        if let Some(p) = &self.meta.pipeline {
-            return super::pipeline::expand(self, p).map(|e| e.graph);
-        }
+    /// The global DFG of one iteration of a job without a pipeline: the template replicated
+    /// per worker (or once, in the symmetric form) and every sync wired through its topology.
+    /// [`Job::expand`] (in `pipeline.rs`) calls it, or expands a pipelined job's stages.
+    pub fn expand_data_parallel(&self) -> Result<Dfg, JobError> {
         let n = self.workers;
         if self.symmetric && self.comm.scheme != crate::cost::config::SyncScheme::Ring {
             return Err(JobError::SymmetricNeedsRing);

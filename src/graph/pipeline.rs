@@ -55,47 +55,16 @@ use super::{
 };
 use crate::cost::compute::ns as ns_of;
 
-/// Order of the forward and backward micro-steps on each stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Schedule {
-    /// Every forward, then every backward (GPipe; `torch.distributed.pipelining.ScheduleGPipe`).
-    Gpipe,
-    /// One forward, one backward (PipeDream-Flush; Megatron-LM's default, `Schedule1F1B`).
-    #[serde(rename = "1f1b")]
-    OneFOneB,
-    /// 1F1B over `virtual` model chunks per rank (Narayanan et al. 2021 §2.2.2; Megatron-LM's
-    /// `--num-layers-per-virtual-pipeline-stage`, `ScheduleInterleaved1F1B`).
-    Interleaved,
-}
+pub use super::job::{Pipeline, Schedule};
 
-impl Schedule {
-    pub fn name(self) -> &'static str {
-        match self {
-            Schedule::Gpipe => "gpipe",
-            Schedule::OneFOneB => "1f1b",
-            Schedule::Interleaved => "interleaved",
+impl Job {
+    /// The global DFG of one iteration: the data-parallel expansion of the template
+    /// ([`Job::expand_data_parallel`]), or a pipelined job's stages ([`expand`]).
+    pub fn expand(&self) -> Result<Dfg, JobError> {
+        match &self.meta.pipeline {
+            Some(p) => expand(self, p).map(|e| e.graph),
+            None => self.expand_data_parallel(),
         }
-    }
-}
-
-/// A job's pipeline: stages (ranks per model replica along the pipeline), micro-batches per
-/// iteration, schedule, model chunks per rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Pipeline {
-    pub stages: u32,
-    pub microbatches: u32,
-    pub schedule: Schedule,
-    /// Model chunks per rank (`virtual`): 1, or more with the interleaved schedule; chunk `c`
-    /// of the `stages × virtual` runs on rank `c mod stages`.
-    #[serde(rename = "virtual")]
-    pub chunks_per_rank: u32,
-}
-
-impl Pipeline {
-    /// Model chunks in all: the cut's pieces.
-    pub fn chunks(&self) -> u32 {
-        self.stages * self.chunks_per_rank.max(1)
     }
 }
 
