@@ -27,11 +27,11 @@ pub fn row_json(r: &LayoutRow, per_step: Option<(f64, f64)>) -> Value {
             "dp_replicate": r.dp_replicate,
             "dp_shard": r.dp_shard,
             "tp": r.tp,
-            "pp": 1,
-            "virtual": 1,
+            "pp": r.pp,
+            "virtual": r.virtual_stages,
             "cp": 1,
             "micro_batch": r.micro_batch,
-            "schedule": Value::Null,
+            "schedule": r.schedule,
         },
         "shard_stage": r.shard_stage,
         "accumulation": r.accumulation,
@@ -72,8 +72,8 @@ pub fn top_lines(rows: &[LayoutRow], k: usize, per_step: Option<(f64, f64)>) -> 
         )
     }];
     lines.push(format!(
-        "  {:>3}  {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>11}  {:>9}  {:>6}  {:>9}  passes",
-        "#", "tp", "shard", "repl", "micro", "k", "rec", "step", "tok/s/GPU", "MFU", "device"
+        "  {:>3}  {:>4} {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>11}  {:>9}  {:>6}  {:>9}  passes",
+        "#", "tp", "pp", "shard", "repl", "micro", "k", "rec", "step", "tok/s/GPU", "MFU", "device"
     ));
     for (i, r) in rows.iter().take(shown).enumerate() {
         let v = row_json(r, per_step);
@@ -84,9 +84,10 @@ pub fn top_lines(rows: &[LayoutRow], k: usize, per_step: Option<(f64, f64)>) -> 
             .as_f64()
             .map_or("—".to_string(), |m| format!("{:.1} %", 100.0 * m));
         lines.push(format!(
-            "  {:>3}  {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>8.1} ms  {:>9}  {:>6}  {:>6.1} GB{}  {}",
+            "  {:>3}  {:>4} {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>8.1} ms  {:>9}  {:>6}  {:>6.1} GB{}  {}",
             i + 1,
             r.tp,
+            r.pp,
             r.dp_shard,
             r.dp_replicate,
             r.micro_batch,
@@ -111,6 +112,9 @@ mod tests {
         LayoutRow {
             passes: "tensor-parallel:degree=8,sequence=1 + shard:stage=3,reshard=1".into(),
             tp: 8,
+            pp: 1,
+            virtual_stages: 1,
+            schedule: None,
             dp_shard: 64,
             dp_replicate: 1,
             shard_stage: 3,

@@ -177,6 +177,7 @@ fn default_name(fw: Framework, trace: bool) -> &'static str {
         Framework::Jax => "jax_default",
         Framework::Deepspeed => "deepspeed_default",
         Framework::Torchtitan => "fsdp2_default",
+        Framework::Megatron => "megatron_default",
     }
 }
 
@@ -1522,10 +1523,10 @@ pub fn summary(plan: &Plan) -> Vec<String> {
 }
 
 /// DESIGN.md's `layout` of a zoo plan: the tensor-parallel degree of its `tensor-parallel`
-/// decision, the data-parallel degrees its sharding leaves (`dp_shard` ranks per shard group,
-/// `dp_replicate` groups), the micro-batch its accumulation leaves, and — until pipeline and
-/// context parallelism exist as passes — degree 1 for those. `null` for a trace, whose layout
-/// is the recorded run's.
+/// decision, its pipeline's stages, chunks per rank and schedule, the data-parallel degrees
+/// its sharding leaves (`dp_shard` ranks per shard group, `dp_replicate` groups), the
+/// micro-batch its accumulation or pipeline leaves, and — until context parallelism exists as
+/// a pass — degree 1 for that. `null` for a trace, whose layout is the recorded run's.
 fn layout(plan: &Plan) -> serde_json::Value {
     let w = &plan.workload;
     if w.source == "trace" {
@@ -1538,28 +1539,29 @@ fn layout(plan: &Plan) -> serde_json::Value {
         .find_map(|d| d.knobs.get("degree").and_then(|v| v.parse::<u32>().ok()))
         .unwrap_or(1)
         .max(1);
+    let pipeline = plan.config.pipeline.as_ref();
+    let pp = pipeline.map_or(1, |p| p.stages.max(1));
     let (dp_shard, dp_replicate) = plan
         .config
         .sharding
         .as_ref()
-        .map_or((1, w.ranks / tp), |s| (s.shard_size, s.replicas));
-    let k = plan.config.grad_accumulation.max(1);
-    // The micro-batch of one data-parallel replica (a tensor-parallel group's).
-    let replica = w.batch().map(|b| {
-        plan.config
-            .tensor_parallel
-            .as_ref()
-            .map_or(b, |t| t.replica_batch(b))
-    });
+        .map_or((1, w.ranks / tp / pp), |s| (s.shard_size, s.replicas));
+    let k = pipeline
+        .map_or(plan.config.grad_accumulation, |p| p.microbatches)
+        .max(1);
+    // The micro-batch of one data-parallel replica (a tensor-parallel group's, all stages').
+    let replica = w
+        .batch()
+        .map(|b| crate::plan::replica_batch(&plan.config, b));
     json!({
         "dp_replicate": dp_replicate,
         "dp_shard": dp_shard,
         "tp": tp,
-        "pp": 1,
-        "virtual": 1,
+        "pp": pp,
+        "virtual": pipeline.map_or(1, |p| p.chunks_per_rank.max(1)),
         "cp": 1,
         "micro_batch": replica.map(|b| b / k),
-        "schedule": serde_json::Value::Null,
+        "schedule": pipeline.map(|p| p.schedule.clone()),
     })
 }
 

@@ -23,6 +23,7 @@ fn treats(fw: Framework, pass: &str, names: Names) -> Result<&'static str, &'sta
                 Framework::Jax => "jax_",
                 Framework::Deepspeed => "zero",
                 Framework::Torchtitan => "torchtitan_",
+                Framework::Megatron => "megatron_",
             };
             let also = match fw {
                 Framework::Tf => &["xla_default"][..],

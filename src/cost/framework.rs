@@ -2,7 +2,7 @@
 //! issued (eager, one CPU dispatch per operator, or a compiled graph), in which precision its FP32
 //! math runs by default, and how it synchronises gradients by default.
 //!
-//! `--framework pytorch|horovod|tf|jax|byteps|deepspeed|torchtitan` (default `pytorch`) is shared by `replay`,
+//! `--framework pytorch|horovod|tf|jax|byteps|deepspeed|torchtitan|megatron` (default `pytorch`) is shared by `replay`,
 //! `whatif` and `plan`: the framework's default is the baseline every prediction starts from.
 //!
 //! | framework | issue | FP32 convolutions | FP32 matmuls | default gradient sync |
@@ -14,6 +14,7 @@
 //! | `jax` | graph (`jax.jit`, XLA) | TF32 on Ampere+ (default precision) | TF32 on Ampere+ | XLA all-reduce combiner, 30 MiB |
 //! | `deepspeed` | eager (PyTorch) | as `pytorch` | as `pytorch` | all-reduce after the backward (`allreduce_bucket_size` 5e8 elements); ZeRO baselines beside it |
 //! | `torchtitan` | eager (PyTorch) | as `pytorch` | as `pytorch` | FSDP2 baseline (`fully_shard` per block); `replicate` (DDP buckets) without sharding |
+//! | `megatron` | eager (PyTorch) | as `pytorch` | as `pytorch` | one all-reduce of the whole gradient buffer after the backward (no `--overlap-grad-reduce`); the distributed optimizer (ZeRO-1) beside it |
 //!
 //! Sources: PyTorch "CUDA semantics — TensorFloat-32 (TF32) on Ampere (and later) devices"
 //! (`torch.backends.cuda.matmul.allow_tf32` default `False` since 1.12, cuDNN's `True`);
@@ -23,7 +24,10 @@
 //! 128 MiB, cycle time 1 ms); BytePS `BYTEPS_PARTITION_BYTES` default 4096000; XLA
 //! `xla_gpu_all_reduce_combine_threshold_bytes` (30 MiB); DeepSpeed configuration JSON docs
 //! (`allreduce_bucket_size` 500000000); torchtitan `parallelize_llama` (`replicate` when only
-//! `data_parallel_replicate_degree` > 1).
+//! `data_parallel_replicate_degree` > 1); Megatron-LM `DistributedDataParallelConfig`
+//! (`overlap_grad_reduce` False by default: the gradient buffer is reduced once, after the
+//! backward) and `Float16OptimizerWithFloat16Params` (`--bf16`/`--fp16` hold the model in half,
+//! FP32 main parameters in the optimizer).
 
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +65,9 @@ pub enum Framework {
     Deepspeed,
     /// torchtitan: PyTorch eager with FSDP2 (`fully_shard` per block) by default.
     Torchtitan,
+    /// Megatron-LM (megatron-core): PyTorch eager, its own data-parallel gradient buffer,
+    /// tensor, sequence and pipeline parallelism by command-line arguments.
+    Megatron,
 }
 
 /// How a framework issues its kernels.
@@ -136,7 +143,7 @@ impl Default for Math {
 
 impl Framework {
     /// Every framework, in `--help` order.
-    pub const ALL: [Framework; 7] = [
+    pub const ALL: [Framework; 8] = [
         Framework::Pytorch,
         Framework::Horovod,
         Framework::Tf,
@@ -144,6 +151,7 @@ impl Framework {
         Framework::Byteps,
         Framework::Deepspeed,
         Framework::Torchtitan,
+        Framework::Megatron,
     ];
 
     /// The name as on the command line.
@@ -156,6 +164,7 @@ impl Framework {
             Framework::Byteps => "byteps",
             Framework::Deepspeed => "deepspeed",
             Framework::Torchtitan => "torchtitan",
+            Framework::Megatron => "megatron",
         }
     }
 
@@ -166,7 +175,8 @@ impl Framework {
             | Framework::Horovod
             | Framework::Byteps
             | Framework::Deepspeed
-            | Framework::Torchtitan => Exec::Eager,
+            | Framework::Torchtitan
+            | Framework::Megatron => Exec::Eager,
             Framework::Tf | Framework::Jax => Exec::Graph,
         }
     }
@@ -181,7 +191,8 @@ impl Framework {
             | Framework::Horovod
             | Framework::Byteps
             | Framework::Deepspeed
-            | Framework::Torchtitan => Math {
+            | Framework::Torchtitan
+            | Framework::Megatron => Math {
                 conv: pick(true),
                 matmul: pick(false),
                 channels_last: false,
@@ -196,13 +207,14 @@ impl Framework {
         }
     }
 
-    /// How its mixed precision holds the model: DeepSpeed's `fp16`/`bf16` sections cast the
-    /// whole model and keep FP32 master weights in the optimizer (its `FP16_Optimizer`, and
-    /// ZeRO's FP32 partitions); the others' AMP is autocast around an FP32 model
+    /// How its mixed precision holds the model: DeepSpeed's `fp16`/`bf16` sections and
+    /// Megatron-LM's `--fp16`/`--bf16` cast the whole model and keep FP32 master weights in the
+    /// optimizer (DeepSpeed's `FP16_Optimizer` and ZeRO's FP32 partitions, Megatron's
+    /// `Float16OptimizerWithFloat16Params`); the others' AMP is autocast around an FP32 model
     /// (`torch.autocast`, Keras' and JAX's mixed policies, Horovod and BytePS over PyTorch's).
     pub fn default_amp_style(self) -> AmpStyle {
         match self {
-            Framework::Deepspeed => AmpStyle::Pure,
+            Framework::Deepspeed | Framework::Megatron => AmpStyle::Pure,
             _ => AmpStyle::Autocast,
         }
     }
@@ -219,6 +231,9 @@ impl Framework {
             // `allreduce_bucket_size` = 5e8 elements: one pack for any model up to 500 M
             // parameters.
             Framework::Deepspeed => SyncDefault::OnePack,
+            // Megatron-LM without `--overlap-grad-reduce` reduces its contiguous gradient
+            // buffer once, after the whole backward.
+            Framework::Megatron => SyncDefault::OnePack,
             Framework::Horovod => SyncDefault::Fusion {
                 threshold_bytes: 128 << 20,
                 cycle_ns: 1_000_000,

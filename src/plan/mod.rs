@@ -183,6 +183,57 @@ pub struct FinalConfig {
     /// data-parallel ranks (the gradient collectives' and `sharding`'s) are `ranks / degree`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensor_parallel: Option<TensorParallelConfig>,
+    /// Pipeline parallelism (the `pipeline` pass); absent: one stage. With it the
+    /// data-parallel ranks are `ranks / (tensor-parallel degree × stages)`, and
+    /// `grad_accumulation` is 1 (the pipeline's micro-batches are its accumulation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<PipelineConfig>,
+}
+
+/// What the Megatron-LM export applies for pipeline parallelism
+/// (`--pipeline-model-parallel-size`, `--num-layers-per-virtual-pipeline-stage`, the
+/// micro-batch size); the other exports refuse a plan with it, naming `config.pipeline`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Ranks along the pipeline (the outermost dimension: stage `s` holds ranks
+    /// `s × ranks / stages ..`).
+    pub stages: u32,
+    /// Micro-batches per iteration, each through every stage.
+    pub microbatches: u32,
+    /// `1f1b`, `gpipe` or `interleaved`.
+    pub schedule: String,
+    /// Model chunks per rank: 1, or more with `interleaved`.
+    #[serde(rename = "virtual")]
+    pub chunks_per_rank: u32,
+    /// Transformer layers the stages cut (`stages × virtual` chunks of equal layers; the
+    /// embedding rides with the first, the head and loss with the last).
+    pub layers: u32,
+    /// The global batch is kept: a replica of `stages` ranks trains `stages` × what one
+    /// rank's share would be (`batch=global`); false: `batch=replica`.
+    pub global_batch: bool,
+}
+
+impl PipelineConfig {
+    /// Samples one data-parallel replica (all stages) trains per iteration, from what one
+    /// stage's ranks would train without the pipeline (`per_stage`).
+    pub fn replica_batch(&self, per_stage: u32) -> u32 {
+        if self.global_batch {
+            per_stage.saturating_mul(self.stages)
+        } else {
+            per_stage
+        }
+    }
+}
+
+/// Samples one data-parallel replica trains per iteration: the per-GPU `batch` times the
+/// tensor-parallel degree and the pipeline's stages where they keep the global batch.
+pub fn replica_batch(c: &FinalConfig, batch: u32) -> u32 {
+    let b = c
+        .tensor_parallel
+        .as_ref()
+        .map_or(batch, |tp| tp.replica_batch(batch));
+    c.pipeline.as_ref().map_or(b, |pp| pp.replica_batch(b))
 }
 
 /// What the torchtitan export applies for tensor parallelism (`parallelism.tensor_parallel_degree`;
@@ -364,6 +415,7 @@ impl FinalConfig {
         let (mut k, mut recompute) = (1, Vec::<String>::new());
         let mut sharding = None;
         let mut tensor_parallel = None;
+        let mut pipeline = None;
         for d in decisions {
             match d.pass.as_str() {
                 "op-fusion" | "tensor-fusion" | "tensor-partition" => {}
@@ -377,6 +429,17 @@ impl FinalConfig {
                     });
                 }
                 "shard" => sharding = Some(ShardConfig::of(job, &d.knobs)),
+                "pipeline" => {
+                    pipeline = job.meta.pipeline.map(|p| PipelineConfig {
+                        stages: p.stages,
+                        microbatches: p.microbatches,
+                        schedule: p.schedule.name().to_string(),
+                        chunks_per_rank: p.chunks_per_rank.max(1),
+                        layers: crate::graph::pipeline::stages(job, p.chunks())
+                            .map_or(0, |c| c.blocks),
+                        global_batch: d.knobs.get("batch").map(|v| v.trim()) != Some("replica"),
+                    });
+                }
                 b if b.starts_with("baseline:") => {
                     if d.knobs.contains_key("stage") {
                         sharding = Some(ShardConfig::of(job, &d.knobs));
@@ -409,6 +472,7 @@ impl FinalConfig {
             recompute,
             sharding,
             tensor_parallel,
+            pipeline,
         }
     }
 }

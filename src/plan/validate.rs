@@ -23,6 +23,7 @@
 //! | `config.tensor_bytes`, each group's sum | ≤ 16 TiB (checked addition) | [`crate::graph::bounds::MAX_TENSOR_BYTES`] |
 //! | `config.tensor_groups` | no empty group, no tensor twice; partitions keyed by a group's first tensor | the job's syncs |
 //! | `config.tensor_parallel` | degree ≥ 2, dividing the ranks | the `tensor-parallel` pass |
+//! | `config.pipeline` | stages ≥ 2, stages × the tensor-parallel degree dividing the ranks; `layers` a multiple of stages × virtual; virtual > 1 only `interleaved`; micro-batches dividing the replica's batch (a multiple of the stages when interleaved); no `grad_accumulation` beside it | the `pipeline` pass |
 //! | `config.sharding` | stage 1..=3; shard_size ≥ 2 and shard_size × replicas = the data-parallel ranks (ranks ÷ the tensor-parallel degree); prefetch ≤ 64; one byte count per unit, no unit twice, stage 3 has units | the `shard` pass |
 //! | `search.budget_s` | finite, ≥ 0 | `--budget` |
 
@@ -214,11 +215,16 @@ fn config(c: &FinalConfig, batch: u32, ranks: u32) -> Result<(), Invalid> {
         None => ranks,
     };
     // Accumulation splits what one data-parallel replica trains (a tensor-parallel group's
-    // batch, with tensor parallelism).
-    let batch = c
-        .tensor_parallel
-        .as_ref()
-        .map_or(batch, |tp| tp.replica_batch(batch));
+    // batch, with tensor parallelism; all its stages', with a pipeline).
+    let batch = if batch > 0 {
+        super::replica_batch(c, batch)
+    } else {
+        0
+    };
+    let dp_ranks = match &c.pipeline {
+        Some(pp) => pipeline(pp, dp_ranks, batch, c.grad_accumulation)?,
+        None => dp_ranks,
+    };
     let k = c.grad_accumulation;
     if k == 0 || k > MAX_ACCUMULATION {
         return Err(invalid(
@@ -307,6 +313,79 @@ fn tensor_parallel(tp: &crate::plan::TensorParallelConfig, ranks: u32) -> Result
         ));
     }
     Ok(ranks / tp.degree)
+}
+
+/// `config.pipeline` over the `ranks` a tensor-parallel degree leaves, for a replica batch
+/// of `batch` (0: unknown) and `k` accumulation steps; the data-parallel ranks it leaves.
+fn pipeline(
+    pp: &crate::plan::PipelineConfig,
+    ranks: u32,
+    batch: u32,
+    k: u32,
+) -> Result<u32, Invalid> {
+    let field = |f: &str| format!("config.pipeline.{f}");
+    if pp.stages < 2 || !ranks.is_multiple_of(pp.stages) {
+        return Err(invalid(
+            field("stages"),
+            format!(
+                "{}: must be at least 2 and divide the {ranks} ranks a tensor-parallel group leaves (workload.ranks / config.tensor_parallel.degree)",
+                pp.stages
+            ),
+        ));
+    }
+    let interleaved = match pp.schedule.as_str() {
+        "1f1b" | "gpipe" => false,
+        "interleaved" => true,
+        other => {
+            return Err(invalid(
+                field("schedule"),
+                format!("{other:?}: must be 1f1b, gpipe or interleaved"),
+            ));
+        }
+    };
+    if pp.chunks_per_rank == 0 || (pp.chunks_per_rank > 1) != interleaved {
+        return Err(invalid(
+            field("virtual"),
+            format!(
+                "{}: 1 with schedule {}, more than 1 with interleaved",
+                pp.chunks_per_rank, pp.schedule
+            ),
+        ));
+    }
+    let chunks = pp.stages.saturating_mul(pp.chunks_per_rank);
+    if pp.layers == 0 || !pp.layers.is_multiple_of(chunks) {
+        return Err(invalid(
+            field("layers"),
+            format!(
+                "{}: must be a multiple of stages x virtual = {chunks}",
+                pp.layers
+            ),
+        ));
+    }
+    let m = pp.microbatches;
+    if m == 0
+        || (batch > 0 && !batch.is_multiple_of(m))
+        || (interleaved && !m.is_multiple_of(pp.stages))
+    {
+        return Err(invalid(
+            field("microbatches"),
+            format!(
+                "{m}: must divide the replica's batch of {batch}{}",
+                if interleaved {
+                    " and be a multiple of the stages (interleaved)"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    if k != 1 {
+        return Err(invalid(
+            "config.grad_accumulation",
+            format!("{k}: must be 1 with a pipeline (its micro-batches are the accumulation)"),
+        ));
+    }
+    Ok(ranks / pp.stages)
 }
 
 /// `config.sharding`: a stage the passes know, groups that tile the data-parallel ranks
@@ -455,12 +534,9 @@ impl Plan {
         if let Some(tp) = &self.config.tensor_parallel {
             tensor_parallel(tp, w.ranks)?;
         }
-        let replica_batch = w.batch().map_or(0, |b| {
-            self.config
-                .tensor_parallel
-                .as_ref()
-                .map_or(b, |tp| tp.replica_batch(b))
-        });
+        let replica_batch = w
+            .batch()
+            .map_or(0, |b| super::replica_batch(&self.config, b));
         for (i, d) in self.decisions.iter().enumerate() {
             effect(&format!("decisions[{i}].effect_ms"), d.effect_ms)?;
             if let Some(n) = d.partitions

@@ -1281,7 +1281,7 @@ pub fn for_framework(
         Framework::Byteps => best_point("byteps_tuned", byteps_points(job), evaluate, stop)?,
         Framework::Tf => xla_baseline(default_job.clone(), evaluate, stop)?,
         Framework::Jax => best_point("jax_tuned", jax_points(job, &order), evaluate, stop)?,
-        Framework::Deepspeed | Framework::Torchtitan => None,
+        Framework::Deepspeed | Framework::Torchtitan | Framework::Megatron => None,
     };
     out.extend(tuned);
     for (name, point) in sharded_points(job, &default_job, fw, &order) {
@@ -1306,6 +1306,7 @@ const FSDP2_DEFAULT: Sharding = Sharding {
 /// | framework | sharded baselines |
 /// |---|---|
 /// | pytorch, torchtitan | `fsdp2_default`: gradients reduce-scattered per wrap unit (in `order`), stage 3, reshard, prefetch 1 |
+/// | megatron | `megatron_distopt`: the distributed optimizer (stage 1) on Megatron-LM's default synchronisation |
 /// | deepspeed | `zero2_default`, `zero3_default` on DeepSpeed's default synchronisation (buckets of 5e8 elements after the backward; `overlap_comm` off for stage 2); prefetch one unit at stage 3 (`stage3_prefetch_bucket_size` 5e7 elements holds about one transformer block of a 1–7 B model) |
 fn sharded_points(
     job: &Job,
@@ -1345,6 +1346,16 @@ fn sharded_points(
                     let cfg = format!("DeepSpeed ZeRO-{stage} with its default bucket sizes");
                     out.push((name, (j, cfg, knobs_of(s))));
                 }
+            }
+        }
+        Framework::Megatron => {
+            let s = Sharding {
+                stage: 1,
+                ..FSDP2_DEFAULT
+            };
+            if let Ok(j) = shard(default_job, s) {
+                let cfg = "Megatron-LM's distributed optimizer (ZeRO-1)".to_string();
+                out.push(("megatron_distopt", (j, cfg, knobs_of(s))));
             }
         }
         _ => {}
@@ -1403,6 +1414,7 @@ fn default_point(fw: Framework) -> (&'static str, BTreeMap<String, String>) {
         Framework::Jax => ("jax_default", BTreeMap::new()),
         Framework::Deepspeed => ("deepspeed_default", BTreeMap::new()),
         Framework::Torchtitan => ("torchtitan_ddp", BTreeMap::new()),
+        Framework::Megatron => ("megatron_default", BTreeMap::new()),
     }
 }
 

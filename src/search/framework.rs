@@ -17,11 +17,14 @@
 //! | `grad-accumulation` | `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`), loss ÷ k | `backward_passes_per_step` | `backward_passes_per_step` | `gradient_accumulation_steps` | `optax.MultiSteps` |
 //! | `blueconnect` | — | `HOROVOD_HIERARCHICAL_ALLREDUCE` | — | — | — |
 //! | `shard` | FSDP2 `fully_shard` per unit (stage 3) | — | — | — | — |
+//! | `p3`, `reconstruct-batchnorm`, `vdnn`, `dgc`, pass files | — | — | — | — | — |
 //!
 //! `deepspeed` and `torchtitan` (the sharding issue's frameworks) apply `amp`, `fused-adam`,
 //! `grad-accumulation` and `shard` (stages per [`shard_supported`]) through `ds_config.json`
-//! and `torchtitan.toml`; nothing else.
-//! | `p3`, `reconstruct-batchnorm`, `vdnn`, `dgc`, pass files | — | — | — | — | — |
+//! and `torchtitan.toml`; torchtitan also `tensor-parallel` and `recompute` (whole blocks).
+//! `megatron` applies `amp`, `fused-adam`, `recompute` (whole layers), `grad-accumulation`,
+//! `shard` at stage 1 (the distributed optimizer), `tensor-parallel` ([`tp_supported`]) and
+//! `pipeline` ([`pipeline_supported`]) through `megatron_args.sh`; nothing else.
 //!
 //! A plan from a trace names ATen operators, not modules, so `op-fusion` is never exported for
 //! it; AMP on a trace is priced for kernels whose class the trace does not record, so it is
@@ -79,6 +82,9 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             Torchtitan => Err(
                 "torchtitan groups gradients by its wrap units (FSDP2) or DDP buckets: arbitrary groups cannot be set",
             ),
+            Megatron => Err(
+                "Megatron-LM reduces one contiguous gradient buffer (or buckets of one size with --overlap-grad-reduce): arbitrary groups cannot be set",
+            ),
         },
         "tensor-partition" => Err(
             "per-tensor partition numbers need dPRO's BytePS fork: stock BytePS cuts every tensor by one BYTEPS_PARTITION_BYTES (the plan tunes it for --framework byteps)",
@@ -103,6 +109,9 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             (Torchtitan, _) => Err(
                 "torchtitan compiles every block or none (compile.enable): regions cannot be chosen",
             ),
+            (Megatron, _) => Err(
+                "Megatron-LM fuses with its own kernels (Transformer Engine, --bias-gelu-fusion ...), not regions a plan chooses",
+            ),
         },
         "amp" => match fw {
             Pytorch => Ok(
@@ -124,6 +133,9 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             Torchtitan => Ok(
                 "training.mixed_precision_param = bfloat16, mixed_precision_reduce = float32 (torchtitan.toml); bf16 only: torchtitan has no fp16 mixed precision (no loss scaler), and the export of an fp16 plan says it runs in float32",
             ),
+            Megatron => Ok(
+                "--bf16, or --fp16 with dynamic loss scaling: the model held in half, FP32 main parameters and gradients in the optimizer (megatron_args.sh)",
+            ),
         },
         "fused-adam" => match fw {
             _ if torch_like => {
@@ -133,6 +145,9 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "optimizer.type AdamW: DeepSpeed's fused multi-tensor Adam, DeepSpeedCPUAdam when offloaded (ds_config.json; hyper-parameters through trainplan_deepspeed.load_config)",
             ),
             Torchtitan => Ok("optimizer.implementation = \"fused\" (torchtitan.toml)"),
+            Megatron => Ok(
+                "--optimizer adam: Transformer Engine's or apex's FusedAdam, Megatron-LM's only Adam (megatron_args.sh)",
+            ),
             _ => Err("the optimizer update is compiled with the step (XLA): no separate switch"),
         },
         "recompute" => match fw {
@@ -144,6 +159,9 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             ),
             Torchtitan => Ok(
                 "activation_checkpoint.mode = \"full\": every transformer block checkpointed, as recompute:policy=full plans it (torchtitan.toml)",
+            ),
+            Megatron => Ok(
+                "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1: every transformer layer's input kept, the layer re-run in the backward, as recompute:policy=full plans it (megatron_args.sh)",
             ),
             _ => Err("the export has no recomputation switch for this framework"),
         },
@@ -169,7 +187,26 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             Torchtitan => {
                 "training.local_batch_size = batch/k, global_batch_size = batch x data-parallel ranks: torchtitan accumulates the k micro-batches (torchtitan.toml)"
             }
+            Megatron => {
+                "--micro-batch-size = batch/k, --global-batch-size = batch x data-parallel ranks: Megatron-LM runs k micro-batches per step (megatron_args.sh)"
+            }
         }),
+        "shard" | "tensor-parallel" | "pipeline" => parallelism(fw, pass),
+        "blueconnect" => match fw {
+            Horovod => Ok("HOROVOD_HIERARCHICAL_ALLREDUCE=1 (horovod.env)"),
+            _ => Err("no hierarchical all-reduce switch in this framework's export"),
+        },
+        _ => Err(
+            "a what-if of a technique the framework does not switch on (p3, reconstruct-batchnorm, vdnn, dgc, pass files): nothing in the export applies it",
+        ),
+    }
+}
+
+/// How `fw`'s exported files apply the parallelism pass `pass` (`shard`, `tensor-parallel`,
+/// `pipeline`): [`mechanism`]'s arms for them.
+fn parallelism(fw: Framework, pass: &str) -> Result<&'static str, &'static str> {
+    use Framework::*;
+    match pass {
         "shard" => match fw {
             Pytorch => Ok(
                 "torch.distributed.fsdp.fully_shard on each planned unit, then the root, with the planned reshard_after_forward, prefetch and MixedPrecisionPolicy; HSDP on a (replicas, shard) mesh (trainplan_patch.apply_fsdp)",
@@ -180,6 +217,9 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             Torchtitan => Ok(
                 "parallelism.data_parallel_shard_degree and data_parallel_replicate_degree, fsdp_reshard_after_forward (torchtitan.toml)",
             ),
+            Megatron => Ok(
+                "--use-distributed-optimizer: optimizer state and FP32 main parameters sharded over the data-parallel ranks (ZeRO-1), gradients reduce-scattered, parameters all-gathered (megatron_args.sh)",
+            ),
             _ => Err(
                 "this framework's export has no sharded data parallelism (FSDP2 comes with --framework pytorch, ZeRO with deepspeed)",
             ),
@@ -188,17 +228,22 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
             Torchtitan => Ok(
                 "parallelism.tensor_parallel_degree: torchtitan's Megatron-style plan (column/row-parallel attention and MLP, sequence-parallel norms, vocabulary-parallel loss) on consecutive ranks (torchtitan.toml)",
             ),
+            Megatron => Ok(
+                "--tensor-model-parallel-size, --sequence-parallel: column/row-parallel attention and MLP, vocabulary-parallel embedding and loss, on consecutive ranks (megatron_args.sh)",
+            ),
             _ => Err(
-                "this framework's export has no tensor parallelism (it comes with --framework torchtitan)",
+                "this framework's export has no tensor parallelism (it comes with --framework torchtitan or megatron)",
             ),
         },
-        "blueconnect" => match fw {
-            Horovod => Ok("HOROVOD_HIERARCHICAL_ALLREDUCE=1 (horovod.env)"),
-            _ => Err("no hierarchical all-reduce switch in this framework's export"),
+        "pipeline" => match fw {
+            Megatron => Ok(
+                "--pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage for the interleaved schedule, the micro-batches by --micro-batch-size and --global-batch-size (megatron_args.sh)",
+            ),
+            _ => Err(
+                "this framework's export has no pipeline parallelism (it comes with --framework megatron)",
+            ),
         },
-        _ => Err(
-            "a what-if of a technique the framework does not switch on (p3, reconstruct-batchnorm, vdnn, dgc, pipeline, pass files): nothing in the export applies it",
-        ),
+        _ => Err("not a parallelism pass"),
     }
 }
 
@@ -209,7 +254,11 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
 pub fn pass_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
     match (pass, fw) {
         ("amp", Some(Framework::Torchtitan)) => vec![("dtype".into(), "bf16".into())],
-        ("recompute", Some(Framework::Torchtitan)) => vec![("policy".into(), "full".into())],
+        ("recompute", Some(Framework::Torchtitan | Framework::Megatron)) => {
+            vec![("policy".into(), "full".into())]
+        }
+        // Megatron-LM's distributed optimizer is ZeRO-1.
+        ("shard", Some(Framework::Megatron)) => vec![("stage".into(), "1".into())],
         // The PyTorch export accumulates an FSDP2 model with set_requires_gradient_sync(False)
         // (whole gradients held, one reduce-scatter); torchtitan and DeepSpeed ZeRO-2/3
         // reduce-scatter every micro-step, the pass's default.
@@ -237,6 +286,7 @@ pub fn rules_out(pass: &str, fw: Option<Framework>, job: &crate::graph::job::Job
 /// | pytorch (FSDP2) | — | — | `reshard_after_forward=True` | `False` | HSDP mesh |
 /// | deepspeed | ZeRO-1 | ZeRO-2 | ZeRO-3 | — (stage 3 always re-gathers) | MiCS, stage 3 |
 /// | torchtitan | — | — | `fsdp_reshard_after_forward = "always"` | `"never"` | `data_parallel_replicate_degree` |
+/// | megatron | `--use-distributed-optimizer` | — | — | — | — (one distributed-optimizer instance) |
 pub fn shard_supported(
     fw: Framework,
     stage: u32,
@@ -256,6 +306,10 @@ pub fn shard_supported(
             Err("DeepSpeed shards inside groups (MiCS) at stage 3 only")
         }
         Deepspeed => Ok(()),
+        Megatron if stage != 1 || replicas > 1 => Err(
+            "Megatron-LM's distributed optimizer shards the optimizer state over every data-parallel rank (stage 1); stages 2 and 3 and replica groups come with --framework deepspeed or torchtitan",
+        ),
+        Megatron => Ok(()),
         _ => Err("this framework's export has no sharded data parallelism"),
     }
 }
@@ -266,6 +320,7 @@ pub fn shard_supported(
 /// | | sequence=1 | sequence=0 | DP > 1 without FSDP |
 /// |---|---|---|---|
 /// | torchtitan 0.2.0 | `tensor_parallel_degree` | — (its TP plan always puts `SequenceParallel` on the norms) | — (`parallelize_llama`: "DDP has not supported > 1D parallelism") |
+/// | megatron | `--tensor-model-parallel-size`, `--sequence-parallel` | without `--sequence-parallel` | its own DDP |
 /// | other exports | — | — | — |
 pub fn tp_supported(
     fw: Framework,
@@ -280,9 +335,28 @@ pub fn tp_supported(
         Framework::Torchtitan if dp_ranks > 1 && !fsdp => Err(
             "torchtitan 0.2.0 applies DDP to a one-dimensional mesh only: with tensor parallelism the data-parallel ranks must be sharded (FSDP2, shard:stage=3)",
         ),
-        Framework::Torchtitan => Ok(()),
+        Framework::Torchtitan | Framework::Megatron => Ok(()),
         _ => Err(
-            "this framework's export has no tensor parallelism (it comes with --framework torchtitan)",
+            "this framework's export has no tensor parallelism (it comes with --framework torchtitan or megatron)",
+        ),
+    }
+}
+
+/// Whether `fw`'s export can run a pipeline in `schedule` (`1f1b`, `gpipe`, `interleaved`):
+/// `Err(why not)`.
+///
+/// | | 1f1b | interleaved | gpipe |
+/// |---|---|---|---|
+/// | megatron | `--pipeline-model-parallel-size` | and `--num-layers-per-virtual-pipeline-stage` | — (Megatron-LM's schedules are 1F1B and interleaved 1F1B) |
+/// | other exports | — | — | — |
+pub fn pipeline_supported(fw: Framework, schedule: &str) -> Result<(), &'static str> {
+    match (fw, schedule) {
+        (Framework::Megatron, "1f1b" | "interleaved") => Ok(()),
+        (Framework::Megatron, _) => Err(
+            "Megatron-LM runs the 1F1B and interleaved 1F1B schedules (get_forward_backward_func): plan schedule=1f1b or interleaved",
+        ),
+        _ => Err(
+            "this framework's export has no pipeline parallelism (it comes with --framework megatron)",
         ),
     }
 }
@@ -328,6 +402,12 @@ pub fn baseline_mechanism(name: &str) -> Result<&'static str, &'static str> {
         }
         "torchtitan_ddp" => {
             "torchtitan with data_parallel_replicate_degree = ranks, no sharding (torchtitan.toml)"
+        }
+        "megatron_default" => {
+            "Megatron-LM's data parallelism: the gradient buffer all-reduced once after the backward, no --overlap-grad-reduce, no distributed optimizer (megatron_args.sh)"
+        }
+        "megatron_distopt" => {
+            "--use-distributed-optimizer: gradients reduce-scattered after the backward, parameters all-gathered after the step (megatron_args.sh)"
         }
         "none" => return Err("one collective per tensor: a reference, not a framework setting"),
         _ => return Err("not a setting of this framework"),

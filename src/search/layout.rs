@@ -6,7 +6,10 @@
 //! parallelism only adds communication to a job with room), and one that does not meets each
 //! tensor-parallel degree the pass takes, with and without each sharding the framework's export
 //! applies, before recomputation and accumulation (see `memory_options` in the parent module).
-//! Pipeline and context parallelism are not passes yet: their degrees are 1.
+//! Where the export runs a pipeline (`--framework megatron`), each tensor-parallel degree also
+//! meets each pipeline depth ([`pp_layouts`]), with and without recomputation, in 1F1B; the
+//! fastest pipelined option that fits is then tried interleaved ([`interleaved`]). Context
+//! parallelism is not a pass yet: its degree is 1.
 
 use super::{Evaluated, Framework, KnobbedPass, budget_peak, framework};
 
@@ -30,13 +33,113 @@ pub(super) fn tp_layouts(cur: &Evaluated) -> Vec<KnobbedPass> {
 }
 
 /// Whether `fw`'s export applies the tensor parallelism of `head` (none: yes) with the
-/// sharding that follows it in `head` ([`framework::tp_supported`]).
+/// sharding that follows it in `head` ([`framework::tp_supported`]), and its pipeline's
+/// schedule ([`framework::pipeline_supported`]).
 pub(super) fn layout_exported(head: &[KnobbedPass], workers: u32, fw: Option<Framework>) -> bool {
+    let Some(fw) = fw else { return true };
+    if let Some(s) = text_knob(head, "pipeline", "schedule")
+        && framework::pipeline_supported(fw, s).is_err()
+    {
+        return false;
+    }
     let Some(t) = knob_of(head, "tensor-parallel", "degree") else {
         return true;
     };
     let fsdp = knob_of(head, "shard", "stage") == Some(3);
-    fw.is_none_or(|fw| framework::tp_supported(fw, true, workers / t.max(1), fsdp).is_ok())
+    framework::tp_supported(fw, true, workers / t.max(1), fsdp).is_ok()
+}
+
+/// Largest pipeline depth the layout search tries (Llama 3 405B's published layout is 16
+/// stages; deeper pipelines multiply the micro-steps each option replays).
+pub const MAX_STAGES: u32 = 32;
+
+/// The pipelines the memory step tries after a tensor-parallel degree of `tp` (1: none) on
+/// `cur`: 1F1B at each depth `p` ≥ 2 that divides the model's blocks and, times `tp`, the
+/// workers (at most [`MAX_STAGES`]), the global batch kept, with the most micro-batches up to
+/// 8 p that divide the replica's batch (micro-batches of fewer samples hold less in flight;
+/// at 8 p the bubble is under 1/8 of the step) and at least `p` of them. None for a job that
+/// is not a transformer from the zoo, or where `fw`'s export runs no pipeline.
+pub(super) fn pp_layouts(cur: &Evaluated, tp: u32, fw: Option<Framework>) -> Vec<KnobbedPass> {
+    if fw.is_some_and(|fw| framework::pipeline_supported(fw, "1f1b").is_err())
+        || cur.job.is_recorded()
+    {
+        return Vec::new();
+    }
+    let Ok(cut) = crate::graph::pipeline::stages(&cur.job, 1) else {
+        return Vec::new();
+    };
+    let tp = tp.max(1);
+    (2..=cut.blocks.min(MAX_STAGES))
+        .filter(|&p| cut.blocks.is_multiple_of(p))
+        .filter(|&p| {
+            tp.checked_mul(p)
+                .is_some_and(|tp_p| cur.job.workers.is_multiple_of(tp_p))
+        })
+        .filter_map(|p| {
+            let replica = cur.job.meta.batch.saturating_mul(tp).saturating_mul(p);
+            let m = (p..=replica.min(8 * p))
+                .rev()
+                .find(|&m| replica.is_multiple_of(m))?;
+            Some((
+                "pipeline".to_string(),
+                vec![
+                    ("stages".to_string(), p.to_string()),
+                    ("microbatches".to_string(), m.to_string()),
+                    ("schedule".to_string(), "1f1b".to_string()),
+                ],
+            ))
+        })
+        .collect()
+}
+
+/// `steps` with its 1F1B pipeline interleaved over two model chunks per rank, where the
+/// blocks split into `2 p` chunks, the micro-batches are a multiple of `p` and `fw`'s export
+/// runs the schedule; None otherwise.
+pub(super) fn interleaved(
+    steps: &[KnobbedPass],
+    cur: &Evaluated,
+    fw: Option<Framework>,
+) -> Option<Vec<KnobbedPass>> {
+    let p = knob_of(steps, "pipeline", "stages")?;
+    let m = knob_of(steps, "pipeline", "microbatches")?;
+    if text_knob(steps, "pipeline", "schedule") != Some("1f1b")
+        || fw.is_some_and(|fw| framework::pipeline_supported(fw, "interleaved").is_err())
+        || !m.is_multiple_of(p)
+    {
+        return None;
+    }
+    let blocks = crate::graph::pipeline::stages(&cur.job, 1).ok()?.blocks;
+    if !blocks.is_multiple_of(2 * p) {
+        return None;
+    }
+    Some(
+        steps
+            .iter()
+            .map(|(n, ks)| {
+                if n != "pipeline" {
+                    return (n.clone(), ks.clone());
+                }
+                let mut ks: Vec<(String, String)> = ks
+                    .iter()
+                    .filter(|(k, _)| k != "schedule")
+                    .cloned()
+                    .collect();
+                ks.push(("schedule".into(), "interleaved".into()));
+                ks.push(("virtual".into(), "2".into()));
+                (n.clone(), ks)
+            })
+            .collect(),
+    )
+}
+
+/// The text knob `k` of the step `pass` in `steps`, if there is one.
+fn text_knob<'a>(steps: &'a [KnobbedPass], pass: &str, k: &str) -> Option<&'a str> {
+    steps
+        .iter()
+        .filter(|(n, _)| n == pass)
+        .flat_map(|(_, ks)| ks.iter())
+        .find(|(n, _)| n == k)
+        .map(|(_, v)| v.as_str())
 }
 
 /// The integer knob `k` of the step `pass` in `steps`, if there is one.
@@ -57,6 +160,12 @@ pub struct LayoutRow {
     pub passes: String,
     /// Ranks per tensor-parallel group.
     pub tp: u32,
+    /// Pipeline stages (1: none).
+    pub pp: u32,
+    /// Model chunks per pipeline rank (interleaved: more than 1).
+    pub virtual_stages: u32,
+    /// The pipeline's schedule (`1f1b`, `interleaved`, `gpipe`), None without one.
+    pub schedule: Option<String>,
     /// Ranks per shard group (1: unsharded).
     pub dp_shard: u32,
     /// Data-parallel groups holding replicas of each other.
@@ -65,7 +174,7 @@ pub struct LayoutRow {
     pub shard_stage: u32,
     /// Samples per micro-step of one data-parallel replica.
     pub micro_batch: u32,
-    /// Micro-steps per iteration.
+    /// Micro-steps per iteration (accumulation's k, or the pipeline's micro-batches).
     pub accumulation: u32,
     pub recompute: bool,
     pub iteration_ns: u64,
@@ -110,7 +219,8 @@ pub(super) fn row(
     let tp = knob_of(steps, "tensor-parallel", "degree")
         .unwrap_or(1)
         .max(1);
-    let dp = (workers / tp).max(1);
+    let pp = knob_of(steps, "pipeline", "stages").unwrap_or(1).max(1);
+    let dp = (workers / tp / pp).max(1);
     let stage = knob_of(steps, "shard", "stage").unwrap_or(0);
     let (dp_shard, dp_replicate) = if stage > 0 {
         let replicas = knob_of(steps, "shard", "replicas").unwrap_or(1).max(1);
@@ -118,15 +228,22 @@ pub(super) fn row(
     } else {
         (1, dp)
     };
-    let k = knob_of(steps, "grad-accumulation", "k").unwrap_or(1).max(1);
+    let k = knob_of(steps, "grad-accumulation", "k")
+        .or_else(|| knob_of(steps, "pipeline", "microbatches"))
+        .unwrap_or(1)
+        .max(1);
+    let schedule = text_knob(steps, "pipeline", "schedule").map(str::to_string);
     let p = &e.memory.peaks;
     LayoutRow {
         passes: full_label(steps),
         tp,
+        pp,
+        virtual_stages: knob_of(steps, "pipeline", "virtual").unwrap_or(1).max(1),
+        schedule,
         dp_shard,
         dp_replicate,
         shard_stage: stage,
-        micro_batch: batch.saturating_mul(tp) / k,
+        micro_batch: batch.saturating_mul(tp).saturating_mul(pp) / k,
         accumulation: k,
         recompute: steps.iter().any(|(n, _)| n == "recompute"),
         iteration_ns: e.iteration_ns(),
@@ -164,6 +281,9 @@ mod tests {
         LayoutRow {
             passes: passes.into(),
             tp: 1,
+            pp: 1,
+            virtual_stages: 1,
+            schedule: None,
             dp_shard: 1,
             dp_replicate: 1,
             shard_stage: 0,
@@ -211,6 +331,51 @@ mod tests {
         assert_eq!(full_label(&[]), "as is");
         assert_eq!(knob_of(&steps, "tensor-parallel", "degree"), Some(8));
         assert_eq!(knob_of(&steps, "shard", "stage"), None);
+    }
+
+    /// The pipelines the layout search tries for GPT-2 small (12 blocks) at batch 2 on 8
+    /// V100s: 1F1B at every depth dividing the blocks and, times the tensor-parallel degree,
+    /// the 8 workers; micro-batches dividing the replica's batch, between p and 8 p; none
+    /// where the export runs no pipeline.
+    #[test]
+    fn pipelines_divide_the_blocks_and_the_workers() {
+        let (_, job) = crate::zoo::build::test_job("gpt", 2, "8xv100");
+        let cur = crate::passes::evaluate(job).unwrap();
+        let mega = Some(Framework::Megatron);
+        let depths = |tp: u32| -> Vec<(u32, u32)> {
+            pp_layouts(&cur, tp, mega)
+                .iter()
+                .map(|o| {
+                    let s = std::slice::from_ref(o);
+                    assert_eq!(text_knob(s, "pipeline", "schedule"), Some("1f1b"));
+                    (
+                        knob_of(s, "pipeline", "stages").unwrap(),
+                        knob_of(s, "pipeline", "microbatches").unwrap(),
+                    )
+                })
+                .collect()
+        };
+        // Replica batch 2 p (the global batch kept): m = 2 p micro-batches of one sample.
+        assert_eq!(depths(1), vec![(2, 4), (4, 8)]);
+        // With tensor parallelism of 2 (a replica of 2 p ranks trains 4 p): 4 p.
+        assert_eq!(depths(2), vec![(2, 8), (4, 16)]);
+        assert!(pp_layouts(&cur, 1, Some(Framework::Pytorch)).is_empty());
+        assert!(pp_layouts(&cur, 1, Some(Framework::Torchtitan)).is_empty());
+        // Interleaved where 2 p chunks divide the 12 blocks and p divides m; not for a
+        // framework without it, nor for a step list without a 1F1B pipeline.
+        let one = pp_layouts(&cur, 1, mega);
+        let alt = interleaved(&one[..1], &cur, mega).expect("2 stages x 2 chunks divide 12");
+        assert_eq!(text_knob(&alt, "pipeline", "schedule"), Some("interleaved"));
+        assert_eq!(knob_of(&alt, "pipeline", "virtual"), Some(2));
+        assert_eq!(knob_of(&alt, "pipeline", "stages"), Some(2));
+        assert!(
+            interleaved(&one[1..2], &cur, mega).is_none(),
+            "8 chunks do not divide 12"
+        );
+        assert!(interleaved(&alt, &cur, mega).is_none());
+        assert!(interleaved(&one[..1], &cur, Some(Framework::Pytorch)).is_none());
+        assert!(layout_exported(&one[..1], 8, mega));
+        assert!(!layout_exported(&one[..1], 8, Some(Framework::Deepspeed)));
     }
 
     #[test]

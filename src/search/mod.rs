@@ -451,10 +451,13 @@ fn describe(job: &Job, patch: &Patch) -> (Vec<String>, Vec<String>, Option<u32>)
     (tensors, ops, parts)
 }
 
-/// A candidate move: patches applied together.
+/// A candidate move: patches applied together, and the knobs the framework's export needed
+/// the pass to take ([`framework::pass_knobs`]), which the plan's decision records (the
+/// exports read them: Megatron's `shard` at stage 1, torchtitan's full recomputation).
 pub(crate) struct Move {
     pub(crate) pass: String,
     pub(crate) patches: Vec<Patch>,
+    pub(crate) knobs: Vec<(String, String)>,
 }
 
 /// What both strategies share: the allowed passes, the evaluator, the options and the stop
@@ -665,7 +668,7 @@ pub(crate) fn decision(cur: &Evaluated, m: &Move, next: &Evaluated) -> Decision 
         tensors,
         ops,
         partitions,
-        knobs: Default::default(),
+        knobs: m.knobs.iter().cloned().collect(),
         why,
         effect_ms: (next.iteration_ns() as f64 - cur.iteration_ns() as f64) / 1e6,
         mechanism: String::new(),
@@ -807,6 +810,7 @@ fn memory_passes(opts: &SearchOptions) -> Vec<&'static str> {
         "grad-accumulation",
         "shard",
         "tensor-parallel",
+        "pipeline",
     ]
     .into_iter()
     .filter(|p| match &opts.passes {
@@ -1199,15 +1203,18 @@ fn candidate_moves(
         if patches.is_empty() {
             continue;
         }
+        let fw_knobs = framework::pass_knobs(p.name(), opts.framework.map(|(fw, _)| fw));
         if p.granular() {
             moves.extend(patches.into_iter().map(|patch| Move {
                 pass: p.name().to_string(),
                 patches: vec![patch],
+                knobs: fw_knobs.clone(),
             }));
         } else {
             moves.push(Move {
                 pass: p.name().to_string(),
                 patches,
+                knobs: fw_knobs,
             });
         }
     }
@@ -1364,11 +1371,24 @@ fn memory_step(
             .collect(),
     );
     let tried = kept.tried.into_iter().map(|(_, t)| t).collect();
-    let (steps, _, _) = fastest_fitting(cur, budget, tried)?;
+    let (mut steps, best, _) = fastest_fitting(cur, budget, tried)?;
+    let mut extra = 0;
+    // The fastest pipeline that fits, interleaved over two chunks per rank where the export
+    // runs that (a smaller bubble for more sends): taken when it fits and is faster.
+    if let Some(alt) = layout::interleaved(&steps, cur, fw)
+        && let Ok((e, _)) = try_memory_option(cur, &alt, all, eval, lean_ops, false)
+    {
+        extra += 1;
+        rows.push(layout::row(&alt, &e, workers, batch, budget));
+        *rows = layout::ranked(std::mem::take(rows));
+        if budget_peak(&e, budget) <= budget && e.iteration_ns() < best.iteration_ns() {
+            steps = alt;
+        }
+    }
     // The chosen option again, each step replayed, for its decisions' effects (the same end:
     // replays are deterministic).
     let (e, trail) = try_memory_option(cur, &steps, all, eval, lean_ops, true)?;
-    let replays = kept.replays + steps.len() as u64;
+    let replays = kept.replays + extra + steps.len() as u64;
     let decisions = memory_decisions(cur, budget, &steps, &e, &trail);
     Ok((e, replays, decisions))
 }
@@ -1387,7 +1407,7 @@ fn without_hopeless(
     let floor = b.static_bytes + b.workspace_bytes + b.context_bytes + b.nccl_bytes;
     let sharded = |o: &Vec<KnobbedPass>| {
         o.iter()
-            .any(|(n, _)| n == "shard" || n == "tensor-parallel")
+            .any(|(n, _)| n == "shard" || n == "tensor-parallel" || n == "pipeline")
     };
     if floor > budget && options.iter().any(sharded) {
         options.retain(sharded);
@@ -1437,7 +1457,7 @@ fn memory_options(
         Vec::new()
     };
     let mut options: Vec<Vec<KnobbedPass>> = Vec::new();
-    for first in &firsts {
+    for (fi, first) in firsts.iter().enumerate() {
         // Without tensor parallelism, then at each degree; each without sharding, then with
         // each sharding the export applies (over the data-parallel ranks the degree leaves).
         let mut heads: Vec<Vec<KnobbedPass>> = Vec::new();
@@ -1453,6 +1473,24 @@ fn memory_options(
             }
         }
         for head in heads {
+            // Pipelines after the head's tensor parallelism, unsharded (a sharded pipeline is
+            // not modelled yet), with and without recomputation; after AMP only, where AMP is
+            // an option (fp32 pipelines double the options for plans no faster).
+            if has("pipeline") && fi + 1 == firsts.len() && !head.iter().any(|(n, _)| n == "shard")
+            {
+                let t = layout::knob_of(&head, "tensor-parallel", "degree").unwrap_or(1);
+                for pp in layout::pp_layouts(cur, t, fw) {
+                    let mut o = head.clone();
+                    o.push(pp.clone());
+                    options.push(o);
+                    if has("recompute") {
+                        let mut o = head.clone();
+                        o.push(("recompute".into(), framework::pass_knobs("recompute", fw)));
+                        o.push(pp);
+                        options.push(o);
+                    }
+                }
+            }
             let ks = ks_of(&head);
             let with = |rest: Vec<KnobbedPass>| {
                 let mut v = head.clone();
@@ -1521,12 +1559,13 @@ fn shard_options(cur: &Evaluated, fw: Option<Framework>) -> Vec<KnobbedPass> {
 /// The passes of a memory option ([`memory_options`]): each proposes from its input's job
 /// alone, never from its replay, so an option's intermediate jobs need no replay.
 /// `memory_passes_propose_from_the_job_alone` holds them to it.
-pub(crate) const MEMORY_PASSES: [&str; 5] = [
+pub(crate) const MEMORY_PASSES: [&str; 6] = [
     "amp",
     "tensor-parallel",
     "shard",
     "recompute",
     "grad-accumulation",
+    "pipeline",
 ];
 
 /// One memory option's passes applied in turn from `cur` (shown in full even when `cur` is

@@ -131,11 +131,11 @@ fn plan_then_export_for_every_framework() {
 
 #[test]
 fn unknown_framework_is_a_usage_error_listing_the_known_ones() {
-    let (code, out, err) = run(&["export", "plan.yaml", "--to", "megatron"]);
+    let (code, out, err) = run(&["export", "plan.yaml", "--to", "megatron-lm"]);
     assert_eq!(code, 2);
     assert!(out.is_empty());
     assert!(
-        err.contains("horovod, xla, byteps, pytorch, jax, deepspeed, torchtitan"),
+        err.contains("horovod, xla, byteps, pytorch, jax, deepspeed, torchtitan, megatron"),
         "{err}"
     );
 }

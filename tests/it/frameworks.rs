@@ -35,6 +35,12 @@
 //!   trained: MiCS gathers through a coalescing manager gloo does not implement. DeepSpeed
 //!   JIT-compiles two C++ ops on first use (g++ and the venv's ninja; cached in
 //!   ~/.cache/torch_extensions, about two minutes once).
+//! * Megatron-LM (`tests/frameworks/megatron_config.py`, issue 24): `megatron_args.sh` sourced
+//!   by bash as a launch script would, its arguments handed to megatron-core 0.16's
+//!   `TransformerConfig` (its validation of tensor, sequence, pipeline and interleaved
+//!   degrees against the model, and of the recompute settings), `OptimizerConfig` and
+//!   `ConstantNumMicroBatchesCalculator`, for plans the planner made with pipeline, tensor
+//!   parallelism, recomputation and the distributed optimizer.
 //!
 //! The libraries come from the virtual environment `tests/frameworks/venv.sh` creates once and
 //! caches outside the clone (keyed by the pinned `requirements.txt`); `TRAINPLAN_PYTHON`
@@ -2030,4 +2036,152 @@ fn deepspeed_plans_train_on_cpu_as_planned() {
         check_deepspeed_train(tag, &seen, &plan, steps);
     }
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A tiny Llama (8 layers, hidden 1024, 16 heads, 4 KV heads, FFN 4096) on 8 H200s, planned
+/// for Megatron-LM under `budget` with only `passes`: the plan file.
+fn megatron_plan(dir: &Path, passes: &str, budget: &str) -> std::path::PathBuf {
+    let path = dir.join("plan.yaml");
+    let mut args: Vec<&str> = "plan --model llama --layers 8 --hidden 1024 --heads 16 \
+        --kv-heads 4 --ffn 4096 --seq 2048 --vocab 32000 --batch 2 --cluster 8xh200 \
+        --framework megatron --precision bf16 --max-rounds 5"
+        .split_whitespace()
+        .collect();
+    args.extend(["--passes", passes, "--memory-budget", budget, "-o"]);
+    args.push(path.to_str().unwrap());
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 0, "plan --passes {passes}: {err}");
+    path
+}
+
+/// Megatron-LM: what megatron-core makes of each exported `megatron_args.sh` is the plan's
+/// layout — tensor, sequence and pipeline parallelism, interleaving, recomputation, the
+/// distributed optimizer, and as many micro-batches per step as the plan replayed.
+#[test]
+fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
+    let Some(py) = python() else { return };
+    let root = scratch("megatron");
+    // (tag, passes, budget): each makes the planner choose the layout the tag names.
+    let cases = [
+        ("pipeline", "pipeline", "3GB"),
+        ("tp-recompute", "tensor-parallel,recompute", "3GB"),
+        ("distopt", "shard", "5GB"),
+        ("interleaved", "pipeline", "3GB"),
+    ];
+    let mut args: Vec<String> = Vec::new();
+    let mut plans = Vec::new();
+    for (tag, passes, budget) in cases {
+        let dir = root.join(tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = megatron_plan(&dir, passes, budget);
+        let mut plan =
+            Plan::from_yaml(&std::fs::read_to_string(&path).unwrap(), "plan.yaml").unwrap();
+        if tag == "interleaved" {
+            // The planner tried the interleaved schedule and found it slower here: set it as
+            // a user would, and let the plan's own check hold it to the pass's ranges.
+            let pp = plan.config.pipeline.as_mut().expect("a pipelined plan");
+            pp.schedule = "interleaved".into();
+            pp.chunks_per_rank = 2;
+            let d = plan
+                .decisions
+                .iter_mut()
+                .find(|d| d.pass == "pipeline")
+                .unwrap();
+            d.knobs.insert("schedule".into(), "interleaved".into());
+            d.knobs.insert("virtual".into(), "2".into());
+            plan.check().unwrap();
+            std::fs::write(&path, plan.to_yaml()).unwrap();
+        }
+        let out = dir.join("out");
+        let (p, o) = (path.to_str().unwrap(), out.to_str().unwrap());
+        crate::support::run_json(&["export", p, "--to", "megatron", "-o", o]);
+        args.extend(
+            [
+                format!("{o}/megatron_args.sh"),
+                "8".into(),
+                "8".into(),
+                "1024".into(),
+                "16".into(),
+                "4".into(),
+                "4096".into(),
+            ]
+            .into_iter(),
+        );
+        plans.push((tag, plan));
+    }
+    // The tensor-parallel file again with 6 heads: megatron-core must refuse it (the check
+    // can fail).
+    let tp_file = args[7].clone();
+    args.extend([
+        tp_file,
+        "8".into(),
+        "8".into(),
+        "1024".into(),
+        "6".into(),
+        "2".into(),
+        "4096".into(),
+    ]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let seen = harness(&py, "megatron_config.py", &a);
+    assert_eq!(seen["megatron_core"], "0.16.1");
+    let got = seen["cases"].as_array().unwrap();
+    assert_eq!(got.len(), cases.len() + 1);
+    for ((tag, plan), s) in plans.iter().zip(got) {
+        assert_eq!(s["unknown"], serde_json::json!([]), "{tag}: {s}");
+        let t = &s["transformer"];
+        assert!(t.get("error").is_none(), "{tag}: {t}");
+        let c = &plan.config;
+        let tp = c.tensor_parallel.as_ref().map_or(1, |t| t.degree);
+        let pp = c.pipeline.as_ref().map_or(1, |p| p.stages);
+        assert_eq!(t["tensor_model_parallel_size"], tp, "{tag}");
+        assert_eq!(t["pipeline_model_parallel_size"], pp, "{tag}");
+        assert_eq!(
+            t["sequence_parallel"],
+            c.tensor_parallel.as_ref().is_some_and(|t| t.sequence),
+            "{tag}"
+        );
+        let vp = c
+            .pipeline
+            .as_ref()
+            .filter(|p| p.chunks_per_rank > 1)
+            .map(|p| p.chunks_per_rank);
+        assert_eq!(
+            t["virtual_pipeline_model_parallel_size"],
+            serde_json::json!(vp),
+            "{tag}"
+        );
+        let rec = !c.recompute.is_empty();
+        assert_eq!(t["recompute_granularity"] == "full", rec, "{tag}: {t}");
+        assert_eq!(t["bf16"], true, "{tag}");
+        assert_eq!(s["data_parallel_size"], 8 / tp / pp, "{tag}");
+        // megatron-core runs as many micro-batches per step as the plan replayed.
+        let m = c
+            .pipeline
+            .as_ref()
+            .map_or(c.grad_accumulation, |p| p.microbatches);
+        assert_eq!(s["microbatches"], m, "{tag}: {s}");
+        assert_eq!(
+            s["optimizer"]["use_distributed_optimizer"],
+            c.sharding.as_ref().is_some_and(|sh| sh.stage == 1),
+            "{tag}"
+        );
+    }
+    // What each case was made to show.
+    let by = |tag: &str| &plans.iter().find(|(t, _)| *t == tag).unwrap().1.config;
+    assert!(
+        by("pipeline")
+            .pipeline
+            .as_ref()
+            .is_some_and(|p| p.stages > 1)
+    );
+    assert!(
+        by("tp-recompute").tensor_parallel.is_some() && !by("tp-recompute").recompute.is_empty()
+    );
+    assert_eq!(by("distopt").sharding.as_ref().map(|s| s.stage), Some(1));
+    let bad = &got[cases.len()]["transformer"]["error"];
+    assert!(
+        bad.as_str()
+            .is_some_and(|e| e.contains("num_attention_heads")),
+        "{bad}"
+    );
 }

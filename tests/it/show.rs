@@ -69,6 +69,7 @@ fn show_json_says_what_every_export_does_with_each_decision() {
                 "deepspeed",
                 "horovod",
                 "jax",
+                "megatron",
                 "pytorch",
                 "tf",
                 "torchtitan"

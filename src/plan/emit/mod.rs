@@ -12,6 +12,10 @@
 //! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`) for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
 //! | `sharding` (stage 3) | — | — | — | FSDP2 `fully_shard` per unit, then the root: `reshard_after_forward`, prefetch lists, `MixedPrecisionPolicy`, HSDP mesh ([`fsdp`]) | — |
 //!
+//! Megatron-LM gets `megatron_args.sh`, the planned arguments of `pretrain_gpt.py` as a bash
+//! array (tensor, sequence and pipeline parallelism, the distributed optimizer, recomputation,
+//! micro and global batch, precision); its module header has its own table.
+//!
 //! torchtitan writes one TOML job config (`torchtitan.toml`: data-parallel degrees and the
 //! FSDP2 reshard policy from `sharding`, batch sizes from which torchtitan derives k, bf16
 //! mixed precision, fused Adam); its module header has its own table.
@@ -41,6 +45,7 @@ pub mod escape;
 mod fsdp;
 mod horovod;
 mod jax;
+mod megatron;
 mod pytorch;
 mod torch_helpers;
 mod torchtitan;
@@ -71,6 +76,8 @@ pub enum Framework {
     Deepspeed,
     /// torchtitan: `torchtitan.toml` job config (parallelism degrees, precision, batch).
     Torchtitan,
+    /// Megatron-LM: `megatron_args.sh`, the planned arguments of `pretrain_gpt.py`.
+    Megatron,
 }
 
 impl Framework {
@@ -85,6 +92,7 @@ impl Framework {
             F::Jax => Framework::Jax,
             F::Deepspeed => Framework::Deepspeed,
             F::Torchtitan => Framework::Torchtitan,
+            F::Megatron => Framework::Megatron,
         }
     }
 
@@ -99,11 +107,12 @@ impl Framework {
             Framework::Jax => F::Jax,
             Framework::Deepspeed => F::Deepspeed,
             Framework::Torchtitan => F::Torchtitan,
+            Framework::Megatron => F::Megatron,
         }
     }
 
     /// Every framework, in the order they are listed.
-    pub const ALL: [Framework; 7] = [
+    pub const ALL: [Framework; 8] = [
         Framework::Horovod,
         Framework::Xla,
         Framework::Byteps,
@@ -111,6 +120,7 @@ impl Framework {
         Framework::Jax,
         Framework::Deepspeed,
         Framework::Torchtitan,
+        Framework::Megatron,
     ];
 
     /// The name on the command line.
@@ -123,6 +133,7 @@ impl Framework {
             Framework::Jax => "jax",
             Framework::Deepspeed => "deepspeed",
             Framework::Torchtitan => "torchtitan",
+            Framework::Megatron => "megatron",
         }
     }
 }
@@ -176,13 +187,24 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
         .map_err(|e| EmitError::Inconsistent(e.to_string()))?;
     let facts = Facts::of(plan)?;
     if let Some(tp) = &plan.config.tensor_parallel
-        && fw != Framework::Torchtitan
+        && !matches!(fw, Framework::Torchtitan | Framework::Megatron)
     {
         return Err(EmitError::Unsupported {
             field: "config.tensor_parallel".into(),
             why: format!(
-                "this export has no tensor parallelism (degree {} planned): it comes with --framework torchtitan (parallelism.tensor_parallel_degree); run without it, every rank would hold the whole model",
+                "this export has no tensor parallelism (degree {} planned): it comes with --framework torchtitan (parallelism.tensor_parallel_degree) or megatron (--tensor-model-parallel-size); run without it, every rank would hold the whole model",
                 tp.degree
+            ),
+        });
+    }
+    if let Some(pp) = &plan.config.pipeline
+        && fw != Framework::Megatron
+    {
+        return Err(EmitError::Unsupported {
+            field: "config.pipeline".into(),
+            why: format!(
+                "this export has no pipeline parallelism ({} stages planned): it comes with --framework megatron (--pipeline-model-parallel-size); run without it, every rank would hold the whole model",
+                pp.stages
             ),
         });
     }
@@ -194,6 +216,7 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
         Framework::Jax => jax::emit(plan, &facts)?,
         Framework::Deepspeed => deepspeed::emit(plan, &facts)?,
         Framework::Torchtitan => torchtitan::emit(plan, &facts)?,
+        Framework::Megatron => megatron::emit(plan, &facts)?,
     };
     if plan.workload.names == "zoo" {
         out.notes.insert(
@@ -227,7 +250,7 @@ pub(crate) struct Facts {
     /// Micro-batches per iteration.
     pub k: u32,
     /// Samples per micro-step (the per-GPU batch ÷ k — per tensor-parallel group with tensor
-    /// parallelism —, always whole: a plan whose k does not divide its batch is refused),
+    /// parallelism, ÷ the micro-batches of a pipelined replica —, always whole: a plan whose k does not divide its batch is refused),
     /// `None` when the plan does not know its batch (a trace).
     pub micro_batch: Option<u32>,
     /// Modules to recompute (checkpoint), forward order, collapsed to parents where all of a
@@ -250,12 +273,11 @@ impl Facts {
             ));
         }
         // What one data-parallel replica trains: a tensor-parallel group's batch, with
-        // tensor parallelism.
-        let batch = plan.workload.batch().map_or(0, |b| {
-            c.tensor_parallel
-                .as_ref()
-                .map_or(b, |tp| tp.replica_batch(b))
-        });
+        // tensor parallelism; all its stages', with a pipeline.
+        let batch = plan
+            .workload
+            .batch()
+            .map_or(0, |b| crate::plan::replica_batch(c, b));
         if batch > 0 && !batch.is_multiple_of(c.grad_accumulation) {
             return Err(EmitError::Inconsistent(format!(
                 "grad_accumulation {} does not divide the per-GPU batch of {batch}: a micro-step would hold {:.3} samples (no export feeds a fraction of a sample)",
@@ -263,7 +285,12 @@ impl Facts {
                 f64::from(batch) / f64::from(c.grad_accumulation)
             )));
         }
-        let micro_batch = (batch > 0).then(|| batch / c.grad_accumulation);
+        // A pipeline's micro-batches are its accumulation (validated: k is 1 beside it).
+        let steps = c
+            .pipeline
+            .as_ref()
+            .map_or(c.grad_accumulation, |p| p.microbatches.max(1));
+        let micro_batch = (batch > 0).then(|| batch / steps);
         let mut seen = BTreeSet::new();
         for t in c.tensor_groups.iter().flatten() {
             if !seen.insert(t.as_str()) {
@@ -714,6 +741,7 @@ pub(crate) mod tests {
                 recompute: Vec::new(),
                 sharding: None,
                 tensor_parallel: None,
+                pipeline: None,
             },
             search: SearchStats {
                 strategy: Strategy::CriticalPath,
@@ -846,10 +874,14 @@ pub(crate) mod tests {
             "DeepSpeed".parse::<Framework>().unwrap(),
             Framework::Deepspeed
         );
-        let e = "megatron".parse::<Framework>().unwrap_err().to_string();
+        assert_eq!(
+            "Megatron".parse::<Framework>().unwrap(),
+            Framework::Megatron
+        );
+        let e = "megatron-lm".parse::<Framework>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown framework `megatron` (known: horovod, xla, byteps, pytorch, jax, deepspeed, torchtitan)"
+            "unknown framework `megatron-lm` (known: horovod, xla, byteps, pytorch, jax, deepspeed, torchtitan, megatron)"
         );
     }
 

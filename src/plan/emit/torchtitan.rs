@@ -134,7 +134,7 @@ fn supported_sharding(plan: &Plan) -> Result<Option<&ShardConfig>, EmitError> {
 
 /// Whether the plan checkpoints every block whole: a `recompute` decision with
 /// `policy=full` over every layer (torchtitan's `mode = "full"` wraps each block).
-fn full_checkpointing(plan: &Plan) -> bool {
+pub(super) fn full_checkpointing(plan: &Plan) -> bool {
     !plan.config.recompute.is_empty()
         && plan.decisions.iter().any(|d| {
             d.pass == "recompute"
