@@ -3,9 +3,11 @@
 # (512xh100-ib) and Llama 3 405B on 16,384 H100s (16384xh100-ib), for --framework pytorch
 # (FSDP2 as the memory step's sharding, AMP, recomputation of chosen layers, op fusion) and
 # --framework torchtitan (the layout search: tensor parallelism 1-8 with sequence parallelism,
-# FSDP2, full activation checkpointing, accumulation; --top 3). Pipeline and context
-# parallelism are not among the planner's moves yet. Target (issue 24): 405B on 16,384 GPUs in
-# <= 60 s on 2 cores.
+# FSDP2, full activation checkpointing, accumulation; --top 3) and --framework megatron (the
+# same with the distributed optimizer for sharding, and 1F1B pipelines of every depth that
+# divides the layers and the ranks, interleaved where that is faster). Context parallelism is
+# not among the planner's moves yet. Target (issue 24): 405B on 16,384 GPUs in <= 60 s on 2
+# cores.
 #
 #   bash experiments/plan_llm.sh [BIN]        (BIN default: target/release/trainplan)
 #
@@ -20,7 +22,8 @@ trap 'rm -rf "$tmp"' EXIT
 out=experiments/results/plan_llm.md
 rows=()
 for job in "llama3-70b 512xh100-ib pytorch" "llama3-405b 16384xh100-ib pytorch" \
-  "llama3-70b 512xh100-ib torchtitan" "llama3-405b 16384xh100-ib torchtitan"; do
+  "llama3-70b 512xh100-ib torchtitan" "llama3-405b 16384xh100-ib torchtitan" \
+  "llama3-70b 512xh100-ib megatron" "llama3-405b 16384xh100-ib megatron"; do
   read -r model cluster fw <<<"$job"
   /usr/bin/time -f '%e %M' -o "$tmp/time" "$bin" plan --model "$model" --cluster "$cluster" \
     --framework "$fw" --top 3 -o "$tmp/p.yaml" --json >"$tmp/out.json" 2>"$tmp/err" && code=0 || code=$?
@@ -34,7 +37,9 @@ except Exception:
     sys.exit(0)
 mfu = v.get("mfu")
 l = v.get("layout") or {}
-layout = f"tp {l.get('tp')} · shard {l.get('dp_shard')} · repl {l.get('dp_replicate')} · micro {l.get('micro_batch')}"
+layout = f"tp {l.get('tp')} · pp {l.get('pp')} · shard {l.get('dp_shard')} · repl {l.get('dp_replicate')} · micro {l.get('micro_batch')}"
+if l.get("schedule"):
+    layout += f" · {l['schedule']}"
 print(f"| {v.get('baseline_iteration_ms', 0):.1f} | {v.get('planned_iteration_ms', 0):.1f} | "
       f"{layout} | "
       f"{v.get('rounds', '—')} / {v.get('replays', '—')} | "
