@@ -161,11 +161,21 @@ impl Pass for Pipeline {
                 ),
             )
         };
+        let sizes = cut(&job, spec.chunks())
+            .map(|c| c.sizes)
+            .unwrap_or_default();
+        let per_stage = match (sizes.first(), sizes.iter().max()) {
+            (Some(&first), Some(_)) if sizes.iter().all(|&n| n == first) => {
+                format!("{} blocks", first * v)
+            }
+            (Some(&first), Some(&most)) => format!(
+                "{most} blocks (the first {first}, the last {})",
+                sizes.last().copied().unwrap_or(most)
+            ),
+            _ => "? blocks".into(),
+        };
         let why = format!(
-            "{stages} stages of {} blocks{chunks}, {m} micro-batches of {per} sample{}, {}: bubble {bubble} of the ideal step",
-            cut(&job, spec.chunks())
-                .map(|c| c.blocks / stages)
-                .unwrap_or(0),
+            "{stages} stages of {per_stage}{chunks}, {m} micro-batches of {per} sample{}, {}: bubble {bubble} of the ideal step",
             if per == 1 { "" } else { "s" },
             schedule.name(),
         );
@@ -224,6 +234,13 @@ pub fn pipelined(job: &Job, spec: Spec, global: bool) -> Result<Job, PassError> 
             why
         })
     })?;
+    if spec.chunks_per_rank > 1 && !c.blocks.is_multiple_of(spec.chunks()) {
+        return Err(refuse(format!(
+            "the interleaved schedule needs stages × virtual = {} to divide the model's {} blocks (uneven stages are 1F1B and GPipe only, as in Megatron-LM)",
+            spec.chunks(),
+            c.blocks
+        )));
+    }
     if spec.schedule == Schedule::Interleaved && !m.is_multiple_of(stages) {
         return Err(refuse(format!(
             "the interleaved schedule needs microbatches = {m} to be a multiple of stages = {stages} (as Megatron-LM does)"
@@ -426,6 +443,44 @@ mod tests {
         }
     }
 
+    /// Stages that do not divide the blocks: the ends one block lighter (Megatron-LM's
+    /// `--decoder-first/last-pipeline-num-layers`; Llama 3 405B's 126 layers on 16 stages:
+    /// 7, 14 × 8, 7), else refused.
+    #[test]
+    fn uneven_stages_make_the_ends_lighter() {
+        use crate::graph::pipeline::split;
+        assert_eq!(split(8, 4), Some(vec![2, 2, 2, 2]));
+        assert_eq!(split(7, 4), Some(vec![2, 2, 2, 1]));
+        assert_eq!(split(6, 4), Some(vec![1, 2, 2, 1]));
+        let meta = split(126, 16).unwrap();
+        assert_eq!((meta[0], meta[15], meta.iter().sum::<u32>()), (7, 7, 126));
+        assert!(meta[1..15].iter().all(|&n| n == 8));
+        assert_eq!(split(6, 5), None);
+        assert_eq!(split(3, 4), None);
+        // Replayed: 14 blocks on 8 stages (1, 6 × 2, 1) on 8 GPUs; with unequal stages 1F1B
+        // takes m − 1 micro-steps of the slowest stage plus one of every stage (which is
+        // (m + p − 1) / m of the busiest stage's work when they are equal).
+        let job = balanced(14, 16, "8xh200");
+        let p = pipelined(&job, spec(8, 8, Schedule::OneFOneB), false).unwrap();
+        let c = cut(&p, 8).unwrap();
+        assert_eq!(c.sizes, vec![1, 2, 2, 2, 2, 2, 2, 1]);
+        let e = evaluate(p).unwrap();
+        let busy: Vec<f64> = per_stage(&e).iter().map(|s| s.0 as f64).collect();
+        let max = busy.iter().copied().fold(0.0, f64::max);
+        let formula = max * 7.0 / 8.0 + busy.iter().sum::<f64>() / 8.0;
+        let got = e.iteration_ns() as f64;
+        assert!(
+            (got / formula - 1.0).abs() < 0.03,
+            "replay {got} ns, formula {formula} ns"
+        );
+        // Interleaved needs the chunks to divide the blocks.
+        let err = pipelined(&job, spec(4, 8, Schedule::Interleaved), false).unwrap_err();
+        assert!(
+            err.to_string().contains("to divide the model's 14 blocks"),
+            "{err}"
+        );
+    }
+
     /// Narayanan et al. 2021 §2.2.2: with `v` model chunks per rank the bubble shrinks to
     /// (p − 1) / (v m) of the ideal step. The replay is 3-4 % above the formula (1F1B: under
     /// 1 %): each micro-batch crosses `v` times as many stage boundaries, and the formula has
@@ -564,10 +619,13 @@ mod tests {
             Err(e) => e.to_string(),
             Ok(_) => String::new(),
         };
+        // 6 blocks on 4 stages: 1, 2, 2, 1 (the ends lighter, as Megatron-LM's uneven split);
+        // on 8 stages there are not enough blocks.
+        assert_eq!(why(4, 4), "");
         assert!(
-            why(4, 4).contains("must divide the model's 6 blocks"),
+            why(8, 8).contains("must divide the model's 6 blocks"),
             "{}",
-            why(4, 4)
+            why(8, 8)
         );
         assert!(
             why(3, 4).contains("must divide the 8 workers"),

@@ -4,7 +4,8 @@
 //!
 //! A pipelined [`Job`] (`passes/pipeline.rs` sets [`Job::pipeline`]) keeps its local graph as
 //! one micro-batch of the whole model replica. [`expand`] cuts it into `stages` workers by
-//! transformer block (block `b` of `L` on stage `b / (L / stages)`; the layers before the first
+//! transformer block (block `b` of `L` on stage `b / (L / stages)`, or, where the stages do not
+//! divide the blocks, the first and last stage one block lighter: [`split`]; the layers before the first
 //! block — embeddings — on the first stage, the layers after the last — final norm, head, loss
 //! — on the last), and replays on each stage:
 //!
@@ -116,6 +117,31 @@ pub struct Stages {
     pub of_layer: Vec<u32>,
     /// Transformer blocks the cut divides.
     pub blocks: u32,
+    /// Blocks of each piece, first to last ([`split`]).
+    pub sizes: Vec<u32>,
+}
+
+/// Blocks per piece when `blocks` are cut into `pieces`: equal where `pieces` divides them;
+/// otherwise ⌈blocks / pieces⌉ each but the ends, one block lighter — the last where one piece
+/// must be (it also holds the head and the loss), the first and the last where two must (the
+/// first holds the embedding): Megatron-LM's `--decoder-first/last-pipeline-num-layers`, and
+/// Llama 3 405B's 126 layers on 16 stages (7, 14 × 8, 7). None where that cannot cut them.
+pub fn split(blocks: u32, pieces: u32) -> Option<Vec<u32>> {
+    if pieces == 0 || blocks < pieces {
+        return None;
+    }
+    let q = blocks.div_ceil(pieces);
+    let mut sizes = vec![q; pieces as usize];
+    match pieces * q - blocks {
+        0 => {}
+        1 => sizes[pieces as usize - 1] = q - 1,
+        2 if pieces > 2 => {
+            sizes[0] = q - 1;
+            sizes[pieces as usize - 1] = q - 1;
+        }
+        _ => return None,
+    }
+    Some(sizes)
 }
 
 /// Every stage.
@@ -150,13 +176,18 @@ pub fn stages(job: &Job, stages: u32) -> Result<Stages, String> {
             "pipeline stages are cut by transformer block; the blocks of this model ({prefix}0 …) have no attention (a zoo transformer: --model gpt, bert-*, llama*)"
         ));
     }
-    if stages == 0 || blocks % stages != 0 {
-        return Err(format!(
-            "stages = {stages} must divide the model's {blocks} blocks ({prefix}0 … {prefix}{})",
+    let sizes = split(blocks, stages).ok_or_else(|| {
+        format!(
+            "stages = {stages} must divide the model's {blocks} blocks ({prefix}0 … {prefix}{}), or leave the first and the last stage one block lighter than the rest",
             blocks - 1
-        ));
-    }
-    let per_stage = blocks / stages;
+        )
+    })?;
+    // The piece of each block.
+    let piece_of: Vec<u32> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| std::iter::repeat_n(i as u32, n as usize))
+        .collect();
     // The first op of each phase of each layer, and of the block stack.
     let first = |phase: Phase, layer: u32| {
         l.ops
@@ -174,7 +205,7 @@ pub fn stages(job: &Job, stages: u32) -> Result<Stages, String> {
         .unwrap_or(0);
     let of_layer: Vec<u32> = (0..l.layers.len() as u32)
         .map(|layer| match block[layer as usize] {
-            Some((p, i)) if p == prefix => i / per_stage,
+            Some((p, i)) if p == prefix => piece_of[i as usize],
             // Before the block stack in the forward (embeddings): the first stage; after it
             // (final norm, head, loss) or with no forward: the last.
             _ => match first(Phase::Fw, layer) {
@@ -198,6 +229,7 @@ pub fn stages(job: &Job, stages: u32) -> Result<Stages, String> {
         of_op,
         of_layer,
         blocks,
+        sizes,
     })
 }
 

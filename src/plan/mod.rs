@@ -206,9 +206,15 @@ pub struct PipelineConfig {
     /// Model chunks per rank: 1, or more with `interleaved`.
     #[serde(rename = "virtual")]
     pub chunks_per_rank: u32,
-    /// Transformer layers the stages cut (`stages × virtual` chunks of equal layers; the
-    /// embedding rides with the first, the head and loss with the last).
+    /// Transformer layers the stages cut (`stages × virtual` chunks of equal layers, or the
+    /// lighter ends below; the embedding rides with the first, the head and loss with the last).
     pub layers: u32,
+    /// Layers of the first / last stage where it is one lighter than the others (the stages do
+    /// not divide the layers: [`crate::graph::pipeline::split`]); absent: as the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_stage_layers: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stage_layers: Option<u32>,
     /// The global batch is kept: a replica of `stages` ranks trains `stages` × what one
     /// rank's share would be (`batch=global`); false: `batch=replica`.
     pub global_batch: bool,
@@ -430,14 +436,21 @@ impl FinalConfig {
                 }
                 "shard" => sharding = Some(ShardConfig::of(job, &d.knobs)),
                 "pipeline" => {
-                    pipeline = job.meta.pipeline.map(|p| PipelineConfig {
-                        stages: p.stages,
-                        microbatches: p.microbatches,
-                        schedule: p.schedule.name().to_string(),
-                        chunks_per_rank: p.chunks_per_rank.max(1),
-                        layers: crate::graph::pipeline::stages(job, p.chunks())
-                            .map_or(0, |c| c.blocks),
-                        global_batch: d.knobs.get("batch").map(|v| v.trim()) != Some("replica"),
+                    pipeline = job.meta.pipeline.map(|p| {
+                        let cut = crate::graph::pipeline::stages(job, p.chunks()).ok();
+                        let sizes = cut.as_ref().map(|c| c.sizes.clone()).unwrap_or_default();
+                        let most = sizes.iter().copied().max().unwrap_or(0);
+                        let lighter = |n: Option<&u32>| n.copied().filter(|&n| n < most);
+                        PipelineConfig {
+                            stages: p.stages,
+                            microbatches: p.microbatches,
+                            schedule: p.schedule.name().to_string(),
+                            chunks_per_rank: p.chunks_per_rank.max(1),
+                            layers: cut.as_ref().map_or(0, |c| c.blocks),
+                            first_stage_layers: lighter(sizes.first()),
+                            last_stage_layers: lighter(sizes.last()),
+                            global_batch: d.knobs.get("batch").map(|v| v.trim()) != Some("replica"),
+                        }
                     });
                 }
                 b if b.starts_with("baseline:") => {

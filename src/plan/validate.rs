@@ -23,7 +23,7 @@
 //! | `config.tensor_bytes`, each group's sum | ≤ 16 TiB (checked addition) | [`crate::graph::bounds::MAX_TENSOR_BYTES`] |
 //! | `config.tensor_groups` | no empty group, no tensor twice; partitions keyed by a group's first tensor | the job's syncs |
 //! | `config.tensor_parallel` | degree ≥ 2, dividing the ranks | the `tensor-parallel` pass |
-//! | `config.pipeline` | stages ≥ 2, stages × the tensor-parallel degree dividing the ranks; `layers` a multiple of stages × virtual; virtual > 1 only `interleaved`; micro-batches dividing the replica's batch (a multiple of the stages when interleaved); no `grad_accumulation` beside it | the `pipeline` pass |
+//! | `config.pipeline` | stages ≥ 2, stages × the tensor-parallel degree dividing the ranks; `layers` a multiple of stages × virtual, or lighter first / last stages leaving the middle ones equal shares (1F1B, GPipe); virtual > 1 only `interleaved`; micro-batches dividing the replica's batch (a multiple of the stages when interleaved); no `grad_accumulation` beside it | the `pipeline` pass |
 //! | `config.sharding` | stage 1..=3; shard_size ≥ 2 and shard_size × replicas = the data-parallel ranks (ranks ÷ the tensor-parallel degree); prefetch ≤ 64; one byte count per unit, no unit twice, stage 3 has units | the `shard` pass |
 //! | `search.budget_s` | finite, ≥ 0 | `--budget` |
 
@@ -353,7 +353,31 @@ fn pipeline(
         ));
     }
     let chunks = pp.stages.saturating_mul(pp.chunks_per_rank);
-    if pp.layers == 0 || !pp.layers.is_multiple_of(chunks) {
+    let ends = [pp.first_stage_layers, pp.last_stage_layers];
+    if ends.iter().any(Option::is_some) {
+        // Uneven: the given ends, and the middle stages' layers in equal shares (as
+        // Megatron-LM's TransformerConfig checks them); 1F1B or GPipe only.
+        let given: Vec<u32> = ends.iter().flatten().copied().collect();
+        let middle_stages = pp.stages - given.len() as u32;
+        let middle = given
+            .iter()
+            .try_fold(pp.layers, |left, &n| left.checked_sub(n));
+        let ok = !interleaved
+            && given.iter().all(|&n| n > 0)
+            && middle.is_some_and(|mid| {
+                (mid == 0) == (middle_stages == 0)
+                    && (middle_stages == 0 || mid.is_multiple_of(middle_stages))
+            });
+        if !ok {
+            return Err(invalid(
+                field("first_stage_layers"),
+                format!(
+                    "{:?} / {:?} of {} layers: the ends must hold at least one layer and leave the {middle_stages} middle stage(s) equal shares, without interleaving",
+                    pp.first_stage_layers, pp.last_stage_layers, pp.layers
+                ),
+            ));
+        }
+    } else if pp.layers == 0 || !pp.layers.is_multiple_of(chunks) {
         return Err(invalid(
             field("layers"),
             format!(

@@ -54,8 +54,9 @@ pub(super) fn layout_exported(head: &[KnobbedPass], workers: u32, fw: Option<Fra
 pub const MAX_STAGES: u32 = 32;
 
 /// The pipelines the memory step tries after a tensor-parallel degree of `tp` (1: none) on
-/// `cur`: 1F1B at each depth `p` ≥ 2 that divides the model's blocks and, times `tp`, the
-/// workers (at most [`MAX_STAGES`]), the global batch kept, with the most micro-batches up to
+/// `cur`: 1F1B at each depth `p` ≥ 2 that cuts the model's blocks (equally, or with the ends
+/// one block lighter: [`crate::graph::pipeline::split`]) and, times `tp`, divides the workers
+/// (at most [`MAX_STAGES`]), the global batch kept, with the most micro-batches up to
 /// 8 p that divide the replica's batch (micro-batches of fewer samples hold less in flight;
 /// at 8 p the bubble is under 1/8 of the step) and at least `p` of them. None for a job that
 /// is not a transformer from the zoo, or where `fw`'s export runs no pipeline.
@@ -70,7 +71,7 @@ pub(super) fn pp_layouts(cur: &Evaluated, tp: u32, fw: Option<Framework>) -> Vec
     };
     let tp = tp.max(1);
     (2..=cut.blocks.min(MAX_STAGES))
-        .filter(|&p| cut.blocks.is_multiple_of(p))
+        .filter(|&p| crate::graph::pipeline::split(cut.blocks, p).is_some())
         .filter(|&p| {
             tp.checked_mul(p)
                 .is_some_and(|tp_p| cur.job.workers.is_multiple_of(tp_p))

@@ -14,7 +14,8 @@ Prints one JSON line, {"megatron_core": version, "cases": [...]}, one case per f
   precision and layer-split arguments its training loop reads;
 * `transformer`: the TransformerConfig built from the flags and the model arguments (its
   __post_init__ is megatron-core's validation: heads divisible by the tensor-parallel
-  size, layers by the pipeline's chunks, recompute settings, sequence parallelism) — the
+  size, layers by the pipeline's chunks or an uneven first / last stage leaving the middle
+  stages equal shares, recompute settings, sequence parallelism) — the
   values it holds, or `error` with megatron-core's message;
 * `optimizer`: OptimizerConfig's optimizer, distributed optimizer and precision flags;
 * `microbatches`: megatron-core's ConstantNumMicroBatchesCalculator for the global and
@@ -38,6 +39,13 @@ from megatron.core.num_microbatches_calculator import (  # noqa: E402
 )
 from megatron.core.optimizer import OptimizerConfig  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+# Megatron-LM arguments whose TransformerConfig field has another name
+# (megatron/training/arguments.py: core_transformer_config_from_args).
+RENAMED = {
+    "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+    "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+}
 
 # Arguments Megatron-LM's training loop reads itself (not config-class fields).
 LOOP_ARGS = {
@@ -86,7 +94,13 @@ def fields(cls):
 def case(path, ranks, layers, hidden, heads, kv_heads, ffn):
     args = expand(path)
     f = flags_of(args)
-    known = fields(TransformerConfig) | fields(OptimizerConfig) | fields(DistributedDataParallelConfig) | LOOP_ARGS
+    known = (
+        fields(TransformerConfig)
+        | fields(OptimizerConfig)
+        | fields(DistributedDataParallelConfig)
+        | LOOP_ARGS
+        | set(RENAMED)
+    )
     out = {"args": args, "flags": f, "unknown": sorted(k for k in f if k not in known)}
     tp = f.get("tensor_model_parallel_size", 1)
     pp = f.get("pipeline_model_parallel_size", 1)
@@ -117,6 +131,9 @@ def case(path, ranks, layers, hidden, heads, kv_heads, ffn):
     for k in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
         if k in f:
             kw[k] = f[k]
+    for arg, field in RENAMED.items():
+        if arg in f:
+            kw[field] = f[arg]
     try:
         c = TransformerConfig(**kw)
         out["transformer"] = {
@@ -125,6 +142,8 @@ def case(path, ranks, layers, hidden, heads, kv_heads, ffn):
                 "tensor_model_parallel_size",
                 "pipeline_model_parallel_size",
                 "virtual_pipeline_model_parallel_size",
+                "num_layers_in_first_pipeline_stage",
+                "num_layers_in_last_pipeline_stage",
                 "context_parallel_size",
                 "sequence_parallel",
                 "recompute_granularity",

@@ -2038,15 +2038,16 @@ fn deepspeed_plans_train_on_cpu_as_planned() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// A tiny Llama (8 layers, hidden 1024, 16 heads, 4 KV heads, FFN 4096) on 8 H200s, planned
-/// for Megatron-LM under `budget` with only `passes`: the plan file.
-fn megatron_plan(dir: &Path, passes: &str, budget: &str) -> std::path::PathBuf {
+/// A tiny Llama (`layers` layers, hidden 1024, 16 heads, 4 KV heads, FFN 4096) on 8 H200s,
+/// planned for Megatron-LM under `budget` with only `passes`: the plan file.
+fn megatron_plan(dir: &Path, layers: &str, passes: &str, budget: &str) -> std::path::PathBuf {
     let path = dir.join("plan.yaml");
-    let mut args: Vec<&str> = "plan --model llama --layers 8 --hidden 1024 --heads 16 \
+    let mut args: Vec<&str> = "plan --model llama --hidden 1024 --heads 16 \
         --kv-heads 4 --ffn 4096 --seq 2048 --vocab 32000 --batch 2 --cluster 8xh200 \
         --framework megatron --precision bf16 --max-rounds 5"
         .split_whitespace()
         .collect();
+    args.extend(["--layers", layers]);
     args.extend(["--passes", passes, "--memory-budget", budget, "-o"]);
     args.push(path.to_str().unwrap());
     let (code, _, err) = run(&args);
@@ -2061,19 +2062,21 @@ fn megatron_plan(dir: &Path, passes: &str, budget: &str) -> std::path::PathBuf {
 fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
     let Some(py) = python() else { return };
     let root = scratch("megatron");
-    // (tag, passes, budget): each makes the planner choose the layout the tag names.
+    // (tag, layers, passes, budget): each makes the planner choose the layout the tag names
+    // (7 layers: stages that do not divide them, the ends lighter).
     let cases = [
-        ("pipeline", "pipeline", "3GB"),
-        ("tp-recompute", "tensor-parallel,recompute", "3GB"),
-        ("distopt", "shard", "5GB"),
-        ("interleaved", "pipeline", "3GB"),
+        ("pipeline", "8", "pipeline", "3GB"),
+        ("tp-recompute", "8", "tensor-parallel,recompute", "3GB"),
+        ("distopt", "8", "shard", "5GB"),
+        ("interleaved", "8", "pipeline", "3GB"),
+        ("uneven", "7", "pipeline", "3GB"),
     ];
     let mut args: Vec<String> = Vec::new();
     let mut plans = Vec::new();
-    for (tag, passes, budget) in cases {
+    for (tag, layers, passes, budget) in cases {
         let dir = root.join(tag);
         std::fs::create_dir_all(&dir).unwrap();
-        let path = megatron_plan(&dir, passes, budget);
+        let path = megatron_plan(&dir, layers, passes, budget);
         let mut plan =
             Plan::from_yaml(&std::fs::read_to_string(&path).unwrap(), "plan.yaml").unwrap();
         if tag == "interleaved" {
@@ -2099,7 +2102,7 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
             [
                 format!("{o}/megatron_args.sh"),
                 "8".into(),
-                "8".into(),
+                layers.into(),
                 "1024".into(),
                 "16".into(),
                 "4".into(),
@@ -2150,6 +2153,19 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
             serde_json::json!(vp),
             "{tag}"
         );
+        let end = |f: fn(&trainplan::plan::PipelineConfig) -> Option<u32>| {
+            serde_json::json!(c.pipeline.as_ref().and_then(f))
+        };
+        assert_eq!(
+            t["num_layers_in_first_pipeline_stage"],
+            end(|p| p.first_stage_layers),
+            "{tag}"
+        );
+        assert_eq!(
+            t["num_layers_in_last_pipeline_stage"],
+            end(|p| p.last_stage_layers),
+            "{tag}"
+        );
         let rec = !c.recompute.is_empty();
         assert_eq!(t["recompute_granularity"] == "full", rec, "{tag}: {t}");
         assert_eq!(t["bf16"], true, "{tag}");
@@ -2178,6 +2194,11 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
         by("tp-recompute").tensor_parallel.is_some() && !by("tp-recompute").recompute.is_empty()
     );
     assert_eq!(by("distopt").sharding.as_ref().map(|s| s.stage), Some(1));
+    let uneven = by("uneven").pipeline.as_ref().expect("a pipelined plan");
+    assert!(
+        uneven.first_stage_layers.is_some() || uneven.last_stage_layers.is_some(),
+        "{uneven:?}"
+    );
     let bad = &got[cases.len()]["transformer"]["error"];
     assert!(
         bad.as_str()

@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `tensor_parallel` degree t | `--tensor-model-parallel-size t`; `--sequence-parallel` with `sequence` |
 //! | `pipeline` stages p | `--pipeline-model-parallel-size p` (the outermost dimension, as the plan replays it) |
+//! | `pipeline` `first_stage_layers`, `last_stage_layers` (uneven stages) | `--decoder-first-pipeline-num-layers`, `--decoder-last-pipeline-num-layers` |
 //! | `pipeline` `interleaved`, v chunks per rank | `--num-layers-per-virtual-pipeline-stage` = layers ÷ (p × v) |
 //! | `pipeline` `gpipe` | refused ([`EmitError::Unsupported`]): Megatron-LM's schedules are 1F1B and interleaved 1F1B |
 //! | micro-batches (the pipeline's m, or accumulation's k) | `--micro-batch-size` = replica batch ÷ m, `--global-batch-size` = replica batch × data-parallel ranks: Megatron runs global ÷ (micro × dp) = m micro-batches per step |
@@ -66,6 +67,12 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     }
     args.push(int("--pipeline-model-parallel-size", pp.into()));
     if let Some(p) = &c.pipeline {
+        if let Some(n) = p.first_stage_layers {
+            args.push(int("--decoder-first-pipeline-num-layers", n.into()));
+        }
+        if let Some(n) = p.last_stage_layers {
+            args.push(int("--decoder-last-pipeline-num-layers", n.into()));
+        }
         match p.schedule.as_str() {
             "1f1b" => {}
             "interleaved" => args.push(int(
@@ -258,6 +265,8 @@ mod tests {
             schedule: schedule.into(),
             chunks_per_rank: chunks,
             layers: 4,
+            first_stage_layers: None,
+            last_stage_layers: None,
             global_batch: true,
         });
         p
@@ -282,6 +291,26 @@ mod tests {
             value(&a, "--num-layers-per-virtual-pipeline-stage").unwrap(),
             "1"
         );
+    }
+
+    #[test]
+    fn uneven_stages_give_megatrons_first_and_last_layer_counts() {
+        let mut p = three_d("1f1b", 1);
+        let pp = p.config.pipeline.as_mut().unwrap();
+        // 7 layers on 2 stages: 4 and 3.
+        pp.layers = 7;
+        pp.last_stage_layers = Some(3);
+        let a = args(&p);
+        assert_eq!(
+            value(&a, "--decoder-last-pipeline-num-layers").unwrap(),
+            "3"
+        );
+        assert!(!a.contains(&"--decoder-first-pipeline-num-layers".to_string()));
+        // A split Megatron cannot express (no layer left for the first stage) is refused by
+        // the plan's check, naming the field.
+        p.config.pipeline.as_mut().unwrap().last_stage_layers = Some(7);
+        let err = emit_plan(&p, Framework::Megatron).unwrap_err().to_string();
+        assert!(err.contains("config.pipeline.first_stage_layers"), "{err}");
     }
 
     #[test]
