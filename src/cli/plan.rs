@@ -1546,9 +1546,7 @@ fn layout(plan: &Plan) -> serde_json::Value {
         .sharding
         .as_ref()
         .map_or((1, w.ranks / tp / pp), |s| (s.shard_size, s.replicas));
-    let k = pipeline
-        .map_or(plan.config.grad_accumulation, |p| p.microbatches)
-        .max(1);
+    let k = plan.config.micro_steps();
     // The micro-batch of one data-parallel replica (a tensor-parallel group's, all stages').
     let replica = w
         .batch()

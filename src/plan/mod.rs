@@ -373,6 +373,15 @@ fn dtype_name(d: Dtype) -> &'static str {
 }
 
 impl FinalConfig {
+    /// Micro-steps per iteration: the pipeline's micro-batches, or accumulation's k (a
+    /// pipeline's micro-batches are its accumulation: k is 1 beside it).
+    pub fn micro_steps(&self) -> u32 {
+        self.pipeline
+            .as_ref()
+            .map_or(self.grad_accumulation, |p| p.microbatches)
+            .max(1)
+    }
+
     /// The end state of `job` after `decisions`.
     pub fn of(job: &Job, decisions: &[Decision]) -> FinalConfig {
         let name = |t: u32| job.local.tensors[t as usize].name.clone();

@@ -145,12 +145,7 @@ fn text_knob<'a>(steps: &'a [KnobbedPass], pass: &str, k: &str) -> Option<&'a st
 
 /// The integer knob `k` of the step `pass` in `steps`, if there is one.
 pub(super) fn knob_of(steps: &[KnobbedPass], pass: &str, k: &str) -> Option<u32> {
-    steps
-        .iter()
-        .filter(|(n, _)| n == pass)
-        .flat_map(|(_, ks)| ks.iter())
-        .find(|(n, _)| n == k)
-        .and_then(|(_, v)| v.parse().ok())
+    text_knob(steps, pass, k).and_then(|v| v.parse().ok())
 }
 
 /// One option the memory step tried, as the layout table shows it.

@@ -97,11 +97,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         }
     }
     args.push(int("--context-parallel-size", 1));
-    let steps = c
-        .pipeline
-        .as_ref()
-        .map_or(c.grad_accumulation, |p| p.microbatches)
-        .max(1);
+    let steps = c.micro_steps();
     if let (Some(batch), Some(micro)) = (plan.workload.batch(), f.micro_batch) {
         args.push(int("--micro-batch-size", micro.into()));
         args.push(int(

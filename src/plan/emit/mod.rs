@@ -285,12 +285,7 @@ impl Facts {
                 f64::from(batch) / f64::from(c.grad_accumulation)
             )));
         }
-        // A pipeline's micro-batches are its accumulation (validated: k is 1 beside it).
-        let steps = c
-            .pipeline
-            .as_ref()
-            .map_or(c.grad_accumulation, |p| p.microbatches.max(1));
-        let micro_batch = (batch > 0).then(|| batch / steps);
+        let micro_batch = (batch > 0).then(|| batch / c.micro_steps());
         let mut seen = BTreeSet::new();
         for t in c.tensor_groups.iter().flatten() {
             if !seen.insert(t.as_str()) {
