@@ -2,7 +2,9 @@
 //! with fine-grained ring all-reduce on 16 and 128 V100s (and 1,024 with `REPLAY_FLOOR_BIG=1`:
 //! a 109 M-op graph, about 12 GB), each replayed three ways:
 //!
-//! * `replay` as the planner runs it (compute slowed while its worker's collectives run);
+//! * `replay` as the planner runs it (compute slowed while its worker's collectives run): the
+//!   op-heap engine, as every graph without priorities gets;
+//! * the same with the device engine (`replay_by_device`, what graphs with priorities get);
 //! * `replay`, contention off (`contention_ppm` = 0: the d86141c model);
 //! * a minimal binary-heap loop: one global heap of ready ops by (ready time, id), each op
 //!   started at max(ready, its device's clock) — one push and one pop per op and nothing else.
@@ -18,7 +20,7 @@ use std::collections::BinaryHeap;
 
 use common::{best_of, cluster, report, zoo_graph};
 use trainplan::graph::{DeviceKind, Dfg, OpId};
-use trainplan::replay::replay;
+use trainplan::replay::{replay, replay_by_device};
 
 /// The minimal loop: returns the latest end (so the work cannot be optimised away).
 fn heap_floor(g: &Dfg) -> u64 {
@@ -81,6 +83,8 @@ fn main() {
         let ops = g.op_count() as f64;
         let mops = |t: std::time::Duration| ops / t.as_secs_f64() / 1e6;
         let (on, r_on) = best_of(runs, || replay(&g));
+        let (dev, r_dev) = best_of(runs, || replay_by_device(&g));
+        assert_eq!(r_dev, r_on, "the two engines give one schedule");
         let ppm = g.contention_ppm();
         g.set_contention_ppm(0);
         let (off, r_off) = best_of(runs, || replay(&g));
@@ -94,6 +98,12 @@ fn main() {
                 g.op_count(),
                 r_on.iteration_ns as f64 / 1e6
             ),
+        );
+        report(
+            &format!("{label}: replay, device engine"),
+            mops(dev),
+            "M ops/s",
+            "(what graphs with priorities run)",
         );
         report(
             &format!("{label}: replay, no contention"),

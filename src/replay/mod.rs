@@ -8,6 +8,11 @@
 //! op id; devices tie by id. Ops on [`DeviceKind::Virtual`] start the moment they are ready. The
 //! iteration time is the latest end.
 //!
+//! Of the predecessors that end last, the lowest id is the op's binding one.
+//!
+//! Two engines give this schedule: `ordered` (one heap of ops) for graphs without priorities,
+//! `Engine` (a heap of devices over a queue per device) for graphs with them.
+//!
 //! Everything is integer nanoseconds, so a replay is exact and deterministic.
 //!
 //! **Invariant:** the replayer does no IO and never fails: a frozen [`Dfg`] is acyclic, so every
@@ -15,7 +20,9 @@
 
 pub mod breakdown;
 pub mod critical;
+mod devheap;
 pub mod memory;
+mod ordered;
 pub mod steady;
 pub mod timeline;
 
@@ -23,6 +30,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::graph::{DeviceKind, Dfg, NONE, OpId};
+use devheap::{DeviceHeap, Pending};
 
 pub use critical::{CriticalPath, critical_path, dependency_bound_ns};
 pub use memory::{MemoryReport, peak_memory};
@@ -54,14 +62,30 @@ impl Replay {
 
 /// Replay the whole graph from time 0.
 pub fn replay(g: &Dfg) -> Replay {
+    run(g, None)
+}
+
+/// Replay with the device engine whatever the graph's priorities: the engine graphs with
+/// priorities get, kept callable so benches and tests can hold the op-heap engine to it.
+pub fn replay_by_device(g: &Dfg) -> Replay {
     Engine::new(g, None).run()
+}
+
+/// The op-heap engine ([`ordered`]) where no op has a priority, the device engine otherwise (the same
+/// schedule where both apply).
+fn run(g: &Dfg, release: Option<&[u64]>) -> Replay {
+    if g.priorities().iter().any(|&p| p != 0) {
+        Engine::new(g, release).run()
+    } else {
+        ordered::replay(g, release)
+    }
 }
 
 /// Replay with per-op release times: no op starts before `release_ns[op]` (used by partial
 /// replay, where the ops outside the sub-graph are already placed).
 pub fn replay_with_release(g: &Dfg, release_ns: &[u64]) -> Replay {
     assert_eq!(release_ns.len(), g.op_count(), "one release time per op");
-    Engine::new(g, Some(release_ns)).run()
+    run(g, Some(release_ns))
 }
 
 /// Result of replaying part of a graph.
@@ -115,13 +139,11 @@ pub fn partial_replay(g: &Dfg, ops: &[OpId], base: Option<&Replay>) -> PartialRe
 #[derive(Default)]
 struct Queue {
     /// Ready ops by (ready time, op id).
-    pending: BinaryHeap<Reverse<(u64, OpId)>>,
+    pending: Pending,
     /// With priorities: ops ready by the device clock, by (priority, ready, op id).
     avail: BinaryHeap<Reverse<(i32, u64, OpId)>>,
     clock: u64,
     prev: OpId,
-    /// The key of the device's live entry in the global heap, or `u64::MAX`.
-    scheduled_at: u64,
 }
 
 struct Engine<'g> {
@@ -136,8 +158,8 @@ struct Engine<'g> {
     end: Vec<u64>,
     busy: Vec<u64>,
     queues: Vec<Queue>,
-    /// Devices by (earliest start of their next op, device id); stale entries are skipped.
-    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Devices with work, by (earliest start of their next op, device id).
+    heap: DeviceHeap,
     stack: Vec<OpId>,
     /// Contention: the worker of each GPU stream (compute side) and the two workers whose GPUs
     /// a communication device keeps busy (a comm stream's worker twice; a link's sender and
@@ -170,11 +192,10 @@ impl<'g> Engine<'g> {
             queues: (0..nd)
                 .map(|_| Queue {
                     prev: NONE,
-                    scheduled_at: u64::MAX,
                     ..Queue::default()
                 })
                 .collect(),
-            heap: BinaryHeap::with_capacity(nd * 2),
+            heap: DeviceHeap::new(nd),
             stack: Vec::new(),
             gpu_worker: g
                 .devices()
@@ -206,12 +227,8 @@ impl<'g> Engine<'g> {
             }
         }
         self.drain_virtual();
-        while let Some(Reverse((t, d))) = self.heap.pop() {
-            let q = &mut self.queues[d as usize];
-            if q.scheduled_at != t {
-                continue; // stale
-            }
-            q.scheduled_at = u64::MAX;
+        // The device stays in the heap while it runs its op: its key moves in place afterwards.
+        while let Some((_, d)) = self.heap.peek() {
             let op = self.pick(d as usize);
             self.execute(op, d as usize);
             self.drain_virtual();
@@ -240,17 +257,14 @@ impl<'g> Engine<'g> {
     fn pick(&mut self, d: usize) -> OpId {
         let q = &mut self.queues[d];
         if !self.prios {
-            let Reverse((_, op)) = q.pending.pop().expect("scheduled device has work");
+            let (_, op) = q.pending.pop().expect("scheduled device has work");
             return op;
         }
         let horizon = match q.avail.peek() {
             Some(_) => q.clock,
-            None => q
-                .pending
-                .peek()
-                .map_or(q.clock, |Reverse((r, _))| (*r).max(q.clock)),
+            None => q.pending.peek().map_or(q.clock, |(r, _)| r.max(q.clock)),
         };
-        while let Some(&Reverse((r, op))) = q.pending.peek() {
+        while let Some((r, op)) = q.pending.peek() {
             if r > horizon {
                 break;
             }
@@ -309,7 +323,9 @@ impl<'g> Engine<'g> {
     fn release_succs(&mut self, op: OpId, end: u64) {
         for &s in self.g.succs(op) {
             let si = s as usize;
-            if end > self.ready[si] || self.ready_by[si] == NONE && end == self.ready[si] {
+            // Of the predecessors that end last, the lowest id binds: the same whatever order
+            // they ran in (both engines agree).
+            if end > self.ready[si] || end == self.ready[si] && op < self.ready_by[si] {
                 self.ready[si] = end;
                 self.ready_by[si] = op;
             }
@@ -328,7 +344,7 @@ impl<'g> Engine<'g> {
             return;
         }
         let r = self.ready[op as usize];
-        self.queues[d].pending.push(Reverse((r, op)));
+        self.queues[d].pending.push((r, op));
         self.reschedule(d);
     }
 
@@ -341,21 +357,20 @@ impl<'g> Engine<'g> {
         }
     }
 
-    /// Make sure the global heap holds the device's current earliest start.
+    /// Key the device in the heap by its next op's earliest start, or take it out when it has
+    /// no work.
     #[inline]
     fn reschedule(&mut self, d: usize) {
-        let q = &mut self.queues[d];
+        let q = &self.queues[d];
         let next = if !q.avail.is_empty() {
             q.clock
-        } else if let Some(Reverse((r, _))) = q.pending.peek() {
-            (*r).max(q.clock)
+        } else if let Some((r, _)) = q.pending.peek() {
+            r.max(q.clock)
         } else {
+            self.heap.remove(d as u32);
             return;
         };
-        if next != q.scheduled_at {
-            q.scheduled_at = next;
-            self.heap.push(Reverse((next, d as u32)));
-        }
+        self.heap.set(d as u32, next);
     }
 }
 

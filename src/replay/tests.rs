@@ -384,3 +384,135 @@ fn peak_memory_is_per_worker_whatever_the_order_of_effects() {
         assert_eq!((m.peak_worker, m.peak_bytes, m.peak_at_ns), (0, 1150, 1));
     }
 }
+
+/// The device engine with release times, whatever the graph's priorities (the oracle of the
+/// op-heap engine).
+fn by_device(g: &Dfg, release: Option<&[u64]>) -> Replay {
+    Engine::new(g, release).run()
+}
+
+mod engines_agree {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A random graph on `workers` workers: GPU streams, communication streams and links created
+    /// in a shuffled order (device ids decide ties), ops of few distinct durations (many ties),
+    /// gaps, edges from lower to higher ids, and a contention rate. Ops on real devices take at
+    /// least 1 ns: with zero-length ones the device engine can pick an op at an instant before
+    /// another, ready at that same instant, is released, and runs them in release order where
+    /// the op-heap engine runs them in order of readiness.
+    fn graph(
+        workers: u32,
+        device_order: &[usize],
+        ops: &[(usize, u8, u64, u64)],
+        edges: &[(usize, usize)],
+        ppm: u32,
+    ) -> Option<Dfg> {
+        let mut b = DfgBuilder::new();
+        let mut kinds = vec![DeviceKind::Virtual];
+        for w in 0..workers {
+            kinds.push(DeviceKind::GpuStream {
+                worker: w,
+                stream: 0,
+            });
+            kinds.push(DeviceKind::GpuStream {
+                worker: w,
+                stream: 1,
+            });
+            kinds.push(DeviceKind::CommStream { worker: w });
+            kinds.push(DeviceKind::Link {
+                from: w,
+                to: (w + 1) % workers,
+                class: crate::graph::LinkClass::IntraNode,
+            });
+        }
+        let mut devices = Vec::with_capacity(kinds.len());
+        let mut order: Vec<usize> = (0..kinds.len()).collect();
+        for (i, &j) in device_order.iter().enumerate() {
+            let n = order.len();
+            order.swap(i % n, j % n);
+        }
+        let mut id = vec![0; kinds.len()];
+        for &k in &order {
+            id[k] = b.add_device(kinds[k]);
+            devices.push(k);
+        }
+        b.set_workers(workers);
+        b.set_contention_ppm(ppm);
+        for &(dev, kind, dur, gap) in ops {
+            let k = dev % kinds.len();
+            let mut spec = if kinds[k] == DeviceKind::Virtual {
+                OpSpec::new(OpKind::In, Phase::Comm, id[k], 0)
+            } else {
+                let kind = [OpKind::Compute, OpKind::Send, OpKind::Recv, OpKind::Memcpy]
+                    [kind as usize % 4];
+                OpSpec::new(kind, Phase::Fw, id[k], dur)
+            };
+            spec.gap_ns = gap;
+            b.add_op(spec);
+        }
+        for &(a, c) in edges {
+            let (a, c) = (a % ops.len(), c % ops.len());
+            if a < c {
+                b.add_edge(a as OpId, c as OpId);
+            }
+        }
+        b.build().ok()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Where no op has a priority the op-heap engine is the device engine, op for op:
+        /// starts, ends, binding ops, busy times, including contention and its ties.
+        #[test]
+        fn op_heap_engine_is_the_device_engine(
+            workers in 1u32..4,
+            device_order in proptest::collection::vec(0usize..16, 0..16),
+            ops in proptest::collection::vec(
+                (
+                    0usize..64,
+                    0u8..4,
+                    prop_oneof![Just(1u64), Just(2), Just(5), 1u64..40],
+                    prop_oneof![4 => Just(0u64), 1 => 0u64..3],
+                ),
+                1..80,
+            ),
+            edges in proptest::collection::vec((0usize..80, 0usize..80), 0..160),
+            ppm in prop_oneof![Just(0u32), Just(33_000), Just(1_000_000)],
+            release in proptest::option::of(proptest::collection::vec(0u64..30, 80)),
+        ) {
+            let Some(g) = graph(workers, &device_order, &ops, &edges, ppm) else {
+                return Ok(());
+            };
+            let release = release.map(|r| r[..g.op_count()].to_vec());
+            prop_assert_eq!(
+                ordered::replay(&g, release.as_deref()),
+                by_device(&g, release.as_deref())
+            );
+        }
+    }
+
+    /// The same on the planner's graphs: BERT-base on the 16-V100 testbed (contention on),
+    /// ResNet-50 with tensor fusion's buckets, and a GPT on H100s.
+    #[test]
+    fn op_heap_engine_is_the_device_engine_on_zoo_graphs() {
+        use crate::cost::config::load_cluster;
+        use crate::zoo::{BuildOptions, ModelOptions, build, model};
+        for (m, c) in [
+            ("bert-base", "dpro-16xv100-rdma"),
+            ("resnet50", "8xv100"),
+            ("gpt", "64xh100-ib"),
+        ] {
+            let cluster = load_cluster(c).unwrap();
+            let g = build(
+                &model(m, &ModelOptions::default()).unwrap(),
+                &cluster,
+                &BuildOptions::default(),
+            )
+            .unwrap();
+            assert!(g.priorities().iter().all(|&p| p == 0));
+            assert_eq!(ordered::replay(&g, None), by_device(&g, None), "{m} on {c}");
+        }
+    }
+}
