@@ -267,15 +267,28 @@ pub fn pass_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
     }
 }
 
-/// Whether `fw`'s export rules `pass` out on `job` whatever its knobs: torchtitan's AMP is
-/// bf16 only, so on a GPU without bf16 (a V100) a torchtitan plan has none.
+/// Whether `pass` is ruled out on `job` whatever its knobs (as a move, and as advice):
+/// torchtitan's AMP is bf16 only, so on a GPU without bf16 (a V100) a torchtitan plan has none;
+/// P3 slices and prioritises whole-gradient synchronisation (Jayarajan et al.: all-reduce or a
+/// parameter server's push and pull), which a sharded job does not have: FSDP and ZeRO already
+/// move gradients by wrap unit, in the backward's order, as reduce-scatters (slicing those of
+/// Llama 3 405B on 16,384 H100s into 4 MiB pieces made the advice of its torchtitan plan one
+/// replay of 44 s, for no gain).
 pub fn rules_out(pass: &str, fw: Option<Framework>, job: &crate::graph::job::Job) -> bool {
-    pass == "amp"
-        && fw == Some(Framework::Torchtitan)
-        && !job
-            .gpu
-            .matrix_tflops
-            .contains_key(&crate::cost::config::Dtype::Bf16)
+    match pass {
+        "amp" => {
+            fw == Some(Framework::Torchtitan)
+                && !job
+                    .gpu
+                    .matrix_tflops
+                    .contains_key(&crate::cost::config::Dtype::Bf16)
+        }
+        "p3" => job
+            .syncs
+            .iter()
+            .any(|s| s.kind != crate::graph::comm::CollectiveKind::AllReduce),
+        _ => false,
+    }
 }
 
 /// Whether `fw`'s export can apply sharding `stage` with `replicas` replica groups and
@@ -434,6 +447,23 @@ mod tests {
             assert!(mechanism(fw, "dgc", Names::Zoo).is_err());
             assert!(mechanism(fw, "my-pass-from-a-file", Names::Zoo).is_err());
         }
+    }
+
+    #[test]
+    fn p3_is_ruled_out_on_sharded_jobs_only() {
+        let (_, job) = crate::zoo::build::test_job("gpt", 8, "8xv100");
+        assert!(!rules_out("p3", None, &job));
+        assert!(!rules_out("tensor-fusion", None, &job));
+        let cur = crate::passes::evaluate(job).unwrap();
+        let all = crate::passes::registry();
+        let shard = crate::passes::find(&all, "shard").unwrap();
+        let knobs = crate::passes::resolve_knobs(shard, &[("stage".into(), "3".into())]).unwrap();
+        let patches = crate::passes::propose(shard, &cur, &knobs).unwrap();
+        let sharded = crate::passes::apply_all(&cur.job, &patches).unwrap();
+        for fw in [None, Some(Framework::Pytorch), Some(Framework::Torchtitan)] {
+            assert!(rules_out("p3", fw, &sharded), "{fw:?}");
+        }
+        assert!(!rules_out("tensor-fusion", None, &sharded));
     }
 
     #[test]
