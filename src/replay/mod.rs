@@ -18,6 +18,35 @@
 //! **Invariant:** the replayer does no IO and never fails: a frozen [`Dfg`] is acyclic, so every
 //! op is replayed.
 
+/// [`Schedule`] for an engine whose per-op state is in its fields `left`, `ready`, `ready_by`,
+/// `end` and `stack`, and which frees an op with its method `$free`.
+macro_rules! schedule_by_fields {
+    ($engine:ident, $free:ident) => {
+        impl<'g> Schedule<'g> for $engine<'g> {
+            #[inline]
+            fn graph(&self) -> &'g Dfg {
+                self.g
+            }
+
+            #[inline]
+            fn ops(&mut self) -> OpState<'_> {
+                OpState {
+                    left: &mut self.left,
+                    ready: &mut self.ready,
+                    ready_by: &mut self.ready_by,
+                    end: &mut self.end,
+                    stack: &mut self.stack,
+                }
+            }
+
+            #[inline]
+            fn free(&mut self, op: OpId) {
+                self.$free(op);
+            }
+        }
+    };
+}
+
 pub mod breakdown;
 pub mod critical;
 mod devheap;
@@ -54,6 +83,27 @@ pub struct Replay {
 }
 
 impl Replay {
+    /// The replay of a finished schedule: each op's start, end and binding predecessor, each
+    /// device's busy time; the latest end and the lowest op that ends then.
+    fn of(start_ns: Vec<u64>, end_ns: Vec<u64>, binding: Vec<OpId>, busy: Vec<u64>) -> Replay {
+        let mut iteration_ns = 0;
+        let mut last_op = NONE;
+        for (o, &e) in end_ns.iter().enumerate() {
+            if e > iteration_ns || last_op == NONE {
+                iteration_ns = e;
+                last_op = o as OpId;
+            }
+        }
+        Replay {
+            start_ns,
+            end_ns,
+            binding,
+            device_busy_ns: busy,
+            iteration_ns,
+            last_op,
+        }
+    }
+
     /// The busiest device's busy time.
     pub fn max_device_busy_ns(&self) -> u64 {
         self.device_busy_ns.iter().copied().max().unwrap_or(0)
@@ -132,6 +182,59 @@ pub fn partial_replay(g: &Dfg, ops: &[OpId], base: Option<&Replay>) -> PartialRe
         ops: map,
         replay,
         first_start_ns,
+    }
+}
+
+/// What both engines keep per op, as [`release_succs`] and [`drain_virtual`] see it.
+struct OpState<'a> {
+    /// Predecessors not yet ended.
+    left: &'a mut [u32],
+    /// Latest predecessor end so far; the op's start once it runs.
+    ready: &'a mut [u64],
+    /// The predecessor that set `ready`; the binding one once the op runs.
+    ready_by: &'a mut [OpId],
+    end: &'a mut [u64],
+    /// Released ops of the virtual device, not yet run.
+    stack: &'a mut Vec<OpId>,
+}
+
+/// An engine, to the release rules both share.
+trait Schedule<'g> {
+    fn graph(&self) -> &'g Dfg;
+    fn ops(&mut self) -> OpState<'_>;
+    /// Every predecessor of `op` has ended: queue it (the virtual device's ops on the stack).
+    fn free(&mut self, op: OpId);
+}
+
+/// `op` ended at `end`: each successor's ready time and binding predecessor — of the
+/// predecessors that end last, the lowest id binds, the same whatever order they ran in (both
+/// engines agree) — and those whose predecessors have all ended are freed.
+#[inline]
+fn release_succs<'g>(e: &mut impl Schedule<'g>, op: OpId, end: u64) {
+    for &s in e.graph().succs(op) {
+        let si = s as usize;
+        let st = e.ops();
+        if end > st.ready[si] || end == st.ready[si] && op < st.ready_by[si] {
+            st.ready[si] = end;
+            st.ready_by[si] = op;
+        }
+        st.left[si] -= 1;
+        if st.left[si] == 0 {
+            e.free(s);
+        }
+    }
+}
+
+/// Run the freed ops of the virtual device: they start when ready, in parallel.
+fn drain_virtual<'g>(e: &mut impl Schedule<'g>) {
+    let g = e.graph();
+    loop {
+        let st = e.ops();
+        let Some(op) = st.stack.pop() else { return };
+        let i = op as usize;
+        let end = st.ready[i].saturating_add(g.dur_ns(op));
+        st.end[i] = end;
+        release_succs(e, op, end);
     }
 }
 
@@ -226,30 +329,15 @@ impl<'g> Engine<'g> {
                 self.enqueue(o);
             }
         }
-        self.drain_virtual();
+        drain_virtual(&mut self);
         // The device stays in the heap while it runs its op: its key moves in place afterwards.
         while let Some((_, d)) = self.heap.peek() {
             let op = self.pick(d as usize);
             self.execute(op, d as usize);
-            self.drain_virtual();
+            drain_virtual(&mut self);
             self.reschedule(d as usize);
         }
-        let mut iteration_ns = 0;
-        let mut last_op = NONE;
-        for (o, &e) in self.end.iter().enumerate() {
-            if e > iteration_ns || last_op == NONE {
-                iteration_ns = e;
-                last_op = o as OpId;
-            }
-        }
-        Replay {
-            start_ns: self.ready,
-            end_ns: self.end,
-            binding: self.ready_by,
-            device_busy_ns: self.busy,
-            iteration_ns,
-            last_op,
-        }
+        Replay::of(self.ready, self.end, self.ready_by, self.busy)
     }
 
     /// Take the op device `d` runs next (its queue is non-empty).
@@ -316,24 +404,7 @@ impl<'g> Engine<'g> {
         self.ready[i] = start;
         self.end[i] = end;
         self.ready_by[i] = why;
-        self.release_succs(op, end);
-    }
-
-    #[inline]
-    fn release_succs(&mut self, op: OpId, end: u64) {
-        for &s in self.g.succs(op) {
-            let si = s as usize;
-            // Of the predecessors that end last, the lowest id binds: the same whatever order
-            // they ran in (both engines agree).
-            if end > self.ready[si] || end == self.ready[si] && op < self.ready_by[si] {
-                self.ready[si] = end;
-                self.ready_by[si] = op;
-            }
-            self.left[si] -= 1;
-            if self.left[si] == 0 {
-                self.enqueue(s);
-            }
-        }
+        release_succs(self, op, end);
     }
 
     #[inline]
@@ -346,15 +417,6 @@ impl<'g> Engine<'g> {
         let r = self.ready[op as usize];
         self.queues[d].pending.push((r, op));
         self.reschedule(d);
-    }
-
-    /// Run ops on the virtual device: they start when ready, in parallel.
-    fn drain_virtual(&mut self) {
-        while let Some(op) = self.stack.pop() {
-            let i = op as usize;
-            self.end[i] = self.ready[i].saturating_add(self.g.dur_ns(op));
-            self.release_succs(op, self.end[i]);
-        }
     }
 
     /// Key the device in the heap by its next op's earliest start, or take it out when it has
@@ -373,6 +435,8 @@ impl<'g> Engine<'g> {
         self.heap.set(d as u32, next);
     }
 }
+
+schedule_by_fields!(Engine, enqueue);
 
 #[cfg(test)]
 mod tests;

@@ -26,7 +26,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use super::Replay;
+use super::{OpState, Replay, Schedule, drain_virtual, release_succs};
 use crate::graph::{DeviceKind, Dfg, NONE, OpId, OpKind};
 
 /// Replay `g` (which has no priorities), optionally with release times.
@@ -151,7 +151,7 @@ impl<'g> Ordered<'g> {
                 self.release(o);
             }
         }
-        self.drain_virtual();
+        drain_virtual(&mut self);
         while let Some(Reverse((key, tag))) = self.heap.pop() {
             let (class, op) = ((tag >> 32) as u8, tag as OpId);
             let d = g.device(op) as usize;
@@ -172,30 +172,15 @@ impl<'g> Ordered<'g> {
                         self.heap
                             .push(Reverse((self.clock[d].max(rn), entry(DEFERRED, next))));
                     }
-                    self.drain_virtual();
+                    drain_virtual(&mut self);
                 }
                 _ => {
                     self.place(op, d);
-                    self.drain_virtual();
+                    drain_virtual(&mut self);
                 }
             }
         }
-        let mut iteration_ns = 0;
-        let mut last_op = NONE;
-        for (o, &e) in self.end.iter().enumerate() {
-            if e > iteration_ns || last_op == NONE {
-                iteration_ns = e;
-                last_op = o as OpId;
-            }
-        }
-        Replay {
-            start_ns: self.ready,
-            end_ns: self.end,
-            binding: self.ready_by,
-            device_busy_ns: self.busy,
-            iteration_ns,
-            last_op,
-        }
+        Replay::of(self.ready, self.end, self.ready_by, self.busy)
     }
 
     /// Fix the op's start and end on device `d`, whose earlier ops are all placed.
@@ -230,7 +215,7 @@ impl<'g> Ordered<'g> {
         self.ready[i] = start;
         self.end[i] = end;
         self.ready_by[i] = why;
-        self.release_succs(op, end);
+        release_succs(self, op, end);
     }
 
     /// Whether a communication op of worker `w` that began before `s` (or at `s` on a device
@@ -250,21 +235,6 @@ impl<'g> Ordered<'g> {
         running
     }
 
-    #[inline]
-    fn release_succs(&mut self, op: OpId, end: u64) {
-        for &s in self.g.succs(op) {
-            let si = s as usize;
-            if end > self.ready[si] || end == self.ready[si] && op < self.ready_by[si] {
-                self.ready[si] = end;
-                self.ready_by[si] = op;
-            }
-            self.left[si] -= 1;
-            if self.left[si] == 0 {
-                self.release(s);
-            }
-        }
-    }
-
     /// All the op's predecessors have ended: queue it.
     #[inline]
     fn release(&mut self, op: OpId) {
@@ -280,13 +250,6 @@ impl<'g> Ordered<'g> {
         };
         self.heap.push(Reverse(entry));
     }
-
-    /// Run ops on the virtual device: they start when ready, in parallel.
-    fn drain_virtual(&mut self) {
-        while let Some(op) = self.stack.pop() {
-            let i = op as usize;
-            self.end[i] = self.ready[i].saturating_add(self.g.dur_ns(op));
-            self.release_succs(op, self.end[i]);
-        }
-    }
 }
+
+schedule_by_fields!(Ordered, release);
