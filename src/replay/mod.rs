@@ -225,6 +225,18 @@ fn release_succs<'g>(e: &mut impl Schedule<'g>, op: OpId, end: u64) {
     }
 }
 
+/// `op` ran from `start` to `end`, its start set by `why`: its times are kept (the ready time
+/// becomes the start, the latest predecessor the binding one) and its successors released.
+#[inline]
+fn ran<'g>(e: &mut impl Schedule<'g>, op: OpId, start: u64, end: u64, why: OpId) {
+    let st = e.ops();
+    let i = op as usize;
+    st.ready[i] = start;
+    st.end[i] = end;
+    st.ready_by[i] = why;
+    release_succs(e, op, end);
+}
+
 /// Run the freed ops of the virtual device: they start when ready, in parallel.
 fn drain_virtual<'g>(e: &mut impl Schedule<'g>) {
     let g = e.graph();
@@ -401,10 +413,7 @@ impl<'g> Engine<'g> {
         q.clock = end.saturating_add(g.gap_ns(op));
         q.prev = op;
         self.busy[d] = self.busy[d].saturating_add(dur);
-        self.ready[i] = start;
-        self.end[i] = end;
-        self.ready_by[i] = why;
-        release_succs(self, op, end);
+        ran(self, op, start, end, why);
     }
 
     #[inline]

@@ -26,7 +26,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use super::{OpState, Replay, Schedule, drain_virtual, release_succs};
+use super::{OpState, Replay, Schedule, drain_virtual, ran};
 use crate::graph::{DeviceKind, Dfg, NONE, OpId, OpKind};
 
 /// Replay `g` (which has no priorities), optionally with release times.
@@ -212,10 +212,7 @@ impl<'g> Ordered<'g> {
         };
         self.prev[d] = op;
         self.busy[d] = self.busy[d].saturating_add(dur);
-        self.ready[i] = start;
-        self.end[i] = end;
-        self.ready_by[i] = why;
-        release_succs(self, op, end);
+        ran(self, op, start, end, why);
     }
 
     /// Whether a communication op of worker `w` that began before `s` (or at `s` on a device
