@@ -303,6 +303,7 @@ mod tests {
             coarsen: false,
             partial_replay: false,
             symmetry: false,
+            lazy: false,
         };
         let on = Speedups::default();
         assert_eq!(

@@ -431,6 +431,11 @@ pub struct PlanArgs {
     /// Ablation: evaluate candidates on the full graph instead of the symmetric form.
     #[arg(long)]
     pub no_symmetry: bool,
+    /// Ablation: re-evaluate every candidate each round instead of in the order of their last
+    /// gains, stopping once none left can beat the best (lazy rounds; the same plan when a
+    /// move's gain only shrinks as others are taken).
+    #[arg(long)]
+    pub no_lazy: bool,
 }
 
 #[derive(Debug, Args)]

@@ -533,6 +533,7 @@ fn search_options(a: &PlanArgs, s: &Settings, w: &Workload) -> SearchOptions {
             coarsen: !a.no_coarsen,
             partial_replay: !a.no_partial_replay,
             symmetry: !a.no_symmetry,
+            lazy: !a.no_lazy,
         },
         framework: Some((w.fw, names)),
         deadline: Some(s.deadline),

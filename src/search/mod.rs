@@ -25,12 +25,15 @@
 //! off: a full replay of the job per k); *coarsened view* makes op-fusion consider a
 //! tensor-producing op with its tensor-less neighbours, and tensor-fusion a layer's tensors, as
 //! units (`coarsen`). The switches reach the passes as knob overrides ([`speedup_knobs`]).
+//! Not in dPRO: *lazy rounds* ([`lazy`]) evaluate a round's moves in the order of their last
+//! gains and stop once none left can beat the best by that measure.
 //!
 //! **Invariant:** the search does no IO; progress goes through a callback.
 
 pub mod baselines;
 pub mod framework;
 pub mod layout;
+mod lazy;
 pub mod mcmc;
 #[cfg(test)]
 mod quality;
@@ -65,6 +68,15 @@ pub struct Speedups {
     pub coarsen: bool,
     pub partial_replay: bool,
     pub symmetry: bool,
+    /// Lazy rounds: re-evaluate a round's moves in the order of what each gained when last
+    /// evaluated, and stop once no move left can beat the best by that measure
+    /// ([`Ctx::best_move_lazy`]). Not in dPRO; off for its Table 5 columns.
+    #[serde(default = "yes")]
+    pub lazy: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for Speedups {
@@ -73,6 +85,7 @@ impl Default for Speedups {
             coarsen: true,
             partial_replay: true,
             symmetry: true,
+            lazy: true,
         }
     }
 }
@@ -636,6 +649,12 @@ impl<T> Fastest<T> {
         drop(loser);
     }
 
+    /// The time and index of the fastest offered so far.
+    pub(crate) fn peek(&self) -> Option<(u64, usize)> {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.as_ref().map(|(i, ns, _)| (*ns, *i))
+    }
+
     /// The fastest offered, with its index.
     pub(crate) fn into_inner(self) -> Option<(usize, T)> {
         self.held
@@ -1146,6 +1165,10 @@ fn critical_path_rounds(
     let mut stop = StopReason::Converged;
     let mut history = vec![cur.iteration_ns()];
     let mut used: BTreeSet<String> = BTreeSet::new();
+    let mut gains = lazy::Gains::default();
+    // Lazy rounds: the next round evaluates every move (a walk about to stop on small gains
+    // first checks the moves its lazy rounds skipped).
+    let mut full_round = !opts.speedups.lazy;
     let mut round = 0;
     loop {
         if let Some(s) = ctx.should_stop() {
@@ -1167,7 +1190,11 @@ fn critical_path_rounds(
         // The moves are made: the current job's graph is not needed while its candidates are
         // evaluated (dropped; see LEAN_OPS).
         lean_from(&mut cur, opts.lean_ops);
-        let (best, evaluated) = ctx.best_move(&cur, &refs);
+        let (best, evaluated) = if opts.speedups.lazy {
+            ctx.best_move_lazy(&cur, &refs, &mut gains, full_round)
+        } else {
+            ctx.best_move(&cur, &refs)
+        };
         replays += evaluated;
         let Some((i, next)) = best else {
             // No improvement among what was evaluated: converged, unless the budget or an
@@ -1187,9 +1214,14 @@ fn critical_path_rounds(
         if history.len() > r {
             let old = history[history.len() - 1 - r] as f64;
             if (old - cur.iteration_ns() as f64) / old < opts.converge_gain {
-                break;
+                if full_round {
+                    break;
+                }
+                full_round = true;
+                continue;
             }
         }
+        full_round = !opts.speedups.lazy;
     }
     Ok(Walk {
         best: cur,
