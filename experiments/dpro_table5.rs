@@ -151,7 +151,8 @@ fn main() {
          symmetry of `op-fusion` (`twins`). The coarsened view groups a tensor-producing op with \
          its tensor-less neighbours (`op-fusion`) and a layer's tensors (`tensor-fusion`). Lazy \
          rounds evaluate a round's moves in the order of what each gained when last evaluated \
-         and stop once none left could beat the best by that gain; a round that finds nothing \
+         (never-evaluated moves and on/off passes' moves first) and stop once none left could \
+         beat the best by that gain; a round that finds nothing \
          evaluates every move afresh before the search stops.",
         if all_fast { "yes" } else { "no" }
     );
