@@ -37,7 +37,8 @@
 //! fp16/bf16, Megatron-LM's --fp16/--bf16, apex O2; Micikevicius et al. 2018's own recipe):
 //! autocast's FP32 operator classes (softmax, norms, reductions, the loss) run and save in half
 //! too, the gradients are half (their buffers and shards: the effects of the gradients'
-//! communication ops) and reduced in half. Static memory is autocast's: the half weights beside
+//! communication ops) and reduced in half — except Megatron-LM's bf16 models, whose gradients
+//! it accumulates and reduces in FP32 ([`grads_stay_fp32`]). Static memory is autocast's: the half weights beside
 //! the FP32 master weights (2 + 4 B per parameter) and the optimizer state, with ZeRO's
 //! sharding of them (stages 1–2: the half weights whole, the rest sharded). The copy of the updated master
 //! weights into the model (read 4 B, write 2 B per parameter) is priced as the autocast casts
@@ -58,7 +59,7 @@
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::compute::ns;
 use crate::cost::config::Dtype;
-use crate::cost::framework::{AmpStyle, Math, Precision};
+use crate::cost::framework::{AmpStyle, Framework, Math, Precision};
 use crate::cost::kernel::OpClass;
 use crate::graph::job::{CollectiveKind, Job, OpWork};
 use crate::graph::{DeviceKind, MemEffect, OpId, OpKind, OpSpec, Phase};
@@ -278,7 +279,7 @@ pub fn memory_bound_ratio(job: &Job, half: Dtype) -> f64 {
 fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool, style: AmpStyle) -> Patch {
     let l = &job.local;
     let pure = style == AmpStyle::Pure;
-    let fp16_allreduce = fp16_allreduce || pure;
+    let fp16_allreduce = fp16_allreduce || (pure && !grads_stay_fp32(job, half));
     let math = Math {
         pure_half: pure,
         ..job.math
@@ -291,7 +292,8 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool, style: AmpStyle) -> P
         recost_in_half(&j, half)
     };
     edits.push(Edit::Math(math));
-    let act_saved = half_activations(job, half, pure, &mut edits);
+    let half_grads = pure && fp16_allreduce;
+    let act_saved = half_activations(job, half, pure, half_grads, &mut edits);
     // The fp16 weight copy, and one cast kernel per weight tensor before its layer's first FW.
     // A job sharded at stage 3 keeps only its shard of the copy (DeepSpeed's fp16 partition;
     // FSDP2 casts the shard before gathering it), and every parameter all-gather moves the
@@ -356,6 +358,16 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool, style: AmpStyle) -> P
         ),
         edits,
     }
+}
+
+/// Whether a model in `half` keeps FP32 gradients: Megatron-LM with `--bf16` accumulates and
+/// reduces them in FP32 (its argument checks turn `accumulate_allreduce_grads_in_fp32` on for
+/// bf16 unless `--grad-reduce-in-bf16`; `megatron/training/arguments.py`), so its gradient
+/// buffers and their all-reduce or reduce-scatter keep 4 B per parameter (Megatron-LM's
+/// distributed-optimizer notes: bf16 parameters with fp32 gradients, 18 B per parameter
+/// unsharded). Its fp16 models reduce in fp16 (the flag is off by default).
+pub fn grads_stay_fp32(job: &Job, half: Dtype) -> bool {
+    job.framework == Framework::Megatron && half == Dtype::Bf16
 }
 
 /// Static bytes once mixed precision adds its `copy` bytes of half-precision weights. A
@@ -439,11 +451,17 @@ fn recost_in_half(job: &Job, half: Dtype) -> (Vec<Edit>, u64, u64) {
 
 /// Saved activations in half precision: the memory effects of forward and backward ops
 /// shrunk by `half`'s size over the job's dtype, except autocast's FP32 ops (which keep FP32
-/// outputs and what they save) unless the model is `pure` half, whose gradient buffers (the
-/// effects of communication ops) halve too, and dropout masks (one byte per element in any
+/// outputs and what they save) unless the model is `pure` half, gradient buffers (the
+/// effects of communication ops) with `half_grads`, and dropout masks (one byte per element in any
 /// dtype: PyTorch's `native_dropout` returns a bool mask). Pushes one `SetMem` per op;
 /// returns the activation bytes allocated before (alloc-at-start effects of FW/BW ops).
-fn half_activations(job: &Job, half: Dtype, pure: bool, edits: &mut Vec<Edit>) -> u64 {
+fn half_activations(
+    job: &Job,
+    half: Dtype,
+    pure: bool,
+    half_grads: bool,
+    edits: &mut Vec<Edit>,
+) -> u64 {
     let l = &job.local;
     let mut by_op: std::collections::BTreeMap<OpId, Vec<MemEffect>> = Default::default();
     let fp32_op = |op: OpId| {
@@ -460,8 +478,9 @@ fn half_activations(job: &Job, half: Dtype, pure: bool, edits: &mut Vec<Edit>) -
         match op.spec.phase {
             // Autocast's FP32 ops keep FP32 outputs (and what they save).
             Phase::Fw | Phase::Bw => !fp32_op(m.op) && !mask,
-            // A half model's gradients (the buffers its gradients' communication ops hold).
-            Phase::Comm => pure,
+            // A half model's gradients (the buffers its gradients' communication ops hold),
+            // unless they stay FP32 ([`grads_stay_fp32`]).
+            Phase::Comm => half_grads,
             _ => false,
         }
     };
@@ -770,5 +789,39 @@ mod tests {
         assert_eq!(d.iteration_ns(), pure.iteration_ns());
         let e = run(base.job.clone(), &[("style", "o2")]).unwrap_err();
         assert!(e.to_string().contains("framework, autocast or pure"), "{e}");
+    }
+
+    /// Megatron-LM's bf16 model keeps FP32 gradients (buffers and reduction), its fp16 model
+    /// half ones; both compute in half with FP32 classes in half.
+    #[test]
+    fn megatron_bf16_reduces_fp32_gradients() {
+        let (_, mut job) = crate::zoo::build::test_job("gpt", 2, "8xh200");
+        job.framework = Framework::Megatron;
+        let grads = |e: &Evaluated| -> u64 {
+            e.job
+                .local
+                .mem
+                .iter()
+                .filter(|m| e.job.syncs.iter().any(|s| s.ready.contains(&m.op)))
+                .map(|m| m.bytes)
+                .sum()
+        };
+        let bytes = |e: &Evaluated| e.job.syncs.iter().map(|s| s.bytes).sum::<u64>();
+        let (base, bf16) = run(job.clone(), &[("dtype", "bf16")]).unwrap();
+        let (_, fp16) = run(job.clone(), &[("dtype", "fp16")]).unwrap();
+        assert!(bf16.job.math.pure_half && fp16.job.math.pure_half);
+        assert!(grads(&base) > 0);
+        assert_eq!(bytes(&bf16), bytes(&base));
+        assert_eq!(grads(&bf16), grads(&base));
+        assert!(bytes(&fp16) * 2 <= bytes(&base) + base.job.syncs.len() as u64);
+        assert!(grads(&fp16) * 2 <= grads(&base) + 1000);
+        // Gradients are allocated in the backward, after the activations' peak here.
+        assert!(bf16.memory.peak_bytes >= fp16.memory.peak_bytes);
+        // Reducing twice the bytes is not faster.
+        assert!(bf16.iteration_ns() >= fp16.iteration_ns());
+        // Asked for in bf16 (Megatron-LM's --grad-reduce-in-bf16), they are.
+        let (_, asked) = run(job, &[("dtype", "bf16"), ("fp16_allreduce", "1")]).unwrap();
+        assert_eq!(bytes(&asked), bytes(&fp16));
+        assert!(asked.iteration_ns() <= bf16.iteration_ns());
     }
 }

@@ -209,8 +209,8 @@ fn notes(plan: &Plan, f: &Facts, tp: u32, pp: u32, dp: u32) -> Vec<String> {
     if f.fuses_tensors() || !plan.config.partitions.is_empty() {
         notes.push("the plan's gradient groups and partitions are not applied: Megatron-LM reduces one contiguous gradient buffer".into());
     }
-    if f.fp16_allreduce {
-        notes.push("gradients are reduced in the model's half dtype only with --accumulate-allreduce-grads-in-fp32 off; Megatron turns it on with --bf16, reducing in fp32 (twice the bytes the plan priced for bf16)".into());
+    if f.fp16_allreduce && f.half.as_deref() == Some("bf16") {
+        notes.push("the plan's amp decision reduces bf16 gradients (fp16_allreduce=1): pass --grad-reduce-in-bf16, or Megatron-LM accumulates and reduces them in fp32 with --bf16 (twice the bytes the plan priced)".into());
     }
     notes.extend(unmapped_passes(f, &["amp", "fused-adam"], "Megatron-LM"));
     notes

@@ -245,7 +245,8 @@ pub(crate) struct Facts {
     /// Half dtype under AMP (`fp16` / `bf16`), None for fp32.
     pub half: Option<String>,
     /// AMP all-reduces gradients in half (the `amp` decision's `fp16_allreduce=1`, or its model
-    /// in half: `style=pure`, DeepSpeed's default).
+    /// in half: `style=pure`, DeepSpeed's default; not Megatron-LM's bf16 model, which keeps
+    /// FP32 gradients).
     pub fp16_allreduce: bool,
     /// Micro-batches per iteration.
     pub k: u32,
@@ -362,7 +363,10 @@ impl Facts {
             named.unwrap_or(plan.workload.framework.default_amp_style())
                 == crate::cost::framework::AmpStyle::Pure
         });
-        let fp16_allreduce = pure
+        // Except Megatron-LM's bf16 models: FP32 gradients (`passes::amp::grads_stay_fp32`).
+        let megatron_bf16 = plan.workload.framework == crate::cost::framework::Framework::Megatron
+            && half.as_deref() == Some("bf16");
+        let fp16_allreduce = (pure && !megatron_bf16)
             || amp
                 .and_then(|d| d.knobs.get("fp16_allreduce"))
                 .is_some_and(|v| v.trim() == "1");
