@@ -629,6 +629,17 @@ mod tests {
         Ok((base, after))
     }
 
+    /// Bytes of the gradient buffers: the allocations of the syncs' `Out` ops.
+    fn grads(e: &Evaluated) -> u64 {
+        e.job
+            .local
+            .mem
+            .iter()
+            .filter(|m| e.job.syncs.iter().any(|s| s.ready.contains(&m.op)))
+            .map(|m| m.bytes)
+            .sum()
+    }
+
     #[test]
     fn chain_in_fp16_on_a_v100() {
         // Two layers, FW 1000 / 3000 ns (hand-set), work flops 1e4·t (matrix, no shapes), act
@@ -743,17 +754,7 @@ mod tests {
         let s0 = base.job.local.static_mem_bytes;
         assert_eq!(auto.job.local.static_mem_bytes, s0 + 2 * params);
         assert_eq!(pure.job.local.static_mem_bytes, s0 + 2 * params);
-        // Gradient buffers (the syncs' `Out` ops' allocations): FP32 under autocast, half in a
-        // half model.
-        let grads = |e: &Evaluated| -> u64 {
-            e.job
-                .local
-                .mem
-                .iter()
-                .filter(|m| e.job.syncs.iter().any(|s| s.ready.contains(&m.op)))
-                .map(|m| m.bytes)
-                .sum()
-        };
+        // Gradient buffers: FP32 under autocast, half in a half model.
         assert_eq!(grads(&auto), grads(&base));
         assert_eq!(grads(&base), 4 * params);
         assert!(grads(&pure) * 2 >= grads(&base) && grads(&pure) * 2 <= grads(&base) + 1000);
@@ -797,15 +798,6 @@ mod tests {
     fn megatron_bf16_reduces_fp32_gradients() {
         let (_, mut job) = crate::zoo::build::test_job("gpt", 2, "8xh200");
         job.framework = Framework::Megatron;
-        let grads = |e: &Evaluated| -> u64 {
-            e.job
-                .local
-                .mem
-                .iter()
-                .filter(|m| e.job.syncs.iter().any(|s| s.ready.contains(&m.op)))
-                .map(|m| m.bytes)
-                .sum()
-        };
         let bytes = |e: &Evaluated| e.job.syncs.iter().map(|s| s.bytes).sum::<u64>();
         let (base, bf16) = run(job.clone(), &[("dtype", "bf16")]).unwrap();
         let (_, fp16) = run(job.clone(), &[("dtype", "fp16")]).unwrap();
