@@ -1059,8 +1059,14 @@ fn report_form(
         return Ok((walk.best, Vec::new(), replays));
     }
     replays += 1;
-    let best = evaluate_full(walk.best.job, symmetric_report, opts.lean_ops)?;
-    let (advice, n) = advise(&best, not_exported, opts, all, eval)?;
+    // The walk's best is in the search's form (its job's `symmetric` flag as the evaluator
+    // set it): when the report's form is the same and no DDP layout is applied on the way, the
+    // report's evaluation is the one the advice needs, so it is kept whole until advised.
+    let same_form = opts.ddp.is_none() && walk.best.job.symmetric == symmetric_report;
+    let keep = if same_form { usize::MAX } else { opts.lean_ops };
+    let mut best = evaluate_full(walk.best.job, symmetric_report, keep)?;
+    let (advice, n) = advise(&best, same_form, not_exported, opts, all, eval)?;
+    lean_from(&mut best, opts.lean_ops);
     replays += n;
     Ok((best, advice, replays))
 }
@@ -1080,7 +1086,7 @@ pub fn advice_for(
         Some(layout) => plain(layout.apply(job)),
         None => plain(job),
     };
-    advise(best, &not_exported, opts, all, &eval)
+    advise(best, false, &not_exported, opts, all, &eval)
 }
 
 /// Each pass of `names` (not exported by the plan's framework) applied on its own to the best
@@ -1088,9 +1094,12 @@ pub fn advice_for(
 /// of replays it took. Passes that propose nothing or fail are left out. The passes are shown
 /// the best job evaluated the way the search evaluates (`eval`), and each effect is measured
 /// against that evaluation: `best` itself may be lean or in the report's form (issue 20: the
-/// lean final evaluation of a large job reached `tensor-fusion`, which panicked).
+/// lean final evaluation of a large job reached `tensor-fusion`, which panicked). With
+/// `as_searched`, `best` is a full evaluation made as `eval` would make it and is used as it is
+/// (one replay fewer: 3.3 s of the 405B Megatron plan's 38 s).
 fn advise(
     best: &Evaluated,
+    as_searched: bool,
     names: &[String],
     opts: &SearchOptions,
     all: &[Box<dyn Pass>],
@@ -1102,7 +1111,14 @@ fn advise(
     if names.is_empty() {
         return Ok((Vec::new(), 0));
     }
-    let best = &eval(best.job.clone())?;
+    let reuse = as_searched && !is_lean(best);
+    let own;
+    let best = if reuse {
+        best
+    } else {
+        own = eval(best.job.clone())?;
+        &own
+    };
     // Each pass: its advice if any, and whether it was replayed.
     let tried: Vec<Result<(Option<Advice>, bool), SearchError>> = names
         .par_iter()
@@ -1141,8 +1157,8 @@ fn advise(
             Ok((advice, true))
         })
         .collect();
-    // The best job once, then each pass whose patches were replayed.
-    let mut replays = 1;
+    // The best job once (unless reused), then each pass whose patches were replayed.
+    let mut replays = u64::from(!reuse);
     let mut out = Vec::new();
     for t in tried {
         let (advice, replayed) = t?;
@@ -2206,6 +2222,31 @@ mod tests {
                 p.name()
             );
         }
+    }
+
+    /// Advice on the best job's evaluation as the search made it, used as it is, is the advice
+    /// on a fresh evaluation, one replay sooner.
+    #[test]
+    fn advice_reuses_an_evaluation_in_the_searched_form() {
+        let all = crate::passes::registry();
+        let opts = SearchOptions {
+            passes: Some(vec!["tensor-fusion".into(), "tensor-partition".into()]),
+            framework: Some((Framework::Pytorch, framework::Names::Zoo)),
+            ..SearchOptions::default()
+        };
+        let (_, names) = split_passes(&opts, &all);
+        let eval = evaluator(opts.speedups.symmetry);
+        let full = eval(job()).unwrap();
+        let (fresh, n_fresh) = advise(&full, false, &names, &opts, &all, &eval).unwrap();
+        let (reused, n_reused) = advise(&full, true, &names, &opts, &all, &eval).unwrap();
+        assert!(!fresh.is_empty());
+        assert_eq!(reused, fresh);
+        assert_eq!(n_reused + 1, n_fresh);
+        // A lean evaluation is evaluated again whatever the caller says.
+        let mut lean = full.clone();
+        lean_from(&mut lean, 0);
+        let (again, n_again) = advise(&lean, true, &names, &opts, &all, &eval).unwrap();
+        assert_eq!((again, n_again), (fresh, n_fresh));
     }
 
     /// `max_rounds` cuts the search by work: the same rounds and plan on every run, and the
