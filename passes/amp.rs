@@ -38,8 +38,9 @@
 //! autocast's FP32 operator classes (softmax, norms, reductions, the loss) run and save in half
 //! too, the gradients are half (their buffers and shards: the effects of the gradients'
 //! communication ops) and reduced in half — except Megatron-LM's bf16 models, whose gradients
-//! it accumulates and reduces in FP32 ([`grads_stay_fp32`]). Static memory is autocast's: the half weights beside
-//! the FP32 master weights (2 + 4 B per parameter) and the optimizer state, with ZeRO's
+//! it accumulates and reduces in FP32
+//! ([`crate::cost::framework::Framework::keeps_fp32_grads`]). Static memory is autocast's: the
+//! half weights beside the FP32 master weights (2 + 4 B per parameter) and the optimizer state, with ZeRO's
 //! sharding of them (stages 1–2: the half weights whole, the rest sharded). The copy of the updated master
 //! weights into the model (read 4 B, write 2 B per parameter) is priced as the autocast casts
 //! are, one kernel per weight before its layer's forward. Not modelled: the FP32 master
@@ -59,7 +60,7 @@
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::compute::ns;
 use crate::cost::config::Dtype;
-use crate::cost::framework::{AmpStyle, Framework, Math, Precision};
+use crate::cost::framework::{AmpStyle, Math, Precision};
 use crate::cost::kernel::OpClass;
 use crate::graph::job::{CollectiveKind, Job, OpWork};
 use crate::graph::{DeviceKind, MemEffect, OpId, OpKind, OpSpec, Phase};
@@ -279,7 +280,7 @@ pub fn memory_bound_ratio(job: &Job, half: Dtype) -> f64 {
 fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool, style: AmpStyle) -> Patch {
     let l = &job.local;
     let pure = style == AmpStyle::Pure;
-    let fp16_allreduce = fp16_allreduce || (pure && !grads_stay_fp32(job, half));
+    let fp16_allreduce = fp16_allreduce || (pure && !job.framework.keeps_fp32_grads(half));
     let math = Math {
         pure_half: pure,
         ..job.math
@@ -358,16 +359,6 @@ fn amp_patch(job: &Job, half: Dtype, fp16_allreduce: bool, style: AmpStyle) -> P
         ),
         edits,
     }
-}
-
-/// Whether a model in `half` keeps FP32 gradients: Megatron-LM with `--bf16` accumulates and
-/// reduces them in FP32 (its argument checks turn `accumulate_allreduce_grads_in_fp32` on for
-/// bf16 unless `--grad-reduce-in-bf16`; `megatron/training/arguments.py`), so its gradient
-/// buffers and their all-reduce or reduce-scatter keep 4 B per parameter (Megatron-LM's
-/// distributed-optimizer notes: bf16 parameters with fp32 gradients, 18 B per parameter
-/// unsharded). Its fp16 models reduce in fp16 (the flag is off by default).
-pub fn grads_stay_fp32(job: &Job, half: Dtype) -> bool {
-    job.framework == Framework::Megatron && half == Dtype::Bf16
 }
 
 /// Static bytes once mixed precision adds its `copy` bytes of half-precision weights. A
@@ -479,7 +470,7 @@ fn half_activations(
             // Autocast's FP32 ops keep FP32 outputs (and what they save).
             Phase::Fw | Phase::Bw => !fp32_op(m.op) && !mask,
             // A half model's gradients (the buffers its gradients' communication ops hold),
-            // unless they stay FP32 ([`grads_stay_fp32`]).
+            // unless they stay FP32 ([`crate::cost::framework::Framework::keeps_fp32_grads`]).
             Phase::Comm => half_grads,
             _ => false,
         }
@@ -797,7 +788,7 @@ mod tests {
     #[test]
     fn megatron_bf16_reduces_fp32_gradients() {
         let (_, mut job) = crate::zoo::build::test_job("gpt", 2, "8xh200");
-        job.framework = Framework::Megatron;
+        job.framework = crate::cost::framework::Framework::Megatron;
         let bytes = |e: &Evaluated| e.job.syncs.iter().map(|s| s.bytes).sum::<u64>();
         let (base, bf16) = run(job.clone(), &[("dtype", "bf16")]).unwrap();
         let (_, fp16) = run(job.clone(), &[("dtype", "fp16")]).unwrap();

@@ -219,6 +219,17 @@ impl Framework {
         }
     }
 
+    /// Whether its model in `half` (the pure style) keeps FP32 gradients: Megatron-LM with
+    /// `--bf16` accumulates and reduces them in FP32 (its argument checks turn
+    /// `accumulate_allreduce_grads_in_fp32` on for bf16 unless `--grad-reduce-in-bf16`;
+    /// `megatron/training/arguments.py`), so its gradient buffers and their all-reduce or
+    /// reduce-scatter keep 4 B per parameter (Megatron-LM's distributed-optimizer notes: bf16
+    /// parameters with fp32 gradients, 18 B per parameter unsharded). Its fp16 models reduce in
+    /// fp16 (the flag is off by default), as DeepSpeed's do.
+    pub fn keeps_fp32_grads(self, half: Dtype) -> bool {
+        self == Framework::Megatron && half == Dtype::Bf16
+    }
+
     /// Its default gradient synchronisation.
     pub fn default_sync(self) -> SyncDefault {
         match self {

@@ -363,10 +363,13 @@ impl Facts {
             named.unwrap_or(plan.workload.framework.default_amp_style())
                 == crate::cost::framework::AmpStyle::Pure
         });
-        // Except Megatron-LM's bf16 models: FP32 gradients (`passes::amp::grads_stay_fp32`).
-        let megatron_bf16 = plan.workload.framework == crate::cost::framework::Framework::Megatron
-            && half.as_deref() == Some("bf16");
-        let fp16_allreduce = (pure && !megatron_bf16)
+        // Except where the framework keeps FP32 gradients (Megatron-LM's bf16 models).
+        let fp32_grads = half.as_deref() == Some("bf16")
+            && plan
+                .workload
+                .framework
+                .keeps_fp32_grads(crate::cost::config::Dtype::Bf16);
+        let fp16_allreduce = (pure && !fp32_grads)
             || amp
                 .and_then(|d| d.knobs.get("fp16_allreduce"))
                 .is_some_and(|v| v.trim() == "1");
