@@ -117,6 +117,12 @@ impl Pass for Amp {
             return Err(bad(raw, "must be fp16 or bf16"));
         };
         let job = &cx.job;
+        if job.meta.offload {
+            return Err(PassError::NotApplicable {
+                pass: NAME.into(),
+                why: "apply amp before shard with offload=1: the offloaded step's copies and host memory are priced in the job's precision".into(),
+            });
+        }
         if !job.gpu.matrix_tflops.contains_key(&half) {
             if half == Dtype::Bf16 {
                 return Err(bad(

@@ -406,7 +406,8 @@ struct PassFile {
 
 /// Which jobs a pass exists for (`applies_to:`): the optimizers it replaces, matched without
 /// case against what the job says it steps with ([`Job::optimizer`]); `unfused: true` refuses
-/// a job whose optimizer is already fused. A job whose optimizer nothing says is refused too.
+/// a job whose optimizer is already fused. A job whose optimizer nothing says is refused too,
+/// and so is one whose optimizer was offloaded to the host (`shard:offload=1`).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AppliesTo {
@@ -423,6 +424,11 @@ impl AppliesTo {
             return None;
         }
         let want = self.optimizers.join("/");
+        if job.meta.offload {
+            return Some(format!(
+                "the job's optimizer steps on the host CPU (shard offload=1); the pass replaces the GPU's {want}"
+            ));
+        }
         match job.optimizer() {
             None => Some(format!(
                 "the job's optimizer is not known (no Optimizer.step annotation in the trace); the pass replaces {want} only"

@@ -114,6 +114,7 @@ impl Pass for GradAccumulation {
         if !(1..=i64::from(u32::MAX)).contains(&k) {
             return Err(bad("must be at least 1".into()));
         }
+
         let batch = i64::from(cx.job.meta.batch);
         if batch > 0 && batch % k != 0 {
             let divisors: Vec<String> = (1..=batch)
@@ -283,6 +284,7 @@ pub fn accumulate_with(job: &Job, k: u32, sync: GradSync) -> Job {
                 each,
                 shard_kept: &shard_kept,
                 first: copy == 0,
+                offload: job.meta.offload,
             },
         ));
         if let Some(ps) = &prev_sinks {
@@ -396,6 +398,9 @@ struct CopyOf<'a> {
     shard_kept: &'a BTreeSet<OpId>,
     /// The first micro-step: it allocates the gradient shards.
     first: bool,
+    /// The optimizer is offloaded (`shard:offload=1`): each micro-step's gradient shard is
+    /// copied to the host as its collective ends, as DeepSpeed accumulates them there.
+    offload: bool,
 }
 
 /// The collectives of one micro-step's copy: those whose ready and done ops are all micro-step
@@ -475,7 +480,41 @@ fn copy_syncs(
             g.mem.push(MemEffect { op, ..*m });
         }
     }
+    if c.offload {
+        host_copies(g, l, &fresh);
+    }
     out
+}
+
+/// With the optimizer offloaded, a micro-step's gradient collectives (their done ops copied
+/// to `fresh`) each get their own device-to-host copy of the shard: a copy of the last
+/// micro-step's (the offload's update-phase memcpy after the original done op), feeding what
+/// it feeds (the host's step). The shard stays allocated from the first micro-step to the last
+/// copy (what DeepSpeed frees after each copy is not given back here).
+fn host_copies(
+    g: &mut crate::graph::job::LocalGraph,
+    l: &crate::graph::job::LocalGraph,
+    fresh: &BTreeMap<OpId, OpId>,
+) {
+    let is_copy = |o: OpId| {
+        let sp = &l.ops[o as usize].spec;
+        sp.kind == OpKind::Memcpy && sp.phase == Phase::Update
+    };
+    for (&orig, &op) in fresh {
+        for &(a, b) in &l.edges {
+            if a != orig || !is_copy(b) {
+                continue;
+            }
+            g.ops.push(l.ops[b as usize].clone());
+            let c = (g.ops.len() - 1) as OpId;
+            g.edges.push((op, c));
+            for &(x, y) in &l.edges {
+                if x == b {
+                    g.edges.push((c, y));
+                }
+            }
+        }
+    }
 }
 
 /// Most micro-step ops a bridge remembers (the latest ones in topological order): a bound on
@@ -695,6 +734,7 @@ mod tests {
                 replicas: 1,
                 reshard: true,
                 prefetch: 1,
+                offload: false,
             },
         )
         .unwrap()

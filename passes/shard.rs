@@ -49,7 +49,27 @@
 //! overlap with each other is not modelled). Memory: static bytes become the shards; each
 //! unit's gathered parameters are allocated when its all-gather is issued and freed at release;
 //! with stage ≥ 2 a gradient keeps 1/g of its bytes once its reduce-scatter is done.
-//! Optimizer offload (`offload=1`) is refused: not modelled yet.
+//!
+//! **Optimizer offload** (`offload=1`; ZeRO-Offload, Ren et al., ATC'21 §4; DeepSpeed's
+//! `offload_optimizer: {device: cpu}`): the optimizer state and the FP32 master weights live in
+//! host memory and the step runs on the host CPU. Per rank:
+//!
+//! ```text
+//! each gradient's collective done ─► D2H copy of the rank's 1/g shard (copy stream, host link)
+//! every D2H done ─► CPU Adam over the rank's Ψ/g parameters ─► H2D copy of the updated shard
+//!   ─► (stages 1–2) all-gather of the updated parameters
+//! ```
+//!
+//! The copies run at the GPU's `host_link_gbps` (pinned PCIe copies) on two copy streams of
+//! their own (one DMA engine per direction); the CPU step takes Ψ/g × (ranks on the node) /
+//! the host's `cpu_adam_gparams_per_s` (the ranks of a node share its CPUs and memory). The
+//! GPU's optimizer kernels do not run. GPU memory keeps only the parameters as the model holds
+//! them (whole at stages 1–2, 1/g at stage 3); a stage ≥ 2 gradient shard is freed once
+//! copied. With `grad-accumulation` after it, every micro-step's shard is copied out as its
+//! reduce-scatter ends (DeepSpeed accumulates them in host memory) and the host steps once.
+//! Not modelled: DeepSpeed's pinned host buffers, the shard it frees after each micro-step's
+//! copy (held here until the last), and the one-step delayed update (off by default). `amp`
+//! after an offloaded shard is refused (apply it before).
 
 use std::collections::BTreeMap;
 
@@ -70,6 +90,8 @@ pub struct Sharding {
     pub replicas: u32,
     pub reshard: bool,
     pub prefetch: u32,
+    /// The optimizer state and step on the host CPU (ZeRO-Offload).
+    pub offload: bool,
 }
 
 impl Pass for Shard {
@@ -116,7 +138,7 @@ impl Pass for Shard {
             ),
             KnobSpec::int(
                 "offload",
-                "optimizer state and step on the CPU (not modelled yet: 1 is refused)",
+                "optimizer state, FP32 master weights and step on the host CPU (ZeRO-Offload): gradients copied out, updated parameters back, over PCIe",
                 0,
                 0,
                 1,
@@ -129,13 +151,8 @@ impl Pass for Shard {
             replicas: knobs.int("replicas").max(1) as u32,
             reshard: knobs.int("reshard") == 1,
             prefetch: knobs.int("prefetch").max(0) as u32,
+            offload: knobs.int("offload") == 1,
         };
-        if knobs.int("offload") == 1 {
-            return Err(PassError::NotApplicable {
-                pass: NAME.into(),
-                why: "optimizer offload (offload=1) is not modelled yet".into(),
-            });
-        }
         let job = shard_units(&cx.job, s, knobs.text("units").trim())?;
         let g = cx.job.workers / cx.job.meta.tp.max(1) / s.replicas;
         Ok(vec![Patch {
@@ -154,7 +171,14 @@ impl Pass for Shard {
                     2 => " and gradients",
                     _ => ", gradients and parameters",
                 },
-            ),
+            ) + &if s.offload {
+                format!(
+                    "; optimizer state and step on the host CPU (gradient shards out, updated parameters back at {} GB/s)",
+                    cx.job.gpu.host_link_gbps.unwrap_or(0.0)
+                )
+            } else {
+                String::new()
+            },
             edits: vec![Edit::ReplaceJob(Box::new(job))],
         }])
     }
@@ -208,16 +232,29 @@ pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassErr
     }
     check_units(job, pattern)?;
     let g = shard_group_size(job, s)?;
+    let link_gbps = if s.offload {
+        Some(offload_link(job)?)
+    } else {
+        None
+    };
     let mut j = job.clone();
     let virt = virtual_device(&mut j);
     let params: u64 = job.local.tensors.iter().map(|t| t.bytes).sum();
-    j.local_mut().static_mem_bytes = sharded_static_bytes(job, s.stage, g, params);
-    let updates = shard_update_step(&mut j, g);
+    j.local_mut().static_mem_bytes = if s.offload {
+        offloaded_static_bytes(job, s.stage, g, params)
+    } else {
+        sharded_static_bytes(job, s.stage, g, params)
+    };
+    let mut updates = shard_update_step(&mut j, g, s.offload);
     let shard_group = Group {
         size: g,
         stride: job.meta.tp.max(1),
     };
     let grads = gradient_syncs(&mut j, job, s, g, virt);
+    if let Some(gbps) = link_gbps {
+        updates = vec![offload_step(&mut j, job, &grads, s.stage, g, params, gbps)];
+        j.meta.offload = true;
+    }
     j.syncs = if s.stage >= 3 {
         let units = units_of(job, pattern);
         if units.is_empty() {
@@ -307,9 +344,133 @@ fn sharded_static_bytes(job: &Job, stage: u32, g: u32, params: u64) -> u64 {
     }
 }
 
-/// The optimizer step runs on the shard: its GPU kernels take 1/g of their time and work.
-/// Returns them.
-fn shard_update_step(j: &mut Job, g: u32) -> Vec<OpId> {
+/// The GPU's host-link bandwidth an offloaded optimizer copies at, or why there is none.
+fn offload_link(job: &Job) -> Result<f64, PassError> {
+    if job.meta.pipeline.is_some() {
+        return Err(not_applicable(
+            "optimizer offload beside a pipeline is not modelled".into(),
+        ));
+    }
+    job.gpu
+        .host_link_gbps
+        .filter(|g| *g > 0.0)
+        .ok_or_else(|| {
+            not_applicable(format!(
+                "optimizer offload needs the GPU's host-link bandwidth: the GPU config `{}` gives no host_link_gbps",
+                job.gpu.name
+            ))
+        })
+}
+
+/// Static bytes per rank with the optimizer offloaded: only the parameters as the model holds
+/// them (the half copy under mixed precision) stay on the GPU, whole at stages 1–2 and as 1/g
+/// shards at stage 3; the optimizer state and the FP32 master weights are in host memory.
+fn offloaded_static_bytes(job: &Job, stage: u32, g: u32, params: u64) -> u64 {
+    let whole = ((params as f64 * gather_ratio(job)).ceil() as u64).min(params);
+    if stage >= 3 {
+        whole.div_ceil(u64::from(g))
+    } else {
+        whole
+    }
+}
+
+/// The offloaded step (ZeRO-Offload): after each gradient's collective, a device-to-host copy
+/// of the rank's shard (freeing a stage ≥ 2 shard once copied); after every copy, the host
+/// CPU's Adam over the rank's Ψ/g parameters; then a host-to-device copy of the updated
+/// parameters. `grads` are [`gradient_syncs`]' collectives, in order. Returns the last copy,
+/// which the all-gather of the updated parameters waits for (stages 1–2).
+fn offload_step(
+    j: &mut Job,
+    job: &Job,
+    grads: &[Sync],
+    stage: u32,
+    g: u32,
+    params: u64,
+    gbps: f64,
+) -> OpId {
+    let top = j
+        .local
+        .devices
+        .iter()
+        .filter_map(|d| match d {
+            DeviceKind::GpuStream { stream, .. } => Some(*stream),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let thread = j
+        .local
+        .devices
+        .iter()
+        .filter_map(|d| match d {
+            DeviceKind::CpuThread { thread, .. } => Some(thread + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let l = j.local_mut();
+    let first = l.devices.len() as u32;
+    l.devices.extend([
+        DeviceKind::GpuStream {
+            worker: 0,
+            stream: top + 1,
+        },
+        DeviceKind::GpuStream {
+            worker: 0,
+            stream: top + 2,
+        },
+        DeviceKind::CpuThread { worker: 0, thread },
+    ]);
+    let (d2h, h2d, cpu) = (first, first + 1, first + 2);
+    let copy_ns = |bytes: u64| (bytes as f64 / gbps).round() as u64;
+    let gu = u64::from(g);
+    // One collective per gradient, or (HSDP) a reduce-scatter then the replicas' all-reduce.
+    let per = (grads.len() / job.syncs.len().max(1)).max(1);
+    let mut copies = Vec::with_capacity(job.syncs.len());
+    for (i, sy) in job.syncs.iter().enumerate() {
+        let Some(&end) = grads.get(i * per + per - 1).and_then(|x| x.done.first()) else {
+            continue;
+        };
+        let shard = (sy.bytes / gu).max(1);
+        let layer = j.local.ops[end as usize].spec.layer;
+        let c = push_op(j, OpKind::Memcpy, Phase::Update, d2h, layer);
+        let l = j.local_mut();
+        l.ops[c as usize].spec.dur_ns = copy_ns(shard);
+        l.edges.push((end, c));
+        if stage >= 2 && sy.bytes / gu > 0 {
+            free_at_end(j, c, sy.bytes / gu);
+        }
+        copies.push(c);
+    }
+    // The parameters: elements from the bytes the tensors hold (FP32 where mixed precision
+    // casts them per step, else the job's dtype).
+    let stored = if gather_ratio(job) < 1.0 {
+        4
+    } else {
+        job.dtype.bytes()
+    };
+    let elems = (params / stored.max(1)) as f64 / f64::from(g);
+    let sharing = job.comm.gpus_per_node.min(job.workers).max(1);
+    let adam = push_op(j, OpKind::CpuOther, Phase::Update, cpu, NONE);
+    let back = push_op(j, OpKind::Memcpy, Phase::Update, h2d, NONE);
+    let held = ((params as f64 * gather_ratio(job)).ceil() as u64).min(params);
+    let adam_ns = job.host.cpu_adam_ns(elems, sharing).round() as u64;
+    let l = j.local_mut();
+    l.ops[adam as usize].spec.dur_ns = adam_ns;
+    l.ops[back as usize].spec.dur_ns = copy_ns(held.div_ceil(gu));
+    l.edges.extend(copies.iter().map(|&c| (c, adam)));
+    // After the GPU's (now empty) optimizer ops: the step follows the backward's end.
+    let gpu_updates: Vec<OpId> = (0..job.local.ops.len() as OpId)
+        .filter(|&o| job.local.ops[o as usize].spec.phase == Phase::Update)
+        .collect();
+    l.edges.extend(gpu_updates.into_iter().map(|u| (u, adam)));
+    l.edges.push((adam, back));
+    back
+}
+
+/// The optimizer step runs on the shard: its GPU kernels take 1/g of their time and work (none
+/// when `offload`ed: the step runs on the host). Returns them.
+fn shard_update_step(j: &mut Job, g: u32, offload: bool) -> Vec<OpId> {
     let l = &j.local;
     let updates: Vec<OpId> = (0..l.ops.len() as OpId)
         .filter(|&o| {
@@ -326,6 +487,11 @@ fn shard_update_step(j: &mut Job, g: u32) -> Vec<OpId> {
     let l = j.local_mut();
     for &u in &updates {
         let op = &mut l.ops[u as usize];
+        if offload {
+            op.spec.dur_ns = 0;
+            op.work = None;
+            continue;
+        }
         op.spec.dur_ns = op.spec.dur_ns.div_ceil(u64::from(g));
         if let Some(w) = op.work.as_mut() {
             // Every element the step touches is the shard's.
@@ -823,6 +989,7 @@ fn stage3_order(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::host::CPU_ADAM_GPARAMS_PER_S as CPU_ADAM;
     use crate::zoo::build::test_job;
 
     fn sharding(stage: u32) -> Sharding {
@@ -831,6 +998,7 @@ mod tests {
             replicas: 1,
             reshard: true,
             prefetch: 1,
+            offload: false,
         }
     }
 
@@ -1077,6 +1245,175 @@ mod tests {
         for j in [&plain, &acc3] {
             evaluate(j.clone()).expect("replays");
         }
+    }
+
+    /// ZeRO-Offload (Ren et al. §4): the GPU keeps only the parameters as the model holds them
+    /// (4Ψ in FP32, the 2Ψ half copy under mixed precision; 1/N of them at stage 3); the
+    /// optimizer state and master weights leave it.
+    #[test]
+    fn offload_keeps_only_the_model_parameters_on_the_gpu() {
+        let (m, job) = test_job("bert-base", 8, "8xv100");
+        let (n, psi) = (u64::from(job.workers), m.param_elems());
+        let off = |j: &Job, stage| {
+            shard(
+                j,
+                Sharding {
+                    offload: true,
+                    ..sharding(stage)
+                },
+            )
+            .expect("offloads")
+        };
+        assert_eq!(off(&job, 2).local.static_mem_bytes, 4 * psi);
+        assert_eq!(off(&job, 3).local.static_mem_bytes, (4 * psi).div_ceil(n));
+        let half = crate::passes::amp::with_precision(
+            &job,
+            Some(crate::cost::framework::Precision::Fp16),
+            Some(crate::cost::framework::AmpStyle::Pure),
+            None,
+        )
+        .unwrap();
+        assert_eq!(off(&half, 1).local.static_mem_bytes, 2 * psi);
+        assert_eq!(off(&half, 2).local.static_mem_bytes, 2 * psi);
+        assert_eq!(off(&half, 3).local.static_mem_bytes, (2 * psi).div_ceil(n));
+        // A stage-2 gradient shard leaves the GPU once copied out: every byte reduce-scatter
+        // allocated is freed by a copy.
+        let s2 = off(&half, 2);
+        let kept: u64 = half.syncs.iter().map(|s| s.bytes / n).sum();
+        let freed_by_copies: u64 = s2
+            .local
+            .mem
+            .iter()
+            .filter(|e| {
+                e.when == MemWhen::FreeAtEnd
+                    && s2.local.ops[e.op as usize].spec.kind == OpKind::Memcpy
+            })
+            .map(|e| e.bytes)
+            .sum();
+        assert_eq!(freed_by_copies, kept);
+    }
+
+    /// The offloaded step: one device-to-host copy per gradient at the host link's bandwidth,
+    /// the host's Adam over Ψ/N parameters shared by the node's ranks, the updated parameters
+    /// copied back before they are all-gathered; the GPU's optimizer kernels do not run, and
+    /// the replayed step waits for all of it.
+    #[test]
+    fn the_offloaded_step_prices_copies_and_the_host_adam_in_order() {
+        use crate::passes::evaluate;
+        let (m, job) = test_job("gpt", 4, "8xv100");
+        let (n, psi) = (u64::from(job.workers), m.param_elems());
+        let gbps = job.gpu.host_link_gbps.expect("V100's host link");
+        let j = shard(
+            &job,
+            Sharding {
+                offload: true,
+                ..sharding(2)
+            },
+        )
+        .unwrap();
+        assert!(j.meta.offload);
+        let l = &j.local;
+        let on = |o: &LocalOp, f: fn(&DeviceKind) -> bool| f(&l.devices[o.spec.device as usize]);
+        let copies: Vec<&LocalOp> = l
+            .ops
+            .iter()
+            .filter(|o| o.spec.kind == OpKind::Memcpy)
+            .collect();
+        assert_eq!(
+            copies.len(),
+            job.syncs.len() + 1,
+            "one out per gradient, one back"
+        );
+        let out_ns: u64 = copies[..job.syncs.len()]
+            .iter()
+            .map(|o| o.spec.dur_ns)
+            .sum();
+        let out_bytes: u64 = job.syncs.iter().map(|s| s.bytes / n).sum();
+        let want = out_bytes as f64 / gbps;
+        assert!(
+            (out_ns as f64 - want).abs() <= job.syncs.len() as f64,
+            "{out_ns} vs {want}"
+        );
+        let back = copies[job.syncs.len()];
+        assert!(((back.spec.dur_ns as f64) - (4 * psi).div_ceil(n) as f64 / gbps).abs() <= 1.0);
+        // The host's step: the one CPU op the pass added (the job has its framework's CPU ops).
+        let adam: Vec<&LocalOp> = l.ops[job.local.ops.len()..]
+            .iter()
+            .filter(|o| o.spec.kind == OpKind::CpuOther)
+            .collect();
+        assert_eq!(adam.len(), 1);
+        assert!(on(adam[0], |d| matches!(d, DeviceKind::CpuThread { .. })));
+        // 8 ranks on the one node each update Ψ/8: the node updates Ψ.
+        let want = job.host.cpu_adam_ns(psi as f64 / n as f64, 8);
+        assert!((adam[0].spec.dur_ns as f64 - want).abs() <= 1.0);
+        assert!((want - psi as f64 / CPU_ADAM).abs() < 2.0, "{want}");
+        for o in l.ops.iter().filter(|o| o.spec.phase == Phase::Update) {
+            if on(o, |d| matches!(d, DeviceKind::GpuStream { stream: 0, .. })) {
+                assert_eq!(o.spec.dur_ns, 0, "no optimizer kernel on the GPU");
+            }
+        }
+        let gather = j
+            .syncs
+            .iter()
+            .find(|s| s.kind == CollectiveKind::AllGather)
+            .expect("stage 2 gathers the updated parameters");
+        let back_id = l.ops.iter().position(|o| std::ptr::eq(o, back)).unwrap() as OpId;
+        assert!(l.edges.contains(&(back_id, gather.ready[0])));
+        let e = evaluate(j.clone()).expect("replays");
+        assert!(e.iteration_ns() >= adam[0].spec.dur_ns + back.spec.dur_ns);
+        let plain = evaluate(shard(&job, sharding(2)).unwrap()).unwrap();
+        assert!(e.iteration_ns() > plain.iteration_ns() + adam[0].spec.dur_ns / 2);
+    }
+
+    /// Offload needs the GPU's host link and comes after AMP; accumulated after it, every
+    /// micro-step copies its gradient shards out and the host steps once.
+    #[test]
+    fn offload_needs_a_host_link_comes_after_amp_and_copies_every_micro_step() {
+        use crate::passes::{apply_all, evaluate, find, propose, registry, resolve_knobs};
+        let (_, mut job) = test_job("gpt", 2, "8xv100");
+        let off = Sharding {
+            offload: true,
+            ..sharding(2)
+        };
+        let all = registry();
+        let try_pass = |j: &Job, name: &str, knobs: &[(&str, &str)]| {
+            let e = evaluate(j.clone()).expect("evaluates");
+            let p = find(&all, name).unwrap();
+            let kv: Vec<(String, String)> = knobs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let k = resolve_knobs(p, &kv).unwrap();
+            propose(p, &e, &k).and_then(|ps| apply_all(j, &ps))
+        };
+        let j = shard(&job, off).unwrap();
+        let e = try_pass(&j, "amp", &[]).unwrap_err().to_string();
+        assert!(e.contains("apply amp before shard"), "{e}");
+        let host_ops = |j: &Job, kind: OpKind| {
+            j.local
+                .ops
+                .iter()
+                .filter(|o| o.spec.kind == kind && o.spec.phase == Phase::Update)
+                .count()
+        };
+        let acc = try_pass(&j, "grad-accumulation", &[("k", "2")]).expect("accumulates");
+        assert_eq!(
+            host_ops(&acc, OpKind::Memcpy),
+            2 * job.syncs.len() + 1,
+            "each micro-step's shards out, the parameters back once"
+        );
+        let adam = |j: &Job| {
+            j.local.ops[job.local.ops.len()..]
+                .iter()
+                .filter(|o| o.spec.kind == OpKind::CpuOther && o.spec.phase == Phase::Update)
+                .count()
+        };
+        assert_eq!(adam(&acc), 1, "one host step");
+        let (e1, e2) = (evaluate(j.clone()).unwrap(), evaluate(acc).unwrap());
+        assert!(e2.iteration_ns() > e1.iteration_ns());
+        job.gpu.host_link_gbps = None;
+        let e = shard(&job, off).unwrap_err().to_string();
+        assert!(e.contains("host_link_gbps") && e.contains("v100"), "{e}");
     }
 
     #[test]

@@ -131,7 +131,11 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     // DeepSpeed ZeRO-2/3 do): the stage the run used, with its defaults (one unit per block,
     // resharding after the forward, prefetch one).
     if let Some(stage) = c.shard {
-        steps.push(("shard", vec![("stage".into(), stage.to_string())]));
+        let mut knobs = vec![("stage".into(), stage.to_string())];
+        if c.offload {
+            knobs.push(("offload".into(), "1".into()));
+        }
+        steps.push(("shard", knobs));
     }
     // A pipeline's micro-batches are the row's accumulation steps (Megatron: global batch /
     // (micro-batch × data-parallel size)); it comes last.

@@ -42,6 +42,9 @@ pub struct Case {
     /// The sharding stage the run used (`sharding=zero1|zero2|zero3|fsdp-grad-op|fsdp-full` in
     /// the row's `extra`): the `shard` pass at that stage; `None` for plain data parallelism.
     pub shard: Option<u32>,
+    /// The optimizer offloaded to the host CPU (`offload=cpu` at ZeRO stage 1–2, where
+    /// DeepSpeed offloads the optimizer alone): the `shard` pass's `offload=1`.
+    pub offload: bool,
     /// Tensor-parallel degree (`TP=` in the row's `extra`; 1 without): the `tensor-parallel`
     /// pass at that degree, keeping the row's batch per model replica.
     pub tp: u32,
@@ -193,22 +196,30 @@ fn token<'a>(extra: &'a str, key: &str) -> Option<&'a str> {
     extra.split_whitespace().find_map(|t| t.strip_prefix(key))
 }
 
-fn sharding(extra: &str) -> Result<Option<u32>, String> {
+fn sharding(extra: &str) -> Result<(Option<u32>, bool), String> {
     let token = |key: &str| token(extra, key);
-    if token("offload=").is_some_and(|v| v != "none") {
-        return Err("optimizer or parameter offload to the CPU (not modelled yet)".into());
-    }
     if token("zero_stage=").is_some_and(|v| v != "0") {
         return Err("DeepSpeed ZeRO stage without a sharding= token".into());
     }
-    Ok(match token("sharding=") {
+    let stage = match token("sharding=") {
         None | Some("none") => None,
         Some("zero1") => Some(1),
         // FairScale's ShardedDDP shards optimizer state and gradients: ZeRO-2.
         Some("zero2" | "fsdp-grad-op" | "fairscale-sdp") => Some(2),
         Some("zero3" | "fsdp-full") => Some(3),
         Some(other) => return Err(format!("sharding `{other}` is not modelled")),
-    })
+    };
+    let offload = token("offload=").is_some_and(|v| v != "none");
+    if offload {
+        // DeepSpeed offloads parameters only at stage 3 (`offload_param`), FSDP's
+        // CPUOffload moves parameters and gradients too; at stages 1-2 DeepSpeed's
+        // `offload_optimizer` (ZeRO-Offload) moves the optimizer alone, which is modelled.
+        let deepspeed = token("impl=").is_some_and(|v| v.starts_with("deepspeed"));
+        if !(deepspeed && stage.is_some_and(|s| s <= 2)) {
+            return Err("parameter offload to the CPU (ZeRO-3 offload_param, FSDP CPUOffload) is not modelled; optimizer offload at ZeRO stages 1-2 is".into());
+        }
+    }
+    Ok((stage, offload))
 }
 
 /// A row of `published.csv` as a case, or why it is skipped.
@@ -264,7 +275,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         return Err("interleaved pipeline schedule: chunks per rank not stated as such".into());
     }
     let tp = field(extra, "TP").unwrap_or(1).max(1);
-    let shard = sharding(extra)?;
+    let (shard, offload) = sharding(extra)?;
     let gpu = gpu_config(get("gpu")).ok_or("no GPU config for this GPU")?;
     let gpus = num("gpus").ok_or("no GPU count")? as u32;
     let nodes = num("nodes").unwrap_or(1.0).max(1.0) as u32;
@@ -467,6 +478,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         recompute_blocks: recompute,
         accum,
         shard,
+        offload,
         tp,
         pp,
         measured_ms,
@@ -506,6 +518,7 @@ pub fn dpro() -> Vec<Case> {
         recompute_blocks: false,
         accum: 1,
         shard: None,
+        offload: false,
         tp: 1,
         pp: 1,
         measured_ms: Some(ms),

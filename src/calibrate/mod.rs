@@ -146,6 +146,7 @@ pub fn to_spec(m: &Measured, name: &str, base: Option<&GpuSpec>) -> Result<GpuSp
         arch: arch_name,
         sms: m.sms,
         boost_clock_mhz: base.map_or(1000.0, |b| b.boost_clock_mhz),
+        host_link_gbps: base.and_then(|b| b.host_link_gbps),
         source: "trainplan calibrate (measured)".into(),
         kernels: arch,
     })
@@ -264,6 +265,9 @@ pub fn profile_yaml(
     let _ = writeln!(y, "arch: {}", yaml_str(&spec.arch));
     let _ = writeln!(y, "sms: {}", spec.sms);
     let _ = writeln!(y, "boost_clock_mhz: {:?}", spec.boost_clock_mhz);
+    if let Some(h) = spec.host_link_gbps {
+        let _ = writeln!(y, "host_link_gbps: {h:?}");
+    }
     let _ = writeln!(y, "source: {}", yaml_str(&spec.source));
     let back = config::parse_gpu(&y, &format!("{}.yaml", spec.name))?;
     if &back != spec {

@@ -1601,6 +1601,20 @@ fn headline_lines(plan: &Plan) -> Vec<String> {
         ),
         String::new(),
     ];
+    // A baseline the GPU cannot hold: what the plan is compared with would not run.
+    if let (Some(used), Some(gpu)) = (p.baseline.device_used_bytes, p.gpu_memory_bytes)
+        && used > gpu
+    {
+        lines.insert(
+            1,
+            format!(
+                "  ({} does not fit: it needs {:.1} GB of device memory, the GPU has {:.1} GB; the plan fits)",
+                p.baseline_name,
+                used as f64 / 1e9,
+                gpu as f64 / 1e9
+            ),
+        );
+    }
     if let Some(h) = &p.half_baseline {
         lines.insert(
             1,

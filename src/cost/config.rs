@@ -61,6 +61,11 @@ pub struct GpuSpec {
     pub sms: u32,
     /// Boost clock, MHz (the clock the datasheet peaks are quoted at).
     pub boost_clock_mhz: f64,
+    /// Host↔device copy bandwidth over the GPU's host link (PCIe), GB/s, measured with pinned
+    /// memory: what an optimizer offloaded to the CPU moves gradients and parameters at.
+    /// Absent: offloading is refused, naming this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_link_gbps: Option<f64>,
     /// Where the figures come from.
     #[serde(default)]
     pub source: String,
@@ -626,6 +631,9 @@ pub fn parse_gpu(text: &str, file: &str) -> Result<GpuSpec, ConfigError> {
         ));
     }
     check_range(text, file, "boost_clock_mhz", g.boost_clock_mhz, 1.0, 1e5)?;
+    if let Some(h) = g.host_link_gbps {
+        check_range(text, file, "host_link_gbps", h, MIN_RATE, 1e5)?;
+    }
     let mut g = g;
     g.kernels = load_arch(&g.arch, file).map_err(|e| {
         let (line, column) = locate_key(text, "arch");

@@ -49,8 +49,25 @@ pub struct HostSpec {
     pub collective_call_us: f64,
     /// The machine's factor on all of the above (1 = the measured host).
     pub speed: f64,
+    /// An offloaded optimizer's step on the host CPU (DeepSpeed's `DeepSpeedCPUAdam`), billions
+    /// of parameters a node updates per second, shared by the ranks on the node; not scaled by
+    /// `speed` (it is bound by the host's memory, not the framework's Python). Default
+    /// [`CPU_ADAM_GPARAMS_PER_S`].
+    #[serde(default = "cpu_adam_default")]
+    pub cpu_adam_gparams_per_s: f64,
     #[serde(default)]
     pub source: String,
+}
+
+/// DeepSpeed's CPU Adam on one host: an 11.6 B-parameter GPT-2's optimizer step in 8.2 s
+/// (56 s with `torch.optim.Adam`), as measured by its author in deepspeedai/DeepSpeed pull
+/// request #735 (2021-02-08): 1.41 billion parameters per second. Hosts differ several-fold
+/// (a 10-core Xeon Silver took 22.9 s for 1.35 B, DeepSpeed issue #1635): a cluster whose CPU
+/// is known sets `cpu_adam_gparams_per_s` in its host file.
+pub const CPU_ADAM_GPARAMS_PER_S: f64 = 11.6 / 8.2;
+
+fn cpu_adam_default() -> f64 {
+    CPU_ADAM_GPARAMS_PER_S
 }
 
 impl Default for HostSpec {
@@ -111,6 +128,12 @@ impl HostSpec {
     pub fn step_ns(&self) -> f64 {
         self.speed * self.step_us * 1e3
     }
+
+    /// The host CPU's Adam step over `params` parameters while `sharing` ranks of the node
+    /// run theirs at the same time, ns.
+    pub fn cpu_adam_ns(&self, params: f64, sharing: u32) -> f64 {
+        params * f64::from(sharing.max(1)) / self.cpu_adam_gparams_per_s
+    }
 }
 
 /// Parse and validate a host file.
@@ -145,6 +168,15 @@ pub fn parse_host(text: &str, file: &str) -> Result<HostSpec, ConfigError> {
         return Err(ConfigError::File {
             file: file.to_string(),
             message: format!("field speed: must be > 0 and ≤ 100, got {}", h.speed),
+        });
+    }
+    let adam = h.cpu_adam_gparams_per_s;
+    if !(adam.is_finite() && (1e-6..=1e4).contains(&adam)) {
+        return Err(ConfigError::File {
+            file: file.to_string(),
+            message: format!(
+                "field cpu_adam_gparams_per_s: must be between 0.000001 and 10000 billion parameters per second, got {adam}"
+            ),
         });
     }
     Ok(h)

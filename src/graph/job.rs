@@ -135,6 +135,8 @@ pub struct JobMeta {
     /// With `tp > 1`: sequence parallelism too.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub sequence_parallel: bool,
+    /// The optimizer state and step are on the host CPU (`shard:offload=1`).
+    pub offload: bool,
     /// Micro-steps per iteration (`passes/grad_accumulation.rs`); 0 or 1 when the job has no
     /// gradient accumulation.
     #[serde(skip_serializing_if = "is_untouched")]

@@ -610,6 +610,7 @@ mod tests {
                 replicas: 1,
                 reshard: true,
                 prefetch: 1,
+                offload: false,
             },
         )
         .unwrap();

@@ -1297,6 +1297,7 @@ const FSDP2_DEFAULT: Sharding = Sharding {
     replicas: 1,
     reshard: true,
     prefetch: 1,
+    offload: false,
 };
 
 /// The sharded settings a user of `fw` would otherwise run, each the `shard` pass on a job

@@ -327,6 +327,21 @@ pub fn shard_supported(
     }
 }
 
+/// Whether `fw`'s export can offload the optimizer alone to the host CPU (the `shard` pass's
+/// `offload=1`, ZeRO-Offload): `Err(why not)`.
+pub fn offload_supported(fw: Framework) -> Result<(), &'static str> {
+    match fw {
+        Framework::Deepspeed => Ok(()),
+        Framework::Pytorch | Framework::Torchtitan => Err(
+            "FSDP2's CPUOffloadPolicy moves parameters and gradients to the CPU too; the optimizer alone is offloaded with --framework deepspeed",
+        ),
+        Framework::Megatron => Err(
+            "Megatron-LM's --optimizer-cpu-offload runs Transformer Engine's hybrid optimizer, which is not priced; the optimizer alone is offloaded with --framework deepspeed",
+        ),
+        _ => Err("this framework's export has no optimizer offload"),
+    }
+}
+
 /// Whether `fw`'s export can apply tensor parallelism (`sequence`: with sequence parallelism)
 /// on `dp_ranks` data-parallel ranks, sharded at stage 3 (`fsdp`) or not: `Err(why not)`.
 ///

@@ -1639,7 +1639,9 @@ fn memory_options(
 
 /// The shardings the memory step tries: stages 1, 2 and 3 (3 with and without resharding
 /// after the forward), prefetch one, over every worker — those [`framework::shard_supported`]
-/// lets `fw`'s export apply. None for a job already sharded or on one worker.
+/// lets `fw`'s export apply; then stages 2 and 3 with the optimizer offloaded to the host
+/// (slow: chosen only when nothing faster fits) where [`framework::offload_supported`] lets
+/// it. None for a job already sharded or on one worker.
 fn shard_options(cur: &Evaluated, fw: Option<Framework>) -> Vec<KnobbedPass> {
     let sharded = cur
         .job
@@ -1649,21 +1651,32 @@ fn shard_options(cur: &Evaluated, fw: Option<Framework>) -> Vec<KnobbedPass> {
     if sharded || cur.job.workers < 2 {
         return Vec::new();
     }
-    [(1, true), (2, true), (3, true), (3, false)]
-        .into_iter()
-        .filter(|&(stage, reshard)| {
-            fw.is_none_or(|fw| framework::shard_supported(fw, stage, 1, reshard).is_ok())
-        })
-        .map(|(stage, reshard)| {
-            (
-                "shard".to_string(),
-                vec![
-                    ("stage".to_string(), stage.to_string()),
-                    ("reshard".to_string(), u32::from(reshard).to_string()),
-                ],
-            )
-        })
-        .collect()
+    let offload = cur.job.gpu.host_link_gbps.is_some()
+        && fw.is_none_or(|fw| framework::offload_supported(fw).is_ok());
+    [
+        (1, true, false),
+        (2, true, false),
+        (3, true, false),
+        (3, false, false),
+        (2, true, true),
+        (3, true, true),
+    ]
+    .into_iter()
+    .filter(|&(stage, reshard, off)| {
+        (!off || offload)
+            && fw.is_none_or(|fw| framework::shard_supported(fw, stage, 1, reshard).is_ok())
+    })
+    .map(|(stage, reshard, off)| {
+        let mut knobs = vec![
+            ("stage".to_string(), stage.to_string()),
+            ("reshard".to_string(), u32::from(reshard).to_string()),
+        ];
+        if off {
+            knobs.push(("offload".to_string(), "1".to_string()));
+        }
+        ("shard".to_string(), knobs)
+    })
+    .collect()
 }
 
 /// The passes of a memory option ([`memory_options`]): each proposes from its input's job
@@ -1940,7 +1953,7 @@ pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32, sharded: u32) -> Strin
         String::new()
     };
     format!(
-        "one sample per micro-step does not fit: weights, gradients and optimizer state are {:.2} GB per GPU{over}; shard them (ZeRO-3/FSDP: --framework pytorch, deepspeed or torchtitan) over >= {} GPUs, or use a smaller model",
+        "one sample per micro-step does not fit: weights, gradients and optimizer state are {:.2} GB per GPU{over}; shard them (ZeRO-3/FSDP: --framework pytorch, deepspeed or torchtitan) over >= {} GPUs, offload the optimizer to the host CPU (--framework deepspeed, slower), or use a smaller model",
         gb(states),
         (states * sharded).div_ceil(room).max(sharded + 1)
     )

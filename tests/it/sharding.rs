@@ -57,9 +57,10 @@ fn what_cannot_shard_exits_3_with_the_reason() {
     let mut a = BIG_GPT.to_vec();
     a.extend_from_slice(&["--pass", "shard:replicas=3"]);
     check_bad_input(&a, "replicas = 3 must divide the 8 workers");
+    // An offloaded optimizer steps on the host: AMP after it would re-price what it copies.
     let mut b = BIG_GPT.to_vec();
-    b.extend_from_slice(&["--pass", "shard:offload=1"]);
-    check_bad_input(&b, "offload");
+    b.extend_from_slice(&["--pass", "shard:offload=1", "--pass", "amp"]);
+    check_bad_input(&b, "apply amp before shard with offload=1");
     let mut c = BIG_GPT.to_vec();
     c.extend_from_slice(&["--pass", "shard:stage=4"]);
     check_bad_input(&c, "stage");
@@ -146,6 +147,61 @@ fn plan_shards_a_model_that_does_not_fit_with_ddp() {
     );
     assert_eq!(code, 4, "{stderr}");
     assert!(stderr.contains("shard them"), "{stderr}");
+}
+
+/// A 12 B-parameter GPT on two 80 GB A100s: even fully sharded, mixed-precision Adam keeps
+/// 16 bytes a parameter / 2 = 96 GB per GPU. With `--framework deepspeed` the memory step
+/// offloads the optimizer to the host (ZeRO-Offload) and the plan fits, slower than the
+/// baselines that do not; FSDP2 cannot offload the optimizer alone: exit 4, saying so.
+#[test]
+fn plan_offloads_the_optimizer_where_nothing_else_fits() {
+    let dir = crate::support::scratch("plan-offload");
+    let plan = |fw: &str, out: &std::path::Path| {
+        crate::support::run(&[
+            "plan",
+            "--model",
+            "gpt",
+            "--hidden",
+            "4096",
+            "--heads",
+            "32",
+            "--layers",
+            "60",
+            "--seq",
+            "1024",
+            "--batch",
+            "1",
+            "--cluster",
+            "2xa100",
+            "--framework",
+            fw,
+            "--json",
+            "-o",
+            out.to_str().expect("utf-8 path"),
+        ])
+    };
+    let out = dir.join("ds.yaml");
+    let (code, stdout, stderr) = plan("deepspeed", &out);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let gpu = bytes(&v, "gpu_memory_bytes");
+    assert!(bytes(&v, "planned_device_used_bytes") <= gpu, "{v}");
+    assert!(bytes(&v, "baseline_device_used_bytes") > gpu, "{v}");
+    let text = std::fs::read_to_string(&out).expect("plan written");
+    let p = trainplan::plan::Plan::from_yaml(&text, "plan.yaml").expect("plan reads");
+    let sh = p.config.sharding.expect("a sharded plan");
+    assert!(sh.offload, "the optimizer offloaded: {sh:?}");
+    // The host's Adam over 12 B parameters (1.4 B a second, the node's two ranks sharing
+    // it) is most of the step.
+    let ms = v["planned_iteration_ms"]
+        .as_f64()
+        .expect("planned_iteration_ms");
+    assert!(ms > 8_000.0, "{v}");
+    let human = crate::support::run(&["show", out.to_str().unwrap()]).1;
+    assert!(human.contains("does not fit"), "{human}");
+    let (code, _, stderr) = plan("pytorch", &dir.join("pt.yaml"));
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("offload the optimizer"), "{stderr}");
 }
 
 /// `units=GLOB` chooses what is wrapped: the outermost module the glob matches.
