@@ -710,6 +710,33 @@ pub fn unit_of(layer: &str) -> &str {
     ""
 }
 
+/// The attention modules of a block, by their path inside it (GPT-2's `attn`, Llama's
+/// `self_attn`, BERT's `attention.self`): tensor parallelism's split and selective
+/// recomputation's core.
+pub const ATTENTION_MODULES: [&str; 3] = ["attn", "self_attn", "attention.self"];
+
+/// Where a layer sits in a block's unfused attention core (Korthikanti et al., MLSys'23 §4.2:
+/// what selective recomputation re-runs): `Some(true)` for the scores' matmul QKᵀ (re-run,
+/// its saved q, k and v kept: the core's inputs), `Some(false)` for the softmax, its dropout
+/// and the product with V (their saved activations dropped); `None` elsewhere, a flash
+/// kernel's `core` included (it saves no scores to drop).
+pub fn attention_core(name: &str) -> Option<bool> {
+    let block = unit_of(name);
+    if block.is_empty() {
+        return None;
+    }
+    let rest = name[block.len()..].trim_start_matches('.');
+    let (module, last) = rest.rsplit_once('.')?;
+    if !ATTENTION_MODULES.contains(&module) {
+        return None;
+    }
+    match last {
+        "matmul_qk" => Some(true),
+        "softmax" | "dropout" | "attn_dropout" | "matmul_av" => Some(false),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,6 +34,15 @@
 //! and Megatron's `--recompute-granularity full --recompute-method uniform
 //! --recompute-num-layers 1` do.
 //!
+//! **Selective recomputation** (knob `policy=selective`; Korthikanti et al., "Reducing
+//! Activation Recomputation in Large Transformer Models", MLSys'23 §4.2; Megatron-LM's
+//! `--recompute-granularity selective`): in each numbered block in scope only the unfused
+//! attention core is re-run — QKᵀ, the softmax, its dropout and the product with V — and only
+//! the activations that grow with s² are dropped (the softmax's output, the dropout's mask and
+//! output: Korthikanti's 5as²b per layer in 16-bit); q, k and v, the core's inputs, stay. The
+//! re-run QKᵀ keeps its saved bytes. A flash-attention model has nothing to drop (its kernel
+//! saves no scores): not applicable.
+//!
 //! **Cost model.** Each re-run op is a copy of its forward op (spec and [`OpWork`], phase FW, same
 //! GPU stream, same duration), a forward collective of the layer (tensor parallelism's
 //! all-reduce) included: time grows by one forward of every dropped segment, exposed where
@@ -83,7 +92,7 @@ impl Pass for Recompute {
             ),
             KnobSpec::text(
                 "policy",
-                "layers: segments of `every` layers; full: every numbered block (transformer layer) is one segment, its first layer (which saves the block's input) the checkpoint: torchtitan's and Megatron's full activation checkpointing",
+                "layers: segments of `every` layers; full: every numbered block (transformer layer) is one segment, its first layer (which saves the block's input) the checkpoint: torchtitan's and Megatron's full activation checkpointing; selective: each block's attention core re-run, its s²-sized activations dropped (Megatron's --recompute-granularity selective)",
                 "layers",
             ),
         ]
@@ -99,22 +108,18 @@ impl Pass for Recompute {
             });
         }
         let every = knobs.int("every");
-        let full = match knobs.text("policy").trim() {
-            "layers" => false,
-            "full" => true,
+        let seg = match knobs.text("policy").trim() {
+            "layers" => Segmenting::Every(every as usize),
+            "full" => Segmenting::Blocks,
+            "selective" => Segmenting::AttentionCore,
             other => {
                 return Err(PassError::BadKnob {
                     pass: NAME.into(),
                     knob: "policy".into(),
                     value: other.into(),
-                    why: "expected layers or full".into(),
+                    why: "expected layers, full or selective".into(),
                 });
             }
-        };
-        let seg = if full {
-            Segmenting::Blocks
-        } else {
-            Segmenting::Every(every as usize)
         };
         Ok(plan(&cx.job, pattern, seg)?
             .iter()
@@ -264,15 +269,25 @@ enum Segmenting {
     /// One segment per numbered block ([`super::unit_of`]), its first layer the
     /// checkpoint; layers outside blocks (embeddings, head) kept.
     Blocks,
+    /// Each block's attention core re-run, its s²-sized activations dropped
+    /// ([`super::attention_core`]).
+    AttentionCore,
 }
 
 /// The segments to drop and their edits. Inserted ids count on from `job.local.ops.len()`
 /// across segments, in order, as [`super::apply_all`] assigns them.
 fn plan(job: &Job, pattern: &str, seg: Segmenting) -> Result<Vec<Segment>, PassError> {
     let all = units(job);
+    // Forward ops re-run whose saved activations stay (selective: QKᵀ, which saves q, k, v).
+    let mut rerun_only: std::collections::BTreeSet<OpId> = Default::default();
     let dropped = match seg {
         Segmenting::Every(every) => dropped_units(job, &all, pattern, every)?,
         Segmenting::Blocks => dropped_blocks(job, &all, pattern)?,
+        Segmenting::AttentionCore => {
+            let (dropped, keep) = dropped_cores(job, &all, pattern)?;
+            rerun_only = keep;
+            dropped
+        }
     };
     let last_unit = last_unit_per_step(&all);
     let mut preds: Vec<Vec<OpId>> = vec![Vec::new(); job.local.ops.len()];
@@ -289,7 +304,7 @@ fn plan(job: &Job, pattern: &str, seg: Segmenting) -> Result<Vec<Segment>, PassE
         let Some(after) = rerun_after(job, &preds, seg) else {
             continue;
         };
-        segments.push(rerun_segment(job, seg, after, &mut next_id));
+        segments.push(rerun_segment(job, seg, after, &rerun_only, &mut next_id));
     }
     Ok(segments)
 }
@@ -378,6 +393,45 @@ fn dropped_blocks(job: &Job, all: &[Unit], pattern: &str) -> Result<Vec<bool>, P
     Ok(dropped)
 }
 
+/// Selective recomputation: in each micro-step, the attention-core layers of every block in
+/// scope are one segment; the forward ops of its QKᵀ are returned too (re-run, memory kept).
+/// Not applicable when no block has an unfused attention core.
+fn dropped_cores(
+    job: &Job,
+    all: &[Unit],
+    pattern: &str,
+) -> Result<(Vec<bool>, std::collections::BTreeSet<OpId>), PassError> {
+    let whole = matches!(pattern, "all" | "auto" | "sqrt");
+    let mut dropped = vec![false; all.len()];
+    let mut keep = std::collections::BTreeSet::new();
+    for (i, u) in all.iter().enumerate() {
+        let name = layer_name(job, u.layer);
+        let Some(kept) = super::attention_core(&name) else {
+            continue;
+        };
+        if !(whole || glob_match(pattern, &name)) {
+            continue;
+        }
+        dropped[i] = true;
+        if kept {
+            keep.extend(u.fw.iter().copied());
+        }
+    }
+    let saves = all
+        .iter()
+        .zip(&dropped)
+        .any(|(u, &d)| d && u.saved_bytes > 0 && !u.fw.iter().all(|f| keep.contains(f)));
+    if !saves {
+        return Err(PassError::NotApplicable {
+            pass: NAME.into(),
+            why: format!(
+                "policy=selective re-runs a block's unfused attention core (QKᵀ, softmax, dropout, ·V); no block of layers matching `{pattern}` has one (a flash-attention kernel saves no scores to drop)"
+            ),
+        });
+    }
+    Ok((dropped, keep))
+}
+
 /// The last unit of each micro-step in forward order (units are sorted by their first FW op,
 /// which is in forward order; inserted ops such as casts come later by id): a segment reaching
 /// it is not dropped.
@@ -434,7 +488,13 @@ fn rerun_after(job: &Job, preds: &[Vec<OpId>], seg: &[Unit]) -> Option<Vec<OpId>
 
 /// The segment `seg` dropped: its forward ops re-run in id order, the first after `after`,
 /// each before the backward ops of its unit (see [`rerun_op`]); ids from `next_id` on.
-fn rerun_segment(job: &Job, seg: &[Unit], after: Vec<OpId>, next_id: &mut OpId) -> Segment {
+fn rerun_segment(
+    job: &Job,
+    seg: &[Unit],
+    after: Vec<OpId>,
+    rerun_only: &std::collections::BTreeSet<OpId>,
+    next_id: &mut OpId,
+) -> Segment {
     let mut fw: Vec<OpId> = seg.iter().flat_map(|u| u.fw.iter().copied()).collect();
     fw.sort_unstable();
     let mut seg_out = Segment {
@@ -442,7 +502,11 @@ fn rerun_segment(job: &Job, seg: &[Unit], after: Vec<OpId>, next_id: &mut OpId) 
         bw_of: BTreeMap::new(),
         after,
         names: seg.iter().map(|u| layer_name(job, u.layer)).collect(),
-        saved_bytes: seg.iter().map(|u| u.saved_bytes).sum(),
+        saved_bytes: seg
+            .iter()
+            .filter(|u| !u.fw.iter().all(|f| rerun_only.contains(f)))
+            .map(|u| u.saved_bytes)
+            .sum(),
         rerun_ns: fw
             .iter()
             .map(|&f| job.local.ops[f as usize].spec.dur_ns)
@@ -456,7 +520,7 @@ fn rerun_segment(job: &Job, seg: &[Unit], after: Vec<OpId>, next_id: &mut OpId) 
     }
     let mut prev: Option<OpId> = None;
     for &f in &fw {
-        let id = rerun_op(job, f, prev, &mut seg_out, next_id);
+        let id = rerun_op(job, f, prev, rerun_only.contains(&f), &mut seg_out, next_id);
         seg_out.reruns.push((f, id));
         prev = Some(id);
     }
@@ -465,9 +529,17 @@ fn rerun_segment(job: &Job, seg: &[Unit], after: Vec<OpId>, next_id: &mut OpId) 
 
 /// The re-run of forward op `f` (after the previous re-run, or the segment's `after` for the
 /// first), with its launch when it had one; the original's saved activations then live only
-/// while it runs, and the re-run allocates them again. Pushes the edits to `seg`; returns the
+/// while it runs, and the re-run allocates them again (unless it `keeps_memory`: re-run for
+/// what it computes, its saved activations kept). Pushes the edits to `seg`; returns the
 /// re-run's id.
-fn rerun_op(job: &Job, f: OpId, prev: Option<OpId>, seg: &mut Segment, next_id: &mut OpId) -> OpId {
+fn rerun_op(
+    job: &Job,
+    f: OpId,
+    prev: Option<OpId>,
+    keeps_memory: bool,
+    seg: &mut Segment,
+    next_id: &mut OpId,
+) -> OpId {
     let op = &job.local.ops[f as usize];
     let mut spec = op.spec.clone();
     spec.phase = Phase::Fw;
@@ -499,7 +571,7 @@ fn rerun_op(job: &Job, f: OpId, prev: Option<OpId>, seg: &mut Segment, next_id: 
         .filter(|m| m.op == f)
         .partition(|m| m.when == MemWhen::AllocAtStart);
     let bytes: u64 = alloc.iter().map(|m| m.bytes).sum();
-    if bytes > 0 {
+    if bytes > 0 && !keeps_memory {
         let mut fx = alloc.clone();
         fx.push(MemEffect {
             op: f,
@@ -845,11 +917,62 @@ pub(crate) mod tests {
             p.propose(&e, &knobs),
             Err(PassError::NotApplicable { .. })
         ));
-        let bad = resolve_knobs(p, &[("policy".into(), "selective".into())]).unwrap();
+        let bad = resolve_knobs(p, &[("policy".into(), "sideways".into())]).unwrap();
         assert!(matches!(
             p.propose(&e, &bad),
             Err(PassError::BadKnob { .. })
         ));
+    }
+
+    /// Korthikanti et al. §4.2: selective recomputation drops, per layer, the activations that
+    /// grow with s² — the softmax's output, the dropout's mask and its output (5as²b in 16 bit;
+    /// 4 + 1 + 4 bytes per score in FP32) — and re-runs QKᵀ, the softmax, the dropout and ·V,
+    /// keeping q, k and v.
+    #[test]
+    fn selective_policy_drops_the_attention_scores_korthikanti_counts() {
+        let (a, s, b, layers) = (16u64, 512u64, 2u64, 4u32);
+        let opts = crate::zoo::ModelOptions {
+            batch: Some(b as u32),
+            hidden: Some(1024),
+            heads: Some(a as u32),
+            layers: Some(layers),
+            seq: Some(s as u32),
+            ..Default::default()
+        };
+        let (_, job) = crate::zoo::build::test_job_with("gpt", &opts, "8xv100");
+        let segs = plan(&job, "all", Segmenting::AttentionCore).expect("selective");
+        assert_eq!(segs.len(), layers as usize);
+        for (i, sg) in segs.iter().enumerate() {
+            let core = format!("transformer.h.{i}.attn.");
+            let want: Vec<String> = ["matmul_qk", "softmax", "attn_dropout", "matmul_av"]
+                .iter()
+                .map(|l| format!("{core}{l}"))
+                .collect();
+            assert_eq!(sg.names, want);
+            assert_eq!(sg.saved_bytes, 9 * a * s * s * b, "block {i}");
+            assert_eq!(sg.reruns.len(), 4, "the four forward ops re-run");
+            // QKᵀ re-runs with its saved q, k, v kept: no memory edit names it.
+            let qk = sg.reruns[0].0;
+            assert!(
+                !sg.edits
+                    .iter()
+                    .any(|e| matches!(e, Edit::SetMem { op, .. } if *op == qk))
+            );
+        }
+        // Applied: the s² activations leave the peak, at far less time than full blocks.
+        let (base, sel, _) = run(job.clone(), &[("policy", "selective")]);
+        let (_, full, _) = run(job.clone(), &[("policy", "full")]);
+        assert!(sel.memory.peak_bytes < base.memory.peak_bytes);
+        assert!(sel.iteration_ns() > base.iteration_ns());
+        assert!(sel.iteration_ns() < full.iteration_ns());
+        // Flash attention saves no scores: nothing to drop.
+        let flash = crate::zoo::ModelOptions {
+            attention: Some(crate::zoo::Attention::Flash),
+            ..opts
+        };
+        let (_, fj) = crate::zoo::build::test_job_with("gpt", &flash, "8xv100");
+        let e = plan(&fj, "all", Segmenting::AttentionCore).unwrap_err();
+        assert!(e.to_string().contains("flash"), "{e}");
     }
 
     #[test]

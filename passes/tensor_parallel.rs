@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
+use super::{ATTENTION_MODULES, Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::cost::kernel::{BatchDim, Gemm, OpWork};
 use crate::graph::comm::{CollectiveKind, Group};
 use crate::graph::job::Job;
@@ -178,7 +178,6 @@ const ROW: [&str; 6] = [
     "mlp.down_proj",
     "output.dense",
 ];
-const ATTENTION_MODULES: [&str; 3] = ["attn", "self_attn", "attention.self"];
 const ATTENTION_INNER: [&str; 7] = [
     "matmul_qk",
     "softmax",

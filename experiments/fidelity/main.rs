@@ -50,7 +50,7 @@ impl Split {
         match self {
             Split::Fit => "fit",
             Split::HeldOut => "held-out",
-            Split::Check => "dpro",
+            Split::Check => "reported",
             Split::Sharded => "sharded",
             Split::Parallel => "tensor-parallel",
             Split::Pipeline => "pipeline",
@@ -193,7 +193,7 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
     let mut results: Vec<Result_> = Vec::new();
     let mut timed: Vec<(Case, f64)> = Vec::new();
     for (c, p) in predicted {
-        let split = if c.family == "dpro" {
+        let split = if matches!(c.family, "dpro" | "korthikanti") {
             Split::Check
         } else if c.pp > 1 {
             Split::Pipeline
@@ -892,7 +892,12 @@ fn summary_table(results: &[Result_]) -> String {
     for r in dpro {
         let _ = writeln!(
             s,
-            "| dPRO {}{} ({}) | measured {:.1} | predicted {:.1} | {:+.1} % | | |",
+            "| {} {}{} ({}) | measured {:.1} | predicted {:.1} | {:+.1} % | | |",
+            if r.family == "dpro" {
+                "dPRO"
+            } else {
+                "Korthikanti et al. (TP 8, one node, never fitted)"
+            },
             r.kind,
             if r.kind == "memory" {
                 ", TensorFlow's allocated_scale fitted on these"

@@ -111,16 +111,21 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     // Tensor parallelism first (a layout, before the passes that rewrite the job), keeping the
     // row's batch per model replica (Megatron's --micro-batch-size).
     if c.tp > 1 {
-        steps.push((
-            "tensor-parallel",
-            vec![
+        steps.push(("tensor-parallel", {
+            let mut k = vec![
                 ("degree".into(), c.tp.to_string()),
                 ("batch".into(), "replica".into()),
-            ],
-        ));
+            ];
+            if c.sequence_parallel {
+                k.push(("sequence".into(), "1".into()));
+            }
+            k
+        }));
     }
     if c.recompute {
-        let knobs = if c.recompute_blocks {
+        let knobs = if c.recompute_selective {
+            vec![("policy".into(), "selective".into())]
+        } else if c.recompute_blocks {
             vec![("policy".into(), "full".into())]
         } else {
             Vec::new()

@@ -38,6 +38,12 @@ pub struct Case {
     /// checkpoint per layer): the pass's `policy=full`; false: the pass's default segments
     /// (dPRO's own re-computation, Chen's √ schedule).
     pub recompute_blocks: bool,
+    /// Selective recomputation of the attention core (Korthikanti et al.; Megatron-LM's
+    /// `--recompute-granularity selective`): the pass's `policy=selective`.
+    pub recompute_selective: bool,
+    /// Sequence parallelism beside tensor parallelism (`sequence parallelism` in the row's
+    /// `extra`, not preceded by `no`): the `tensor-parallel` pass's `sequence=1`.
+    pub sequence_parallel: bool,
     pub accum: u32,
     /// The sharding stage the run used (`sharding=zero1|zero2|zero3|fsdp-grad-op|fsdp-full` in
     /// the row's `extra`): the `shard` pass at that stage; `None` for plain data parallelism.
@@ -114,7 +120,12 @@ impl Case {
         if self.pp > 1 {
             s.push_str(&format!(" pp{}", self.pp));
         }
-        if self.recompute {
+        if self.sequence_parallel {
+            s.push_str(" +sp");
+        }
+        if self.recompute_selective {
+            s.push_str(" +recompute(selective)");
+        } else if self.recompute {
             s.push_str(" +recompute");
         }
         if self.accum > 1 {
@@ -296,7 +307,13 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     } else {
         num("accum_steps").unwrap_or(1.0).max(1.0) as u32
     };
-    let model_name = get("model").to_ascii_lowercase();
+    let mut model_name = get("model").to_ascii_lowercase();
+    // Korthikanti et al.'s GPT models (Megatron-LM's GPT, its fused kernels: the zoo's
+    // default) by size name, their shapes in the row; the per-layer rows (Table 4) are not
+    // steps.
+    if family == "korthikanti" && model_name.starts_with("gpt-") && !model_name.contains("layer") {
+        model_name = "gpt".into();
+    }
     let seq = num("seq").map(|s| s as u32);
     let text = format!("{} {} {}", get("locator"), extra, notes).to_ascii_lowercase();
     // trainplan's batch is per GPU per optimizer step; accumulation splits it into micro-steps.
@@ -434,16 +451,11 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             || extra.contains("impl=deepspeed")
             || extra.contains("DeepSpeedStrategy")))
     .then_some(AmpStyle::Pure);
-    let recompute = get("checkpointing").to_ascii_lowercase().starts_with("yes")
-        || get("checkpointing")
-            .to_ascii_lowercase()
-            .starts_with("full");
-    if get("checkpointing")
-        .to_ascii_lowercase()
-        .starts_with("selective")
-    {
-        return Err("selective recomputation is not a trainplan pass".into());
-    }
+    let checkpointing = get("checkpointing").to_ascii_lowercase();
+    let recompute_selective = checkpointing.starts_with("selective");
+    let recompute = checkpointing.starts_with("yes")
+        || checkpointing.starts_with("full")
+        || recompute_selective;
     let (measured_gb, memory_kind) = match num("peak_memory_gb") {
         Some(g) if get("memory_kind").to_ascii_lowercase().contains("nvml") => {
             (Some(g), MemoryKind::DeviceUsed)
@@ -475,7 +487,10 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             None
         },
         recompute,
-        recompute_blocks: recompute,
+        recompute_blocks: recompute && !recompute_selective,
+        recompute_selective,
+        sequence_parallel: lower_extra.contains("sequence parallelism")
+            && !lower_extra.contains("no sequence parallelism"),
         accum,
         shard,
         offload,
@@ -516,6 +531,8 @@ pub fn dpro() -> Vec<Case> {
         channels_last: None,
         recompute: false,
         recompute_blocks: false,
+        recompute_selective: false,
+        sequence_parallel: false,
         accum: 1,
         shard: None,
         offload: false,

@@ -1594,10 +1594,12 @@ fn memory_options(
                     o.push(pp.clone());
                     options.push(o);
                     if has("recompute") {
-                        let mut o = head.clone();
-                        o.push(("recompute".into(), framework::pass_knobs("recompute", fw)));
-                        o.push(pp);
-                        options.push(o);
+                        for r in recompute_moves(fw) {
+                            let mut o = head.clone();
+                            o.push(r);
+                            o.push(pp.clone());
+                            options.push(o);
+                        }
                     }
                 }
             }
@@ -1611,10 +1613,9 @@ fn memory_options(
                 options.push(head.clone());
             }
             if has("recompute") {
-                options.push(with(vec![(
-                    "recompute".into(),
-                    framework::pass_knobs("recompute", fw),
-                )]));
+                for r in recompute_moves(fw) {
+                    options.push(with(vec![r]));
+                }
             }
             // Every k without sharding or tensor parallelism; with either, the largest only
             // (the options multiply).
@@ -1627,14 +1628,32 @@ fn memory_options(
             if has("recompute")
                 && let Some(&k) = ks.last()
             {
-                options.push(with(vec![
-                    ("recompute".into(), framework::pass_knobs("recompute", fw)),
-                    acc(k),
-                ]));
+                for r in recompute_moves(fw) {
+                    options.push(with(vec![r, acc(k)]));
+                }
             }
         }
     }
     options
+}
+
+/// The recomputations the memory step tries: the one `fw`'s export applies
+/// ([`framework::pass_knobs`]); with Megatron-LM also its selective recomputation of the
+/// attention core (`policy=selective`, `--recompute-granularity selective`), which frees the
+/// s²-sized activations for a fraction of a full recomputation's time (not applicable to a
+/// flash-attention model: that option then drops out).
+fn recompute_moves(fw: Option<Framework>) -> Vec<KnobbedPass> {
+    let mut v = vec![(
+        "recompute".to_string(),
+        framework::pass_knobs("recompute", fw),
+    )];
+    if fw == Some(Framework::Megatron) {
+        v.push((
+            "recompute".to_string(),
+            vec![("policy".to_string(), "selective".to_string())],
+        ));
+    }
+    v
 }
 
 /// The shardings the memory step tries: stages 1, 2 and 3 (3 with and without resharding

@@ -2067,6 +2067,7 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
     let cases = [
         ("pipeline", "8", "pipeline", "3GB"),
         ("tp-recompute", "8", "tensor-parallel,recompute", "3GB"),
+        ("selective", "8", "tensor-parallel,recompute", "3GB"),
         ("distopt", "8", "shard", "5GB"),
         ("interleaved", "8", "pipeline", "3GB"),
         ("uneven", "7", "pipeline", "3GB"),
@@ -2092,6 +2093,17 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
                 .unwrap();
             d.knobs.insert("schedule".into(), "interleaved".into());
             d.knobs.insert("virtual".into(), "2".into());
+            plan.check().unwrap();
+            std::fs::write(&path, plan.to_yaml()).unwrap();
+        }
+        if tag == "selective" {
+            // Megatron's selective recomputation (core attention), set as a user would.
+            let d = plan
+                .decisions
+                .iter_mut()
+                .find(|d| d.pass == "recompute")
+                .expect("the planner recomputed");
+            d.knobs.insert("policy".into(), "selective".into());
             plan.check().unwrap();
             std::fs::write(&path, plan.to_yaml()).unwrap();
         }
@@ -2167,7 +2179,12 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
             "{tag}"
         );
         let rec = !c.recompute.is_empty();
-        assert_eq!(t["recompute_granularity"] == "full", rec, "{tag}: {t}");
+        let granularity = match (rec, *tag) {
+            (false, _) => serde_json::Value::Null,
+            (true, "selective") => "selective".into(),
+            (true, _) => "full".into(),
+        };
+        assert_eq!(t["recompute_granularity"], granularity, "{tag}: {t}");
         assert_eq!(t["bf16"], true, "{tag}");
         assert_eq!(s["data_parallel_size"], 8 / tp / pp, "{tag}");
         // megatron-core runs as many micro-batches per step as the plan replayed.

@@ -16,6 +16,7 @@
 //! | `dtype` bf16 / fp16 | `--bf16` / `--fp16` (dynamic loss scaling, Megatron's default without `--loss-scale`); fp32: neither |
 //! | `dtype` fp8, fp64 | refused (Megatron's FP8 is Transformer Engine's `--fp8-format`, not planned) |
 //! | `recompute` `policy=full` over every layer | `--recompute-granularity full --recompute-method uniform --recompute-num-layers 1` |
+//! | `recompute` `policy=selective` over every layer | `--recompute-granularity selective` (core attention: Korthikanti et al. §4.2) |
 //! | `recompute` of chosen layers | refused, naming `config.recompute`: Megatron recomputes whole layers, uniformly or in blocks; leaving them out would keep activations the plan freed (a plan that does not fit) |
 //! | `sharding` stage 1, one group | `--use-distributed-optimizer`; other stages, replica groups, offload: refused |
 //! | `fused-adam` | `--optimizer adam` is written either way: Megatron's Adam is Transformer Engine's or apex's FusedAdam |
@@ -119,7 +120,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             });
         }
     }
-    if !c.recompute.is_empty() {
+    if !c.recompute.is_empty() && super::torchtitan::whole_model_policy(plan, "selective") {
+        args.push(word("--recompute-granularity", "selective"));
+    } else if !c.recompute.is_empty() {
         if !super::torchtitan::full_checkpointing(plan) {
             return Err(EmitError::Unsupported {
                 field: "config.recompute".into(),

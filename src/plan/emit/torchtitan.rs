@@ -135,10 +135,16 @@ fn supported_sharding(plan: &Plan) -> Result<Option<&ShardConfig>, EmitError> {
 /// Whether the plan checkpoints every block whole: a `recompute` decision with
 /// `policy=full` over every layer (torchtitan's `mode = "full"` wraps each block).
 pub(super) fn full_checkpointing(plan: &Plan) -> bool {
+    whole_model_policy(plan, "full")
+}
+
+/// Whether the plan recomputes with `policy` over every layer (a `recompute` decision with
+/// that policy and no layer glob).
+pub(super) fn whole_model_policy(plan: &Plan, policy: &str) -> bool {
     !plan.config.recompute.is_empty()
         && plan.decisions.iter().any(|d| {
             d.pass == "recompute"
-                && d.knobs.get("policy").map(|v| v.trim()) == Some("full")
+                && d.knobs.get("policy").map(|v| v.trim()) == Some(policy)
                 && d.knobs
                     .get("layers")
                     .is_none_or(|v| matches!(v.trim(), "all" | "auto" | "sqrt"))
