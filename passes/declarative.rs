@@ -1184,18 +1184,7 @@ impl<'a> Ctx<'a> {
             }
             InsertDevice::Copy => {
                 // Copy streams take the stream numbers after the job's highest.
-                let top = self
-                    .cx
-                    .job
-                    .local
-                    .devices
-                    .iter()
-                    .filter_map(|d| match d {
-                        DeviceKind::GpuStream { stream, .. } => Some(*stream),
-                        _ => None,
-                    })
-                    .max()
-                    .unwrap_or(0);
+                let top = self.cx.job.local.top_stream();
                 DeviceKind::GpuStream {
                     worker: 0,
                     stream: top + stream,

@@ -388,26 +388,7 @@ fn offload_step(
     params: u64,
     gbps: f64,
 ) -> OpId {
-    let top = j
-        .local
-        .devices
-        .iter()
-        .filter_map(|d| match d {
-            DeviceKind::GpuStream { stream, .. } => Some(*stream),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0);
-    let thread = j
-        .local
-        .devices
-        .iter()
-        .filter_map(|d| match d {
-            DeviceKind::CpuThread { thread, .. } => Some(thread + 1),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0);
+    let (top, thread) = (j.local.top_stream(), j.local.next_cpu_thread());
     let l = j.local_mut();
     let first = l.devices.len() as u32;
     l.devices.extend([
@@ -992,6 +973,17 @@ mod tests {
     use crate::cost::host::CPU_ADAM_GPARAMS_PER_S as CPU_ADAM;
     use crate::zoo::build::test_job;
 
+    /// `job` with the model in fp16 and FP32 master weights (DeepSpeed's, ZeRO's setting).
+    fn in_half(job: &Job) -> Job {
+        crate::passes::amp::with_precision(
+            job,
+            Some(crate::cost::framework::Precision::Fp16),
+            Some(crate::cost::framework::AmpStyle::Pure),
+            None,
+        )
+        .unwrap()
+    }
+
     fn sharding(stage: u32) -> Sharding {
         Sharding {
             stage,
@@ -1073,13 +1065,7 @@ mod tests {
     fn a_model_in_half_shards_as_zero_counts() {
         let (m, job) = test_job("bert-base", 8, "8xv100");
         let (n, psi) = (u64::from(job.workers), m.param_elems());
-        let half = crate::passes::amp::with_precision(
-            &job,
-            Some(crate::cost::framework::Precision::Fp16),
-            Some(crate::cost::framework::AmpStyle::Pure),
-            None,
-        )
-        .unwrap();
+        let half = in_half(&job);
         assert_eq!(half.local.static_mem_bytes, 2 * psi + 12 * psi);
         let grads: u64 = half.syncs.iter().map(|s| s.bytes).sum();
         assert!(grads * 2 >= 4 * psi && grads * 2 <= 4 * psi + 2 * half.syncs.len() as u64);
@@ -1266,13 +1252,7 @@ mod tests {
         };
         assert_eq!(off(&job, 2).local.static_mem_bytes, 4 * psi);
         assert_eq!(off(&job, 3).local.static_mem_bytes, (4 * psi).div_ceil(n));
-        let half = crate::passes::amp::with_precision(
-            &job,
-            Some(crate::cost::framework::Precision::Fp16),
-            Some(crate::cost::framework::AmpStyle::Pure),
-            None,
-        )
-        .unwrap();
+        let half = in_half(&job);
         assert_eq!(off(&half, 1).local.static_mem_bytes, 2 * psi);
         assert_eq!(off(&half, 2).local.static_mem_bytes, 2 * psi);
         assert_eq!(off(&half, 3).local.static_mem_bytes, (2 * psi).div_ceil(n));

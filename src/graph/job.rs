@@ -65,6 +65,31 @@ pub struct LocalGraph {
 }
 
 impl LocalGraph {
+    /// The highest GPU stream number among the graph's devices (0 when it has none): streams a
+    /// pass adds (copy streams) take the numbers after it.
+    pub fn top_stream(&self) -> u32 {
+        self.devices
+            .iter()
+            .filter_map(|d| match d {
+                DeviceKind::GpuStream { stream, .. } => Some(*stream),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The first CPU thread number the graph's devices do not use (0 when it has none).
+    pub fn next_cpu_thread(&self) -> u32 {
+        self.devices
+            .iter()
+            .filter_map(|d| match d {
+                DeviceKind::CpuThread { thread, .. } => Some(thread + 1),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// `layer PHASE` name of an op (`layer3.0.conv2 BW`), or its label when it has no layer.
     pub fn op_name(&self, op: OpId) -> String {
         let Some(o) = self.ops.get(op as usize) else {

@@ -1058,15 +1058,7 @@ fn fused_job(
     if gates.iter().any(|(_, w)| *w > 0) {
         let l = out.local_mut();
         // Horovod's background thread: a CPU thread of its own.
-        let thread = l
-            .devices
-            .iter()
-            .filter_map(|d| match d {
-                DeviceKind::CpuThread { thread, .. } => Some(thread + 1),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
+        let thread = l.next_cpu_thread();
         l.devices.push(DeviceKind::CpuThread { worker: 0, thread });
         let dev = (l.devices.len() - 1) as u32;
         for (range, wait) in gates {
