@@ -1343,6 +1343,21 @@ mod tests {
         assert!(e.iteration_ns() >= adam[0].spec.dur_ns + back.spec.dur_ns);
         let plain = evaluate(shard(&job, sharding(2)).unwrap()).unwrap();
         assert!(e.iteration_ns() > plain.iteration_ns() + adam[0].spec.dur_ns / 2);
+        // The symmetric form (one worker standing for all) replays as the full one does.
+        use crate::replay::{peak_memory, replay};
+        let sym = j.expand().expect("expands");
+        let full = Job {
+            symmetric: false,
+            ..j.clone()
+        }
+        .expand()
+        .expect("full form");
+        let (rs, rf) = (replay(&sym), replay(&full));
+        assert_eq!(rs.iteration_ns, rf.iteration_ns);
+        assert_eq!(
+            peak_memory(&sym, &rs).peak_bytes,
+            peak_memory(&full, &rf).peak_bytes
+        );
     }
 
     /// Offload needs the GPU's host link and comes after AMP; accumulated after it, every
