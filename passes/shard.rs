@@ -973,6 +973,21 @@ mod tests {
     use crate::cost::host::CPU_ADAM_GPARAMS_PER_S as CPU_ADAM;
     use crate::zoo::build::test_job;
 
+    /// `job` with the registered pass `name` applied with `knobs` (proposed from `job`
+    /// evaluated), or why it does not apply.
+    fn try_pass(job: &Job, name: &str, knobs: &[(&str, &str)]) -> Result<Job, PassError> {
+        use crate::passes::{apply_all, evaluate, find, propose, registry, resolve_knobs};
+        let all = registry();
+        let e = evaluate(job.clone()).expect("evaluates");
+        let p = find(&all, name).unwrap();
+        let kv: Vec<(String, String)> = knobs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let k = resolve_knobs(p, &kv).unwrap();
+        propose(p, &e, &k).and_then(|ps| apply_all(job, &ps))
+    }
+
     /// `job` with the model in fp16 and FP32 master weights (DeepSpeed's, ZeRO's setting).
     fn in_half(job: &Job) -> Job {
         crate::passes::amp::with_precision(
@@ -1182,18 +1197,10 @@ mod tests {
     /// forward runs inside its unit's backward gather, and the graph stays acyclic.
     #[test]
     fn stage_3_composes_with_accumulation_and_recomputation() {
-        use crate::passes::{apply_all, evaluate, find, propose, registry, resolve_knobs};
+        use crate::passes::evaluate;
         let (_, job) = test_job("gpt", 4, "8xv100");
-        let all = registry();
         let apply = |j: &Job, name: &str, knobs: &[(&str, &str)]| -> Job {
-            let e = evaluate(j.clone()).expect("evaluates");
-            let p = find(&all, name).unwrap();
-            let kv: Vec<(String, String)> = knobs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            let k = resolve_knobs(p, &kv).unwrap();
-            apply_all(j, &propose(p, &e, &k).unwrap()).unwrap()
+            try_pass(j, name, knobs).expect("applies")
         };
         let gathers = |j: &Job| {
             j.syncs
@@ -1364,22 +1371,11 @@ mod tests {
     /// micro-step copies its gradient shards out and the host steps once.
     #[test]
     fn offload_needs_a_host_link_comes_after_amp_and_copies_every_micro_step() {
-        use crate::passes::{apply_all, evaluate, find, propose, registry, resolve_knobs};
+        use crate::passes::evaluate;
         let (_, mut job) = test_job("gpt", 2, "8xv100");
         let off = Sharding {
             offload: true,
             ..sharding(2)
-        };
-        let all = registry();
-        let try_pass = |j: &Job, name: &str, knobs: &[(&str, &str)]| {
-            let e = evaluate(j.clone()).expect("evaluates");
-            let p = find(&all, name).unwrap();
-            let kv: Vec<(String, String)> = knobs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            let k = resolve_knobs(p, &kv).unwrap();
-            propose(p, &e, &k).and_then(|ps| apply_all(j, &ps))
         };
         let j = shard(&job, off).unwrap();
         let e = try_pass(&j, "amp", &[]).unwrap_err().to_string();
