@@ -128,15 +128,6 @@ impl CostFunction for Loss<'_> {
     type Output = f64;
     fn cost(&self, x: &Vec<f64>) -> Result<f64, argmin::core::Error> {
         let o = overrides(&self.params, x);
-        let errs: Vec<f64> = self
-            .cases
-            .par_iter()
-            .filter_map(|c| {
-                let m = c.measured_ms?;
-                let p = predict(c, &o).ok()?;
-                Some((p.iteration_ms / m).ln().abs())
-            })
-            .collect();
         // Leaving the bounds costs as much as being that far off.
         let outside: f64 = self
             .params
@@ -144,7 +135,7 @@ impl CostFunction for Loss<'_> {
             .zip(x)
             .map(|(p, &v)| ((p.lo - v).max(0.0) + (v - p.hi).max(0.0)) / (p.hi - p.lo))
             .sum();
-        Ok(errs.iter().sum::<f64>() / errs.len().max(1) as f64 + outside)
+        Ok(log_loss(self.cases, &o) + outside)
     }
 }
 
@@ -219,4 +210,57 @@ pub fn overrides_named(values: &BTreeMap<String, f64>) -> Overrides {
         .map(|(p, now)| values.get(&key(p)).copied().unwrap_or(now))
         .collect();
     overrides(&ps, &x)
+}
+
+/// Mean |log(predicted / measured)| iteration time of `cases` under `o`.
+fn log_loss(cases: &[Case], o: &Overrides) -> f64 {
+    let errs: Vec<f64> = cases
+        .par_iter()
+        .filter_map(|c| {
+            let m = c.measured_ms?;
+            let p = predict(c, o).ok()?;
+            Some((p.iteration_ms / m).ln().abs())
+        })
+        .collect();
+    errs.iter().sum::<f64>() / errs.len().max(1) as f64
+}
+
+/// The host's collective-call time (`collective_call_us`, µs) that minimises the mean
+/// |log error| of `cases` (the tensor-parallel fit half: no other row calls a collective from
+/// the host's program order), by golden-section search on [0, 100] µs with every other
+/// constant at its configs' value. Returns (configs' value, fitted value, loss before, after).
+pub fn fit_collective(cases: &[Case], iters: u32) -> (f64, f64, f64, f64) {
+    let at = |v: f64| {
+        log_loss(
+            cases,
+            &Overrides {
+                host_collective_call_us: Some(v),
+                ..Overrides::default()
+            },
+        )
+    };
+    let now = trainplan::cost::host::HostSpec::default().collective_call_us;
+    let before = at(now);
+    let r = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut a, mut b) = (0.0_f64, 100.0_f64);
+    let (mut c, mut d) = (b - r * (b - a), a + r * (b - a));
+    let (mut fc, mut fd) = (at(c), at(d));
+    for i in 0..iters {
+        if fc < fd {
+            b = d;
+            d = c;
+            fd = fc;
+            c = b - r * (b - a);
+            fc = at(c);
+        } else {
+            a = c;
+            c = d;
+            fc = fd;
+            d = a + r * (b - a);
+            fd = at(d);
+        }
+        eprintln!("collective call: [{a:.2}, {b:.2}] µs after {} steps", i + 1);
+    }
+    let best = (a + b) / 2.0;
+    (now, best, before, at(best))
 }

@@ -10,6 +10,7 @@
 //!
 //! Run: `cargo run --release --example fidelity` → `experiments/results/fidelity.{md,csv,svg}`;
 //! `-- --fit` also fits the architecture constants on the fit half (argmin) and prints them;
+//! `-- --fit-collective` fits the host's collective-call time on the tensor-parallel fit half;
 //! `-- --check N` predicts every Nth case again and compares it with the committed
 //! `fidelity.csv` (exit 1 on a difference; writes nothing): the test that pins the results to
 //! the code (`tests/it/fidelity.rs`).
@@ -39,8 +40,11 @@ enum Split {
     Check,
     /// Sharded data-parallel runs (ZeRO, FSDP): reported on their own, never fitted.
     Sharded,
-    /// Tensor-parallel runs: reported on their own, never fitted.
+    /// Tensor-parallel runs, the held-out half: reported on their own, never fitted.
     Parallel,
+    /// Tensor-parallel runs, the fit half: only the host's collective-call time is fitted on
+    /// them (`-- --fit-collective`); no other row exercises it.
+    ParallelFit,
     /// Pipeline-parallel runs: reported on their own, never fitted.
     Pipeline,
 }
@@ -53,6 +57,7 @@ impl Split {
             Split::Check => "reported",
             Split::Sharded => "sharded",
             Split::Parallel => "tensor-parallel",
+            Split::ParallelFit => "tensor-parallel fit",
             Split::Pipeline => "pipeline",
         }
     }
@@ -69,6 +74,15 @@ fn split_of(key: &str) -> Split {
         Split::Fit
     } else {
         Split::HeldOut
+    }
+}
+
+/// A tensor-parallel row's half: the FNV split of its id.
+fn tp_split(id: &str) -> Split {
+    if split_of(id) == Split::Fit {
+        Split::ParallelFit
+    } else {
+        Split::Parallel
     }
 }
 
@@ -147,6 +161,25 @@ fn main() {
         }
         return;
     }
+    if std::env::args().any(|a| a == "--fit-collective") {
+        // The tensor-parallel fit half, as `results_of` splits the rows.
+        let half: Vec<Case> = cases
+            .iter()
+            .filter(|c| {
+                !matches!(c.family, "dpro" | "korthikanti")
+                    && c.pp <= 1
+                    && c.tp > 1
+                    && tp_split(&c.id) == Split::ParallelFit
+            })
+            .cloned()
+            .collect();
+        eprintln!("fitting the collective-call time on {} cases…", half.len());
+        let (now, best, before, after) = fit::fit_collective(&half, 12);
+        println!(
+            "host.collective_call_us {now:10.4} → {best:10.4} (mean |log error| {before:.4} → {after:.4})"
+        );
+        return;
+    }
     if std::env::args().any(|a| a == "--loso") {
         let iters = std::env::args()
             .skip_while(|a| a != "--iters")
@@ -198,7 +231,7 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
         } else if c.pp > 1 {
             Split::Pipeline
         } else if c.tp > 1 {
-            Split::Parallel
+            tp_split(&c.id)
         } else if c.check_only() {
             Split::Sharded
         } else {
@@ -570,9 +603,14 @@ fn parallel_rows(results: &[Result_], split: Split, title: &str) -> String {
             worst
         );
     }
-    let fit: Vec<&Result_> = pick("completed_run")
-        .into_iter()
-        .filter(|r| r.measured == 1.0)
+    // Whether a run fits is never fitted: both tensor-parallel halves count.
+    let fit: Vec<&Result_> = results
+        .iter()
+        .filter(|r| {
+            (r.split == split || (split == Split::Parallel && r.split == Split::ParallelFit))
+                && r.kind == "completed_run"
+                && r.measured == 1.0
+        })
         .collect();
     if !fit.is_empty() {
         s.push_str(&facts_line(
@@ -837,7 +875,11 @@ fn summary_table(results: &[Result_]) -> String {
             r.kind == "memory"
                 && !matches!(
                     r.split,
-                    Split::Check | Split::Sharded | Split::Parallel | Split::Pipeline
+                    Split::Check
+                        | Split::Sharded
+                        | Split::Parallel
+                        | Split::ParallelFit
+                        | Split::Pipeline
                 )
         })
         .collect();
@@ -869,7 +911,10 @@ fn summary_table(results: &[Result_]) -> String {
             .filter(|r| {
                 r.kind == kind
                     && r.measured == want
-                    && !matches!(r.split, Split::Sharded | Split::Parallel | Split::Pipeline)
+                    && !matches!(
+                        r.split,
+                        Split::Sharded | Split::Parallel | Split::ParallelFit | Split::Pipeline
+                    )
             })
             .collect();
         s.push_str(&facts_line(label, &v));
@@ -878,8 +923,18 @@ fn summary_table(results: &[Result_]) -> String {
     s.push_str(&parallel_rows(
         results,
         Split::Parallel,
-        "tensor-parallel runs (vTrain, TP 2-8 in one node, PP 1; never fitted)",
+        "tensor-parallel runs (vTrain, TP 2-8 in one node, PP 1; the held-out half: only the host's collective-call time is fitted, on the other half)",
     ));
+    let tp_fit: Vec<&Result_> = results
+        .iter()
+        .filter(|r| r.split == Split::ParallelFit && r.kind == "iteration")
+        .collect();
+    if !tp_fit.is_empty() {
+        s.push_str(&error_line(
+            "tensor-parallel runs, the fit half of the collective-call time: iteration time",
+            &tp_fit,
+        ));
+    }
     s.push_str(&parallel_rows(
         results,
         Split::Pipeline,

@@ -63,6 +63,8 @@ pub struct Overrides {
     pub arch: BTreeMap<String, ArchSpec>,
     pub host_speed: Option<f64>,
     pub host_micro_step_us: Option<f64>,
+    /// The host's collective-call time (`HostSpec::collective_call_us`), µs.
+    pub host_collective_call_us: Option<f64>,
 }
 
 /// The prediction of `c`, with the configs' constants replaced by `o`'s (the fit).
@@ -81,11 +83,15 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
     if let Some(a) = o.arch.get(&cl.gpu.arch) {
         cl.gpu.kernels = a.clone();
     }
-    let host = (o.host_speed.is_some() || o.host_micro_step_us.is_some()).then(|| {
+    let host = (o.host_speed.is_some()
+        || o.host_micro_step_us.is_some()
+        || o.host_collective_call_us.is_some())
+    .then(|| {
         let b = HostSpec::builtin(c.framework.exec());
         HostSpec {
             speed: o.host_speed.unwrap_or(b.speed),
             micro_step_us: o.host_micro_step_us.unwrap_or(b.micro_step_us),
+            collective_call_us: o.host_collective_call_us.unwrap_or(b.collective_call_us),
             ..b
         }
     });
