@@ -29,9 +29,18 @@
 //! interleaved 1F1B (micro-batches a multiple of the stages), and the bubble shrinks to
 //! `(stages − 1) / (V m)` at the price of `V` times the sends.
 //!
-//! **Not modelled yet** (refused with the reason): sharded data parallelism with a pipeline, accumulation on top of the pipeline's micro-batches, passes
-//! after `pipeline` (it comes last), and traces. Tied embeddings' all-reduce between the first
-//! and last stage is not priced.
+//! **Beside a sharded optimizer** (`shard:stage=1` before it: Megatron-LM's distributed
+//! optimizer, DeepSpeed's ZeRO-1 with its pipeline engine): each stage keeps its own layers'
+//! optimizer state as 1/dp shards over its dp replicas, runs 1/dp of its optimizer kernels and
+//! all-gathers its updated parameters over them. The shard pass, applied first, divided the
+//! state and the kernels over every data-parallel rank of the job; the pipeline multiplies them
+//! back by the stages (`distributed_optimizer_per_stage`).
+//!
+//! **Not modelled yet** (refused with the reason): sharding stages 2–3 (neither Megatron-LM nor
+//! DeepSpeed's pipeline engine runs them beside a pipeline), HSDP groups or optimizer offload
+//! with a pipeline, accumulation on top of the pipeline's micro-batches, passes after
+//! `pipeline` (it comes last), and traces. Tied embeddings' all-reduce between the first and
+//! last stage is not priced.
 
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::graph::job::{CollectiveKind, Group, Job};
@@ -206,18 +215,8 @@ pub fn pipelined(job: &Job, spec: Spec, global: bool) -> Result<Job, PassError> 
             "the pipeline's micro-batches are its gradient accumulation: apply pipeline instead of grad-accumulation".into(),
         ));
     }
-    if let Some(s) = job
-        .syncs
-        .iter()
-        .find(|s| s.kind != CollectiveKind::AllReduce)
-    {
-        return Err(refuse(format!(
-            "sharded data parallelism ({} of {}) with a pipeline is not modelled yet",
-            s.kind.name(),
-            job.local.tensors[s.tensors[0] as usize].name
-        )));
-    }
     let tp = job.meta.tp.max(1);
+    let gathered = stage1_gather(job)?;
     if !job.workers.is_multiple_of(stages * tp) {
         return Err(refuse(format!(
             "stages = {stages} × tensor-parallel degree {tp} must divide the {} workers",
@@ -289,6 +288,9 @@ pub fn pipelined(job: &Job, spec: Spec, global: bool) -> Result<Job, PassError> 
             }
         }
     }
+    if let Some(whole) = gathered {
+        distributed_optimizer_per_stage(&mut j, whole, stages);
+    }
     for s in &mut j.syncs {
         let size = s.group.len(job.workers) / stages;
         s.group = Group {
@@ -299,6 +301,85 @@ pub fn pipelined(job: &Job, spec: Spec, global: bool) -> Result<Job, PassError> 
     j.meta.batch = batch;
     j.meta.pipeline = Some(spec);
     Ok(j)
+}
+
+/// With sharding, the bytes its stage-1 all-gather of the updated parameters moves (the whole
+/// parameters as the model holds them); None without sharding; why not where the sharding is
+/// one a pipeline cannot run beside: stages 2–3 (neither Megatron-LM's distributed optimizer nor
+/// DeepSpeed's pipeline engine shards gradients or parameters beside a pipeline), HSDP shard
+/// groups, or the optimizer offloaded.
+fn stage1_gather(job: &Job) -> Result<Option<u64>, PassError> {
+    if let Some(s) = job.syncs.iter().find(|s| {
+        !matches!(
+            s.kind,
+            CollectiveKind::AllReduce | CollectiveKind::AllGather
+        )
+    }) {
+        return Err(refuse(format!(
+            "sharded data parallelism beyond stage 1 ({} of {}) with a pipeline is not modelled: Megatron-LM's distributed optimizer and DeepSpeed's pipeline engine shard the optimizer state only (shard:stage=1)",
+            s.kind.name(),
+            job.local.tensors[s.tensors[0] as usize].name
+        )));
+    }
+    let gathers: Vec<&crate::graph::job::Sync> = job
+        .syncs
+        .iter()
+        .filter(|s| s.kind == CollectiveKind::AllGather)
+        .collect();
+    let Some(g) = gathers.first() else {
+        return Ok(None);
+    };
+    if job.meta.offload {
+        return Err(refuse(
+            "optimizer offload with a pipeline is not modelled".into(),
+        ));
+    }
+    let dp = job.workers / job.meta.tp.max(1);
+    if gathers.len() > 1 || g.group.len(job.workers) != dp {
+        return Err(refuse(format!(
+            "sharding over groups of {} of the {dp} data-parallel ranks (HSDP) with a pipeline is not modelled: shard over all of them (replicas=1)",
+            g.group.len(job.workers)
+        )));
+    }
+    Ok(Some(g.bytes))
+}
+
+/// A stage-1 sharded job (Megatron-LM's distributed optimizer) pipelined over `stages`: the
+/// shard pass divided the optimizer state and step over every data-parallel rank of the whole
+/// job, and a stage's are divided over its `stages` times fewer replicas. Its static bytes are
+/// the `whole` parameters plus `stages` × the shards it held; its GPU optimizer kernels take
+/// `stages` × their time and work (each stage runs its own layers' kernels only).
+fn distributed_optimizer_per_stage(j: &mut Job, whole: u64, stages: u32) {
+    let k = u64::from(stages);
+    let l = j.local_mut();
+    let states = l.static_mem_bytes.saturating_sub(whole);
+    l.static_mem_bytes = whole.saturating_add(states.saturating_mul(k));
+    let devices = l.devices.clone();
+    for op in &mut l.ops {
+        let sp = &op.spec;
+        let gpu = matches!(
+            devices.get(sp.device as usize),
+            Some(crate::graph::DeviceKind::GpuStream { .. })
+        );
+        if sp.phase != Phase::Update
+            || !gpu
+            || matches!(
+                sp.kind,
+                crate::graph::OpKind::In
+                    | crate::graph::OpKind::Out
+                    | crate::graph::OpKind::CpuOther
+            )
+        {
+            continue;
+        }
+        op.spec.dur_ns = op.spec.dur_ns.saturating_mul(k);
+        if let Some(w) = op.work.as_mut() {
+            let f = f64::from(stages);
+            w.flops *= f;
+            w.act_elems *= f;
+            w.weight_elems *= f;
+        }
+    }
 }
 
 /// The syncs with each one's tensors split by stage: a bucket of DDP or a fused group holding
@@ -610,6 +691,80 @@ mod tests {
         let (a, b) = (bytes(&job), bytes(&pj));
         assert!(b >= a && b <= a + pj.syncs.len() as u64, "{a} vs {b}");
         assert_eq!(pj.meta.batch, 16);
+    }
+
+    /// Megatron-LM's distributed optimizer beside a pipeline (`shard:stage=1` before it): each
+    /// stage holds its own layers' optimizer state as 1/dp shards of its dp = 64 / (2 × 4) = 8
+    /// replicas — not the 1/32 the shard pass divided by over the whole job's data-parallel
+    /// ranks — runs 1/dp of its optimizer kernels, and all-gathers its updated parameters over
+    /// its replicas. Stages 2–3, HSDP and offload are refused.
+    #[test]
+    fn a_stage1_shard_runs_per_stage_over_the_replicas() {
+        use crate::passes::testkit::try_pass;
+        let tp = try_pass(
+            &gpt(8, 4, "64xh100-ib"),
+            "tensor-parallel",
+            &[("degree", "2")],
+        )
+        .unwrap();
+        let plain = pipelined(&tp, spec(4, 8, Schedule::OneFOneB), true).unwrap();
+        let sh = try_pass(&tp, "shard", &[("stage", "1")]).unwrap();
+        let whole = sh
+            .syncs
+            .iter()
+            .find(|s| s.kind == CollectiveKind::AllGather)
+            .unwrap()
+            .bytes;
+        let pj = pipelined(&sh, spec(4, 8, Schedule::OneFOneB), true).unwrap();
+        let dp = 64 / (2 * 4);
+        // Static bytes: the whole parameters plus the state divided over the stage's replicas.
+        let states = plain.local.static_mem_bytes - whole;
+        let want = whole + states / dp;
+        let got = pj.local.static_mem_bytes;
+        assert!(got.abs_diff(want) <= 64, "{got} vs {want}");
+        // The optimizer kernels: 1/dp of the unsharded ones' time.
+        let update = |j: &Job| -> u64 {
+            j.local
+                .ops
+                .iter()
+                .filter(|o| {
+                    o.spec.phase == Phase::Update && o.spec.kind == crate::graph::OpKind::Compute
+                })
+                .map(|o| o.spec.dur_ns)
+                .sum()
+        };
+        let (u, v) = (update(&plain), update(&pj));
+        assert!(u > 0 && v > 0, "the GPT's Adam kernels: {u}, {v}");
+        let n = pj.local.ops.len() as u64;
+        assert!(v.abs_diff(u / dp) <= 64 * n, "{v} vs {}", u / dp);
+        // Each stage gathers its own parameters over its 8 replicas; all together, the whole.
+        let gathers: Vec<_> = pj
+            .syncs
+            .iter()
+            .filter(|s| s.kind == CollectiveKind::AllGather)
+            .collect();
+        assert_eq!(gathers.len(), 4);
+        assert!(gathers.iter().all(|s| s.group.len(pj.workers) == dp as u32));
+        let sum: u64 = gathers.iter().map(|s| s.bytes).sum();
+        assert!(sum >= whole && sum <= whole + 4, "{sum} vs {whole}");
+        // Less memory and a replay that runs.
+        let (a, b) = (evaluate(plain).unwrap(), evaluate(pj).unwrap());
+        assert!(b.memory.peaks.allocated < a.memory.peaks.allocated);
+        for (knobs, why) in [
+            (vec![("stage", "2")], "beyond stage 1"),
+            (vec![("stage", "1"), ("replicas", "2")], "(HSDP)"),
+            (
+                vec![("stage", "1"), ("offload", "1")],
+                "offload with a pipeline",
+            ),
+        ] {
+            let j = try_pass(&tp, "shard", &knobs).unwrap();
+            let e = pipelined(&j, spec(4, 8, Schedule::OneFOneB), true)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains(why), "{knobs:?}: {e}");
+        }
     }
 
     #[test]

@@ -971,22 +971,8 @@ fn stage3_order(
 mod tests {
     use super::*;
     use crate::cost::host::CPU_ADAM_GPARAMS_PER_S as CPU_ADAM;
+    use crate::passes::testkit::try_pass;
     use crate::zoo::build::test_job;
-
-    /// `job` with the registered pass `name` applied with `knobs` (proposed from `job`
-    /// evaluated), or why it does not apply.
-    fn try_pass(job: &Job, name: &str, knobs: &[(&str, &str)]) -> Result<Job, PassError> {
-        use crate::passes::{apply_all, evaluate, find, propose, registry, resolve_knobs};
-        let all = registry();
-        let e = evaluate(job.clone()).expect("evaluates");
-        let p = find(&all, name).unwrap();
-        let kv: Vec<(String, String)> = knobs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let k = resolve_knobs(p, &kv).unwrap();
-        propose(p, &e, &k).and_then(|ps| apply_all(job, &ps))
-    }
 
     /// `job` with the model in fp16 and FP32 master weights (DeepSpeed's, ZeRO's setting).
     fn in_half(job: &Job) -> Job {

@@ -111,3 +111,22 @@ pub(crate) fn chain_job_sizes(ops: &[(u64, Option<u64>)], spec: CommSpec, worker
         meta: JobMeta::default(),
     }
 }
+
+/// `job` with the registered pass `name` applied with `knobs` (proposed from `job`
+/// evaluated), or why it does not apply.
+pub(crate) fn try_pass(
+    job: &Job,
+    name: &str,
+    knobs: &[(&str, &str)],
+) -> Result<Job, crate::passes::PassError> {
+    use crate::passes::{apply_all, evaluate, find, propose, registry, resolve_knobs};
+    let all = registry();
+    let e = evaluate(job.clone()).expect("evaluates");
+    let p = find(&all, name).unwrap();
+    let kv: Vec<(String, String)> = knobs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let k = resolve_knobs(p, &kv).unwrap();
+    propose(p, &e, &k).and_then(|ps| apply_all(job, &ps))
+}

@@ -516,8 +516,12 @@ impl ShardConfig {
         let units = crate::passes::shard::units_of(job, pattern);
         ShardConfig {
             stage: int("stage", 3),
-            // With tensor parallelism the shard groups are over the data-parallel ranks.
-            shard_size: job.workers / job.meta.tp.max(1) / replicas,
+            // With tensor parallelism or a pipeline the shard groups are over the
+            // data-parallel ranks (a stage's replicas).
+            shard_size: job.workers
+                / job.meta.tp.max(1)
+                / job.meta.pipeline.map_or(1, |p| p.stages.max(1))
+                / replicas,
             replicas,
             reshard: int("reshard", 1) == 1,
             prefetch: int("prefetch", 1),

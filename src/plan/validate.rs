@@ -429,7 +429,7 @@ fn sharding(sh: &crate::plan::ShardConfig, ranks: u32) -> Result<(), Invalid> {
         return Err(invalid(
             "config.sharding.shard_size",
             format!(
-                "{} ranks per shard group x {} replicas must be the {ranks} data-parallel ranks (workload.ranks / config.tensor_parallel.degree), with at least 2 per group",
+                "{} ranks per shard group x {} replicas must be the {ranks} data-parallel ranks (workload.ranks / config.tensor_parallel.degree / config.pipeline.stages), with at least 2 per group",
                 sh.shard_size, sh.replicas
             ),
         ));

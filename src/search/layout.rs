@@ -7,7 +7,8 @@
 //! tensor-parallel degree the pass takes, with and without each sharding the framework's export
 //! applies, before recomputation and accumulation (see `memory_options` in the parent module).
 //! Where the export runs a pipeline (`--framework megatron`), each tensor-parallel degree also
-//! meets each pipeline depth ([`pp_layouts`]), with and without recomputation, in 1F1B; the
+//! meets each pipeline depth ([`pp_layouts`]), with and without the distributed optimizer
+//! (`shard:stage=1`) and recomputation, in 1F1B; the
 //! fastest pipelined option that fits is then tried interleaved ([`interleaved`]). Context
 //! parallelism is not a pass yet: its degree is 1.
 

@@ -1583,11 +1583,12 @@ fn memory_options(
             }
         }
         for head in heads {
-            // Pipelines after the head's tensor parallelism, unsharded (a sharded pipeline is
-            // not modelled yet), with and without recomputation; after AMP only, where AMP is
-            // an option (fp32 pipelines double the options for plans no faster).
-            if has("pipeline") && fi + 1 == firsts.len() && !head.iter().any(|(n, _)| n == "shard")
-            {
+            // Pipelines after the head's tensor parallelism, unsharded or with the optimizer
+            // state sharded (stage 1: Megatron-LM's distributed optimizer; a pipeline beside
+            // stages 2-3 is not modelled), with and without recomputation; after AMP only,
+            // where AMP is an option (fp32 pipelines double the options for plans no faster).
+            let beside_pipeline = layout::knob_of(&head, "shard", "stage").is_none_or(|s| s == 1);
+            if has("pipeline") && fi + 1 == firsts.len() && beside_pipeline {
                 let t = layout::knob_of(&head, "tensor-parallel", "degree").unwrap_or(1);
                 for pp in layout::pp_layouts(cur, t, fw) {
                     let mut o = head.clone();

@@ -2071,6 +2071,9 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
         ("distopt", "8", "shard", "5GB"),
         ("interleaved", "8", "pipeline", "3GB"),
         ("uneven", "7", "pipeline", "3GB"),
+        // With both passes under 3 GB the planner finds a shallower pipeline beside the
+        // distributed optimizer faster than the deeper pipeline alone (the case above).
+        ("pipeline-distopt", "8", "pipeline,shard", "3GB"),
     ];
     let mut args: Vec<String> = Vec::new();
     let mut plans = Vec::new();
@@ -2080,6 +2083,11 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
         let path = megatron_plan(&dir, layers, passes, budget);
         let mut plan =
             Plan::from_yaml(&std::fs::read_to_string(&path).unwrap(), "plan.yaml").unwrap();
+        if tag == "pipeline-distopt" {
+            let c = &plan.config;
+            assert!(c.pipeline.is_some(), "{tag}: {c:?}");
+            assert_eq!(c.sharding.as_ref().map(|s| s.stage), Some(1), "{tag}");
+        }
         if tag == "interleaved" {
             // The planner tried the interleaved schedule and found it slower here: set it as
             // a user would, and let the plan's own check hold it to the pass's ranges.

@@ -84,7 +84,7 @@ fn an_impossible_pipeline_exits_3_naming_the_constraint() {
     );
     bad(
         &["shard:stage=3", "pipeline:stages=2,microbatches=2"],
-        "with a pipeline is not modelled yet",
+        "beyond stage 1 (reduce-scatter of",
     );
     check_bad_input(
         &[
