@@ -745,17 +745,8 @@ mod tests {
     }
 
     fn run_knobs(job: Job, knobs: &[(&str, &str)]) -> (Evaluated, Evaluated) {
-        let reg = registry();
-        let p = find(&reg, NAME).unwrap();
-        let kv: Vec<(String, String)> = knobs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let knobs = resolve_knobs(p, &kv).unwrap();
-        let base = evaluate(job).unwrap();
-        let patches = p.propose(&base, &knobs).unwrap();
-        let after = evaluate(apply_all(&base.job, &patches).unwrap()).unwrap();
-        (base, after)
+        let after = crate::passes::testkit::try_pass(&job, NAME, knobs).unwrap();
+        (evaluate(job).unwrap(), evaluate(after).unwrap())
     }
 
     /// Issue 23: FSDP and ZeRO-2/3 reduce-scatter every micro-step's gradients into the rank's

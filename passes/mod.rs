@@ -695,6 +695,23 @@ fn fuse_syncs(job: &mut Job, which: &[usize]) -> Result<(), JobError> {
     Ok(())
 }
 
+/// The optimizer step's GPU kernels in `l`: update-phase ops on a GPU stream (not the virtual
+/// joins, nor host work such as an offloaded step). What sharding divides over a shard group.
+pub fn optimizer_kernels(l: &crate::graph::job::LocalGraph) -> Vec<OpId> {
+    use crate::graph::{DeviceKind, OpKind, Phase};
+    (0..l.ops.len() as OpId)
+        .filter(|&o| {
+            let sp = &l.ops[o as usize].spec;
+            sp.phase == Phase::Update
+                && !matches!(sp.kind, OpKind::In | OpKind::Out | OpKind::CpuOther)
+                && matches!(
+                    l.devices.get(sp.device as usize),
+                    Some(DeviceKind::GpuStream { .. })
+                )
+        })
+        .collect()
+}
+
 /// The numbered block a layer belongs to: its path up to the first all-digit component
 /// (`bert.encoder.layer.3`, `model.layers.11`, `layer3.1`), or `""` outside blocks. Sharding's
 /// wrap units and full recomputation's segments.

@@ -452,19 +452,7 @@ fn offload_step(
 /// The optimizer step runs on the shard: its GPU kernels take 1/g of their time and work (none
 /// when `offload`ed: the step runs on the host). Returns them.
 fn shard_update_step(j: &mut Job, g: u32, offload: bool) -> Vec<OpId> {
-    let l = &j.local;
-    let updates: Vec<OpId> = (0..l.ops.len() as OpId)
-        .filter(|&o| {
-            let sp = &l.ops[o as usize].spec;
-            sp.phase == Phase::Update
-                && !is_virtual(sp.kind)
-                && sp.kind != OpKind::CpuOther
-                && matches!(
-                    l.devices.get(sp.device as usize),
-                    Some(DeviceKind::GpuStream { .. })
-                )
-        })
-        .collect();
+    let updates = super::optimizer_kernels(&j.local);
     let l = j.local_mut();
     for &u in &updates {
         let op = &mut l.ops[u as usize];
@@ -474,13 +462,8 @@ fn shard_update_step(j: &mut Job, g: u32, offload: bool) -> Vec<OpId> {
             continue;
         }
         op.spec.dur_ns = op.spec.dur_ns.div_ceil(u64::from(g));
-        if let Some(w) = op.work.as_mut() {
-            // Every element the step touches is the shard's.
-            let f = 1.0 / f64::from(g);
-            w.flops *= f;
-            w.act_elems *= f;
-            w.weight_elems *= f;
-        }
+        // Every element the step touches is the shard's.
+        op.work = op.work.map(|w| w.times(1.0 / f64::from(g)));
     }
     updates
 }
@@ -556,10 +539,6 @@ fn gather_after_update(
         ready: vec![ready],
         done: vec![done],
     }
-}
-
-fn is_virtual(k: OpKind) -> bool {
-    matches!(k, OpKind::In | OpKind::Out)
 }
 
 fn virtual_device(j: &mut Job) -> u32 {

@@ -77,12 +77,24 @@ fn split_of(key: &str) -> Split {
     }
 }
 
-/// A tensor-parallel row's half: the FNV split of its id.
-fn tp_split(id: &str) -> Split {
-    if split_of(id) == Split::Fit {
-        Split::ParallelFit
+/// The split a case is reported in: dPRO's and Korthikanti's reported rows, pipeline rows,
+/// tensor-parallel rows (halved by the FNV split of their id), sharded rows, then the fit or
+/// held-out half.
+fn split_for(c: &Case) -> Split {
+    if matches!(c.family, "dpro" | "korthikanti") {
+        Split::Check
+    } else if c.pp > 1 {
+        Split::Pipeline
+    } else if c.tp > 1 {
+        if split_of(&c.id) == Split::Fit {
+            Split::ParallelFit
+        } else {
+            Split::Parallel
+        }
+    } else if c.check_only() {
+        Split::Sharded
     } else {
-        Split::Parallel
+        split_of(&c.id)
     }
 }
 
@@ -162,15 +174,9 @@ fn main() {
         return;
     }
     if std::env::args().any(|a| a == "--fit-collective") {
-        // The tensor-parallel fit half, as `results_of` splits the rows.
         let half: Vec<Case> = cases
             .iter()
-            .filter(|c| {
-                !matches!(c.family, "dpro" | "korthikanti")
-                    && c.pp <= 1
-                    && c.tp > 1
-                    && tp_split(&c.id) == Split::ParallelFit
-            })
+            .filter(|c| split_for(c) == Split::ParallelFit)
             .cloned()
             .collect();
         eprintln!("fitting the collective-call time on {} cases…", half.len());
@@ -226,17 +232,7 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
     let mut results: Vec<Result_> = Vec::new();
     let mut timed: Vec<(Case, f64)> = Vec::new();
     for (c, p) in predicted {
-        let split = if matches!(c.family, "dpro" | "korthikanti") {
-            Split::Check
-        } else if c.pp > 1 {
-            Split::Pipeline
-        } else if c.tp > 1 {
-            tp_split(&c.id)
-        } else if c.check_only() {
-            Split::Sharded
-        } else {
-            split_of(&c.id)
-        };
+        let split = split_for(c);
         if let Some(m) = c.measured_ms {
             results.push(Result_ {
                 kind: "iteration",

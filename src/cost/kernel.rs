@@ -233,6 +233,21 @@ impl OpWork {
         }
     }
 
+    /// `f` times the work: FLOPs, every element and each product's count (the shapes kept) — an
+    /// op's share of its kernels, or one shard of an optimizer step.
+    pub fn times(&self, f: f64) -> OpWork {
+        let mut w = *self;
+        w.flops *= f;
+        w.act_elems *= f;
+        w.weight_elems *= f;
+        for g in w.gemms.iter_mut() {
+            if !g.is_none() {
+                g.count *= f;
+            }
+        }
+        w
+    }
+
     /// Two ops as one (op fusion): work adds up, the shape slots keep the larger products.
     pub fn merged(&self, b: &OpWork) -> OpWork {
         let math = if self.math == MathClass::Matrix || b.math == MathClass::Matrix {

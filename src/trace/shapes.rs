@@ -1044,17 +1044,10 @@ pub fn class_work(job: &Job, class: OpClass, dur_ns: u64, update: bool) -> OpWor
 /// operator's recorded GPU time gets that share of its FLOPs, elements and products (the
 /// products keep their shape; their count is scaled), and one launch.
 pub fn share(work: &OpWork, share: f64) -> OpWork {
-    let mut w = *work;
-    w.flops *= share;
-    w.act_elems *= share;
-    w.weight_elems *= share;
-    w.kernels = 1;
-    for g in w.gemms.iter_mut() {
-        if !g.is_none() {
-            g.count *= share;
-        }
+    OpWork {
+        kernels: 1,
+        ..work.times(share)
     }
-    w
 }
 
 #[cfg(test)]

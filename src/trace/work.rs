@@ -425,16 +425,7 @@ pub fn at_bound(job: &Job, source: &[WorkSource], bound: Bound) -> Job {
             }
         }
         // Scale the remaining quantity until the model gives the same time again.
-        let scale_to = |f: f64| {
-            let mut x = e;
-            x.flops *= f;
-            x.act_elems *= f;
-            x.weight_elems *= f;
-            for g in x.gemms.iter_mut() {
-                g.count *= f;
-            }
-            x
-        };
+        let scale_to = |f: f64| e.times(f);
         let (mut lo, mut hi) = (0.0f64, 1.0f64);
         while m.time_ns(&scale_to(hi), job.dtype, job.math) < t && hi < 1e18 {
             lo = hi;

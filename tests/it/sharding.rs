@@ -66,31 +66,35 @@ fn what_cannot_shard_exits_3_with_the_reason() {
     check_bad_input(&c, "stage");
 }
 
+/// `plan --json` of a hidden-4096, 32-head GPT at batch 1 with `shape` (its layers, seq) on
+/// `cluster` for `fw`, with `extra` arguments, written to `out`.
+fn plan_gpt(
+    shape: &[&str],
+    cluster: &str,
+    fw: &str,
+    extra: &[&str],
+    out: &std::path::Path,
+) -> (i32, String, String) {
+    let mut a = vec![
+        "plan", "--model", "gpt", "--hidden", "4096", "--heads", "32",
+    ];
+    a.extend(shape);
+    a.extend(["--batch", "1", "--cluster", cluster, "--framework", fw]);
+    a.extend(extra);
+    a.extend(["--json", "-o", out.to_str().expect("utf-8 path")]);
+    crate::support::run(&a)
+}
+
 /// A 3.4 B-parameter GPT (16 layers, hidden 4096): FP32 Adam's states alone are 55 GB per GPU
 /// under DDP, over a 34 GB V100 with or without AMP, recomputation or accumulation.
 fn plan_huge(fw: &str, passes: &str, out: &std::path::Path) -> (i32, String, String) {
-    crate::support::run(&[
-        "plan",
-        "--model",
-        "gpt",
-        "--hidden",
-        "4096",
-        "--heads",
-        "32",
-        "--layers",
-        "16",
-        "--batch",
-        "1",
-        "--cluster",
+    plan_gpt(
+        &["--layers", "16"],
         "8xv100",
-        "--framework",
         fw,
-        "--passes",
-        passes,
-        "--json",
-        "-o",
-        out.to_str().expect("utf-8 path"),
-    ])
+        &["--passes", passes],
+        out,
+    )
 }
 
 /// `plan` on a model that does not fit with DDP: the frameworks that shard write a plan that
@@ -157,28 +161,7 @@ fn plan_shards_a_model_that_does_not_fit_with_ddp() {
 fn plan_offloads_the_optimizer_where_nothing_else_fits() {
     let dir = crate::support::scratch("plan-offload");
     let plan = |fw: &str, out: &std::path::Path| {
-        crate::support::run(&[
-            "plan",
-            "--model",
-            "gpt",
-            "--hidden",
-            "4096",
-            "--heads",
-            "32",
-            "--layers",
-            "60",
-            "--seq",
-            "1024",
-            "--batch",
-            "1",
-            "--cluster",
-            "2xa100",
-            "--framework",
-            fw,
-            "--json",
-            "-o",
-            out.to_str().expect("utf-8 path"),
-        ])
+        plan_gpt(&["--layers", "60", "--seq", "1024"], "2xa100", fw, &[], out)
     };
     let out = dir.join("ds.yaml");
     let (code, stdout, stderr) = plan("deepspeed", &out);
