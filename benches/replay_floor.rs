@@ -1,6 +1,8 @@
 //! The replayer against the floor of any list scheduler on the same graph (issue 28): BERT-base
-//! with fine-grained ring all-reduce on 16 and 128 V100s (and 1,024 with `REPLAY_FLOOR_BIG=1`:
-//! a 109 M-op graph, about 12 GB), each replayed three ways:
+//! with fine-grained ring all-reduce on 16 and 128 V100s, and with `REPLAY_FLOOR_BIG=1` on 1,024
+//! V100s (128 nodes of the 128-GPU cluster's servers) with PyTorch DDP's default 25 MiB gradient
+//! buckets (per tensor, its 2(n-1) ring steps per worker and tensor would be 865 M ops, over the
+//! 200 M-op limit; bucketed, 60.5 M ops, 7.7 GB resident). Each graph is replayed four ways:
 //!
 //! * `replay` as the planner runs it (compute slowed while its worker's collectives run): the
 //!   op-heap engine, as every graph without priorities gets;
@@ -19,8 +21,12 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use common::{best_of, cluster, report, zoo_graph};
+use trainplan::cost::framework::Framework;
 use trainplan::graph::{DeviceKind, Dfg, OpId};
 use trainplan::replay::{replay, replay_by_device};
+use trainplan::search::baselines::default_from_ready;
+use trainplan::zoo::build::job;
+use trainplan::zoo::{BuildOptions, ModelOptions, model};
 
 /// The minimal loop: returns the latest end (so the work cannot be optimised away).
 fn heap_floor(g: &Dfg) -> u64 {
@@ -58,28 +64,42 @@ fn heap_floor(g: &Dfg) -> u64 {
     last
 }
 
+/// BERT-base on `nodes` nodes of the 128-GPU cluster with PyTorch DDP's default buckets.
+fn bucketed_graph(nodes: u32) -> Dfg {
+    let c = cluster("128xv100-rdma", Some(nodes));
+    let m = model("bert-base", &ModelOptions::default()).expect("zoo model");
+    let per_tensor = job(&m, &c, &BuildOptions::default()).expect("valid job");
+    // PyTorch orders its buckets by autograd's order: no ready times needed.
+    let (bucketed, _) =
+        default_from_ready(&per_tensor, Framework::Pytorch, &[]).expect("DDP's buckets");
+    bucketed.expand().expect("valid graph")
+}
+
+/// A row: its label, how its graph is built, and how many runs it takes the best of.
+type Case = (&'static str, fn() -> Dfg, usize);
+
 fn main() {
-    let mut cases = vec![
+    let mut cases: Vec<Case> = vec![
         (
             "bert-base 16xV100 (dpro-16xv100-rdma)",
-            cluster("dpro-16xv100-rdma", None),
+            || zoo_graph("bert-base", &cluster("dpro-16xv100-rdma", None), false),
             20,
         ),
         (
             "bert-base 128xV100 (128xv100-rdma)",
-            cluster("128xv100-rdma", None),
+            || zoo_graph("bert-base", &cluster("128xv100-rdma", None), false),
             3,
         ),
     ];
     if std::env::var_os("REPLAY_FLOOR_BIG").is_some() {
         cases.push((
-            "bert-base 1024xV100 (128xv100-rdma x 128 nodes)",
-            cluster("128xv100-rdma", Some(128)),
+            "bert-base 1024xV100 (128 nodes, DDP buckets)",
+            || bucketed_graph(128),
             1,
         ));
     }
-    for (label, c, runs) in cases {
-        let mut g = zoo_graph("bert-base", &c, false);
+    for (label, graph, runs) in cases {
+        let mut g = graph();
         let ops = g.op_count() as f64;
         let mops = |t: std::time::Duration| ops / t.as_secs_f64() / 1e6;
         let (on, r_on) = best_of(runs, || replay(&g));

@@ -52,6 +52,7 @@ pub mod critical;
 mod devheap;
 pub mod memory;
 mod ordered;
+mod radix;
 pub mod steady;
 pub mod timeline;
 
