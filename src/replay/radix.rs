@@ -7,9 +7,12 @@
 //! entry at the last key empties the lowest non-empty bucket into lower ones. An entry moves down
 //! a bucket at least per move, so at most 64 times, and in a replay typically once or twice.
 //!
-//! Entries at the last key itself are kept apart, sorted by tag, because the engine's order at one
+//! Entries at the last key itself are kept apart, in a binary heap by tag, because the engine's order at one
 //! key is its tag order (class, then op). The pop order is exactly a binary min-heap's on
 //! `(key, tag)` for every sequence of monotone pushes, which a proptest holds it to.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// Bucket `i` holds the entries whose key first differs from `last` at bit `i`.
 const BUCKETS: usize = 64;
@@ -17,9 +20,9 @@ const BUCKETS: usize = 64;
 pub(super) struct RadixQueue {
     /// The key of the latest pop: no entry is below it.
     last: u64,
-    /// Tags of the entries whose key is `last`, in descending order (the least is popped from
-    /// the end).
-    now: Vec<u64>,
+    /// Tags of the entries whose key is `last`, least first (a heap: many ops can be released
+    /// at one instant, by a zero-length op that fans out).
+    now: BinaryHeap<Reverse<u64>>,
     buckets: [Vec<(u64, u64)>; BUCKETS],
     /// Bit `i` set when bucket `i` holds an entry.
     filled: u64,
@@ -29,7 +32,7 @@ impl RadixQueue {
     pub(super) fn new() -> Self {
         RadixQueue {
             last: 0,
-            now: Vec::new(),
+            now: BinaryHeap::new(),
             buckets: std::array::from_fn(|_| Vec::new()),
             filled: 0,
         }
@@ -44,8 +47,7 @@ impl RadixQueue {
             self.last
         );
         if key == self.last {
-            let at = self.now.partition_point(|&t| t > tag);
-            self.now.insert(at, tag);
+            self.now.push(Reverse(tag));
         } else {
             let b = bucket(key, self.last);
             self.buckets[b].push((key, tag));
@@ -56,14 +58,14 @@ impl RadixQueue {
     /// The least `(key, tag)`, removed.
     #[inline]
     pub(super) fn pop(&mut self) -> Option<(u64, u64)> {
-        if let Some(tag) = self.now.pop() {
+        if let Some(Reverse(tag)) = self.now.pop() {
             return Some((self.last, tag));
         }
         if self.filled == 0 {
             return None;
         }
         self.refill();
-        self.now.pop().map(|tag| (self.last, tag))
+        self.now.pop().map(|Reverse(tag)| (self.last, tag))
     }
 
     /// `now` is empty: the lowest filled bucket's least key becomes `last`, its entries at that
@@ -76,7 +78,7 @@ impl RadixQueue {
         self.last = least;
         for &(key, tag) in &moved {
             if key == least {
-                self.now.push(tag);
+                self.now.push(Reverse(tag));
             } else {
                 let to = bucket(key, least);
                 self.buckets[to].push((key, tag));
@@ -85,7 +87,6 @@ impl RadixQueue {
         }
         moved.clear();
         self.buckets[b] = moved;
-        self.now.sort_unstable_by(|a, b| b.cmp(a));
     }
 }
 
@@ -99,8 +100,6 @@ fn bucket(key: u64, last: u64) -> usize {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
 
     proptest! {
         /// Pushes at or above the last popped key (a step above it, with ties and repeated tags
