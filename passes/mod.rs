@@ -10,6 +10,7 @@
 //! (`local.ops.len()`, `+1`, … in insertion order, a launch right after its GPU task).
 
 pub mod amp;
+pub mod context_parallel;
 pub mod cuda_graphs;
 pub mod declarative;
 pub mod grad_accumulation;
@@ -408,6 +409,7 @@ pub fn propose(pass: &dyn Pass, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Pat
 pub fn registry() -> Vec<Box<dyn Pass>> {
     let mut v: Vec<Box<dyn Pass>> = vec![
         Box::new(amp::Amp),
+        Box::new(context_parallel::ContextParallel),
         Box::new(cuda_graphs::CudaGraphs),
         Box::new(grad_accumulation::GradAccumulation),
         Box::new(op_fusion::OpFusion),

@@ -160,6 +160,10 @@ pub struct JobMeta {
     /// With `tp > 1`: sequence parallelism too.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub sequence_parallel: bool,
+    /// Context-parallel degree (`passes/context_parallel.rs`): each group of `cp` ranks (next
+    /// to the tensor-parallel ones) splits every sequence; 0 or 1 when the job has none.
+    #[serde(skip_serializing_if = "is_untouched")]
+    pub cp: u32,
     /// The optimizer state and step are on the host CPU (`shard:offload=1`).
     pub offload: bool,
     /// Micro-steps per iteration (`passes/grad_accumulation.rs`); 0 or 1 when the job has no
