@@ -30,6 +30,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::{ATTENTION_MODULES, Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
+use crate::cost::kernel::OpWork;
 use crate::graph::comm::CollectiveKind;
 use crate::graph::job::Job;
 use crate::graph::{DeviceKind, MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase};
@@ -226,10 +227,23 @@ fn check(job: &Job, cp: u32) -> Result<(), PassError> {
 /// The degrees the layout step tries on `job`: 2, 4, 8, … that the pass takes, at most
 /// [`MAX_DEGREE`]. Empty for a job that is not a zoo transformer with fused attention.
 pub fn degrees(job: &Job) -> Vec<u32> {
+    degrees_after_tp(job, 1)
+}
+
+/// [`degrees`] after a tensor parallelism of degree `tp` with sequence parallelism (the layout
+/// step's): the group of `tp` × degree ranks divides the workers, 2 × degree × `tp` the
+/// sequence.
+pub fn degrees_after_tp(job: &Job, tp: u32) -> Vec<u32> {
+    let tp = tp.max(1);
+    let seq = sequence(job).unwrap_or(0);
     (1..32)
         .map(|i| 1u32 << i)
         .take_while(|&c| c <= MAX_DEGREE && c <= job.workers)
         .filter(|&c| check(job, c).is_ok())
+        .filter(|&c| {
+            job.workers.is_multiple_of(tp.saturating_mul(c))
+                && seq.is_multiple_of(2 * u64::from(c) * u64::from(tp))
+        })
         .collect()
 }
 
@@ -243,18 +257,30 @@ pub const MAX_DEGREE: u32 = 16;
 pub fn context_parallel(job: &Job, cp: u32, keep_global: bool) -> Result<Job, PassError> {
     check(job, cp)?;
     let mut j = job.clone();
+    let cores = cores(job);
     if keep_global {
         j.meta.batch = j.meta.batch.saturating_mul(cp);
     } else {
-        split_tokens(&mut j, cp);
+        split_tokens(&mut j, cp, &cores);
+    }
+    for &c in &cores {
+        let op = &j.local.ops[c as usize];
+        if let Some(w) = op.work {
+            let w = rank_work(&w, op.spec.phase, f64::from(cp), keep_global);
+            let dur = j.recost_ns(op.spec.dur_ns, &w, j.dtype, 1.0);
+            let op = &mut j.local_mut().ops[c as usize];
+            op.work = Some(w);
+            op.spec.dur_ns = dur;
+        }
     }
     ring(&mut j, cp)?;
     j.meta.cp = cp;
     Ok(j)
 }
 
-/// Each forward and backward op computes, and each activation holds, 1/cp of the tokens.
-fn split_tokens(j: &mut Job, cp: u32) {
+/// Each forward and backward op computes, and each activation holds, 1/cp of the tokens (the
+/// attention kernels' work is [`rank_work`]'s).
+fn split_tokens(j: &mut Job, cp: u32, cores: &[OpId]) {
     let s = 1.0 / f64::from(cp);
     let mut split = vec![false; j.local.ops.len()];
     for (i, cut) in split.iter_mut().enumerate() {
@@ -263,6 +289,9 @@ fn split_tokens(j: &mut Job, cp: u32) {
             continue;
         }
         *cut = true;
+        if cores.contains(&(i as OpId)) {
+            continue;
+        }
         let dur = match op.work {
             Some(w) => j.recost_ns(op.spec.dur_ns, &w, j.dtype, s),
             None => (op.spec.dur_ns as f64 * s).round() as u64,
@@ -275,6 +304,51 @@ fn split_tokens(j: &mut Job, cp: u32) {
         if split[m.op as usize] {
             m.bytes = m.bytes.div_ceil(u64::from(cp));
         }
+    }
+}
+
+/// An attention kernel's work on one rank (the zoo's products: forward QKᵀ·V as `(s_q × s_kv,
+/// reduction d)` batched over batch × heads; backward `(s_q × d, reduction s_kv)` and
+/// `(d × s_kv, reduction s_q)`): the rank's queries are 1/cp of the sequence against every
+/// key; with `global` the group's cp × batch is in the batched count (so the FLOPs stay, and
+/// accumulation, which divides the count, keeps whole samples), otherwise the FLOPs are 1/cp.
+fn rank_work(w: &OpWork, phase: Phase, cp: f64, global: bool) -> OpWork {
+    let mut g = w.gemms;
+    if phase == Phase::Fw {
+        g[0].m /= cp;
+    } else {
+        g[0].m /= cp;
+        g[1].k /= cp;
+    }
+    for x in g.iter_mut().filter(|x| !x.is_none()) {
+        if global {
+            x.count *= cp;
+        }
+    }
+    let f = if global { 1.0 } else { 1.0 / cp };
+    OpWork {
+        flops: w.flops * f,
+        act_elems: w.act_elems * f,
+        gemms: g,
+        ..*w
+    }
+}
+
+/// One of a ring's `cp` pieces of a rank's attention work: its queries against one key/value
+/// chunk.
+fn piece_work(w: &OpWork, phase: Phase, cp: f64) -> OpWork {
+    let mut g = w.gemms;
+    if phase == Phase::Fw {
+        g[0].n /= cp;
+    } else {
+        g[0].k /= cp;
+        g[1].n /= cp;
+    }
+    OpWork {
+        flops: w.flops / cp,
+        act_elems: w.act_elems / cp,
+        gemms: g,
+        ..*w
     }
 }
 
@@ -322,11 +396,13 @@ fn ring(j: &mut Job, cp: u32) -> Result<(), PassError> {
         let bytes = chunk.get(&op.spec.layer).copied().unwrap_or(0.0)
             * if op.spec.phase == Phase::Bw { 2.0 } else { 1.0 };
         let step_ns = link.time_ns(bytes).round() as u64;
-        let piece_ns = match op.work {
-            Some(w) => ed.job().recost_ns(op.spec.dur_ns, &w, ed.job().dtype, s),
+        let work = op
+            .work
+            .map(|w| piece_work(&w, op.spec.phase, f64::from(cp)));
+        let piece_ns = match work {
+            Some(w) => ed.job().recost_ns(op.spec.dur_ns, &w, ed.job().dtype, 1.0),
             None => (op.spec.dur_ns as f64 * s).round() as u64,
         };
-        let work = op.work.map(|w| w.scaled(s));
         ed.set_duration(c, piece_ns).map_err(edit_error)?;
         ed.job_mut().local_mut().ops[c as usize].work = work;
         // Where the kernel's inputs come from: its GPU-side predecessors (q, k, v).

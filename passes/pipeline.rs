@@ -215,11 +215,16 @@ pub fn pipelined(job: &Job, spec: Spec, global: bool) -> Result<Job, PassError> 
             "the pipeline's micro-batches are its gradient accumulation: apply pipeline instead of grad-accumulation".into(),
         ));
     }
-    let tp = job.meta.tp.max(1);
+    let (tp, cp) = (job.meta.tp.max(1), job.meta.cp.max(1));
     let gathered = stage1_gather(job)?;
-    if !job.workers.is_multiple_of(stages * tp) {
+    if !job.workers.is_multiple_of(stages * tp * cp) {
         return Err(refuse(format!(
-            "stages = {stages} × tensor-parallel degree {tp} must divide the {} workers",
+            "stages = {stages} × tensor-parallel degree {tp}{} must divide the {} workers",
+            if cp > 1 {
+                format!(" × context-parallel degree {cp}")
+            } else {
+                String::new()
+            },
             job.workers
         )));
     }

@@ -29,7 +29,7 @@ pub fn row_json(r: &LayoutRow, per_step: Option<(f64, f64)>) -> Value {
             "tp": r.tp,
             "pp": r.pp,
             "virtual": r.virtual_stages,
-            "cp": 1,
+            "cp": r.cp,
             "micro_batch": r.micro_batch,
             "schedule": r.schedule,
         },
@@ -72,8 +72,8 @@ pub fn top_lines(rows: &[LayoutRow], k: usize, per_step: Option<(f64, f64)>) -> 
         )
     }];
     lines.push(format!(
-        "  {:>3}  {:>4} {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>11}  {:>9}  {:>6}  {:>9}  passes",
-        "#", "tp", "pp", "shard", "repl", "micro", "k", "rec", "step", "tok/s/GPU", "MFU", "device"
+        "  {:>3}  {:>4} {:>4} {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>11}  {:>9}  {:>6}  {:>9}  passes",
+        "#", "tp", "cp", "pp", "shard", "repl", "micro", "k", "rec", "step", "tok/s/GPU", "MFU", "device"
     ));
     for (i, r) in rows.iter().take(shown).enumerate() {
         let v = row_json(r, per_step);
@@ -84,9 +84,10 @@ pub fn top_lines(rows: &[LayoutRow], k: usize, per_step: Option<(f64, f64)>) -> 
             .as_f64()
             .map_or("—".to_string(), |m| format!("{:.1} %", 100.0 * m));
         lines.push(format!(
-            "  {:>3}  {:>4} {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>8.1} ms  {:>9}  {:>6}  {:>6.1} GB{}  {}",
+            "  {:>3}  {:>4} {:>4} {:>4} {:>5} {:>5} {:>5} {:>3} {:>4}  {:>8.1} ms  {:>9}  {:>6}  {:>6.1} GB{}  {}",
             i + 1,
             r.tp,
+            r.cp,
             r.pp,
             r.dp_shard,
             r.dp_replicate,
@@ -112,6 +113,7 @@ mod tests {
         LayoutRow {
             passes: "tensor-parallel:degree=8,sequence=1 + shard:stage=3,reshard=1".into(),
             tp: 8,
+            cp: 1,
             pp: 1,
             virtual_stages: 1,
             schedule: None,

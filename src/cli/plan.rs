@@ -1542,11 +1542,15 @@ fn layout(plan: &Plan) -> serde_json::Value {
         .max(1);
     let pipeline = plan.config.pipeline.as_ref();
     let pp = pipeline.map_or(1, |p| p.stages.max(1));
+    let cp = crate::plan::cp_degree(&plan.config);
+    // torchtitan's degrees: the shard group holds the context-parallel ranks, dp_shard the rest.
     let (dp_shard, dp_replicate) = plan
         .config
         .sharding
         .as_ref()
-        .map_or((1, w.ranks / tp / pp), |s| (s.shard_size, s.replicas));
+        .map_or((1, w.ranks / tp / pp / cp), |s| {
+            ((s.shard_size / cp).max(1), s.replicas)
+        });
     let k = plan.config.micro_steps();
     // The micro-batch of one data-parallel replica (a tensor-parallel group's, all stages').
     let replica = w
@@ -1558,7 +1562,7 @@ fn layout(plan: &Plan) -> serde_json::Value {
         "tp": tp,
         "pp": pp,
         "virtual": pipeline.map_or(1, |p| p.chunks_per_rank.max(1)),
-        "cp": 1,
+        "cp": cp,
         "micro_batch": replica.map(|b| b / k),
         "schedule": pipeline.map(|p| p.schedule.clone()),
     })

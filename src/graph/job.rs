@@ -383,7 +383,7 @@ impl Job {
 
     /// NCCL communicators a rank of this job holds: one for data parallelism over several
     /// workers (the recorded world size for a trace), none alone; one more for its
-    /// tensor-parallel group.
+    /// tensor-parallel group, one for its context-parallel ring.
     pub fn communicators(&self) -> u32 {
         let world = self
             .meta
@@ -392,7 +392,7 @@ impl Job {
             .and_then(|t| t.world_size)
             .unwrap_or(self.workers);
         let tp = self.meta.tp.max(1);
-        u32::from(world / tp > 1) + u32::from(tp > 1)
+        u32::from(world / tp > 1) + u32::from(tp > 1) + u32::from(self.meta.cp > 1)
     }
 
     /// The roofline of this job's GPU in `dtype` (plain ceilings, for memory-traffic estimates).

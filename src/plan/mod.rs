@@ -183,6 +183,11 @@ pub struct FinalConfig {
     /// data-parallel ranks (the gradient collectives' and `sharding`'s) are `ranks / degree`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensor_parallel: Option<TensorParallelConfig>,
+    /// Context parallelism (the `context-parallel` pass); absent: degree 1. Its groups sit next
+    /// to the tensor-parallel ranks; gradients (and `sharding`) run over the context- and
+    /// data-parallel ranks together, `ranks / tensor-parallel degree / stages`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_parallel: Option<ContextParallelConfig>,
     /// Pipeline parallelism (the `pipeline` pass); absent: one stage. With it the
     /// data-parallel ranks are `ranks / (tensor-parallel degree × stages)`, and
     /// `grad_accumulation` is 1 (the pipeline's micro-batches are its accumulation).
@@ -233,13 +238,48 @@ impl PipelineConfig {
 }
 
 /// Samples one data-parallel replica trains per iteration: the per-GPU `batch` times the
-/// tensor-parallel degree and the pipeline's stages where they keep the global batch.
+/// tensor- and context-parallel degrees and the pipeline's stages where they keep the global
+/// batch.
 pub fn replica_batch(c: &FinalConfig, batch: u32) -> u32 {
     let b = c
         .tensor_parallel
         .as_ref()
         .map_or(batch, |tp| tp.replica_batch(batch));
+    let b = c
+        .context_parallel
+        .as_ref()
+        .map_or(b, |cp| cp.replica_batch(b));
     c.pipeline.as_ref().map_or(b, |pp| pp.replica_batch(b))
+}
+
+/// The context-parallel degree of `c` (1 without).
+pub fn cp_degree(c: &FinalConfig) -> u32 {
+    c.context_parallel.as_ref().map_or(1, |cp| cp.degree.max(1))
+}
+
+/// What the Megatron-LM (`--context-parallel-size`) and torchtitan
+/// (`parallelism.context_parallel_degree`) exports apply for context parallelism; the other
+/// exports refuse a plan with it, naming `config.context_parallel`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextParallelConfig {
+    /// Ranks per context-parallel group (each holds 1/degree of every sequence).
+    pub degree: u32,
+    /// The global batch is kept: each group of `degree` ranks trains `degree` x what a rank
+    /// would (`batch=global`); false: `batch=replica`.
+    pub global_batch: bool,
+}
+
+impl ContextParallelConfig {
+    /// Samples one context-parallel group trains per iteration, from what one of its ranks
+    /// would train without it (`per_rank`).
+    pub fn replica_batch(&self, per_rank: u32) -> u32 {
+        if self.global_batch {
+            per_rank.saturating_mul(self.degree)
+        } else {
+            per_rank
+        }
+    }
 }
 
 /// What the torchtitan export applies for tensor parallelism (`parallelism.tensor_parallel_degree`;
@@ -430,6 +470,7 @@ impl FinalConfig {
         let (mut k, mut recompute) = (1, Vec::<String>::new());
         let mut sharding = None;
         let mut tensor_parallel = None;
+        let mut context_parallel = None;
         let mut pipeline = None;
         for d in decisions {
             match d.pass.as_str() {
@@ -440,6 +481,14 @@ impl FinalConfig {
                     tensor_parallel = (degree > 1).then(|| TensorParallelConfig {
                         degree,
                         sequence: knob("sequence") == Some("1"),
+                        global_batch: knob("batch") != Some("replica"),
+                    });
+                }
+                "context-parallel" => {
+                    let knob = |k: &str| d.knobs.get(k).map(|v| v.trim());
+                    let degree = knob("degree").and_then(|v| v.parse().ok()).unwrap_or(2);
+                    context_parallel = (degree > 1).then(|| ContextParallelConfig {
+                        degree,
                         global_batch: knob("batch") != Some("replica"),
                     });
                 }
@@ -494,6 +543,7 @@ impl FinalConfig {
             recompute,
             sharding,
             tensor_parallel,
+            context_parallel,
             pipeline,
         }
     }

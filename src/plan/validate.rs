@@ -23,6 +23,7 @@
 //! | `config.tensor_bytes`, each group's sum | ≤ 16 TiB (checked addition) | [`crate::graph::bounds::MAX_TENSOR_BYTES`] |
 //! | `config.tensor_groups` | no empty group, no tensor twice; partitions keyed by a group's first tensor | the job's syncs |
 //! | `config.tensor_parallel` | degree ≥ 2, dividing the ranks | the `tensor-parallel` pass |
+//! | `config.context_parallel` | degree ≥ 2, dividing the ranks the tensor-parallel degree leaves | the `context-parallel` pass |
 //! | `config.pipeline` | stages ≥ 2, stages × the tensor-parallel degree dividing the ranks; `layers` a multiple of stages × virtual, or lighter first / last stages leaving the middle ones equal shares (1F1B, GPipe); virtual > 1 only `interleaved`; micro-batches dividing the replica's batch (a multiple of the stages when interleaved); no `grad_accumulation` beside it | the `pipeline` pass |
 //! | `config.sharding` | stage 1..=3; shard_size ≥ 2 and shard_size × replicas = the data-parallel ranks (ranks ÷ the tensor-parallel degree); prefetch ≤ 64; one byte count per unit, no unit twice, stage 3 has units | the `shard` pass |
 //! | `search.budget_s` | finite, ≥ 0 | `--budget` |
@@ -214,15 +215,20 @@ fn config(c: &FinalConfig, batch: u32, ranks: u32) -> Result<(), Invalid> {
         Some(tp) => tensor_parallel(tp, ranks)?,
         None => ranks,
     };
-    // Accumulation splits what one data-parallel replica trains (a tensor-parallel group's
-    // batch, with tensor parallelism; all its stages', with a pipeline).
+    let cp = match &c.context_parallel {
+        Some(cp) => context_parallel(cp, dp_ranks)?,
+        None => 1,
+    };
+    // Accumulation splits what one data-parallel replica trains (a tensor- and
+    // context-parallel group's batch; all its stages', with a pipeline).
     let batch = if batch > 0 {
         super::replica_batch(c, batch)
     } else {
         0
     };
+    // Sharding runs over the context- and data-parallel ranks together.
     let dp_ranks = match &c.pipeline {
-        Some(pp) => pipeline(pp, dp_ranks, batch, c.grad_accumulation)?,
+        Some(pp) => pipeline(pp, dp_ranks / cp, batch, c.grad_accumulation)? * cp,
         None => dp_ranks,
     };
     let k = c.grad_accumulation;
@@ -315,6 +321,21 @@ fn tensor_parallel(tp: &crate::plan::TensorParallelConfig, ranks: u32) -> Result
     Ok(ranks / tp.degree)
 }
 
+/// `config.context_parallel`: a degree of at least 2 dividing the `ranks` a tensor-parallel
+/// degree leaves; the degree.
+fn context_parallel(cp: &crate::plan::ContextParallelConfig, ranks: u32) -> Result<u32, Invalid> {
+    if cp.degree < 2 || !ranks.is_multiple_of(cp.degree) {
+        return Err(invalid(
+            "config.context_parallel.degree",
+            format!(
+                "{}: must be at least 2 and divide the {ranks} ranks a tensor-parallel group leaves (workload.ranks / config.tensor_parallel.degree); a plan without context parallelism has no config.context_parallel",
+                cp.degree
+            ),
+        ));
+    }
+    Ok(cp.degree)
+}
+
 /// `config.pipeline` over the `ranks` a tensor-parallel degree leaves, for a replica batch
 /// of `batch` (0: unknown) and `k` accumulation steps; the data-parallel ranks it leaves.
 fn pipeline(
@@ -328,7 +349,7 @@ fn pipeline(
         return Err(invalid(
             field("stages"),
             format!(
-                "{}: must be at least 2 and divide the {ranks} ranks a tensor-parallel group leaves (workload.ranks / config.tensor_parallel.degree)",
+                "{}: must be at least 2 and divide the {ranks} ranks the tensor- and context-parallel groups leave (workload.ranks / config.tensor_parallel.degree / config.context_parallel.degree)",
                 pp.stages
             ),
         ));
@@ -557,6 +578,10 @@ impl Plan {
         // group's batch, its degree checked first).
         if let Some(tp) = &self.config.tensor_parallel {
             tensor_parallel(tp, w.ranks)?;
+        }
+        if let Some(cp) = &self.config.context_parallel {
+            let tp = self.config.tensor_parallel.as_ref().map_or(1, |t| t.degree);
+            context_parallel(cp, w.ranks / tp.max(1))?;
         }
         let replica_batch = w
             .batch()

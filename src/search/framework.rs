@@ -191,7 +191,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "--micro-batch-size = batch/k, --global-batch-size = batch x data-parallel ranks: Megatron-LM runs k micro-batches per step (megatron_args.sh)"
             }
         }),
-        "shard" | "tensor-parallel" | "pipeline" => parallelism(fw, pass),
+        "shard" | "tensor-parallel" | "context-parallel" | "pipeline" => parallelism(fw, pass),
         "blueconnect" => match fw {
             Horovod => Ok("HOROVOD_HIERARCHICAL_ALLREDUCE=1 (horovod.env)"),
             _ => Err("no hierarchical all-reduce switch in this framework's export"),
@@ -233,6 +233,17 @@ fn parallelism(fw: Framework, pass: &str) -> Result<&'static str, &'static str> 
             ),
             _ => Err(
                 "this framework's export has no tensor parallelism (it comes with --framework torchtitan or megatron)",
+            ),
+        },
+        "context-parallel" => match fw {
+            Torchtitan => Ok(
+                "parallelism.context_parallel_degree: the sequence split over the group, attention as a ring (torchtitan's context_parallel over SDPA), FSDP2 over the data- and context-parallel ranks (torchtitan.toml)",
+            ),
+            Megatron => Ok(
+                "--context-parallel-size: the sequence split over the group, Transformer Engine's ring attention (megatron_args.sh)",
+            ),
+            _ => Err(
+                "this framework's export has no context parallelism (it comes with --framework torchtitan or megatron)",
             ),
         },
         "pipeline" => match fw {
@@ -366,6 +377,26 @@ pub fn tp_supported(
         Framework::Torchtitan | Framework::Megatron => Ok(()),
         _ => Err(
             "this framework's export has no tensor parallelism (it comes with --framework torchtitan or megatron)",
+        ),
+    }
+}
+
+/// Whether `fw`'s export can apply context parallelism, with FSDP (`shard:stage=3`) over the
+/// data-parallel ranks or not: `Err(why not)`.
+///
+/// | | with FSDP | without |
+/// |---|---|---|
+/// | torchtitan 0.2.0 | `context_parallel_degree` | — (`ParallelDims.fsdp_enabled` is true with cp > 1: torchtitan shards the parameters over dp_shard × cp whatever the plan says) |
+/// | megatron | `--context-parallel-size` | the same |
+/// | other exports | — | — |
+pub fn cp_supported(fw: Framework, fsdp: bool) -> Result<(), &'static str> {
+    match fw {
+        Framework::Torchtitan if !fsdp => Err(
+            "torchtitan 0.2.0 shards the parameters over the data- and context-parallel ranks (FSDP2) whenever context parallelism is on: plan it with shard:stage=3",
+        ),
+        Framework::Torchtitan | Framework::Megatron => Ok(()),
+        _ => Err(
+            "this framework's export has no context parallelism (it comes with --framework torchtitan or megatron)",
         ),
     }
 }

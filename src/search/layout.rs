@@ -10,7 +10,10 @@
 //! meets each pipeline depth ([`pp_layouts`]), with and without the distributed optimizer
 //! (`shard:stage=1`) and recomputation, in 1F1B; the
 //! fastest pipelined option that fits is then tried interleaved ([`interleaved`]). Context
-//! parallelism is not a pass yet: its degree is 1.
+//! parallelism is the last resort: where no option without it fits (a long sequence whose one
+//! sample per group is too much), each degree the pass takes ([`cp_layouts`]) meets each
+//! tensor-parallel degree and sharding, with the most accumulation steps (one sample per
+//! group per micro-step) or a pipeline, with and without recomputation.
 
 use super::{Evaluated, Framework, KnobbedPass, budget_peak, framework};
 
@@ -43,11 +46,35 @@ pub(super) fn layout_exported(head: &[KnobbedPass], workers: u32, fw: Option<Fra
     {
         return false;
     }
+    let fsdp = knob_of(head, "shard", "stage") == Some(3);
+    if knob_of(head, "context-parallel", "degree").is_some()
+        && framework::cp_supported(fw, fsdp).is_err()
+    {
+        return false;
+    }
     let Some(t) = knob_of(head, "tensor-parallel", "degree") else {
         return true;
     };
-    let fsdp = knob_of(head, "shard", "stage") == Some(3);
     framework::tp_supported(fw, true, workers / t.max(1), fsdp).is_ok()
+}
+
+/// The context-parallel layouts the memory step tries after a tensor-parallel degree of `tp`
+/// (1: none) on `cur`: each degree the pass takes there
+/// ([`crate::passes::context_parallel::degrees_after_tp`]), the global batch kept. None where
+/// `fw`'s export has no context parallelism.
+pub(super) fn cp_layouts(cur: &Evaluated, tp: u32, fw: Option<Framework>) -> Vec<KnobbedPass> {
+    if fw.is_some_and(|fw| framework::cp_supported(fw, true).is_err()) {
+        return Vec::new();
+    }
+    crate::passes::context_parallel::degrees_after_tp(&cur.job, tp)
+        .into_iter()
+        .map(|c| {
+            (
+                "context-parallel".to_string(),
+                vec![("degree".to_string(), c.to_string())],
+            )
+        })
+        .collect()
 }
 
 /// Largest pipeline depth the layout search tries (Llama 3 405B's published layout is 16
@@ -157,6 +184,8 @@ pub struct LayoutRow {
     pub passes: String,
     /// Ranks per tensor-parallel group.
     pub tp: u32,
+    /// Ranks per context-parallel group.
+    pub cp: u32,
     /// Pipeline stages (1: none).
     pub pp: u32,
     /// Model chunks per pipeline rank (interleaved: more than 1).
@@ -217,7 +246,10 @@ pub(super) fn row(
         .unwrap_or(1)
         .max(1);
     let pp = knob_of(steps, "pipeline", "stages").unwrap_or(1).max(1);
-    let dp = (workers / tp / pp).max(1);
+    let cp = knob_of(steps, "context-parallel", "degree")
+        .unwrap_or(1)
+        .max(1);
+    let dp = (workers / tp / pp / cp).max(1);
     let stage = knob_of(steps, "shard", "stage").unwrap_or(0);
     let (dp_shard, dp_replicate) = if stage > 0 {
         let replicas = knob_of(steps, "shard", "replicas").unwrap_or(1).max(1);
@@ -234,13 +266,18 @@ pub(super) fn row(
     LayoutRow {
         passes: full_label(steps),
         tp,
+        cp,
         pp,
         virtual_stages: knob_of(steps, "pipeline", "virtual").unwrap_or(1).max(1),
         schedule,
         dp_shard,
         dp_replicate,
         shard_stage: stage,
-        micro_batch: batch.saturating_mul(tp).saturating_mul(pp) / k,
+        micro_batch: batch
+            .saturating_mul(tp)
+            .saturating_mul(cp)
+            .saturating_mul(pp)
+            / k,
         accumulation: k,
         recompute: steps.iter().any(|(n, _)| n == "recompute"),
         iteration_ns: e.iteration_ns(),
@@ -278,6 +315,7 @@ mod tests {
         LayoutRow {
             passes: passes.into(),
             tp: 1,
+            cp: 1,
             pp: 1,
             virtual_stages: 1,
             schedule: None,

@@ -169,10 +169,11 @@ impl Default for SearchOptions {
 /// Passes the search uses unless told otherwise: every registered pass except the lossy ones
 /// (`dgc` changes what is trained), those that only trade time for memory (`recompute`,
 /// `grad-accumulation`, `shard`, `vdnn`: the memory step uses the first three when memory
-/// demands it) and layouts (`tensor-parallel`, `pipeline`: asked for by name until the layout
-/// search exists).
+/// demands it) and layouts (`tensor-parallel`, `context-parallel`, `pipeline`: the memory
+/// step's layout search tries them).
 pub fn default_passes(all: &[Box<dyn Pass>]) -> Vec<String> {
-    const EXCLUDED: [&str; 7] = [
+    const EXCLUDED: [&str; 8] = [
+        "context-parallel",
         "dgc",
         "grad-accumulation",
         "pipeline",
@@ -829,6 +830,7 @@ fn memory_passes(opts: &SearchOptions) -> Vec<&'static str> {
         "grad-accumulation",
         "shard",
         "tensor-parallel",
+        "context-parallel",
         "pipeline",
     ]
     .into_iter()
@@ -1407,7 +1409,7 @@ fn memory_step(
     rows: &mut Vec<layout::LayoutRow>,
 ) -> Result<MemoryFit, SearchError> {
     let options = without_hopeless(cur, budget, memory_options(cur, allowed, fw));
-    if options.is_empty() {
+    if options.is_empty() && cp_options(cur, allowed, fw, None).is_empty() {
         return Err(SearchError::Infeasible {
             budget_gb: budget as f64 / 1e9,
             smallest_gb: budget_peak(cur, budget) as f64 / 1e9,
@@ -1421,23 +1423,44 @@ fn memory_step(
     let (workers, batch) = (cur.job.workers, cur.job.meta.batch);
     // Each option's row as it is tried; of the options themselves (each a job and its trail)
     // only those that can still be chosen are kept (a 70 B model's 57 options held 1.5 GB).
-    let kept = options
-        .par_iter()
-        .enumerate()
-        .map(|(i, steps)| {
-            let r = try_memory_option(cur, steps, all, eval, lean_ops, false);
-            let row = r
-                .as_ref()
-                .ok()
-                .map(|(e, _)| layout::row(steps, e, workers, batch, budget));
-            let replays = u64::from(r.is_ok());
-            Kept {
-                tried: vec![(i, (steps.clone(), r))],
-                rows: row.into_iter().collect(),
-                replays,
-            }
-        })
-        .reduce(Kept::default, |a, b| a.merge(b, budget));
+    let run = |options: &[Vec<KnobbedPass>], from: usize| -> Kept {
+        options
+            .par_iter()
+            .enumerate()
+            .map(|(i, steps)| {
+                let r = try_memory_option(cur, steps, all, eval, lean_ops, false);
+                let row = r
+                    .as_ref()
+                    .ok()
+                    .map(|(e, _)| layout::row(steps, e, workers, batch, budget));
+                let replays = u64::from(r.is_ok());
+                Kept {
+                    tried: vec![(from + i, (steps.clone(), r))],
+                    rows: row.into_iter().collect(),
+                    replays,
+                }
+            })
+            .reduce(Kept::default, |a, b| a.merge(b, budget))
+    };
+    let mut kept = run(&options, 0);
+    // Context parallelism: where nothing above fits, or the fastest that fits recomputes
+    // (splitting the sequence may hold less than recomputing does, for less time).
+    let best = kept
+        .tried
+        .iter()
+        .filter_map(|(_, (steps, r))| r.as_ref().ok().map(|(e, _)| (steps, e)))
+        .filter(|(_, e)| budget_peak(e, budget) <= budget)
+        .min_by_key(|(_, e)| e.iteration_ns())
+        .map(|(steps, _)| steps.clone());
+    if best
+        .as_ref()
+        .is_none_or(|b| b.iter().any(|(n, _)| n == "recompute"))
+    {
+        let more = without_hopeless(cur, budget, cp_options(cur, allowed, fw, best.as_deref()));
+        if !more.is_empty() {
+            kept = kept.merge(run(&more, options.len()), budget);
+        }
+    }
     *rows = layout::ranked(
         std::iter::once(layout::row(&[], cur, workers, batch, budget))
             .chain(kept.rows)
@@ -1638,6 +1661,150 @@ fn memory_options(
     options
 }
 
+/// The memory options with context parallelism (`memory_step` tries them where none of
+/// [`memory_options`] fits, or the fastest that fits, `best`, recomputes). With nothing
+/// fitting: after AMP where it is an option, each tensor-parallel layout (and none) meets each
+/// context-parallel degree the pass takes there ([`layout::cp_layouts`]) and each sharding the
+/// export applies with them; each such head then runs with the most accumulation steps (one
+/// sample per group per micro-step: the least a rank can hold) or, where the export runs one,
+/// each pipeline, with and without recomputation. Beside a `best` that recomputes: `best`'s
+/// AMP, tensor-parallel degree and pipeline depth, with each context-parallel degree and
+/// sharding and no recomputation (a few options, not the whole table again).
+fn cp_options(
+    cur: &Evaluated,
+    allowed: &[&str],
+    fw: Option<Framework>,
+    best: Option<&[KnobbedPass]>,
+) -> Vec<Vec<KnobbedPass>> {
+    let has = |p: &str| allowed.contains(&p);
+    if !has("context-parallel") {
+        return Vec::new();
+    }
+    if let Some(best) = best {
+        return cp_beside(cur, allowed, fw, best);
+    }
+    let mut first: Vec<KnobbedPass> = Vec::new();
+    if has("amp")
+        && cur.job.dtype == crate::cost::config::Dtype::Fp32
+        && !framework::rules_out("amp", fw, &cur.job)
+    {
+        first.push(("amp".into(), framework::pass_knobs("amp", fw)));
+    }
+    let layouts = if has("tensor-parallel") {
+        layout::tp_layouts(cur)
+    } else {
+        Vec::new()
+    };
+    let tps: Vec<Option<KnobbedPass>> = std::iter::once(None)
+        .chain(layouts.into_iter().map(Some))
+        .collect();
+    let shards = if has("shard") {
+        shard_options(cur, fw)
+    } else {
+        Vec::new()
+    };
+    let recomputes = if has("recompute") {
+        recompute_moves(fw)
+    } else {
+        Vec::new()
+    };
+    let mut options = Vec::new();
+    for tp in &tps {
+        let t = tp.as_ref().map_or(1, |tp| {
+            layout::knob_of(std::slice::from_ref(tp), "tensor-parallel", "degree").unwrap_or(1)
+        });
+        for cp in layout::cp_layouts(cur, t, fw) {
+            let c = layout::knob_of(std::slice::from_ref(&cp), "context-parallel", "degree")
+                .unwrap_or(1);
+            for sh in std::iter::once(None).chain(shards.iter().map(Some)) {
+                let mut head = first.clone();
+                head.extend(tp.iter().cloned());
+                head.push(cp.clone());
+                head.extend(sh.cloned());
+                if !layout::layout_exported(&head, cur.job.workers, fw) {
+                    continue;
+                }
+                let mut tails: Vec<KnobbedPass> = Vec::new();
+                if has("grad-accumulation")
+                    && let Some(&k) =
+                        accumulation_steps(cur.job.meta.batch.saturating_mul(t * c)).last()
+                {
+                    let mut knobs = vec![("k".into(), k.to_string())];
+                    knobs.extend(framework::pass_knobs("grad-accumulation", fw));
+                    tails.push(("grad-accumulation".into(), knobs));
+                }
+                let beside_pipeline =
+                    layout::knob_of(&head, "shard", "stage").is_none_or(|s| s == 1);
+                if has("pipeline") && beside_pipeline {
+                    tails.extend(layout::pp_layouts(cur, t * c, fw));
+                }
+                for tail in tails {
+                    for r in std::iter::once(None).chain(recomputes.iter().map(Some)) {
+                        let mut o = head.clone();
+                        o.extend(r.cloned());
+                        o.push(tail.clone());
+                        options.push(o);
+                    }
+                }
+            }
+        }
+    }
+    options
+}
+
+/// [`cp_options`] beside `best`, an option that fits and recomputes.
+fn cp_beside(
+    cur: &Evaluated,
+    allowed: &[&str],
+    fw: Option<Framework>,
+    best: &[KnobbedPass],
+) -> Vec<Vec<KnobbedPass>> {
+    let has = |p: &str| allowed.contains(&p);
+    let step = |name: &str| best.iter().find(|(n, _)| n == name).cloned();
+    let t = layout::knob_of(best, "tensor-parallel", "degree").unwrap_or(1);
+    let stages = layout::knob_of(best, "pipeline", "stages");
+    let shards = if has("shard") {
+        shard_options(cur, fw)
+    } else {
+        Vec::new()
+    };
+    let mut options = Vec::new();
+    for cp in layout::cp_layouts(cur, t, fw) {
+        let c =
+            layout::knob_of(std::slice::from_ref(&cp), "context-parallel", "degree").unwrap_or(1);
+        for sh in std::iter::once(None).chain(shards.iter().map(Some)) {
+            let mut head: Vec<KnobbedPass> = step("amp").into_iter().collect();
+            head.extend(step("tensor-parallel"));
+            head.push(cp.clone());
+            head.extend(sh.cloned());
+            if !layout::layout_exported(&head, cur.job.workers, fw) {
+                continue;
+            }
+            let tail = match stages {
+                Some(p) => layout::pp_layouts(cur, t * c, fw).into_iter().find(|pp| {
+                    layout::knob_of(std::slice::from_ref(pp), "pipeline", "stages") == Some(p)
+                }),
+                None if has("grad-accumulation") => {
+                    accumulation_steps(cur.job.meta.batch.saturating_mul(t * c))
+                        .last()
+                        .map(|&k| {
+                            let mut knobs = vec![("k".into(), k.to_string())];
+                            knobs.extend(framework::pass_knobs("grad-accumulation", fw));
+                            ("grad-accumulation".to_string(), knobs)
+                        })
+                }
+                None => None,
+            };
+            if stages.is_some() && tail.is_none() {
+                continue;
+            }
+            head.extend(tail);
+            options.push(head);
+        }
+    }
+    options
+}
+
 /// The recomputations the memory step tries: the one `fw`'s export applies
 /// ([`framework::pass_knobs`]); with Megatron-LM also its selective recomputation of the
 /// attention core (`policy=selective`, `--recompute-granularity selective`), which frees the
@@ -1702,9 +1869,10 @@ fn shard_options(cur: &Evaluated, fw: Option<Framework>) -> Vec<KnobbedPass> {
 /// The passes of a memory option ([`memory_options`]): each proposes from its input's job
 /// alone, never from its replay, so an option's intermediate jobs need no replay.
 /// `memory_passes_propose_from_the_job_alone` holds them to it.
-pub(crate) const MEMORY_PASSES: [&str; 6] = [
+pub(crate) const MEMORY_PASSES: [&str; 7] = [
     "amp",
     "tensor-parallel",
+    "context-parallel",
     "shard",
     "recompute",
     "grad-accumulation",
@@ -2002,6 +2170,57 @@ mod tests {
     /// The memory step replays an option's end only: its passes must propose from the job
     /// alone. Every option the memory step makes for a job (each framework's) ends where the
     /// step-by-step replay of the same passes ends, and the chosen option's trail is the same.
+    #[test]
+    fn context_parallel_options_propose_from_the_job_alone_and_follow_the_export() {
+        let opts = crate::zoo::ModelOptions {
+            batch: Some(1),
+            layers: Some(2),
+            seq: Some(8192),
+            ..Default::default()
+        };
+        let (_, job) = crate::zoo::build::test_job_with("llama", &opts, "8xh200");
+        let cur = passes::evaluate(job).unwrap();
+        let all = passes::registry();
+        let eval = |j: Job| passes::evaluate(j);
+        for fw in [None, Some(Framework::Megatron), Some(Framework::Torchtitan)] {
+            let options = cp_options(&cur, &MEMORY_PASSES, fw, None);
+            assert!(options.len() > 4, "{fw:?}: {}", options.len());
+            for steps in &options {
+                assert!(steps.iter().any(|(n, _)| n == "context-parallel"));
+                // torchtitan shards whenever context parallelism is on: only with FSDP2.
+                if fw == Some(Framework::Torchtitan) {
+                    assert_eq!(
+                        layout::knob_of(steps, "shard", "stage"),
+                        Some(3),
+                        "{}",
+                        label(steps)
+                    );
+                }
+            }
+            let mut applied = 0;
+            for steps in options.iter().take(6) {
+                let quick = try_memory_option(&cur, steps, &all, &eval, usize::MAX, false);
+                let full = try_memory_option(&cur, steps, &all, &eval, usize::MAX, true);
+                match (quick, full) {
+                    (Ok((q, _)), Ok((f, _))) => {
+                        assert_eq!(q.iteration_ns(), f.iteration_ns(), "{}", label(steps));
+                        assert_eq!(q.memory, f.memory, "{}", label(steps));
+                        assert!(q.job.meta.cp > 1);
+                        applied += 1;
+                    }
+                    // Megatron's selective recomputation has no unfused core to re-run here.
+                    (Err(q), Err(f)) => assert_eq!(q.to_string(), f.to_string()),
+                    (q, f) => panic!("{}: {} vs {}", label(steps), q.is_ok(), f.is_ok()),
+                }
+            }
+            assert!(applied > 0, "{fw:?}");
+        }
+        // Other exports have no context parallelism: no option.
+        assert!(cp_options(&cur, &MEMORY_PASSES, Some(Framework::Pytorch), None).is_empty());
+        // Not asked for: none.
+        assert!(cp_options(&cur, &["amp", "grad-accumulation"], None, None).is_empty());
+    }
+
     #[test]
     fn memory_passes_propose_from_the_job_alone() {
         let (_, job) = crate::zoo::build::test_job("gpt", 8, "8xv100");

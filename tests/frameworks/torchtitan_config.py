@@ -120,6 +120,7 @@ def mesh_facts(dims):
         # (torchtitan's mesh puts tp innermost).
         "shard_group_of_rank0": mesh["dp_shard_cp"].mesh.tolist() if dims.fsdp_enabled else None,
         "tp": mesh["tp"].size() if dims.tp_enabled else 1,
+        "cp": mesh["cp"].size() if dims.cp_enabled else 1,
         "tp_group_of_rank0": mesh["tp"].mesh.tolist() if dims.tp_enabled else None,
         "dp_enabled": dims.dp_enabled,
         "fsdp_enabled": dims.fsdp_enabled,

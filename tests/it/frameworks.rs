@@ -1116,6 +1116,8 @@ struct TitanCase {
     tp: u32,
     /// Every block recomputed (`recompute:policy=full`).
     full_ac: bool,
+    /// Context-parallel degree (1: none).
+    cp: u32,
 }
 
 /// `trainplan plan --framework torchtitan` on a tiny GPT (8 ranks, batch 4 per GPU), then the
@@ -1137,6 +1139,10 @@ fn titan_plan(dir: &Path, case: &TitanCase) -> trainplan::plan::Plan {
     c.tensor_parallel = (case.tp > 1).then_some(trainplan::plan::TensorParallelConfig {
         degree: case.tp,
         sequence: true,
+        global_batch: true,
+    });
+    c.context_parallel = (case.cp > 1).then_some(trainplan::plan::ContextParallelConfig {
+        degree: case.cp,
         global_batch: true,
     });
     c.sharding = case.shard.map(|(replicas, reshard)| ShardConfig {
@@ -1191,8 +1197,9 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     let batch = u64::from(plan.workload.batch().unwrap());
     let k = u64::from(case.k);
     let tp = u64::from(case.tp);
-    // The data-parallel ranks: one per tensor-parallel group.
-    let dp = ranks / tp;
+    let cp = u64::from(case.cp);
+    // The data-parallel ranks: one per tensor- and context-parallel group.
+    let dp = ranks / tp / cp;
     assert_eq!(seen["type_errors"], serde_json::json!([]), "{ctx}");
     let cfg = &seen["config"];
     let par = &cfg["parallelism"];
@@ -1203,14 +1210,14 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     assert_eq!(par["data_parallel_replicate_degree"], replicas, "{ctx}");
     assert_eq!(par["data_parallel_shard_degree"], shard, "{ctx}");
     assert_eq!(par["tensor_parallel_degree"], tp, "{ctx}");
-    for d in ["pipeline", "context"] {
-        assert_eq!(par[format!("{d}_parallel_degree")], 1, "{ctx}");
-    }
+    assert_eq!(par["pipeline_parallel_degree"], 1, "{ctx}");
+    assert_eq!(par["context_parallel_degree"], cp, "{ctx}");
     // torchtitan's mesh: tp innermost (groups of consecutive ranks, as the pass places them),
     // the data-parallel ranks every tp-th.
     let mesh = &seen["mesh"];
     assert_eq!(mesh["dp"], dp, "{ctx}");
     assert_eq!(mesh["tp"], tp, "{ctx}");
+    assert_eq!(mesh["cp"], cp, "{ctx}");
     assert_eq!(mesh["dp_replicate_enabled"], replicas > 1, "{ctx}");
     assert_eq!(mesh["fsdp_enabled"], case.shard.is_some(), "{ctx}");
     if tp > 1 {
@@ -1228,7 +1235,7 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     // data-parallel rank (a tensor-parallel group) trains, ÷ k; the loss ÷ k; the global batch
     // as planned.
     let tr = &cfg["training"];
-    assert_eq!(tr["local_batch_size"], batch * tp / k, "{ctx}");
+    assert_eq!(tr["local_batch_size"], batch * tp * cp / k, "{ctx}");
     assert_eq!(tr["global_batch_size"], batch * ranks, "{ctx}");
     assert_eq!(seen["formula_in_train_py"], true, "{ctx}");
     assert_eq!(seen["divides"], true, "{ctx}");
@@ -1250,8 +1257,9 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
                 par["fsdp_reshard_after_forward"],
                 if reshard { "always" } else { "never" }
             );
-            assert_eq!(mesh["dp_shard_cp"], shard, "{ctx}");
-            let group: Vec<u64> = (0..shard).map(|i| i * tp).collect();
+            // FSDP2 over the data- and context-parallel ranks together (the plan's shard group).
+            assert_eq!(mesh["dp_shard_cp"], shard * cp, "{ctx}");
+            let group: Vec<u64> = (0..shard * cp).map(|i| i * tp).collect();
             assert_eq!(
                 mesh["shard_group_of_rank0"],
                 serde_json::json!(group),
@@ -1328,6 +1336,7 @@ fn torchtitan_exports_load_in_torchtitan_as_planned() {
         fused_adam,
         tp,
         full_ac,
+        cp: 1,
     };
     let cases = [
         case("ddp", None, "fp32", 1, false, 1, false),
@@ -1340,6 +1349,12 @@ fn torchtitan_exports_load_in_torchtitan_as_planned() {
         // per micro-step).
         case("tp-fsdp", Some((1, true)), "bf16", 2, true, 2, true),
         case("tp-hsdp", Some((2, false)), "bf16", 8, true, 2, false),
+        // Context parallelism of 2 next to tensor parallelism of 2: FSDP2 over the 2
+        // data-parallel x 2 context-parallel ranks; k = 4 micro-batches of 4 samples.
+        TitanCase {
+            cp: 2,
+            ..case("tp-cp-fsdp", Some((1, true)), "bf16", 4, true, 2, false)
+        },
     ];
     let root = scratch("titan");
     let mut args: Vec<String> = Vec::new();
@@ -1405,6 +1420,27 @@ fn torchtitan_exports_load_in_torchtitan_as_planned() {
     // Tensor parallelism torchtitan cannot run, and exports without tensor parallelism: exit 3
     // naming the field (an export that dropped it would run the whole model on every rank).
     let tp_plan = &plans[5];
+    let cp_plan = &plans[7];
+    let cp_refusals: [(&str, &str, fn(&mut trainplan::plan::Plan), &str); 2] = [
+        (
+            "cp-ddp",
+            "torchtitan",
+            |p| {
+                p.config.tensor_parallel = None;
+                p.config.sharding = None;
+            },
+            "config.context_parallel cannot be exported for this framework: degree 2: torchtitan 0.2.0 shards the parameters over the data- and context-parallel ranks (FSDP2) whenever context parallelism is on",
+        ),
+        (
+            "cp-pytorch",
+            "pytorch",
+            |p| {
+                p.config.tensor_parallel = None;
+                p.config.sharding = None;
+            },
+            "config.context_parallel cannot be exported for this framework: this export has no context parallelism (degree 2 planned)",
+        ),
+    ];
     let refusals: [(&str, &str, fn(&mut trainplan::plan::Plan), &str); 3] = [
         (
             "tp-ddp",
@@ -1425,11 +1461,15 @@ fn torchtitan_exports_load_in_torchtitan_as_planned() {
             "config.tensor_parallel cannot be exported for this framework: this export has no tensor parallelism (degree 2 planned)",
         ),
     ];
-    for (tag, to, edit, want) in refusals {
+    let all = refusals
+        .into_iter()
+        .map(|r| (tp_plan, r))
+        .chain(cp_refusals.into_iter().map(|r| (cp_plan, r)));
+    for (from, (tag, to, edit, want)) in all {
         let dir = root.join(tag);
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("plan.yaml");
-        let mut plan = tp_plan.clone();
+        let mut plan = from.clone();
         edit(&mut plan);
         std::fs::write(&p, plan.to_yaml()).unwrap();
         let out = dir.join("out");
@@ -2055,6 +2095,21 @@ fn megatron_plan(dir: &Path, layers: &str, passes: &str, budget: &str) -> std::p
     path
 }
 
+/// [`megatron_plan`]'s Llama at batch 1 and a 16,384-token sequence, 8 layers.
+fn megatron_cp_plan(dir: &Path, passes: &str, budget: &str) -> std::path::PathBuf {
+    let path = dir.join("plan.yaml");
+    let mut args: Vec<&str> = "plan --model llama --hidden 1024 --heads 16 \
+        --kv-heads 4 --ffn 4096 --seq 16384 --vocab 32000 --batch 1 --layers 8 \
+        --cluster 8xh200 --framework megatron --precision bf16 --max-rounds 5"
+        .split_whitespace()
+        .collect();
+    args.extend(["--passes", passes, "--memory-budget", budget, "-o"]);
+    args.push(path.to_str().unwrap());
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 0, "plan --passes {passes}: {err}");
+    path
+}
+
 /// Megatron-LM: what megatron-core makes of each exported `megatron_args.sh` is the plan's
 /// layout — tensor, sequence and pipeline parallelism, interleaving, recomputation, the
 /// distributed optimizer, and as many micro-batches per step as the plan replayed.
@@ -2074,13 +2129,20 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
         // With both passes under 3 GB the planner finds a shallower pipeline beside the
         // distributed optimizer faster than the deeper pipeline alone (the case above).
         ("pipeline-distopt", "8", "pipeline,shard", "3GB"),
+        // A 16k-token sequence that one GPU cannot hold under 8 GB: context parallelism
+        // (`megatron_cp_plan`).
+        ("context", "8", "context-parallel,grad-accumulation", "8GB"),
     ];
     let mut args: Vec<String> = Vec::new();
     let mut plans = Vec::new();
     for (tag, layers, passes, budget) in cases {
         let dir = root.join(tag);
         std::fs::create_dir_all(&dir).unwrap();
-        let path = megatron_plan(&dir, layers, passes, budget);
+        let path = if tag == "context" {
+            megatron_cp_plan(&dir, passes, budget)
+        } else {
+            megatron_plan(&dir, layers, passes, budget)
+        };
         let mut plan =
             Plan::from_yaml(&std::fs::read_to_string(&path).unwrap(), "plan.yaml").unwrap();
         if tag == "pipeline-distopt" {
@@ -2156,6 +2218,8 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
         let c = &plan.config;
         let tp = c.tensor_parallel.as_ref().map_or(1, |t| t.degree);
         let pp = c.pipeline.as_ref().map_or(1, |p| p.stages);
+        let cp = c.context_parallel.as_ref().map_or(1, |c| c.degree);
+        assert_eq!(t["context_parallel_size"], cp, "{tag}");
         assert_eq!(t["tensor_model_parallel_size"], tp, "{tag}");
         assert_eq!(t["pipeline_model_parallel_size"], pp, "{tag}");
         assert_eq!(
@@ -2194,7 +2258,7 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
         };
         assert_eq!(t["recompute_granularity"], granularity, "{tag}: {t}");
         assert_eq!(t["bf16"], true, "{tag}");
-        assert_eq!(s["data_parallel_size"], 8 / tp / pp, "{tag}");
+        assert_eq!(s["data_parallel_size"], 8 / tp / pp / cp, "{tag}");
         // megatron-core runs as many micro-batches per step as the plan replayed.
         let m = c
             .pipeline
@@ -2219,6 +2283,14 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
         by("tp-recompute").tensor_parallel.is_some() && !by("tp-recompute").recompute.is_empty()
     );
     assert_eq!(by("distopt").sharding.as_ref().map(|s| s.stage), Some(1));
+    assert!(
+        by("context")
+            .context_parallel
+            .as_ref()
+            .is_some_and(|c| c.degree > 1),
+        "{:?}",
+        by("context")
+    );
     let uneven = by("uneven").pipeline.as_ref().expect("a pipelined plan");
     assert!(
         uneven.first_stage_layers.is_some() || uneven.last_stage_layers.is_some(),

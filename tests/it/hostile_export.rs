@@ -252,6 +252,7 @@ fn plan_of(n: &Names) -> Plan {
                 unit_bytes: vec![1 << 20; units.len()],
             }),
             tensor_parallel: None,
+            context_parallel: None,
             pipeline: None,
         },
         search: SearchStats {

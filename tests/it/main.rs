@@ -52,6 +52,7 @@ pub(crate) use skip_note;
 
 mod cli;
 mod code_shape;
+mod context_parallel;
 mod exec_traces;
 mod export;
 mod fidelity;

@@ -22,7 +22,7 @@
 //! | `fused-adam` | `--optimizer adam` is written either way: Megatron's Adam is Transformer Engine's or apex's FusedAdam |
 //! | gradient synchronisation | no `--overlap-grad-reduce`: the buffer is reduced once after the backward, as the plan prices Megatron's default |
 //! | `fused_ops`, `tensor_groups`, `partitions` | — (notes) |
-//! | context parallelism | `--context-parallel-size 1` |
+//! | `context_parallel` degree c | `--context-parallel-size c` (Megatron's ranks order tp, cp, dp, pp: the group next to the tensor-parallel ranks, as the plan prices it; the distributed optimizer shards over data × context ranks); 1 without |
 //! | model shape | — the user's `--num-layers` (the plan's `layers`, also in `TRAINPLAN_MEGATRON_LAYERS`), `--hidden-size`, … |
 //!
 //! Plan text reaches the file only in `#` comments through [`comment_text`]; every argument is
@@ -61,7 +61,8 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let ranks = plan.workload.ranks.max(1);
     let tp = c.tensor_parallel.as_ref().map_or(1, |t| t.degree.max(1));
     let pp = c.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
-    let dp = ranks / (tp * pp).max(1);
+    let cp = crate::plan::cp_degree(c);
+    let dp = ranks / (tp * pp * cp).max(1);
     let mut args = vec![int("--tensor-model-parallel-size", tp.into())];
     if c.tensor_parallel.as_ref().is_some_and(|t| t.sequence) {
         args.push(flag("--sequence-parallel"));
@@ -97,7 +98,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
             }
         }
     }
-    args.push(int("--context-parallel-size", 1));
+    args.push(int("--context-parallel-size", cp.into()));
     let steps = c.micro_steps();
     if let (Some(batch), Some(micro)) = (plan.workload.batch(), f.micro_batch) {
         args.push(int("--micro-batch-size", micro.into()));
@@ -162,7 +163,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let layers = c.pipeline.as_ref().map(|p| p.layers);
     let mut text = header(plan, "Megatron-LM arguments (megatron-core 0.16)");
     text.push_str(&format!(
-        "# use: . megatron_args.sh; torchrun (nodes x processes = {ranks} ranks) pretrain_gpt.py \"${{TRAINPLAN_MEGATRON_ARGS[@]}}\" <model, data and tokenizer arguments>\n# layout: {tp} (tensor) x {pp} (pipeline) x {dp} (data) = {ranks} ranks; {steps} micro-batch(es) per step\n"
+        "# use: . megatron_args.sh; torchrun (nodes x processes = {ranks} ranks) pretrain_gpt.py \"${{TRAINPLAN_MEGATRON_ARGS[@]}}\" <model, data and tokenizer arguments>\n# layout: {tp} (tensor) x {cp} (context) x {pp} (pipeline) x {dp} (data) = {ranks} ranks; {steps} micro-batch(es) per step\n"
     ));
     if let Some(l) = layers {
         text.push_str(&format!(
@@ -179,15 +180,16 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     text.push_str(")\n");
     Ok(Emitted {
         files: vec![("megatron_args.sh".into(), text)],
-        notes: notes(plan, f, tp, pp, dp),
+        notes: notes(plan, f, tp * cp, pp, dp),
     })
 }
 
 /// What the user must do, and what the file does not apply.
-fn notes(plan: &Plan, f: &Facts, tp: u32, pp: u32, dp: u32) -> Vec<String> {
+/// `model` is the ranks of one model replica in a stage: tensor x context parallel.
+fn notes(plan: &Plan, f: &Facts, model: u32, pp: u32, dp: u32) -> Vec<String> {
     let w = &plan.workload;
     let mut notes = vec![format!(
-        "add your model's arguments (--num-layers, --hidden-size, --num-attention-heads, --ffn-hidden-size, --seq-length, ...; the plan's model is {}) and your data and tokenizer arguments, then launch {} ranks: Megatron-LM derives the data-parallel size ({dp}) from the world size over tensor x pipeline ({tp} x {pp})",
+        "add your model's arguments (--num-layers, --hidden-size, --num-attention-heads, --ffn-hidden-size, --seq-length, ...; the plan's model is {}) and your data and tokenizer arguments, then launch {} ranks: Megatron-LM derives the data-parallel size ({dp}) from the world size over tensor x context x pipeline ({model} x {pp})",
         comment_text(&w.model),
         w.ranks
     )];

@@ -197,6 +197,17 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
             ),
         });
     }
+    if let Some(cp) = &plan.config.context_parallel
+        && !matches!(fw, Framework::Torchtitan | Framework::Megatron)
+    {
+        return Err(EmitError::Unsupported {
+            field: "config.context_parallel".into(),
+            why: format!(
+                "this export has no context parallelism (degree {} planned): it comes with --framework torchtitan (parallelism.context_parallel_degree) or megatron (--context-parallel-size); run without it, every rank would hold whole sequences",
+                cp.degree
+            ),
+        });
+    }
     if let Some(pp) = &plan.config.pipeline
         && fw != Framework::Megatron
     {
@@ -743,6 +754,7 @@ pub(crate) mod tests {
                 recompute: Vec::new(),
                 sharding: None,
                 tensor_parallel: None,
+                context_parallel: None,
                 pipeline: None,
             },
             search: SearchStats {

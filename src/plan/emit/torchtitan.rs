@@ -20,7 +20,8 @@
 //! | `recompute` of chosen layers | — `activation_checkpoint.mode = "none"`: torchtitan checkpoints whole blocks by its own policy (every block, or every n-th), not the planned layers; a note lists them |
 //! | `fused_ops` | — `compile.enable = false`: torchtitan compiles every block or none |
 //! | `tensor_parallel` degree t | `parallelism.tensor_parallel_degree` = t; the data-parallel degrees over ranks ÷ t; `local_batch_size` per tensor-parallel group. Refused ([`crate::search::framework::tp_supported`]): `sequence` false (torchtitan always shards the norms over the sequence), or more than one data-parallel rank without FSDP (torchtitan's DDP takes a 1-D mesh only) |
-//! | pipeline, context parallelism | degrees 1 |
+//! | `context_parallel` degree c | `parallelism.context_parallel_degree` = c; `data_parallel_shard_degree` = `shard_size` ÷ c (FSDP2 shards over dp_shard × cp); `local_batch_size` per group. Refused ([`crate::search::framework::cp_supported`]) without sharding stage 3: torchtitan always shards with context parallelism |
+//! | pipeline | degree 1 |
 //! | model | `[model]` `name` / `flavor` = `"set-me"`: the plan's model (a zoo stand-in, or a traced model) is not one of torchtitan's registered models; torchtitan refuses the placeholder until the user sets it |
 //!
 //! Plan text reaches the file only as a TOML string through [`toml_str`] (`job.description`)
@@ -78,11 +79,12 @@ const SET_ME: &str = "set-me";
 pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let sharding = supported_sharding(plan)?;
     let tp = supported_tp(plan, sharding)?;
+    let cp = supported_cp(plan, sharding)?;
     let param_dtype = param_dtype(plan, f)?;
     let sections = [
         job(plan),
         model(plan),
-        parallelism(plan, sharding, tp),
+        parallelism(plan, sharding, tp, cp),
         training(plan, f, param_dtype),
         optimizer(f),
         activation_checkpoint(plan),
@@ -200,6 +202,24 @@ fn supported_tp(plan: &Plan, sharding: Option<&ShardConfig>) -> Result<u32, Emit
     Ok(tp.degree)
 }
 
+/// The plan's context-parallel degree (1 without), when torchtitan can apply it: with FSDP2
+/// (torchtitan 0.2.0 shards the parameters over the data- and context-parallel ranks whenever
+/// context parallelism is on, `ParallelDims.fsdp_enabled`, so a plan that keeps them whole is
+/// not what it would run).
+fn supported_cp(plan: &Plan, sharding: Option<&ShardConfig>) -> Result<u32, EmitError> {
+    let cp = crate::plan::cp_degree(&plan.config);
+    if cp == 1 {
+        return Ok(1);
+    }
+    let fsdp = sharding.is_some_and(|sh| sh.stage == 3);
+    crate::search::framework::cp_supported(crate::cost::framework::Framework::Torchtitan, fsdp)
+        .map_err(|why| EmitError::Unsupported {
+            field: "config.context_parallel".into(),
+            why: format!("degree {cp}: {why}"),
+        })?;
+    Ok(cp)
+}
+
 /// `training.mixed_precision_param` for the plan's dtype: bf16 AMP → bfloat16; fp32, and fp16
 /// AMP, which torchtitan cannot run (a note says so) → float32.
 fn param_dtype(plan: &Plan, f: &Facts) -> Result<&'static str, EmitError> {
@@ -251,10 +271,10 @@ fn model(plan: &Plan) -> Section {
     }
 }
 
-fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32) -> Section {
+fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32, cp: u32) -> Section {
     let ranks = u64::from(plan.workload.ranks);
-    // The data-parallel ranks: every rank, or one per tensor-parallel group.
-    let dp = ranks / u64::from(tp.max(1));
+    // The data-parallel ranks: every rank, or one per tensor- and context-parallel group.
+    let dp = ranks / u64::from(tp.max(1)) / u64::from(cp.max(1));
     let mut entries = Vec::new();
     let mut comments = Vec::new();
     let comment = match sharding {
@@ -273,9 +293,11 @@ fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32) -> Section 
                 "data_parallel_replicate_degree",
                 Value::Int(sh.replicas.into()),
             ));
+            // The plan's shard group holds the context-parallel ranks too; torchtitan's
+            // `dp_shard` is the rest of it (FSDP2 shards over dp_shard x cp).
             entries.push((
                 "data_parallel_shard_degree",
-                Value::Int(sh.shard_size.into()),
+                Value::Int((sh.shard_size / cp.max(1)).into()),
             ));
             entries.push((
                 "fsdp_reshard_after_forward",
@@ -297,10 +319,16 @@ fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32) -> Section 
             "tensor parallelism over groups of {tp} consecutive ranks (torchtitan's mesh puts tp innermost), with sequence-parallel norms and a vocabulary-parallel loss; training.seq_len must be a multiple of {tp}"
         ));
     }
+    if cp > 1 {
+        comments.push(format!(
+            "context parallelism over groups of {cp} ranks (next to the tensor-parallel ones in torchtitan's mesh): each holds 1/{cp} of every sequence, attention as a ring; FSDP2 shards over the data- and context-parallel ranks together; training.seq_len must be a multiple of {}",
+            2 * cp * tp.max(1)
+        ));
+    }
     entries.extend([
         ("tensor_parallel_degree", Value::Int(tp.into())),
         ("pipeline_parallel_degree", Value::Int(1)),
-        ("context_parallel_degree", Value::Int(1)),
+        ("context_parallel_degree", Value::Int(cp.into())),
     ]);
     Section {
         name: "parallelism",
@@ -311,14 +339,20 @@ fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32) -> Section 
 
 fn training(plan: &Plan, f: &Facts, param_dtype: &'static str) -> Section {
     let tp = plan.config.tensor_parallel.as_ref();
-    // torchtitan's batch sizes are per data-parallel rank: a tensor-parallel group's.
-    let dp = u64::from(plan.workload.ranks / tp.map_or(1, |t| t.degree.max(1)));
+    let cp = crate::plan::cp_degree(&plan.config);
+    // torchtitan's batch sizes are per data-parallel rank: a tensor- and context-parallel
+    // group's.
+    let dp = u64::from(plan.workload.ranks / tp.map_or(1, |t| t.degree.max(1)) / cp);
     let mut comments = Vec::new();
     let mut entries = Vec::new();
     match (plan.workload.batch(), f.micro_batch) {
         (Some(batch), Some(micro)) => {
-            let replica = tp.map_or(batch, |t| t.replica_batch(batch));
+            let replica = crate::plan::replica_batch(&plan.config, batch);
             comments.push(match tp {
+                _ if cp > 1 => format!(
+                    "batch {batch} per GPU: each group of {} ranks (tensor x context parallel) trains {replica}, in {} micro-batch(es) of {micro}; torchtitan runs global / (local x {dp} data-parallel ranks) = {} per step",
+                    tp.map_or(1, |t| t.degree.max(1)) * cp, f.k, f.k
+                ),
                 Some(t) => format!(
                     "batch {batch} per GPU: each tensor-parallel group of {} trains {replica}, in {} micro-batch(es) of {micro}; torchtitan runs global / (local x {dp} data-parallel ranks) = {} per step",
                     t.degree, f.k, f.k
