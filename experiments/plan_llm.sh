@@ -5,9 +5,10 @@
 # --framework torchtitan (the layout search: tensor parallelism 1-8 with sequence parallelism,
 # FSDP2, full activation checkpointing, accumulation; --top 3) and --framework megatron (the
 # same with the distributed optimizer for sharding, and 1F1B pipelines of every depth that
-# divides the layers and the ranks, interleaved where that is faster). Context parallelism is
-# not among the planner's moves yet. Target (issue 24): 405B on 16,384 GPUs in <= 60 s on 2
-# cores.
+# divides the layers and the ranks, interleaved where that is faster; context parallelism where
+# nothing fits or the fastest fit recomputes). A last row plans Llama 3 8B at one 131,072-token
+# sequence per GPU on 64 H100s (--framework megatron), where context parallelism is chosen.
+# Target (issue 24): 405B on 16,384 GPUs in <= 60 s on 2 cores.
 #
 #   bash experiments/plan_llm.sh [BIN]        (BIN default: target/release/trainplan)
 #
@@ -23,10 +24,12 @@ out=experiments/results/plan_llm.md
 rows=()
 for job in "llama3-70b 512xh100-ib pytorch" "llama3-405b 16384xh100-ib pytorch" \
   "llama3-70b 512xh100-ib torchtitan" "llama3-405b 16384xh100-ib torchtitan" \
-  "llama3-70b 512xh100-ib megatron" "llama3-405b 16384xh100-ib megatron"; do
-  read -r model cluster fw <<<"$job"
+  "llama3-70b 512xh100-ib megatron" "llama3-405b 16384xh100-ib megatron" \
+  "llama3-8b 64xh100-ib megatron --seq 131072 --batch 1 --precision bf16"; do
+  read -r model cluster fw extra <<<"$job"
+  # shellcheck disable=SC2086 # extra is a list of arguments
   /usr/bin/time -f '%e %M' -o "$tmp/time" "$bin" plan --model "$model" --cluster "$cluster" \
-    --framework "$fw" --top 3 -o "$tmp/p.yaml" --json >"$tmp/out.json" 2>"$tmp/err" && code=0 || code=$?
+    --framework "$fw" $extra --top 3 -o "$tmp/p.yaml" --json >"$tmp/out.json" 2>"$tmp/err" && code=0 || code=$?
   read -r wall kb < <(tail -n 1 "$tmp/time")
   summary=$(python3 - "$tmp/out.json" <<'PY'
 import json, sys
@@ -37,7 +40,7 @@ except Exception:
     sys.exit(0)
 mfu = v.get("mfu")
 l = v.get("layout") or {}
-layout = f"tp {l.get('tp')} · pp {l.get('pp')} · shard {l.get('dp_shard')} · repl {l.get('dp_replicate')} · micro {l.get('micro_batch')}"
+layout = f"tp {l.get('tp')} · cp {l.get('cp')} · pp {l.get('pp')} · shard {l.get('dp_shard')} · repl {l.get('dp_replicate')} · micro {l.get('micro_batch')}"
 if l.get("schedule"):
     layout += f" · {l['schedule']}"
 print(f"| {v.get('baseline_iteration_ms', 0):.1f} | {v.get('planned_iteration_ms', 0):.1f} | "
@@ -52,10 +55,12 @@ PY
     why=$(grep -o 'the smallest peak reached is [0-9.]* GB[^;]*' "$tmp/err" | head -n 1 || true)
     summary="| — | — | ${why:-—} | — | — | — |"
   fi
-  rows+=("| $model | $cluster | $fw | $code $summary $wall s | $((kb / 1024)) MiB |")
+  label="$model"
+  [ -n "${extra:-}" ] && label="$model ${extra}"
+  rows+=("| $label | $cluster | $fw | $code $summary $wall s | $((kb / 1024)) MiB |")
 done
 {
-  echo "# plan for Llama 3 70B and 405B (issue 24)"
+  echo "# plan for Llama 3 70B and 405B, and 8B at 131,072 tokens (issue 24)"
   echo
   echo "\`bash experiments/plan_llm.sh\` on $(nproc) cores, $(date -u +%Y-%m-%d)."
   echo

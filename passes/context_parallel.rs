@@ -33,7 +33,7 @@ use super::{ATTENTION_MODULES, Edit, Evaluated, KnobSpec, Knobs, Pass, PassError
 use crate::cost::kernel::OpWork;
 use crate::graph::comm::CollectiveKind;
 use crate::graph::job::Job;
-use crate::graph::{DeviceKind, MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase};
+use crate::graph::{MemEffect, MemWhen, NONE, OpId, OpKind, OpSpec, Phase};
 
 /// The `context-parallel` pass.
 pub struct ContextParallel;
@@ -65,18 +65,7 @@ impl Pass for ContextParallel {
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
         let cp = knobs.int("degree") as u32;
-        let keep_global = match knobs.text("batch").trim() {
-            "global" => true,
-            "replica" => false,
-            other => {
-                return Err(PassError::BadKnob {
-                    pass: NAME.into(),
-                    knob: "batch".into(),
-                    value: other.into(),
-                    why: "expected global or replica".into(),
-                });
-            }
-        };
+        let keep_global = super::keeps_global_batch(NAME, knobs)?;
         if cp == 1 {
             return Ok(Vec::new());
         }
@@ -375,7 +364,7 @@ fn ring(j: &mut Job, cp: u32) -> Result<(), PassError> {
     } else {
         j.comm.cost.inter
     };
-    let stream = ring_stream(j);
+    let stream = super::new_stream(j);
     let has_host = j.local.ops.iter().any(|o| o.spec.kind == OpKind::Launch);
     let call_ns = has_host.then(|| j.host.collective_call_ns().round() as u64);
     let succ = j.local_succs();
@@ -461,25 +450,6 @@ fn edit_error(source: crate::graph::job::JobError) -> PassError {
         pass: NAME.into(),
         source,
     }
-}
-
-/// The worker's stream for the ring's sends (added after its other GPU streams).
-fn ring_stream(j: &mut Job) -> u32 {
-    let next = j
-        .local
-        .devices
-        .iter()
-        .filter_map(|d| match d {
-            DeviceKind::GpuStream { stream, .. } => Some(*stream + 1),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(1);
-    j.local_mut().devices.push(DeviceKind::GpuStream {
-        worker: 0,
-        stream: next,
-    });
-    (j.local.devices.len() - 1) as u32
 }
 
 #[cfg(test)]

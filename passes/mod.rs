@@ -714,6 +714,42 @@ pub fn optimizer_kernels(l: &crate::graph::job::LocalGraph) -> Vec<OpId> {
         .collect()
 }
 
+/// The `batch` knob of the layout passes (`tensor-parallel`, `context-parallel`, `pipeline`):
+/// `global` (true) keeps the global batch, `replica` keeps the batch per model replica.
+pub(crate) fn keeps_global_batch(pass: &str, knobs: &Knobs) -> Result<bool, PassError> {
+    match knobs.text("batch").trim() {
+        "global" => Ok(true),
+        "replica" => Ok(false),
+        other => Err(PassError::BadKnob {
+            pass: pass.into(),
+            knob: "batch".into(),
+            value: other.into(),
+            why: "expected global or replica".into(),
+        }),
+    }
+}
+
+/// A new GPU stream of the worker, after its others (a layout pass's collectives run on one
+/// of their own); its device id.
+pub(crate) fn new_stream(j: &mut crate::graph::job::Job) -> u32 {
+    use crate::graph::DeviceKind;
+    let next = j
+        .local
+        .devices
+        .iter()
+        .filter_map(|d| match d {
+            DeviceKind::GpuStream { stream, .. } => Some(*stream + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(1);
+    j.local_mut().devices.push(DeviceKind::GpuStream {
+        worker: 0,
+        stream: next,
+    });
+    (j.local.devices.len() - 1) as u32
+}
+
 /// The numbered block a layer belongs to: its path up to the first all-digit component
 /// (`bert.encoder.layer.3`, `model.layers.11`, `layer3.1`), or `""` outside blocks. Sharding's
 /// wrap units and full recomputation's segments.

@@ -130,18 +130,7 @@ impl Pass for Pipeline {
                 )));
             }
         };
-        let global = match knobs.text("batch").trim() {
-            "global" => true,
-            "replica" => false,
-            other => {
-                return Err(PassError::BadKnob {
-                    pass: NAME.into(),
-                    knob: "batch".into(),
-                    value: other.into(),
-                    why: "expected global or replica".into(),
-                });
-            }
-        };
+        let global = super::keeps_global_batch(NAME, knobs)?;
         let spec = Spec {
             stages,
             microbatches: m,

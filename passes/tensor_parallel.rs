@@ -38,7 +38,7 @@ use super::{ATTENTION_MODULES, Edit, Evaluated, KnobSpec, Knobs, Pass, PassError
 use crate::cost::kernel::{BatchDim, Gemm, OpWork};
 use crate::graph::comm::{CollectiveKind, Group};
 use crate::graph::job::Job;
-use crate::graph::{DeviceKind, MemWhen, NONE, OpId, OpKind, OpSpec, Phase};
+use crate::graph::{MemWhen, NONE, OpId, OpKind, OpSpec, Phase};
 
 /// The `tensor-parallel` pass.
 pub struct TensorParallel;
@@ -78,18 +78,7 @@ impl Pass for TensorParallel {
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
         let t = knobs.int("degree") as u32;
         let sequence = knobs.int("sequence") == 1;
-        let keep_global = match knobs.text("batch").trim() {
-            "global" => true,
-            "replica" => false,
-            other => {
-                return Err(PassError::BadKnob {
-                    pass: NAME.into(),
-                    knob: "batch".into(),
-                    value: other.into(),
-                    why: "expected global or replica".into(),
-                });
-            }
-        };
+        let keep_global = super::keeps_global_batch(NAME, knobs)?;
         if t == 1 {
             return Ok(Vec::new());
         }
@@ -776,7 +765,7 @@ fn splice(
         let s = &j.local.ops[o as usize].spec;
         s.kind == OpKind::Compute && s.phase == phase
     };
-    let stream = tp_stream(j);
+    let stream = super::new_stream(j);
     let has_host = j.local.ops.iter().any(|o| o.spec.kind == OpKind::Launch);
     let call_ns = has_host.then(|| j.host.collective_call_ns().round() as u64);
     let mut joins: Vec<(Vec<OpId>, Vec<OpId>, OpSpec)> = Vec::with_capacity(cuts.len());
@@ -874,25 +863,6 @@ pub fn collective_ns(j: &Job, kind: CollectiveKind, t: u32, bytes: f64) -> u64 {
     let chunk = bytes / f64::from(t.max(1));
     let step = j.comm.cost.intra.time_ns(chunk);
     (f64::from(kind.ring_steps(t)) * step).round() as u64
-}
-
-/// The worker's stream for tensor-parallel collectives (added after its other GPU streams).
-fn tp_stream(j: &mut Job) -> u32 {
-    let next = j
-        .local
-        .devices
-        .iter()
-        .filter_map(|d| match d {
-            DeviceKind::GpuStream { stream, .. } => Some(*stream + 1),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(1);
-    j.local_mut().devices.push(DeviceKind::GpuStream {
-        worker: 0,
-        stream: next,
-    });
-    (j.local.devices.len() - 1) as u32
 }
 
 #[cfg(test)]
