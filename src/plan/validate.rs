@@ -856,6 +856,53 @@ mod tests {
     }
 
     #[test]
+    fn context_parallelism_checks_its_degree_and_multiplies_the_replica_batch() {
+        use crate::plan::{ContextParallelConfig, TensorParallelConfig};
+        // 8 ranks at batch 4: TP 2 x CP 2 leaves 2 data-parallel ranks, each group of 4
+        // training 16 samples.
+        let cp = |p: &mut Plan, degree: u32| {
+            p.config.context_parallel = Some(ContextParallelConfig {
+                degree,
+                global_batch: true,
+            });
+        };
+        let mut p = tiny_plan();
+        p.config.tensor_parallel = Some(TensorParallelConfig {
+            degree: 2,
+            sequence: true,
+            global_batch: true,
+        });
+        cp(&mut p, 2);
+        p.config.grad_accumulation = 16;
+        p.decisions[1] = decision("grad-accumulation", &[("k", "16")], "x");
+        p.check().unwrap();
+        assert_eq!(crate::plan::replica_batch(&p.config, 4), 16);
+        let refused = |edit: &dyn Fn(&mut Plan), field: &str, why: &str| {
+            let mut q = p.clone();
+            edit(&mut q);
+            let e = q.check().unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.to_string().contains(why), "{e}");
+        };
+        refused(
+            &|q| cp(q, 3),
+            "config.context_parallel.degree",
+            "must be at least 2 and divide the 4 ranks a tensor-parallel group leaves",
+        );
+        refused(
+            &|q| cp(q, 1),
+            "config.context_parallel.degree",
+            "must be at least 2",
+        );
+        // Keeping the batch per group: 8 samples, which 16 micro-batches would halve.
+        refused(
+            &|q| q.config.context_parallel.as_mut().unwrap().global_batch = false,
+            "decisions[1].knobs.k",
+            "do not divide the batch of 8",
+        );
+    }
+
+    #[test]
     fn a_trace_plan_without_a_batch_skips_the_divisibility_check() {
         let mut p = tiny_plan();
         p.workload.source = "trace".into();

@@ -2100,14 +2100,21 @@ pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32, sharded: u32) -> Strin
     let gb = |x: u64| x as f64 / 1e9;
     if batch > 0 && fixed < budget && per_sample > 0 {
         let fit = (budget - fixed) / per_sample;
-        let tp = u64::from(s.job.meta.tp.max(1));
-        if fit >= 1 && tp > 1 {
-            // A tensor-parallel group trains the samples together: say it per group.
+        let (tp, cp) = (s.job.meta.tp.max(1), s.job.meta.cp.max(1));
+        let group = u64::from(tp) * u64::from(cp);
+        if fit >= 1 && group > 1 {
+            // A tensor- or context-parallel group trains the samples together: say it per
+            // group.
+            let kind = match (tp > 1, cp > 1) {
+                (true, false) => "tensor-parallel",
+                (false, true) => "context-parallel",
+                _ => "tensor- x context-parallel",
+            };
             return format!(
-                "{fit} samples per tensor-parallel group of {tp} per micro-step would fit ({:.2} GB fixed + {:.3} GB a sample): a global batch of {} on these {} GPUs",
+                "{fit} samples per {kind} group of {group} per micro-step would fit ({:.2} GB fixed + {:.3} GB a sample): a global batch of {} on these {} GPUs",
                 gb(fixed),
                 gb(per_sample),
-                fit * u64::from(s.job.workers.max(1)) / tp,
+                fit * u64::from(s.job.workers.max(1)) / group,
                 s.job.workers
             );
         }
@@ -2219,6 +2226,28 @@ mod tests {
         assert!(cp_options(&cur, &MEMORY_PASSES, Some(Framework::Pytorch), None).is_empty());
         // Not asked for: none.
         assert!(cp_options(&cur, &["amp", "grad-accumulation"], None, None).is_empty());
+    }
+
+    /// With context parallelism a group of ranks trains the samples together (its batch is
+    /// the group's): what would fit is said per group, as for tensor parallelism.
+    #[test]
+    fn what_would_fit_speaks_of_the_context_parallel_group() {
+        let opts = crate::zoo::ModelOptions {
+            batch: Some(1),
+            layers: Some(2),
+            seq: Some(8192),
+            ..Default::default()
+        };
+        let (_, job) = crate::zoo::build::test_job_with("llama", &opts, "8xh200");
+        let cp = crate::passes::context_parallel::context_parallel(&job, 2, true).unwrap();
+        let e = passes::evaluate(cp).unwrap();
+        let budget = budget_peak(&e, u64::MAX);
+        let said = what_would_fit(&e, budget, 1, 1);
+        assert!(
+            said.contains("samples per context-parallel group of 2 per micro-step would fit"),
+            "{said}"
+        );
+        assert!(said.contains("on these 8 GPUs"), "{said}");
     }
 
     #[test]
