@@ -278,7 +278,8 @@ fn split_tokens(j: &mut Job, cp: u32, cores: &[OpId]) {
             continue;
         }
         *cut = true;
-        if cores.contains(&(i as OpId)) {
+        // `cores` is in id order.
+        if cores.binary_search(&(i as OpId)).is_ok() {
             continue;
         }
         let dur = match op.work {

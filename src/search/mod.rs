@@ -1574,11 +1574,7 @@ fn memory_options(
         let t = layout::knob_of(head, "tensor-parallel", "degree").unwrap_or(1);
         accumulation_steps(cur.job.meta.batch.saturating_mul(t))
     };
-    let acc = |k: u32| -> KnobbedPass {
-        let mut knobs = vec![("k".into(), k.to_string())];
-        knobs.extend(framework::pass_knobs("grad-accumulation", fw));
-        ("grad-accumulation".into(), knobs)
-    };
+    let acc = |k: u32| accumulate(k, fw);
     let shards = if has("shard") {
         shard_options(cur, fw)
     } else {
@@ -1729,9 +1725,7 @@ fn cp_options(
                     && let Some(&k) =
                         accumulation_steps(cur.job.meta.batch.saturating_mul(t * c)).last()
                 {
-                    let mut knobs = vec![("k".into(), k.to_string())];
-                    knobs.extend(framework::pass_knobs("grad-accumulation", fw));
-                    tails.push(("grad-accumulation".into(), knobs));
+                    tails.push(accumulate(k, fw));
                 }
                 let beside_pipeline =
                     layout::knob_of(&head, "shard", "stage").is_none_or(|s| s == 1);
@@ -1750,6 +1744,13 @@ fn cp_options(
         }
     }
     options
+}
+
+/// The memory step's `grad-accumulation:k=…` with the knobs `fw`'s export needs.
+fn accumulate(k: u32, fw: Option<Framework>) -> KnobbedPass {
+    let mut knobs = vec![("k".into(), k.to_string())];
+    knobs.extend(framework::pass_knobs("grad-accumulation", fw));
+    ("grad-accumulation".into(), knobs)
 }
 
 /// [`cp_options`] beside `best`, an option that fits and recomputes.
@@ -1787,11 +1788,7 @@ fn cp_beside(
                 None if has("grad-accumulation") => {
                     accumulation_steps(cur.job.meta.batch.saturating_mul(t * c))
                         .last()
-                        .map(|&k| {
-                            let mut knobs = vec![("k".into(), k.to_string())];
-                            knobs.extend(framework::pass_knobs("grad-accumulation", fw));
-                            ("grad-accumulation".to_string(), knobs)
-                        })
+                        .map(|&k| accumulate(k, fw))
                 }
                 None => None,
             };
@@ -2177,15 +2174,20 @@ mod tests {
     /// The memory step replays an option's end only: its passes must propose from the job
     /// alone. Every option the memory step makes for a job (each framework's) ends where the
     /// step-by-step replay of the same passes ends, and the chosen option's trail is the same.
-    #[test]
-    fn context_parallel_options_propose_from_the_job_alone_and_follow_the_export() {
+    /// A two-block Llama (flash attention) at one 8,192-token sequence per GPU on 8 H200s.
+    fn long_llama() -> Job {
         let opts = crate::zoo::ModelOptions {
             batch: Some(1),
             layers: Some(2),
             seq: Some(8192),
             ..Default::default()
         };
-        let (_, job) = crate::zoo::build::test_job_with("llama", &opts, "8xh200");
+        crate::zoo::build::test_job_with("llama", &opts, "8xh200").1
+    }
+
+    #[test]
+    fn context_parallel_options_propose_from_the_job_alone_and_follow_the_export() {
+        let job = long_llama();
         let cur = passes::evaluate(job).unwrap();
         let all = passes::registry();
         let eval = |j: Job| passes::evaluate(j);
@@ -2232,13 +2234,7 @@ mod tests {
     /// the group's): what would fit is said per group, as for tensor parallelism.
     #[test]
     fn what_would_fit_speaks_of_the_context_parallel_group() {
-        let opts = crate::zoo::ModelOptions {
-            batch: Some(1),
-            layers: Some(2),
-            seq: Some(8192),
-            ..Default::default()
-        };
-        let (_, job) = crate::zoo::build::test_job_with("llama", &opts, "8xh200");
+        let job = long_llama();
         let cp = crate::passes::context_parallel::context_parallel(&job, 2, true).unwrap();
         let e = passes::evaluate(cp).unwrap();
         let budget = budget_peak(&e, u64::MAX);

@@ -31,13 +31,10 @@ const LONG: [&str; 22] = [
     "bf16",
 ];
 
-fn with(cmd: &str, rest: &[&str]) -> Vec<&'static str> {
-    let mut a: Vec<&'static str> = vec![Box::leak(cmd.to_string().into_boxed_str())];
+fn with<'a>(cmd: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![cmd];
     a.extend_from_slice(&LONG);
-    a.extend(
-        rest.iter()
-            .map(|s| &*Box::leak(s.to_string().into_boxed_str())),
-    );
+    a.extend_from_slice(rest);
     a
 }
 
