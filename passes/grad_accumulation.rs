@@ -316,8 +316,13 @@ pub fn accumulate_with(job: &Job, k: u32, sync: GradSync) -> Job {
     out
 }
 
-/// The done ops of `job`'s reduce-scatters: where each leaves the rank's gradient shard.
+/// The done ops of `job`'s reduce-scatters: where each leaves the rank's gradient shard. None
+/// at ZeRO stage 1, whose reduce-scatters leave the gradients whole (reduced once, after the
+/// last micro-step, as Megatron-LM's distributed optimizer and DeepSpeed ZeRO-1 do).
 fn scatter_ends(job: &Job) -> BTreeSet<OpId> {
+    if job.meta.shard_stage == 1 {
+        return BTreeSet::new();
+    }
     job.syncs
         .iter()
         .filter(|s| s.kind == CollectiveKind::ReduceScatter)
@@ -816,6 +821,26 @@ mod tests {
             assert!(each.iteration_ns() > last.iteration_ns(), "stage {stage}");
             each.job.expand().expect("acyclic");
         }
+    }
+
+    /// ZeRO stage 1 (Megatron-LM's distributed optimizer, DeepSpeed ZeRO-1) reduce-scatters
+    /// gradients it keeps whole: accumulated, they are reduced once, after the last micro-step,
+    /// whatever `sync` says, and held whole over the micro-steps.
+    #[test]
+    fn stage_1_reduces_once_after_the_last_micro_step() {
+        let job = sharded(1);
+        let rs = count(&job, CollectiveKind::ReduceScatter);
+        assert!(rs > 0);
+        let (_, each) = run_knobs(job.clone(), &[("k", "4")]);
+        let (_, last) = run_knobs(job.clone(), &[("k", "4"), ("sync", "last")]);
+        for j in [&each.job, &last.job] {
+            assert_eq!(j.meta.accumulation, 4);
+            assert_eq!(count(j, CollectiveKind::ReduceScatter), rs);
+            assert_eq!(count(j, CollectiveKind::AllGather), 1);
+            assert!(j.local.static_mem_bytes > job.local.static_mem_bytes);
+        }
+        assert_eq!(each.iteration_ns(), last.iteration_ns());
+        assert_eq!(each.memory.peak_bytes, last.memory.peak_bytes);
     }
 
     /// All-reduced gradients (DDP) are synchronised once whatever `sync` says.

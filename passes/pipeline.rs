@@ -303,11 +303,14 @@ pub fn pipelined(job: &Job, spec: Spec, global: bool) -> Result<Job, PassError> 
 /// DeepSpeed's pipeline engine shards gradients or parameters beside a pipeline), HSDP shard
 /// groups, or the optimizer offloaded.
 fn stage1_gather(job: &Job) -> Result<Option<u64>, PassError> {
+    // Stage 1 reduce-scatters gradients it keeps whole; anything else that is not an all-reduce
+    // or all-gather shards them (a later stage, or a trace's recorded sharding).
     if let Some(s) = job.syncs.iter().find(|s| {
-        !matches!(
-            s.kind,
-            CollectiveKind::AllReduce | CollectiveKind::AllGather
-        )
+        job.meta.shard_stage != 1
+            && !matches!(
+                s.kind,
+                CollectiveKind::AllReduce | CollectiveKind::AllGather
+            )
     }) {
         return Err(refuse(format!(
             "sharded data parallelism beyond stage 1 ({} of {}) with a pipeline is not modelled: Megatron-LM's distributed optimizer and DeepSpeed's pipeline engine shard the optimizer state only (shard:stage=1)",

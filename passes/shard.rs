@@ -6,7 +6,7 @@
 //!
 //! | stage | optimizer state | gradients | parameters | collectives |
 //! |---|---|---|---|---|
-//! | 1 | 1/g | whole | whole | gradient all-reduce; all-gather of the updated parameters |
+//! | 1 | 1/g | whole (each rank's optimizer reads its 1/g) | whole | reduce-scatter per bucket; all-gather of the updated parameters |
 //! | 2 | 1/g | reduce-scattered: 1/g kept | whole | reduce-scatter per bucket; all-gather after the update |
 //! | 3 | 1/g | 1/g | 1/g, gathered per unit | all-gather per unit before its forward (and again before its backward with `reshard=1`); reduce-scatter per bucket |
 //!
@@ -238,6 +238,7 @@ pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassErr
         None
     };
     let mut j = job.clone();
+    j.meta.shard_stage = s.stage;
     let virt = virtual_device(&mut j);
     let params: u64 = job.local.tensors.iter().map(|t| t.bytes).sum();
     j.local_mut().static_mem_bytes = if s.offload {
@@ -468,9 +469,11 @@ fn shard_update_step(j: &mut Job, g: u32, offload: bool) -> Vec<OpId> {
     updates
 }
 
-/// The gradient collectives: all-reduces at stage 1; reduce-scatters from stage 2, each
-/// freeing all but the rank's 1/g of its gradient once done, then (HSDP) an all-reduce of that
-/// shard across the replicas.
+/// The gradient collectives: a reduce-scatter per bucket (then, with HSDP, an all-reduce of the
+/// rank's shard across the replicas). From stage 2 each frees all but the rank's 1/g of its
+/// gradient once done; at stage 1 the gradients stay whole (Megatron-LM's distributed optimizer
+/// reduce-scatters into its whole gradient buffer, DeepSpeed ZeRO-1 reduces each partition to
+/// its owner): the rank's optimizer reads its 1/g of them.
 fn gradient_syncs(j: &mut Job, job: &Job, s: Sharding, g: u32, virt: u32) -> Vec<Sync> {
     let tp = job.meta.tp.max(1);
     let shard_group = Group {
@@ -482,11 +485,8 @@ fn gradient_syncs(j: &mut Job, job: &Job, s: Sharding, g: u32, virt: u32) -> Vec
         stride: g * tp,
     };
     let mut out = Vec::with_capacity(job.syncs.len());
+    let sharded_grads = s.stage >= 2;
     for sy in &job.syncs {
-        if s.stage == 1 {
-            out.push(sy.clone());
-            continue;
-        }
         let kept = sy.bytes / u64::from(g);
         let scatter = Sync {
             kind: CollectiveKind::ReduceScatter,
@@ -494,14 +494,16 @@ fn gradient_syncs(j: &mut Job, job: &Job, s: Sharding, g: u32, virt: u32) -> Vec
             ..sy.clone()
         };
         if s.replicas == 1 {
-            if let Some(&d) = sy.done.first() {
+            if let (true, Some(&d)) = (sharded_grads, sy.done.first()) {
                 keep_shard(j, job, sy, d, kept);
             }
             out.push(scatter);
             continue;
         }
         let mid = push_op(j, OpKind::In, Phase::Comm, virt, NONE);
-        keep_shard(j, job, sy, mid, kept);
+        if sharded_grads {
+            keep_shard(j, job, sy, mid, kept);
+        }
         out.push(Sync {
             done: vec![mid],
             ..scatter
@@ -1098,11 +1100,15 @@ mod tests {
     fn collectives_follow_the_stage() {
         let (_, job) = test_job("gpt", 2, "8xv100");
         let kinds = |j: &Job| -> Vec<CollectiveKind> { j.syncs.iter().map(|s| s.kind).collect() };
+        // Stage 1 as Megatron-LM's distributed optimizer and DeepSpeed ZeRO-1 run it: gradients
+        // reduce-scattered (ZeRO §7.2.1: the same volume as DDP's all-reduce with the gather),
+        // not all-reduced; the updated parameters all-gathered.
         let k1 = kinds(&shard(&job, sharding(1)).unwrap());
         assert_eq!(k1.last(), Some(&CollectiveKind::AllGather));
+        assert!(!k1.contains(&CollectiveKind::AllReduce));
         assert_eq!(
             k1.iter()
-                .filter(|&&k| k == CollectiveKind::AllReduce)
+                .filter(|&&k| k == CollectiveKind::ReduceScatter)
                 .count(),
             job.syncs.len()
         );

@@ -164,6 +164,11 @@ pub struct JobMeta {
     /// to the tensor-parallel ones) splits every sequence; 0 or 1 when the job has none.
     #[serde(skip_serializing_if = "is_untouched")]
     pub cp: u32,
+    /// The ZeRO stage of `passes/shard.rs` (1–3); 0 when the job is not sharded by that pass (a
+    /// trace's recorded reduce-scatters and all-gathers leave it 0). Stage 1 reduce-scatters
+    /// gradients it keeps whole, so the gradients' collectives alone do not tell it from stage 2.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub shard_stage: u32,
     /// The optimizer state and step are on the host CPU (`shard:offload=1`).
     pub offload: bool,
     /// Micro-steps per iteration (`passes/grad_accumulation.rs`); 0 or 1 when the job has no
@@ -222,6 +227,10 @@ impl Pipeline {
 
 fn is_untouched(tp: &u32) -> bool {
     *tp <= 1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What a recorded trace says about the job it profiled, in one place: filled by the trace
