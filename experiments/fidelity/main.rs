@@ -47,6 +47,9 @@ enum Split {
     ParallelFit,
     /// Pipeline-parallel runs: reported on their own, never fitted.
     Pipeline,
+    /// Multi-node 3D layouts (BigScience's BLOOM topology search: TP × PP × ZeRO-1 over nodes):
+    /// reported on their own, never fitted.
+    ThreeD,
 }
 
 impl Split {
@@ -59,6 +62,7 @@ impl Split {
             Split::Parallel => "tensor-parallel",
             Split::ParallelFit => "tensor-parallel fit",
             Split::Pipeline => "pipeline",
+            Split::ThreeD => "3D",
         }
     }
 }
@@ -83,6 +87,8 @@ fn split_of(key: &str) -> Split {
 fn split_for(c: &Case) -> Split {
     if matches!(c.family, "dpro" | "korthikanti") {
         Split::Check
+    } else if c.family == "bigscience" {
+        Split::ThreeD
     } else if c.pp > 1 {
         Split::Pipeline
     } else if c.tp > 1 {
@@ -593,8 +599,9 @@ fn parallel_rows(results: &[Result_], split: Split, title: &str) -> String {
         let worst = rho.iter().copied().fold(f64::INFINITY, f64::min);
         let _ = writeln!(
             s,
-            "| {short} runs: Spearman across the layouts of each model | {} models | mean {:.2} | lowest {:.2} | | |",
+            "| {short} runs: Spearman across the layouts of each model | {} model{} | mean {:.2} | lowest {:.2} | | |",
             rho.len(),
+            if rho.len() == 1 { "" } else { "s" },
             rho.iter().sum::<f64>() / rho.len() as f64,
             worst
         );
@@ -659,6 +666,42 @@ fn sharded_rows(results: &[Result_]) -> String {
             .into_iter()
             .filter(|r| r.measured == want)
             .collect();
+        if !v.is_empty() {
+            s.push_str(&facts_line(label, &v));
+        }
+    }
+    s
+}
+
+/// The summary's lines for the multi-node 3D layouts (BigScience; never fitted on): iteration
+/// time, Spearman across each model's layouts and completed runs fitting ([`parallel_rows`]),
+/// then device memory (nvidia-smi) and the stated out-of-memory layouts.
+fn three_d_rows(results: &[Result_]) -> String {
+    let mut s = parallel_rows(
+        results,
+        Split::ThreeD,
+        "3D layouts (BigScience, TP × PP × ZeRO-1 on 1-48 nodes of 8 A100-80GB, Omni-Path; never fitted)",
+    );
+    let pick = |kind: &str, want: Option<f64>| -> Vec<&Result_> {
+        results
+            .iter()
+            .filter(|r| {
+                r.split == Split::ThreeD && r.kind == kind && want.is_none_or(|w| r.measured == w)
+            })
+            .collect()
+    };
+    let mem = pick("memory", None);
+    if !mem.is_empty() {
+        s.push_str(&error_line("3D runs: device memory (nvidia-smi)", &mem));
+    }
+    for (want, label) in [
+        (0.0, "3D runs: stated out-of-memory predicted over capacity"),
+        (
+            1.0,
+            "3D runs: stated to have run (no time) predicted to fit",
+        ),
+    ] {
+        let v = pick("memory_fact", Some(want));
         if !v.is_empty() {
             s.push_str(&facts_line(label, &v));
         }
@@ -876,6 +919,7 @@ fn summary_table(results: &[Result_]) -> String {
                         | Split::Parallel
                         | Split::ParallelFit
                         | Split::Pipeline
+                        | Split::ThreeD
                 )
         })
         .collect();
@@ -909,7 +953,11 @@ fn summary_table(results: &[Result_]) -> String {
                     && r.measured == want
                     && !matches!(
                         r.split,
-                        Split::Sharded | Split::Parallel | Split::ParallelFit | Split::Pipeline
+                        Split::Sharded
+                            | Split::Parallel
+                            | Split::ParallelFit
+                            | Split::Pipeline
+                            | Split::ThreeD
                     )
             })
             .collect();
@@ -936,6 +984,7 @@ fn summary_table(results: &[Result_]) -> String {
         Split::Pipeline,
         "pipeline-parallel runs (vTrain, PP 2-4 in one node, 1F1B; never fitted)",
     ));
+    s.push_str(&three_d_rows(results));
     let dpro: Vec<&Result_> = results
         .iter()
         .filter(|r| r.split == Split::Check && !matches!(r.kind, "memory_fact" | "completed_run"))

@@ -52,7 +52,9 @@ pub fn cluster(c: &Case) -> Result<Cluster, String> {
         n = c.gpus,
         g = c.gpu,
         nodes = c.nodes,
-        inter = c.inter.map_or(String::new(), |i| format!("inter: {i}\n")),
+        inter = c.inter.map_or(String::new(), |i| {
+            format!("inter: {i}\nnics_per_node: {}\n", c.nics.max(1))
+        }),
     );
     config::parse_cluster(&yaml, "fidelity", None).map_err(|e| e.to_string())
 }

@@ -23,6 +23,8 @@ pub struct Case {
     pub nodes: u32,
     /// Inter-node network (built-in name) when `nodes > 1`.
     pub inter: Option<&'static str>,
+    /// NICs of that network per node (the cluster's `nics_per_node`).
+    pub nics: u32,
     pub framework: Framework,
     /// Gradient synchronisation as run, when it is not the framework's (TF + Horovod).
     pub horovod_sync: bool,
@@ -233,6 +235,13 @@ fn sharding(extra: &str) -> Result<(Option<u32>, bool), String> {
     Ok((stage, offload))
 }
 
+/// The Omni-Path links per node a network description states ("4 Omni-Path links per node",
+/// BigScience's Jean Zay A100 nodes): `None` when it names no Omni-Path count.
+fn omni_path_links(network: &str) -> Option<u32> {
+    let at = network.find("omni-path links per node")?;
+    network[..at].split_whitespace().last()?.parse().ok()
+}
+
 /// A row of `published.csv` as a case, or why it is skipped.
 pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     let get = |k: &str| r.get(k).map(String::as_str).unwrap_or("").trim();
@@ -286,19 +295,25 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         return Err("interleaved pipeline schedule: chunks per rank not stated as such".into());
     }
     let tp = field(extra, "TP").unwrap_or(1).max(1);
-    let (shard, offload) = sharding(extra)?;
+    let (mut shard, offload) = sharding(extra)?;
     let gpu = gpu_config(get("gpu")).ok_or("no GPU config for this GPU")?;
     let gpus = num("gpus").ok_or("no GPU count")? as u32;
+    // ZeRO over a single data-parallel rank (BigScience's DP=1 runs) shards nothing.
+    if gpus <= tp * pp && !offload {
+        shard = None;
+    }
     let nodes = num("nodes").unwrap_or(1.0).max(1.0) as u32;
     let network = get("network").to_ascii_lowercase();
-    let inter = if nodes > 1 {
+    let (inter, nics) = if nodes > 1 {
         if network.contains("edr 100") {
-            Some("rdma-100g")
+            (Some("rdma-100g"), 1)
+        } else if let Some(n) = omni_path_links(&network) {
+            (Some("opa-100g"), n)
         } else {
             return Err("multi-node interconnect not stated".into());
         }
     } else {
-        None
+        (None, 1)
     };
     let micro = num("micro_batch").ok_or("no per-GPU batch")? as u32;
     let per_micro_step = notes.contains("iteration_ms derived per forward+backward micro-step");
@@ -425,6 +440,8 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             || precision_text.contains("mixed"));
     let precision = if half || (family == "vtrain" && precision_text.is_empty()) {
         Some(Precision::Fp16)
+    } else if precision_text.starts_with("bf16") {
+        Some(Precision::Bf16)
     } else if !gpu.starts_with("v100")
         && (precision_text.contains("tf32") || precision_text.contains("fp32"))
     {
@@ -445,19 +462,24 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         && model.starts_with("bert")
         && framework_text.contains("pytorch")
         && !framework_text.contains("native amp");
-    let amp_style = (precision == Some(Precision::Fp16)
+    // Megatron-DeepSpeed's --fp16 / --bf16 (BigScience's runs) cast the model too.
+    let megatron_deepspeed = extra.contains("impl=megatron-deepspeed");
+    let amp_style = ((precision == Some(Precision::Fp16)
         && (apex_o2_bert
             || family == "vtrain"
+            || megatron_deepspeed
             || extra.contains("impl=deepspeed")
             || extra.contains("DeepSpeedStrategy")))
-    .then_some(AmpStyle::Pure);
+        || (precision == Some(Precision::Bf16) && megatron_deepspeed))
+        .then_some(AmpStyle::Pure);
     let checkpointing = get("checkpointing").to_ascii_lowercase();
     let recompute_selective = checkpointing.starts_with("selective");
     let recompute = checkpointing.starts_with("yes")
         || checkpointing.starts_with("full")
         || recompute_selective;
+    let kind_text = get("memory_kind").to_ascii_lowercase();
     let (measured_gb, memory_kind) = match num("peak_memory_gb") {
-        Some(g) if get("memory_kind").to_ascii_lowercase().contains("nvml") => {
+        Some(g) if kind_text.contains("nvml") || kind_text.contains("nvidia-smi") => {
             (Some(g), MemoryKind::DeviceUsed)
         }
         Some(g) => (Some(g), MemoryKind::Allocated),
@@ -474,6 +496,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         gpus,
         nodes,
         inter,
+        nics,
         framework,
         horovod_sync: false,
         precision,
@@ -524,6 +547,7 @@ pub fn dpro() -> Vec<Case> {
         gpus: 16,
         nodes: 2,
         inter: Some("rdma-100g"),
+        nics: 1,
         framework: Framework::Tf,
         horovod_sync: true,
         precision: Some(Precision::Fp32),

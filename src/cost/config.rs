@@ -348,6 +348,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../configs/networks/rdma-100g.yaml"),
     ),
     (
+        "networks/opa-100g.yaml",
+        include_str!("../../configs/networks/opa-100g.yaml"),
+    ),
+    (
         "networks/tcp-25g.yaml",
         include_str!("../../configs/networks/tcp-25g.yaml"),
     ),

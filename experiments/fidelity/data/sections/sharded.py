@@ -188,14 +188,31 @@ def colossal(add):
 S_BS = "bigscience-workshop/bigscience@59a90eec97d93ef0b7093e2052e2b70196813ded"
 L_BS = "train/tr11-176B-ml/chronicles-prequel.md"
 BS_MEM = ("'Mem = max memory used by the first (last) nodes with the word embedding matrix - max is 77GB' "
-          "(per GPU; instrument not stated; 'GB' as written)")
+          "(per GPU; 'GB' as written); the instrument is nvidia-smi: '(was quickly getting the memory "
+          "snapshot with: `pdsh -w jean-zay-iam01 \"source ~/.pdshrc; nvidia-smi\"`)' under the 02-28 "
+          "tables, and 'Checking the actual GPU allocations (nvidia-smi)' in the 104B section")
+# Activation checkpointing: the document never prints the flag, but its TFLOPs column follows
+# Megatron's formula 24*c*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) / (sec * GPUs) with c = 4 (the
+# checkpoint-activations factor; 3 without): the 02-21 row DP=4 PP=12 MBS=2 (181B, 134.02 s/it) gives
+# 120.3 with c = 4 (printed 120.29; 90.2 with c = 3), the 02-17 200B DP=1 row (844.81 s) 102.5 with
+# c = 4 against 98.87 printed by the calculator the document says under-reported by ~3 % (76.9 with
+# c = 3). The 20B rows share the 200B rows' section and log format (the old calculator's figure for
+# them matches neither factor).
+BS_CKPT = ("full (derived: the TFLOPs column matches Megatron's formula only with the checkpoint-"
+           "activations factor 4, e.g. 181B DP=4 PP=12 MBS=2: 120.3 computed vs 120.29 printed, 90.2 "
+           "without; every transformer block checkpointed, Megatron-DeepSpeed --checkpoint-activations)")
+# Precision of the rows after '## Best TFLOPs': the '## Rebalancing layers' section (02-28) says
+# 'from now on the testing is happening with BF16 optimizer ... this is compared to fp16 which grad
+# accumulates in fp16', so the 02-20 to 02-27 runs before it were fp16.
+BS_FP16 = ("fp16 (derived: the 02-28 section says 'from now on the testing is happening with BF16 "
+           "optimizer ... this is compared to fp16', so the earlier runs were fp16)")
 BS_NET = "NVLink within node (NVLink 4 inter-gpu connects); 4 Omni-Path links per node, Omni-Path Architecture (OPA) between nodes (jz/hpc-specs.md)"
 BS_FW = "Megatron-DeepSpeed (bigscience fork) + DeepSpeed; PyTorch 1.11 pre-release (train/tr11-176B-ml/README.md)"
 
 
 def bigscience(add):
     base = dict(model="gpt", seq=2048, vocab=250000, gpu="A100 80GB", network=BS_NET, framework=BS_FW,
-                checkpointing="not stated", optimizer="Adam (Megatron-DeepSpeed)", memory_kind=BS_MEM)
+                checkpointing=BS_CKPT, optimizer="Adam (Megatron-DeepSpeed)", memory_kind=BS_MEM)
     # Best TFLOPs section: log lines (iteration 2) + the summary tables (Mem), fp16 and bf16
     runs = [
         ("20b-8g-dp1", 8, 1, 1, 1, dict(hidden=14400, layers=8, heads=32), "20B", {"fp16": (769.99, 67), "bf16": (777.09, 68)}),
@@ -218,7 +235,7 @@ def bigscience(add):
     # ZeRO stage pair: the time/TFLOPs columns are ambiguous, so the ZS=0 row is recorded as a memory fact
     add(id="sharded-bigsci-181b-zs0-dp4-pp12-mbs2", source=S_BS,
         locator=L_BS + " § 48 node contenders / 'Trying with ZeRO_STAGE=0/1' table, row ZS=0",
-        gpus=384, nodes=48, precision="not stated", micro_batch=2, accum_steps=256, global_batch=2048,
+        gpus=384, nodes=48, precision=BS_FP16, micro_batch=2, accum_steps=256, global_batch=2048,
         extra="sharding=none zero_stage=0 DP=4 TP=8 PP=12 impl=megatron-deepspeed name=bigscience-181B",
         metric="fits_in_memory", value=1, unit="bool", peak_memory_gb=72,
         notes="ZS=0 (no ZeRO) row: Mem 72GB vs 37GB for ZS=1 in the same table. The table prints "
@@ -234,7 +251,7 @@ def bigscience(add):
     for dp, pp, mbs, mem, sec in C:
         add(id=f"sharded-bigsci-181b-dp{dp}-tp8-pp{pp}-mbs{mbs}", source=S_BS,
             locator=L_BS + f" § 48 node contenders (NHIDDEN=14336 / NLAYERS=72), row DP={dp} PP={pp} MBS={mbs}",
-            gpus=384, nodes=48, precision="not stated", micro_batch=mbs, accum_steps=2048 // (mbs * dp),
+            gpus=384, nodes=48, precision=BS_FP16, micro_batch=mbs, accum_steps=2048 // (mbs * dp),
             global_batch=2048, extra=f"sharding=zero1 DP={dp} TP=8 PP={pp} impl=megatron-deepspeed name=bigscience-181B",
             metric="iteration_time", value=sec, unit="s", iteration_ms=round(sec * 1000, 1), peak_memory_gb=mem,
             notes="Sec/it at iteration 2; ZeRO stage 1 per the section's ZS table (ZS=1 is this table's "
@@ -255,7 +272,7 @@ def bigscience(add):
         rid = f"sharded-bigsci-181b-tptweak-{key}" + (f"-run{seen[key]}" if seen[key] > 1 else "")
         common = dict(id=rid, source=S_BS,
                       locator=L_BS + f" § GBS Variations / 'Tweaking TP' table (02-25), row DP={dp} TP={tp} PP={pp} MBS={mbs} Mem={mem}",
-                      gpus=384, nodes=48, precision="not stated", micro_batch=mbs,
+                      gpus=384, nodes=48, precision=BS_FP16, micro_batch=mbs,
                       accum_steps=2048 // (mbs * dp), global_batch=2048,
                       extra=f"sharding=zero1 DP={dp} TP={tp} PP={pp} impl=megatron-deepspeed name=bigscience-181B",
                       **h181, **base)
@@ -272,7 +289,7 @@ def bigscience(add):
                 **common)
     add(id="sharded-bigsci-181b-dp48-tp8-pp1-mbs1-oom", source=S_BS,
         locator=L_BS + " § GBS Variations / 'some more configs with lower PP' table, row DP=48 TP=8 PP=1 MBS=1",
-        gpus=384, nodes=48, precision="not stated", micro_batch=1, accum_steps=42, global_batch=2016,
+        gpus=384, nodes=48, precision=BS_FP16, micro_batch=1, accum_steps=42, global_batch=2016,
         extra="sharding=zero1 DP=48 TP=8 PP=1 impl=megatron-deepspeed name=bigscience-181B",
         metric="fits_in_memory", value=0, unit="bool",
         notes="table cell Mem = 'OOM' (GBS 2016); the full 181B model replicated per TP group with ZeRO-1 "
