@@ -1994,6 +1994,7 @@ mod tests {
                 ],
                 static_mem_bytes: 1000,
                 fused: Default::default(),
+                ties: Vec::new(),
             }),
             syncs: vec![
                 Sync {

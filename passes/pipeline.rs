@@ -39,8 +39,8 @@
 //! **Not modelled yet** (refused with the reason): sharding stages 2–3 (neither Megatron-LM nor
 //! DeepSpeed's pipeline engine runs them beside a pipeline), HSDP groups or optimizer offload
 //! with a pipeline, accumulation on top of the pipeline's micro-batches, passes after
-//! `pipeline` (it comes last), and traces. Tied embeddings' all-reduce between the first and
-//! last stage is not priced.
+//! `pipeline` (it comes last), and traces. A tied weight is held by both stages that use it
+//! (`graph/pipeline.rs`), but the all-reduce of its two gradients is not priced.
 
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::graph::job::{CollectiveKind, Group, Job};
@@ -622,7 +622,10 @@ mod tests {
     }
 
     /// The stages' weights and optimizer state add up to the replica's, the embedding's on
-    /// the first stage and the head's on the last; each stage's gradients are its own.
+    /// the first stage and the head's on the last; each stage's gradients are its own. GPT-2's
+    /// output layer computes with the word embeddings' weight: the last stage holds a copy of
+    /// it, its share of the static memory and its gradient (Megatron-LM's last-stage
+    /// `word_embeddings`, DeepSpeed's `TiedLayerSpec`).
     #[test]
     fn static_memory_is_split_by_the_stages_parameters() {
         let job = gpt(8, 4, "8xh200");
@@ -639,12 +642,30 @@ mod tests {
             })
             .map(|m| m.bytes)
             .sum();
+        let l = &job.local;
+        assert_eq!(l.ties.len(), 1, "lm_head ties to transformer.wte");
+        let (head, t) = l.ties[0];
+        assert_eq!(l.layers[head as usize], "lm_head");
+        let wte = &l.tensors[t as usize];
+        assert_eq!(wte.name, "transformer.wte.weight");
+        let params: u64 = l.tensors.iter().map(|t| t.bytes).sum();
+        let copy = (l.static_mem_bytes as u128 * wte.bytes as u128).div_ceil(params as u128) as u64
+            + wte.bytes;
         let total: u64 = st.iter().sum();
-        let want = job.local.static_mem_bytes + grads;
+        let want = l.static_mem_bytes + grads + copy;
         assert!(total >= want && total <= want + 8, "{total} vs {want}");
         // GPT-2's embeddings (vocab x hidden + positions) sit on stage 0: it holds more than a
-        // middle stage.
+        // middle stage; the last one holds the copy and the final norm.
         assert!(st[0] > st[1] && st[1] == st[2], "{st:?}");
+        assert!(st[3] >= st[1] + copy, "{st:?}, copy {copy}");
+        // Without the tie the copy is gone.
+        let mut untied = job.clone();
+        untied.local_mut().ties.clear();
+        let u =
+            evaluate(pipelined(&untied, spec(4, 4, Schedule::OneFOneB), true).unwrap()).unwrap();
+        let su = u.graph.static_memory();
+        assert_eq!(su[3] + copy, st[3]);
+        assert_eq!(su[..3], st[..3]);
     }
 
     /// Each stage synchronises its own gradients over its data-parallel replicas: the groups

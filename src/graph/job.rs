@@ -62,6 +62,10 @@ pub struct LocalGraph {
     /// Ops that are the fusion of several: fused op → `layer PHASE` names of its members, in
     /// the order they were merged.
     pub fused: std::collections::BTreeMap<OpId, Vec<String>>,
+    /// (layer, tensor): the layer computes with that tensor, which another layer owns (a tied
+    /// output layer and the word embeddings). A pipeline that puts the two on different stages
+    /// holds the weight on both (`graph/pipeline.rs`).
+    pub ties: Vec<(super::LayerId, u32)>,
 }
 
 impl LocalGraph {

@@ -42,7 +42,8 @@
 //!   stage are identical).
 //! - Memory: each stage's weights and optimizer state are the job's static memory in
 //!   proportion to the parameter bytes the stage holds, plus its gradient buffers (held from
-//!   the first backward to the step's end); each micro-step allocates and frees its own
+//!   the first backward to the step's end), plus a copy of each tied weight another stage
+//!   owns (GPT's output layer on the last stage and the word embeddings on the first); each micro-step allocates and frees its own
 //!   activations, so the micro-batches a stage holds in flight (all `m` under GPipe,
 //!   `stages − s` under 1F1B) come out of the replay.
 //!
@@ -516,6 +517,10 @@ impl Expansion<'_> {
             let h = &mut held[rank as usize];
             *h = h.saturating_add(stage_static[s as usize].saturating_add(grads));
         }
+        for (rank, bytes) in tied_copies(self.job, &self.cut, self.p.stages) {
+            let h = &mut held[rank as usize];
+            *h = h.saturating_add(bytes);
+        }
         for (rank, &bytes) in held.iter().enumerate() {
             self.b.set_static_memory(rank as u32, bytes);
         }
@@ -693,6 +698,36 @@ fn device_ends(
         }
     }
     ends
+}
+
+/// The copies of tied weights: a layer that computes with a tensor another layer owns (a tied
+/// output layer and the word embeddings, [`super::job::LocalGraph::ties`]) on another rank
+/// holds its own copy there, as Megatron-LM (the last stage's `word_embeddings` copy) and
+/// DeepSpeed's `TiedLayerSpec` do: the tensor's share of the static memory (weights and
+/// optimizer state, which each copy's stage updates) and its gradient buffer. (rank, bytes)
+/// per copy. Not priced: the all-reduce of the two copies' gradients after the backward.
+fn tied_copies(job: &Job, cut: &Stages, stages: u32) -> Vec<(u32, u64)> {
+    let l = &job.local;
+    let total: u64 = l.tensors.iter().map(|t| t.bytes).sum();
+    let rank_of = |layer: u32| -> u32 {
+        if layer == NONE {
+            0
+        } else {
+            cut.of_layer[layer as usize] % stages
+        }
+    };
+    l.ties
+        .iter()
+        .filter_map(|&(user, t)| {
+            let tensor = l.tensors.get(t as usize)?;
+            let (here, owner) = (rank_of(user), rank_of(tensor.layer));
+            if here == owner || total == 0 {
+                return None;
+            }
+            let share = (l.static_mem_bytes as u128 * tensor.bytes as u128).div_ceil(total as u128);
+            Some((here, (share as u64).saturating_add(tensor.bytes)))
+        })
+        .collect()
 }
 
 /// Each stage's share of the job's static memory (weights, optimizer state): in proportion to

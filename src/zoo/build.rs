@@ -170,6 +170,9 @@ pub struct LayerDag {
     pub tensors: Vec<Tensor>,
     /// The same tensors as the gradients to synchronise (`grads[n].tensor == n`).
     pub grads: Vec<GradTensor>,
+    /// (layer, tensor): the layer computes with that tensor of another layer (a tied output
+    /// layer and the word embedding's weight, [`crate::zoo::layers::Layer::tied_to`]).
+    pub ties: Vec<(u32, TensorId)>,
 }
 
 /// Stage 1: the model's layer DAG and its parameter tensors in gradient-ready order.
@@ -197,12 +200,24 @@ pub fn layers(model: &Model, dtype: Dtype) -> LayerDag {
             });
         }
     }
+    // A tied layer reads its owner's first parameter (the weight).
+    let ties = model
+        .layers
+        .iter()
+        .enumerate()
+        .filter_map(|(li, l)| {
+            let owner = l.tied_to?;
+            let t = tensors.iter().position(|t| t.layer as usize == owner)?;
+            Some((li as u32, t as TensorId))
+        })
+        .collect();
     LayerDag {
         names: model.layers.iter().map(|l| l.name.clone()).collect(),
         inputs: model.layers.iter().map(|l| l.inputs.clone()).collect(),
         consumers,
         tensors,
         grads,
+        ties,
     }
 }
 
@@ -539,6 +554,7 @@ pub fn assemble(
             static_mem_bytes: compute.static_mem_bytes,
             layers: dag.names.clone(),
             tensors: dag.tensors.clone(),
+            ties: dag.ties.clone(),
             devices: vec![
                 DeviceKind::Virtual,
                 DeviceKind::GpuStream {
@@ -868,6 +884,7 @@ mod tests {
                 })
                 .collect(),
             gemm: None,
+            tied_to: None,
         };
         Model {
             name: "tiny".into(),

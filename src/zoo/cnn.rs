@@ -128,6 +128,7 @@ impl Builder {
             bw_scratch_elems: 0,
             params,
             gemm: None,
+            tied_to: None,
         });
         self.kept.push(false);
         idx
@@ -425,8 +426,9 @@ impl Builder {
     }
 
     /// Adds the accumulation of a tied weight's gradient (`elems`) into the other user's grad.
-    pub(super) fn tie(&mut self, i: usize, elems: u64) {
+    pub(super) fn tie(&mut self, i: usize, owner: usize, elems: u64) {
         let l = &mut self.layers[i];
+        l.tied_to = Some(owner);
         l.bw_flops += elems as f64;
         l.bw_elems += 2.0 * elems as f64;
         l.bw_kernels += 1;

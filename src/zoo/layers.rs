@@ -77,6 +77,10 @@ pub struct Layer {
     /// The forward matrix product of a conv (implicit GEMM), linear layer or batched matmul;
     /// the backward's data- and weight-gradient products follow from it ([`Gemm::backward`]).
     pub gemm: Option<Gemm>,
+    /// The layer whose weight (its first parameter) this one computes with instead of a weight
+    /// of its own: an output layer tied to the word embeddings (GPT-2's `lm_head`, BERT's MLM
+    /// decoder). A pipeline that puts the two on different stages holds the weight on both.
+    pub tied_to: Option<usize>,
 }
 
 impl LayerKind {

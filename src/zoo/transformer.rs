@@ -654,9 +654,17 @@ impl Net {
         i
     }
 
-    /// A GEMM onto the vocabulary with the word-embedding weight (`hidden`·`vocab`, tied).
-    fn tied_head(&mut self, name: &str, x: usize, vocab: u32, bias: Option<&str>) -> usize {
-        self.tied_head_rows(name, x, self.tokens, vocab, bias)
+    /// A GEMM onto the vocabulary with the weight of the word embedding `word` (`hidden`·`vocab`,
+    /// tied).
+    fn tied_head(
+        &mut self,
+        name: &str,
+        x: usize,
+        word: usize,
+        vocab: u32,
+        bias: Option<&str>,
+    ) -> usize {
+        self.tied_head_rows(name, x, word, self.tokens, vocab, bias)
     }
 
     /// [`Net::tied_head`] on `rows` rows.
@@ -664,6 +672,7 @@ impl Net {
         &mut self,
         name: &str,
         x: usize,
+        word: usize,
         rows: u64,
         vocab: u32,
         bias: Option<&str>,
@@ -679,7 +688,7 @@ impl Net {
         let i = self
             .b
             .gemm(name, x, rows, self.hidden, v, bias.is_some(), params);
-        self.b.tie(i, prod(&[self.hidden, v]));
+        self.b.tie(i, word, prod(&[self.hidden, v]));
         i
     }
 
@@ -833,7 +842,7 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
             x = m.gpt_block(&format!("transformer.h.{l}"), x, cfg);
         }
         let x = m.layer_norm("transformer.ln_f", x);
-        let logits = m.tied_head("lm_head", x, cfg.vocab, None);
+        let logits = m.tied_head("lm_head", x, wte, cfg.vocab, None);
         m.loss("loss", logits, m.tokens, cfg);
     } else {
         let word = m.embedding("bert.embeddings.word_embeddings", cfg.vocab);
@@ -875,6 +884,7 @@ pub fn transformer(cfg: &TransformerConfig, batch: u32) -> Vec<Layer> {
                 let logits = m.tied_head_rows(
                     "cls.predictions.decoder",
                     y,
+                    word,
                     predicted,
                     cfg.vocab,
                     Some("cls.predictions.bias"),
