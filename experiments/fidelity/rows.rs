@@ -623,3 +623,19 @@ pub fn load(csv_path: &std::path::Path) -> (Vec<Case>, Vec<(String, String)>) {
     cases.extend(dpro());
     (cases, skipped)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::omni_path_links;
+
+    /// BigScience's network column ("… 4 Omni-Path links per node, …") gives the NIC count;
+    /// a network that names no count (or no Omni-Path) gives none.
+    #[test]
+    fn omni_path_links_are_read_from_the_network_text() {
+        let bs = "nvlink within node (nvlink 4 inter-gpu connects); 4 omni-path links per node, omni-path architecture (opa) between nodes (jz/hpc-specs.md)";
+        assert_eq!(omni_path_links(bs), Some(4));
+        assert_eq!(omni_path_links("omni-path links per node"), None);
+        assert_eq!(omni_path_links("infiniband edr 100 gb/s"), None);
+        assert_eq!(omni_path_links("many omni-path links per node"), None);
+    }
+}
