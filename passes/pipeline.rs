@@ -39,8 +39,8 @@
 //! **Not modelled yet** (refused with the reason): sharding stages 2–3 (neither Megatron-LM nor
 //! DeepSpeed's pipeline engine runs them beside a pipeline), HSDP groups or optimizer offload
 //! with a pipeline, accumulation on top of the pipeline's micro-batches, passes after
-//! `pipeline` (it comes last), and traces. A tied weight is held by both stages that use it
-//! (`graph/pipeline.rs`), but the all-reduce of its two gradients is not priced.
+//! `pipeline` (it comes last), and traces. A tied weight is held by both stages that use it,
+//! and their gradients are exchanged between them (`graph/pipeline.rs`).
 
 use super::{Edit, Evaluated, KnobSpec, Knobs, Pass, PassError, Patch};
 use crate::graph::job::{CollectiveKind, Group, Job};
@@ -420,7 +420,7 @@ fn split_syncs(job: &Job, of_layer: &[u32]) -> Vec<crate::graph::job::Sync> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::DeviceKind;
+    use crate::graph::{DeviceKind, OpId};
     use crate::passes::evaluate;
     use crate::zoo::build::test_job_with;
 
@@ -666,6 +666,56 @@ mod tests {
         let su = u.graph.static_memory();
         assert_eq!(su[3] + copy, st[3]);
         assert_eq!(su[..3], st[..3]);
+    }
+
+    /// The tied word embeddings' two gradients are exchanged between the first and last stage
+    /// (Megatron-LM's embedding-group all-reduce): one send each way carrying the whole
+    /// gradient, on links of their own between those two ranks, the first after the last
+    /// stage's every backward of the output layer and before the first stage's sync of the
+    /// embeddings, the second after that sync. Untied, there are none, and the step is no
+    /// longer.
+    #[test]
+    fn tied_gradients_are_exchanged_between_the_first_and_last_stage() {
+        let job = gpt(8, 4, "64xh100-ib");
+        let (head, t) = job.local.ties[0];
+        let bytes = job.local.tensors[t as usize].bytes;
+        let pj = pipelined(&job, spec(4, 4, Schedule::OneFOneB), true).unwrap();
+        let e = evaluate(pj.clone()).unwrap();
+        let g = &e.graph;
+        // (The replicas' ring of the embeddings' sync has sends of that tensor too, on the
+        // ring's links; the exchange's carry the output layer.)
+        let sends: Vec<OpId> = (0..g.op_count() as OpId)
+            .filter(|&o| {
+                g.kind(o) == crate::graph::OpKind::Send && g.tensor(o) == t && g.layer(o) == head
+            })
+            .collect();
+        assert_eq!(sends.len(), 2, "one each way");
+        let ends: Vec<(u32, u32)> = sends
+            .iter()
+            .map(|&o| match g.device_kind(g.device(o)) {
+                DeviceKind::Link { from, to, .. } => (from, to),
+                d => panic!("a tied send on {d:?}"),
+            })
+            .collect();
+        assert_eq!(ends, vec![(3, 0), (0, 3)]);
+        // 64 H100s over 8 nodes, 4 stages: the first and last stage are on different nodes.
+        let link = pj.comm.cost.link(crate::graph::LinkClass::InterNode);
+        assert_eq!(
+            g.dur_ns(sends[0]),
+            crate::cost::compute::ns(link.time_ns(bytes as f64))
+        );
+        // The first waits for the output layer's backward of every micro-batch on stage 3.
+        let head_bw = (0..g.op_count() as OpId)
+            .filter(|&o| g.layer(o) == head && g.phase(o) == Phase::Bw)
+            .count();
+        assert!(head_bw >= 4);
+        assert!(g.preds(sends[0]).len() >= 4, "{:?}", g.preds(sends[0]));
+        let mut untied = job.clone();
+        untied.local_mut().ties.clear();
+        let u =
+            evaluate(pipelined(&untied, spec(4, 4, Schedule::OneFOneB), true).unwrap()).unwrap();
+        assert_eq!(u.graph.op_count() + 2, g.op_count());
+        assert!(e.iteration_ns() >= u.iteration_ns());
     }
 
     /// Each stage synchronises its own gradients over its data-parallel replicas: the groups

@@ -528,6 +528,7 @@ impl Expansion<'_> {
 
     /// Each stage's gradients over its data-parallel replicas, on its own stream.
     fn syncs(&mut self) {
+        let mut tied = self.tied_sends();
         let (job, l, ns) = (self.job, &self.job.local, self.p.stages);
         let mut topos: Vec<CommTopology> = (0..ns)
             .map(|w| {
@@ -556,6 +557,15 @@ impl Expansion<'_> {
                 };
                 let r = self.extra(at(OpKind::Out));
                 let d = self.extra(at(OpKind::In));
+                // A tied weight's copy: its gradient joins this one before the replicas sync,
+                // and the sum goes back to the copy's stage after.
+                for &t in &sync.tensors {
+                    if let Some(x) = tied.remove(&t) {
+                        self.b.add_edge(x.arrived, r);
+                        let back = self.extra(x.back);
+                        self.b.add_edge(d, back);
+                    }
+                }
                 for &o in &sync.ready {
                     for j in 0..self.copies(o as usize) {
                         self.b.add_edge(self.op(s, j, o as usize), r);
@@ -591,6 +601,79 @@ impl Expansion<'_> {
                 self.local_of.resize(self.local_of.len() + added, NONE);
             }
         }
+        // A tied tensor no replica syncs (one data-parallel rank): the exchange alone.
+        for x in tied.into_values() {
+            let back = self.extra(x.back);
+            self.b.add_edge(x.arrived, back);
+        }
+    }
+}
+
+/// A tied weight's gradient exchange between the stage of a layer using it and the stage owning
+/// it ([`Expansion::tied_sends`]).
+struct TiedSend {
+    /// The copy's gradient sent to the owner (after the user's last backward of it).
+    arrived: OpId,
+    /// The summed gradient sent back (after the owner's sync of the tensor).
+    back: OpSpec,
+}
+
+impl Expansion<'_> {
+    /// The exchange of each tied weight's gradients between its two stages (Megatron-LM's
+    /// embedding-group all-reduce of the first and last stage's `word_embeddings` grads; an
+    /// all-reduce of two ranks moves the whole gradient each way): a send of the copy's
+    /// gradient to the owner once every micro-step's backward of the using layer is done, and,
+    /// once the owner's sync of the tensor is done, one back ([`TiedSend::back`], added with that
+    /// sync). Each on a link of its own between the two ranks. Keyed by tensor.
+    fn tied_sends(&mut self) -> std::collections::BTreeMap<u32, TiedSend> {
+        let (job, l, ns) = (self.job, &self.job.local, self.p.stages);
+        let per_node = job.comm.gpus_per_node.max(1);
+        let node_of = |rank: u32| rank * (job.workers / ns) / per_node;
+        let mut out = std::collections::BTreeMap::new();
+        for &(user, t) in &l.ties {
+            let Some(tensor) = l.tensors.get(t as usize) else {
+                continue;
+            };
+            let cu = self.cut.of_layer[user as usize];
+            let co = if tensor.layer == NONE {
+                0
+            } else {
+                self.cut.of_layer[tensor.layer as usize]
+            };
+            let (ru, ro) = (cu % ns, co % ns);
+            if ru == ro || out.contains_key(&t) {
+                continue;
+            }
+            let class = if node_of(ru) == node_of(ro) {
+                LinkClass::IntraNode
+            } else {
+                LinkClass::InterNode
+            };
+            let dur = ns_of(job.comm.cost.link(class).time_ns(tensor.bytes as f64));
+            let mut link = |from, to| self.b.add_device(DeviceKind::Link { from, to, class });
+            let (up, down) = (link(ru, ro), link(ro, ru));
+            let at = |device| OpSpec {
+                tensor: t,
+                layer: user,
+                ..OpSpec::new(OpKind::Send, Phase::Comm, device, dur)
+            };
+            let arrived = self.extra(at(up));
+            for (o, op) in l.ops.iter().enumerate() {
+                if op.spec.layer == user && op.spec.phase == Phase::Bw && self.on(o, cu) {
+                    for j in 0..self.copies(o) {
+                        self.b.add_edge(self.op(cu, j, o), arrived);
+                    }
+                }
+            }
+            out.insert(
+                t,
+                TiedSend {
+                    arrived,
+                    back: at(down),
+                },
+            );
+        }
+        out
     }
 }
 
@@ -705,7 +788,7 @@ fn device_ends(
 /// holds its own copy there, as Megatron-LM (the last stage's `word_embeddings` copy) and
 /// DeepSpeed's `TiedLayerSpec` do: the tensor's share of the static memory (weights and
 /// optimizer state, which each copy's stage updates) and its gradient buffer. (rank, bytes)
-/// per copy. Not priced: the all-reduce of the two copies' gradients after the backward.
+/// per copy. The two copies' gradients are exchanged by [`Expansion::tied_sends`].
 fn tied_copies(job: &Job, cut: &Stages, stages: u32) -> Vec<(u32, u64)> {
     let l = &job.local;
     let total: u64 = l.tensors.iter().map(|t| t.bytes).sum();
