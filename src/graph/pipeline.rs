@@ -43,9 +43,10 @@
 //! - Memory: each stage's weights and optimizer state are the job's static memory in
 //!   proportion to the parameter bytes the stage holds, plus its gradient buffers (held from
 //!   the first backward to the step's end), plus a copy of each tied weight another stage
-//!   owns (GPT's output layer on the last stage and the word embeddings on the first); each micro-step allocates and frees its own
-//!   activations, so the micro-batches a stage holds in flight (all `m` under GPipe,
-//!   `stages − s` under 1F1B) come out of the replay.
+//!   owns (GPT's output layer on the last stage and the word embeddings on the first); each
+//!   micro-step allocates and frees its own activations, so the micro-batches a stage holds
+//!   in flight (all `m` under GPipe, `stages − s` under 1F1B) come out of the replay. Tied
+//!   weights' gradients are exchanged between their stages ([`Expansion::tied_sends`]).
 //!
 //! **Invariant:** every op of the expanded graph maps to the local op it copies
 //! ([`Expanded::local_of`], [`NONE`] for sends and joins), so the critical path names local ops.

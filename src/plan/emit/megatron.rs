@@ -200,7 +200,7 @@ fn notes(plan: &Plan, f: &Facts, model: u32, pp: u32, dp: u32) -> Vec<String> {
         ));
     }
     if plan.config.pipeline.is_some() {
-        notes.push("tied embeddings (--untie-embeddings-and-output-weights not given) all-reduce their gradient between the first and last stage every step; the plan does not price it: pass --untie-embeddings-and-output-weights for an untied model such as Llama".into());
+        notes.push("Megatron-LM ties the output layer to the word embeddings unless --untie-embeddings-and-output-weights is given: with a pipeline the last stage then holds a copy and the two stages all-reduce its gradient every step. The plan priced the model as it was built (GPT and BERT tied: the copy and the exchange are priced; Llama untied): pass --untie-embeddings-and-output-weights for an untied model such as Llama".into());
     }
     if !f.passes.iter().any(|p| p == "fused-adam") {
         notes.push("the plan prices the unfused (foreach) Adam update; Megatron-LM's Adam is fused (Transformer Engine or apex), a little faster than predicted".into());
