@@ -317,6 +317,19 @@ impl Expansion<'_> {
         self.cut.of_op[o] == ALL || self.cut.of_op[o] == s
     }
 
+    /// The link between the ranks of model chunks `a` and `b` (chunk c on rank c mod stages,
+    /// the pipeline dimension outermost): inside a node or between nodes.
+    fn link_class(&self, a: u32, b: u32) -> LinkClass {
+        let ns = self.p.stages;
+        let per_node = self.job.comm.gpus_per_node.max(1);
+        let node_of = |c: u32| (c % ns) * (self.job.workers / ns) / per_node;
+        if node_of(a) == node_of(b) {
+            LinkClass::IntraNode
+        } else {
+            LinkClass::InterNode
+        }
+    }
+
     fn copies(&self, o: usize) -> u32 {
         if self.micro[o] {
             self.p.microbatches
@@ -385,10 +398,7 @@ impl Expansion<'_> {
         let tp = job.meta.tp.max(1);
         let fw_out = forward_outputs(job);
         let spec = &job.comm;
-        let per_node = spec.gpus_per_node.max(1);
         let chunks = self.p.chunks();
-        // The rank of chunk c is c mod stages; its node, the pipeline dimension outermost.
-        let node_of = |c: u32| (c % ns) * (job.workers / ns) / per_node;
         let mut links: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
         let mut sends: std::collections::HashMap<(u32, u32, u32), OpId> = Default::default();
         for &(a, c) in &l.edges {
@@ -424,11 +434,7 @@ impl Expansion<'_> {
             } else {
                 bytes.div_ceil(u64::from(tp))
             };
-            let class = if node_of(sa) == node_of(sc) {
-                LinkClass::IntraNode
-            } else {
-                LinkClass::InterNode
-            };
+            let class = self.link_class(sa, sc);
             let b = &mut self.b;
             let (ra, rc) = (sa % ns, sc % ns);
             let link = *links.entry((ra, rc)).or_insert_with(|| {
@@ -628,8 +634,6 @@ impl Expansion<'_> {
     /// sync). Each on a link of its own between the two ranks. Keyed by tensor.
     fn tied_sends(&mut self) -> std::collections::BTreeMap<u32, TiedSend> {
         let (job, l, ns) = (self.job, &self.job.local, self.p.stages);
-        let per_node = job.comm.gpus_per_node.max(1);
-        let node_of = |rank: u32| rank * (job.workers / ns) / per_node;
         let mut out = std::collections::BTreeMap::new();
         for &(user, t) in &l.ties {
             let Some(tensor) = l.tensors.get(t as usize) else {
@@ -645,11 +649,7 @@ impl Expansion<'_> {
             if ru == ro || out.contains_key(&t) {
                 continue;
             }
-            let class = if node_of(ru) == node_of(ro) {
-                LinkClass::IntraNode
-            } else {
-                LinkClass::InterNode
-            };
+            let class = self.link_class(cu, co);
             let dur = ns_of(job.comm.cost.link(class).time_ns(tensor.bytes as f64));
             let mut link = |from, to| self.b.add_device(DeviceKind::Link { from, to, class });
             let (up, down) = (link(ru, ro), link(ro, ru));
