@@ -36,8 +36,16 @@
 //! state and the kernels over every data-parallel rank of the job; the pipeline multiplies them
 //! back by the stages (`distributed_optimizer_per_stage`).
 //!
-//! **Not modelled yet** (refused with the reason): sharding stages 2–3 (neither Megatron-LM nor
-//! DeepSpeed's pipeline engine runs them beside a pipeline), HSDP groups or optimizer offload
+//! **Beside FSDP** (`shard:stage=3,reshard=0` before it: FSDP2 under
+//! `torch.distributed.pipelining`, as torchtitan runs it): the schedule keeps every unit
+//! gathered from the first micro-batch's forward to the last one's backward and syncs gradients
+//! on the last backward only, so a stage gathers its parameters once per step and
+//! reduce-scatters its gradients once: the traffic of stage 1, with the parameters held whole
+//! for the step beside their shards ([`super::shard::gathered_once_per_step`] rewrites the
+//! per-unit gathers so; then as stage 1 above). `reshard=1` is refused.
+//!
+//! **Not modelled yet** (refused with the reason): sharding stage 2 (DeepSpeed's pipeline
+//! engine refuses ZeRO-2; no other runtime runs it beside a pipeline), HSDP groups or optimizer offload
 //! with a pipeline, accumulation on top of the pipeline's micro-batches, passes after
 //! `pipeline` (it comes last), and traces. A tied weight is held by both stages that use it,
 //! and their gradients are exchanged between them (`graph/pipeline.rs`).
@@ -205,6 +213,13 @@ pub fn pipelined(job: &Job, spec: Spec, global: bool) -> Result<Job, PassError> 
         ));
     }
     let (tp, cp) = (job.meta.tp.max(1), job.meta.cp.max(1));
+    let fsdp;
+    let job = if job.meta.shard_stage == 3 {
+        fsdp = super::shard::gathered_once_per_step(job).map_err(refuse)?;
+        &fsdp
+    } else {
+        job
+    };
     let gathered = stage1_gather(job)?;
     if !job.workers.is_multiple_of(stages * tp * cp) {
         return Err(refuse(format!(
@@ -297,23 +312,24 @@ pub fn pipelined(job: &Job, spec: Spec, global: bool) -> Result<Job, PassError> 
     Ok(j)
 }
 
-/// With sharding, the bytes its stage-1 all-gather of the updated parameters moves (the whole
+/// With sharding, the bytes its all-gather of the updated parameters moves (the whole
 /// parameters as the model holds them); None without sharding; why not where the sharding is
-/// one a pipeline cannot run beside: stages 2–3 (neither Megatron-LM's distributed optimizer nor
-/// DeepSpeed's pipeline engine shards gradients or parameters beside a pipeline), HSDP shard
-/// groups, or the optimizer offloaded.
+/// one a pipeline cannot run beside: stage 2 (DeepSpeed's pipeline engine refuses ZeRO-2;
+/// Megatron-LM's distributed optimizer is stage 1), HSDP shard groups, or the optimizer
+/// offloaded. A stage-3 job comes here as [`super::shard::gathered_once_per_step`] made it.
 fn stage1_gather(job: &Job) -> Result<Option<u64>, PassError> {
-    // Stage 1 reduce-scatters gradients it keeps whole; anything else that is not an all-reduce
-    // or all-gather shards them (a later stage, or a trace's recorded sharding).
+    // Stages 1 and 3 reduce-scatter; anything else that is not an all-reduce or all-gather is
+    // a sharding the pipeline does not run beside (stage 2, or a trace's recorded sharding).
     if let Some(s) = job.syncs.iter().find(|s| {
-        job.meta.shard_stage != 1
+        !matches!(job.meta.shard_stage, 1 | 3)
             && !matches!(
                 s.kind,
                 CollectiveKind::AllReduce | CollectiveKind::AllGather
             )
     }) {
         return Err(refuse(format!(
-            "sharded data parallelism beyond stage 1 ({} of {}) with a pipeline is not modelled: Megatron-LM's distributed optimizer and DeepSpeed's pipeline engine shard the optimizer state only (shard:stage=1)",
+            "sharding stage {} ({} of {}) with a pipeline is not modelled: Megatron-LM's distributed optimizer and DeepSpeed's pipeline engine shard the optimizer state only (shard:stage=1), FSDP2 under torch.distributed.pipelining everything (shard:stage=3,reshard=0); DeepSpeed refuses ZeRO-2 beside its pipeline",
+            job.meta.shard_stage,
             s.kind.name(),
             job.local.tensors[s.tensors[0] as usize].name
         )));
@@ -800,7 +816,7 @@ mod tests {
         let (a, b) = (evaluate(plain).unwrap(), evaluate(pj).unwrap());
         assert!(b.memory.peaks.allocated < a.memory.peaks.allocated);
         for (knobs, why) in [
-            (vec![("stage", "2")], "beyond stage 1"),
+            (vec![("stage", "2")], "sharding stage 2"),
             (vec![("stage", "1"), ("replicas", "2")], "(HSDP)"),
             (
                 vec![("stage", "1"), ("offload", "1")],
@@ -814,6 +830,69 @@ mod tests {
                 .unwrap_or_default();
             assert!(e.contains(why), "{knobs:?}: {e}");
         }
+    }
+
+    /// FSDP beside a pipeline (`shard:stage=3,reshard=0` before it, torchtitan's layout): each
+    /// stage gathers its parameters once per step (one all-gather over its replicas, not one
+    /// per unit and micro-batch), holds them whole beside its shards, and reduce-scatters its
+    /// gradients: the collectives of the distributed optimizer (stage 1) in the same places, so
+    /// the same step time, and the same memory to within the shards of the half weights and the
+    /// gradient shards it keeps. `reshard=1` is refused.
+    #[test]
+    fn an_fsdp_shard_gathers_once_per_step_beside_a_pipeline() {
+        use crate::passes::testkit::try_pass;
+        let base = try_pass(&gpt(8, 4, "64xh100-ib"), "amp", &[("dtype", "bf16")]).unwrap();
+        let tp = try_pass(&base, "tensor-parallel", &[("degree", "2")]).unwrap();
+        let s = spec(4, 8, Schedule::OneFOneB);
+        let fsdp = try_pass(&tp, "shard", &[("stage", "3"), ("reshard", "0")]).unwrap();
+        let units = fsdp
+            .syncs
+            .iter()
+            .filter(|x| x.kind == CollectiveKind::AllGather)
+            .count();
+        assert!(units >= 8, "one gather per block at least: {units}");
+        let pj = pipelined(&fsdp, s, true).unwrap();
+        let dp = 64 / (2 * 4);
+        let gathers: Vec<_> = pj
+            .syncs
+            .iter()
+            .filter(|x| x.kind == CollectiveKind::AllGather)
+            .collect();
+        assert_eq!(gathers.len(), 4, "one gather per stage");
+        assert!(gathers.iter().all(|x| x.group.len(pj.workers) == dp));
+        let scatters = pj
+            .syncs
+            .iter()
+            .filter(|x| x.kind == CollectiveKind::ReduceScatter)
+            .count();
+        assert!(scatters >= 8, "{scatters}");
+        // No memory effect is left on the per-unit gathers' ops: each held its unit per
+        // micro-batch; the whole parameters are now static.
+        let per_unit: u64 = fsdp
+            .syncs
+            .iter()
+            .filter(|x| x.kind == CollectiveKind::AllGather)
+            .map(|x| x.bytes)
+            .sum();
+        let whole: u64 = gathers.iter().map(|x| x.bytes).sum();
+        assert!(whole.abs_diff(per_unit) <= 4, "{whole} vs {per_unit}");
+        let z1 = try_pass(&tp, "shard", &[("stage", "1")]).unwrap();
+        let p1 = pipelined(&z1, s, true).unwrap();
+        let (a, b) = (evaluate(p1).unwrap(), evaluate(pj).unwrap());
+        let (ta, tb) = (a.replay.iteration_ns as f64, b.replay.iteration_ns as f64);
+        assert!((tb / ta - 1.0).abs() < 0.02, "{tb} vs {ta}");
+        let (ma, mb) = (
+            a.memory.peaks.allocated as f64,
+            b.memory.peaks.allocated as f64,
+        );
+        assert!((mb / ma - 1.0).abs() < 0.05, "{mb} vs {ma}");
+        // Gathering again for every backward: refused, not priced.
+        let per_pass = try_pass(&tp, "shard", &[("stage", "3"), ("reshard", "1")]).unwrap();
+        let e = pipelined(&per_pass, s, true).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref().is_some_and(|e| e.contains("reshard=0")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -543,6 +543,88 @@ fn gather_after_update(
     }
 }
 
+/// A stage-3 job as FSDP2 runs it beside a pipeline (`torch.distributed.pipelining`, which
+/// torchtitan drives): the schedule turns off resharding and gradient sync for every
+/// micro-batch's backward but the last (`set_reshard_after_backward(False)`,
+/// `set_requires_gradient_sync(False)`, then FSDP's post-backward by hand), so with `reshard=0`
+/// (no reshard after the forward: torchtitan's default beside a pipeline) each unit is gathered
+/// once per step and held through every micro-batch, and its gradients are held whole and
+/// reduce-scattered once. Here the per-unit gathers and the memory they held become the whole
+/// gathered parameters held for the step (static bytes) and one all-gather after the update —
+/// the next step's gathers, priced at the end of this one, where they overlap nothing (FSDP2
+/// prefetches them under the first forward: pessimistic by up to one gather of a stage). The
+/// reduce-scatters stay per unit, issued as each unit's last backward ends (torch issues them
+/// after the stage's whole last backward: optimistic by that overlap). `Err(why not)` for a job
+/// that gathers per forward and backward (`reshard=1`), offloads, or has no gathers.
+pub fn gathered_once_per_step(job: &Job) -> Result<Job, String> {
+    let gathers: Vec<&Sync> = job
+        .syncs
+        .iter()
+        .filter(|s| s.kind == CollectiveKind::AllGather)
+        .collect();
+    let Some(first) = gathers.first() else {
+        return Err("the job gathers no parameters: not sharded at stage 3".into());
+    };
+    if job.meta.offload {
+        return Err("optimizer offload with a pipeline is not modelled".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if gathers
+        .iter()
+        .any(|g| !seen.insert(g.tensors.first().copied()))
+    {
+        return Err(
+            "FSDP beside a pipeline keeps each unit gathered from its first forward to its last backward (torchtitan's default reshard policy with a pipeline, as torch.distributed.pipelining runs it); gathering again for every backward (reshard=1) is not modelled: plan shard:stage=3,reshard=0".into(),
+        );
+    }
+    let group = first.group;
+    let whole: u64 = gathers.iter().map(|g| g.bytes).sum();
+    let issued: std::collections::BTreeSet<OpId> = gathers
+        .iter()
+        .flat_map(|g| g.ready.iter().copied())
+        .collect();
+    let got: std::collections::BTreeSet<OpId> = gathers
+        .iter()
+        .flat_map(|g| g.done.iter().copied())
+        .collect();
+    let l = &job.local;
+    // A region's release: the virtual `Out` op after its `got` that frees the parameters.
+    let released: std::collections::BTreeSet<OpId> = l
+        .edges
+        .iter()
+        .filter(|&&(a, c)| {
+            got.contains(&a)
+                && !issued.contains(&c)
+                && l.ops[c as usize].spec.kind == OpKind::Out
+                && matches!(
+                    l.devices.get(l.ops[c as usize].spec.device as usize),
+                    Some(DeviceKind::Virtual)
+                )
+        })
+        .map(|&(_, c)| c)
+        .collect();
+    let mut j = job.clone();
+    let virt = virtual_device(&mut j);
+    let lm = j.local_mut();
+    lm.mem
+        .retain(|m| !(issued.contains(&m.op) || released.contains(&m.op)));
+    // Once per stage, not per micro-batch: they hold nothing and gate nothing now.
+    for &o in issued.iter().chain(&got).chain(&released) {
+        lm.ops[o as usize].spec.phase = Phase::Comm;
+    }
+    lm.static_mem_bytes = lm.static_mem_bytes.saturating_add(whole);
+    let updates = super::optimizer_kernels(&j.local);
+    let mut syncs: Vec<Sync> = job
+        .syncs
+        .iter()
+        .filter(|s| s.kind != CollectiveKind::AllGather)
+        .cloned()
+        .collect();
+    syncs.push(gather_after_update(&mut j, &updates, whole, group, virt));
+    j.syncs = syncs;
+    Ok(j)
+}
+
 fn virtual_device(j: &mut Job) -> u32 {
     if let Some(i) = j
         .local
