@@ -250,8 +250,11 @@ fn parallelism(fw: Framework, pass: &str) -> Result<&'static str, &'static str> 
             Megatron => Ok(
                 "--pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage for the interleaved schedule, the micro-batches by --micro-batch-size and --global-batch-size (megatron_args.sh)",
             ),
+            Torchtitan => Ok(
+                "parallelism.pipeline_parallel_degree, pipeline_parallel_schedule, pipeline_parallel_microbatch_size and module_fqns_per_model_part (the planned cut), beside FSDP2 without resharding (torchtitan.toml)",
+            ),
             _ => Err(
-                "this framework's export has no pipeline parallelism (it comes with --framework megatron)",
+                "this framework's export has no pipeline parallelism (it comes with --framework megatron or torchtitan)",
             ),
         },
         _ => Err("not a parallelism pass"),
@@ -407,6 +410,7 @@ pub fn cp_supported(fw: Framework, fsdp: bool) -> Result<(), &'static str> {
 /// | | 1f1b | interleaved | gpipe |
 /// |---|---|---|---|
 /// | megatron | `--pipeline-model-parallel-size` | and `--num-layers-per-virtual-pipeline-stage` | — (Megatron-LM's schedules are 1F1B and interleaved 1F1B) |
+/// | torchtitan 0.2.0 | `pipeline_parallel_schedule = "1F1B"` | `"Interleaved1F1B"` | `"GPipe"` (torch.distributed.pipelining's schedules) |
 /// | other exports | — | — | — |
 pub fn pipeline_supported(fw: Framework, schedule: &str) -> Result<(), &'static str> {
     match (fw, schedule) {
@@ -414,9 +418,40 @@ pub fn pipeline_supported(fw: Framework, schedule: &str) -> Result<(), &'static 
         (Framework::Megatron, _) => Err(
             "Megatron-LM runs the 1F1B and interleaved 1F1B schedules (get_forward_backward_func): plan schedule=1f1b or interleaved",
         ),
-        _ => Err(
-            "this framework's export has no pipeline parallelism (it comes with --framework megatron)",
+        (Framework::Torchtitan, "1f1b" | "interleaved" | "gpipe") => Ok(()),
+        (Framework::Torchtitan, _) => Err(
+            "torchtitan's pipeline_parallel_schedule names torch.distributed.pipelining's schedules: plan schedule=1f1b, interleaved or gpipe",
         ),
+        _ => Err(
+            "this framework's export has no pipeline parallelism (it comes with --framework megatron or torchtitan)",
+        ),
+    }
+}
+
+/// Whether a pipeline runs beside the sharding `stage` (None: unsharded; `reshard`: stage 3's
+/// FSDP reshard-after-forward) in `fw`'s export (None: any export): `Err(why not)`.
+///
+/// | | unsharded | stage 1 | stage 3, reshard=0 |
+/// |---|---|---|---|
+/// | megatron | its DDP | `--use-distributed-optimizer` | — |
+/// | torchtitan 0.2.0 | — (DDP takes a one-dimensional mesh only) | — | FSDP2 on `dp_shard`, `fsdp_reshard_after_forward = "never"` (its `"default"` with a pipeline) |
+///
+/// The `pipeline` pass itself refuses stage 2 and stage 3 with `reshard=1` (see its docs).
+pub fn pipeline_beside(
+    fw: Option<Framework>,
+    stage: Option<u32>,
+    reshard: bool,
+) -> Result<(), &'static str> {
+    match (fw, stage) {
+        (None, None | Some(1)) | (Some(Framework::Megatron), None | Some(1)) => Ok(()),
+        (None | Some(Framework::Torchtitan), Some(3)) if !reshard => Ok(()),
+        (Some(Framework::Torchtitan), _) => Err(
+            "torchtitan 0.2.0 runs a pipeline beside FSDP2 that keeps the parameters gathered for the step (shard:stage=3,reshard=0); its DDP takes a one-dimensional mesh only",
+        ),
+        (Some(Framework::Megatron), _) => Err(
+            "Megatron-LM runs a pipeline beside its DDP or its distributed optimizer (shard:stage=1)",
+        ),
+        _ => Err("a pipeline runs beside stage 1, or stage 3 with reshard=0"),
     }
 }
 

@@ -6,9 +6,10 @@
 //! parallelism only adds communication to a job with room), and one that does not meets each
 //! tensor-parallel degree the pass takes, with and without each sharding the framework's export
 //! applies, before recomputation and accumulation (see `memory_options` in the parent module).
-//! Where the export runs a pipeline (`--framework megatron`), each tensor-parallel degree also
-//! meets each pipeline depth ([`pp_layouts`]), with and without the distributed optimizer
-//! (`shard:stage=1`) and recomputation, in 1F1B; the
+//! Where the export runs a pipeline (`--framework megatron` or `torchtitan`), each
+//! tensor-parallel degree also meets each pipeline depth ([`pp_layouts`]), beside each sharding
+//! the export runs with one ([`beside_pipeline`]: Megatron-LM's DDP and distributed optimizer,
+//! torchtitan's FSDP2 without resharding) and with and without recomputation, in 1F1B; the
 //! fastest pipelined option that fits is then tried interleaved ([`interleaved`]). Context
 //! parallelism is the last resort: where no option without it fits (a long sequence whose one
 //! sample per group is too much), each degree the pass takes ([`cp_layouts`]) meets each
@@ -56,6 +57,17 @@ pub(super) fn layout_exported(head: &[KnobbedPass], workers: u32, fw: Option<Fra
         return true;
     };
     framework::tp_supported(fw, true, workers / t.max(1), fsdp).is_ok()
+}
+
+/// Whether the memory step tries pipelines after `head`: its sharding is one a pipeline runs
+/// beside in `fw`'s export ([`framework::pipeline_beside`]).
+pub(super) fn beside_pipeline(head: &[KnobbedPass], fw: Option<Framework>) -> bool {
+    framework::pipeline_beside(
+        fw,
+        knob_of(head, "shard", "stage"),
+        knob_of(head, "shard", "reshard") == Some(1),
+    )
+    .is_ok()
 }
 
 /// The context-parallel layouts the memory step tries after a tensor-parallel degree of `tp`
@@ -371,7 +383,7 @@ mod tests {
     /// The pipelines the layout search tries for GPT-2 small (12 blocks) at batch 2 on 8
     /// V100s: 1F1B at every depth dividing the blocks and, times the tensor-parallel degree,
     /// the 8 workers; micro-batches dividing the replica's batch, between p and 8 p; none
-    /// where the export runs no pipeline.
+    /// where the export runs no pipeline; the shardings each export runs one beside.
     #[test]
     fn pipelines_divide_the_blocks_and_the_workers() {
         let (_, job) = crate::zoo::build::test_job("gpt", 2, "8xv100");
@@ -395,7 +407,31 @@ mod tests {
         // With tensor parallelism of 2 (a replica of 2 p ranks trains 4 p): 4 p.
         assert_eq!(depths(2), vec![(2, 8), (4, 16)]);
         assert!(pp_layouts(&cur, 1, Some(Framework::Pytorch)).is_empty());
-        assert!(pp_layouts(&cur, 1, Some(Framework::Torchtitan)).is_empty());
+        assert_eq!(
+            pp_layouts(&cur, 1, Some(Framework::Torchtitan)),
+            pp_layouts(&cur, 1, mega)
+        );
+        // Beside which sharding: Megatron-LM's DDP and distributed optimizer; torchtitan's
+        // FSDP2 without resharding only.
+        let shard = |stage: &str, reshard: &str| -> Vec<KnobbedPass> {
+            vec![(
+                "shard".into(),
+                vec![
+                    ("stage".into(), stage.into()),
+                    ("reshard".into(), reshard.into()),
+                ],
+            )]
+        };
+        let tt = Some(Framework::Torchtitan);
+        for (head, m, t) in [
+            (Vec::new(), true, false),
+            (shard("1", "1"), true, false),
+            (shard("3", "0"), false, true),
+            (shard("3", "1"), false, false),
+        ] {
+            assert_eq!(beside_pipeline(&head, mega), m, "{head:?}");
+            assert_eq!(beside_pipeline(&head, tt), t, "{head:?}");
+        }
         // Interleaved where 2 p chunks divide the 12 blocks and p divides m; not for a
         // framework without it, nor for a step list without a 1F1B pipeline.
         let one = pp_layouts(&cur, 1, mega);

@@ -1602,11 +1602,11 @@ fn memory_options(
             }
         }
         for head in heads {
-            // Pipelines after the head's tensor parallelism, unsharded or with the optimizer
-            // state sharded (stage 1: Megatron-LM's distributed optimizer; a pipeline beside
-            // stages 2-3 is not modelled), with and without recomputation; after AMP only,
+            // Pipelines after the head's tensor parallelism, beside the shardings a pipeline
+            // runs with in the export (unsharded or stage 1: Megatron-LM; stage 3 without
+            // resharding: torchtitan's FSDP2), with and without recomputation; after AMP only,
             // where AMP is an option (fp32 pipelines double the options for plans no faster).
-            let beside_pipeline = layout::knob_of(&head, "shard", "stage").is_none_or(|s| s == 1);
+            let beside_pipeline = layout::beside_pipeline(&head, fw);
             if has("pipeline") && fi + 1 == firsts.len() && beside_pipeline {
                 let t = layout::knob_of(&head, "tensor-parallel", "degree").unwrap_or(1);
                 for pp in layout::pp_layouts(cur, t, fw) {
@@ -1727,9 +1727,7 @@ fn cp_options(
                 {
                     tails.push(accumulate(k, fw));
                 }
-                let beside_pipeline =
-                    layout::knob_of(&head, "shard", "stage").is_none_or(|s| s == 1);
-                if has("pipeline") && beside_pipeline {
+                if has("pipeline") && layout::beside_pipeline(&head, fw) {
                     tails.extend(layout::pp_layouts(cur, t * c, fw));
                 }
                 for tail in tails {
@@ -1778,7 +1776,9 @@ fn cp_beside(
             head.extend(step("tensor-parallel"));
             head.push(cp.clone());
             head.extend(sh.cloned());
-            if !layout::layout_exported(&head, cur.job.workers, fw) {
+            if !layout::layout_exported(&head, cur.job.workers, fw)
+                || (stages.is_some() && !layout::beside_pipeline(&head, fw))
+            {
                 continue;
             }
             let tail = match stages {

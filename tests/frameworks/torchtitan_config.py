@@ -22,6 +22,10 @@ Prints one JSON line, {"torchtitan": version, "cases": [...]}, one case per file
   `tp` mesh dimension of block 0's `attention.wq` (column-parallel) and `attention.wo`
   (row-parallel) weights, when tensor parallelism was applied; `checkpointed_modules`: how
   many modules activation checkpointing wrapped, of `blocks` transformer blocks;
+* `pipeline` (with pipeline_parallel_degree > 1): torchtitan's `pipeline_llm` on its llama3
+  debugmodel with the file's layer count: the schedule class and its micro-batches, rank 0's
+  stages (index, modules held: `tok_embeddings`, `layers.N`, `norm`, `output`), the number of
+  stages, and the reshard-after-forward of every FSDP2 module of the parts;
 * `amp_context`: what `maybe_enable_amp` returns (FSDP handles precision itself);
 * `optimizer`: the fused / foreach flags of the optimizer `build_optimizers` makes;
 * `model_refused`: torchtitan's error for the [model] placeholder; `cli_model`: the model
@@ -73,6 +77,9 @@ def fits(value, hint):
         return value in typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         return any(fits(value, h) for h in typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(fits(v, item) for v in value)
     if hint is type(None):
         return value is None
     if hint is bool:
@@ -120,6 +127,7 @@ def mesh_facts(dims):
         # (torchtitan's mesh puts tp innermost).
         "shard_group_of_rank0": mesh["dp_shard_cp"].mesh.tolist() if dims.fsdp_enabled else None,
         "tp": mesh["tp"].size() if dims.tp_enabled else 1,
+        "pp": mesh["pp"].size() if dims.pp_enabled else 1,
         "cp": mesh["cp"].size() if dims.cp_enabled else 1,
         "tp_group_of_rank0": mesh["tp"].mesh.tolist() if dims.tp_enabled else None,
         "dp_enabled": dims.dp_enabled,
@@ -213,6 +221,50 @@ def parallelized(cfg, dims):
     }
 
 
+def pipelined(cfg, dims):
+    """torchtitan's pipeline_llm (what train.py runs with pipeline_parallel_degree > 1) on its
+    llama3 debugmodel with as many layers as the file's model parts name, on the meta device:
+    rank 0's stages and their modules, the schedule, and FSDP2 as applied to each part."""
+    from torch.distributed.fsdp import FSDPModule
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+    from torchtitan.models.llama3 import get_train_spec
+
+    spec = get_train_spec()
+    parts = cfg.parallelism.module_fqns_per_model_part or []
+    layers = sum(n.startswith("layers.") for part in parts for n in part)
+    args = dataclasses.replace(spec.model_args["debugmodel"], n_layers=layers)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    schedule, model_parts, has_first, has_last = pipeline_llm(
+        model, dims, cfg, torch.device("meta"), args, spec.parallelize_fn, lambda out, tgt: out.sum()
+    )
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    held = []
+    for stage, part in zip(stages, model_parts):
+        names = [n for n, m in part.named_children() if m is not None and not (
+            isinstance(m, (torch.nn.ModuleDict, torch.nn.ModuleList)) and len(m) == 0)]
+        layer_names = [f"layers.{k}" for k in getattr(part, "layers", {}).keys()]
+        held.append({
+            "stage": stage.stage_index,
+            "modules": sorted(n for n in names if n != "layers") + layer_names,
+        })
+    reshard = set()
+    for part in model_parts:
+        for mod in part.modules():
+            if isinstance(mod, FSDPModule):
+                group = mod._get_fsdp_state()._fsdp_param_group
+                reshard.add(group is not None and group.post_forward_mesh_info is not None)
+    return {
+        "schedule": type(schedule).__name__,
+        "n_microbatches": schedule._n_microbatches,
+        "stages_of_rank0": held,
+        "num_stages": stages[0].num_stages,
+        "has_first_stage": has_first,
+        "has_last_stage": has_last,
+        "fsdp_reshard": sorted(reshard),
+    }
+
+
 def one_case(path, ranks):
     import torchtitan.distributed.parallel_dims as pd_mod
     from torchtitan.config import ConfigManager
@@ -248,6 +300,8 @@ def one_case(path, ranks):
             **accumulation(cfg, mesh["dp"]),
             **parallelized(cfg, dims),
         }
+        if dims.pp_enabled:
+            case["pipeline"] = pipelined(cfg, dims)
     finally:
         dist.destroy_process_group()
     try:

@@ -1118,6 +1118,8 @@ struct TitanCase {
     full_ac: bool,
     /// Context-parallel degree (1: none).
     cp: u32,
+    /// Pipeline stages (1: none), 1F1B over 4 micro-batches, the global batch kept.
+    pp: u32,
 }
 
 /// `trainplan plan --framework torchtitan` on a tiny GPT (8 ranks, batch 4 per GPU), then the
@@ -1145,10 +1147,20 @@ fn titan_plan(dir: &Path, case: &TitanCase) -> trainplan::plan::Plan {
         degree: case.cp,
         global_batch: true,
     });
+    c.pipeline = (case.pp > 1).then_some(trainplan::plan::PipelineConfig {
+        stages: case.pp,
+        microbatches: 4,
+        schedule: "1f1b".into(),
+        chunks_per_rank: 1,
+        layers: 2,
+        first_stage_layers: None,
+        last_stage_layers: None,
+        global_batch: true,
+    });
     c.sharding = case.shard.map(|(replicas, reshard)| ShardConfig {
         stage: 3,
-        // Over the data-parallel ranks tensor parallelism leaves.
-        shard_size: p.workload.ranks / case.tp / replicas,
+        // Over the data-parallel ranks tensor parallelism and the pipeline leave.
+        shard_size: p.workload.ranks / case.tp / case.pp / replicas,
         replicas,
         reshard,
         prefetch: 1,
@@ -1198,8 +1210,9 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     let k = u64::from(case.k);
     let tp = u64::from(case.tp);
     let cp = u64::from(case.cp);
-    // The data-parallel ranks: one per tensor- and context-parallel group.
-    let dp = ranks / tp / cp;
+    let pp = u64::from(case.pp);
+    // The data-parallel ranks: one per tensor-, context-parallel and pipeline group.
+    let dp = ranks / tp / cp / pp;
     assert_eq!(seen["type_errors"], serde_json::json!([]), "{ctx}");
     let cfg = &seen["config"];
     let par = &cfg["parallelism"];
@@ -1210,7 +1223,7 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     assert_eq!(par["data_parallel_replicate_degree"], replicas, "{ctx}");
     assert_eq!(par["data_parallel_shard_degree"], shard, "{ctx}");
     assert_eq!(par["tensor_parallel_degree"], tp, "{ctx}");
-    assert_eq!(par["pipeline_parallel_degree"], 1, "{ctx}");
+    assert_eq!(par["pipeline_parallel_degree"], pp, "{ctx}");
     assert_eq!(par["context_parallel_degree"], cp, "{ctx}");
     // torchtitan's mesh: tp innermost (groups of consecutive ranks, as the pass places them),
     // the data-parallel ranks every tp-th.
@@ -1218,6 +1231,7 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     assert_eq!(mesh["dp"], dp, "{ctx}");
     assert_eq!(mesh["tp"], tp, "{ctx}");
     assert_eq!(mesh["cp"], cp, "{ctx}");
+    assert_eq!(mesh["pp"], pp, "{ctx}");
     assert_eq!(mesh["dp_replicate_enabled"], replicas > 1, "{ctx}");
     assert_eq!(mesh["fsdp_enabled"], case.shard.is_some(), "{ctx}");
     if tp > 1 {
@@ -1232,10 +1246,28 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
         assert!(seen["tp_placements"].is_null(), "{ctx}");
     }
     // Accumulation: torchtitan's own derivation gives k micro-batches of what one
-    // data-parallel rank (a tensor-parallel group) trains, ÷ k; the loss ÷ k; the global batch
-    // as planned.
+    // data-parallel rank (a tensor-parallel group, a pipeline replica) trains, ÷ k; the loss
+    // ÷ k; the global batch as planned. A pipeline's micro-batches are its own (k = 1).
     let tr = &cfg["training"];
-    assert_eq!(tr["local_batch_size"], batch * tp * cp / k, "{ctx}");
+    assert_eq!(tr["local_batch_size"], batch * tp * cp * pp / k, "{ctx}");
+    if pp > 1 {
+        // torch.distributed.pipelining as torchtitan builds it: 1F1B over the planned 4
+        // micro-batches; rank 0 holds stage 0, the embedding and the first of the 2 blocks,
+        // as the plan cuts them; FSDP2 keeps every part's parameters gathered for the step.
+        let pipe = &seen["pipeline"];
+        assert_eq!(par["pipeline_parallel_schedule"], "1F1B", "{ctx}");
+        assert_eq!(pipe["schedule"], "Schedule1F1B", "{ctx}");
+        assert_eq!(pipe["n_microbatches"], 4, "{ctx}");
+        assert_eq!(pipe["num_stages"], pp, "{ctx}");
+        assert_eq!(
+            pipe["stages_of_rank0"],
+            serde_json::json!([{"stage": 0, "modules": ["tok_embeddings", "layers.0"]}]),
+            "{ctx}"
+        );
+        assert_eq!(pipe["fsdp_reshard"], serde_json::json!([false]), "{ctx}");
+    } else {
+        assert!(seen["pipeline"].is_null(), "{ctx}");
+    }
     assert_eq!(tr["global_batch_size"], batch * ranks, "{ctx}");
     assert_eq!(seen["formula_in_train_py"], true, "{ctx}");
     assert_eq!(seen["divides"], true, "{ctx}");
@@ -1320,11 +1352,11 @@ fn check_titan(seen: &Value, plan: &trainplan::plan::Plan, case: &TitanCase) {
     assert_eq!(cfg["job"]["description"], want.as_str(), "{ctx}");
 }
 
-/// Issue 23: `export --to torchtitan` on unsharded, FSDP (with and without reshard), HSDP,
+/// Issues 23 and 24: `export --to torchtitan` on unsharded, FSDP (with and without reshard), HSDP,
 /// bf16 / fp16 AMP and accumulation plans; torchtitan 0.2.0's ConfigManager loads each file
 /// with the planned values, its ParallelDims accepts the degrees for the plan's ranks and
 /// builds the mesh (fake process group), and its llama3 parallelize applies FSDP2 / DDP,
-/// precision and the optimizer as planned. Stage 2 is refused naming the field.
+/// precision and the optimizer as planned, and its pipeline_llm the planned pipeline. Stage 2 is refused naming the field.
 #[test]
 fn torchtitan_exports_load_in_torchtitan_as_planned() {
     let Some(py) = python() else { return };
@@ -1337,6 +1369,7 @@ fn torchtitan_exports_load_in_torchtitan_as_planned() {
         tp,
         full_ac,
         cp: 1,
+        pp: 1,
     };
     let cases = [
         case("ddp", None, "fp32", 1, false, 1, false),
@@ -1354,6 +1387,13 @@ fn torchtitan_exports_load_in_torchtitan_as_planned() {
         TitanCase {
             cp: 2,
             ..case("tp-cp-fsdp", Some((1, true)), "bf16", 4, true, 2, false)
+        },
+        // A pipeline of 2 stages beside tensor parallelism of 2 and FSDP2 (without resharding)
+        // over the 2 data-parallel ranks: each replica of 4 ranks trains 16 samples in 4
+        // micro-batches of 4.
+        TitanCase {
+            pp: 2,
+            ..case("tp-pp-fsdp", Some((1, false)), "bf16", 1, true, 2, false)
         },
     ];
     let root = scratch("titan");

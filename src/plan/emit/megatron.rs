@@ -366,11 +366,15 @@ mod tests {
                 "{fw}: {err}"
             );
         }
+        // torchtitan runs a pipeline, but beside FSDP2 only where there are data-parallel ranks.
         let mut p = p;
         p.config.tensor_parallel = None;
         let err = emit_plan(&p, Framework::Torchtitan)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("config.pipeline"), "{err}");
+        assert!(
+            err.contains("config.sharding") && err.contains("beside a pipeline"),
+            "{err}"
+        );
     }
 }

@@ -209,12 +209,12 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
         });
     }
     if let Some(pp) = &plan.config.pipeline
-        && fw != Framework::Megatron
+        && !matches!(fw, Framework::Megatron | Framework::Torchtitan)
     {
         return Err(EmitError::Unsupported {
             field: "config.pipeline".into(),
             why: format!(
-                "this export has no pipeline parallelism ({} stages planned): it comes with --framework megatron (--pipeline-model-parallel-size); run without it, every rank would hold the whole model",
+                "this export has no pipeline parallelism ({} stages planned): it comes with --framework megatron (--pipeline-model-parallel-size) or torchtitan (parallelism.pipeline_parallel_degree); run without it, every rank would hold the whole model",
                 pp.stages
             ),
         });

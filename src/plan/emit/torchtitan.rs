@@ -21,7 +21,10 @@
 //! | `fused_ops` | — `compile.enable = false`: torchtitan compiles every block or none |
 //! | `tensor_parallel` degree t | `parallelism.tensor_parallel_degree` = t; the data-parallel degrees over ranks ÷ t; `local_batch_size` per tensor-parallel group. Refused ([`crate::search::framework::tp_supported`]): `sequence` false (torchtitan always shards the norms over the sequence), or more than one data-parallel rank without FSDP (torchtitan's DDP takes a 1-D mesh only) |
 //! | `context_parallel` degree c | `parallelism.context_parallel_degree` = c; `data_parallel_shard_degree` = `shard_size` ÷ c (FSDP2 shards over dp_shard × cp); `local_batch_size` per group. Refused ([`crate::search::framework::cp_supported`]) without sharding stage 3: torchtitan always shards with context parallelism |
-//! | pipeline | degree 1 |
+//! | `pipeline` stages p | `parallelism.pipeline_parallel_degree` = p; the data-parallel degrees over ranks ÷ (t × c × p); `local_batch_size` = the pipeline replica's batch, `pipeline_parallel_microbatch_size` = it ÷ the micro-batches (torchtitan runs local ÷ micro-batch size micro-batches and no accumulation) |
+//! | `pipeline` schedule | `pipeline_parallel_schedule` = `"1F1B"`, `"Interleaved1F1B"` (v chunks per rank: `stages × v` model parts, part `c` on pipeline rank `c mod p`, torchtitan's "loop" placement as planned), `"GPipe"` |
+//! | `pipeline` layers per stage | `module_fqns_per_model_part`: torchtitan's llama3 module names (`tok_embeddings` with the first part, `norm` and `output` with the last) cut as the plan cuts its blocks ([`crate::graph::pipeline::split`]) |
+//! | `pipeline` beside `sharding` | stage 3 with `reshard` false only (`fsdp_reshard_after_forward = "never"`, what torchtitan's `"default"` picks with a pipeline: FSDP2 gathers once per step, torch.distributed.pipelining syncs gradients on the last micro-batch), or no data parallelism; refused otherwise ([`crate::search::framework::pipeline_beside`]) |
 //! | model | `[model]` `name` / `flavor` = `"set-me"`: the plan's model (a zoo stand-in, or a traced model) is not one of torchtitan's registered models; torchtitan refuses the placeholder until the user sets it |
 //!
 //! Plan text reaches the file only as a TOML string through [`toml_str`] (`job.description`)
@@ -36,6 +39,8 @@ enum Value {
     Int(u64),
     Bool(bool),
     Str(String),
+    /// An array of arrays of strings (`module_fqns_per_model_part`).
+    Parts(Vec<Vec<String>>),
 }
 
 impl Value {
@@ -44,6 +49,16 @@ impl Value {
             Value::Int(v) => v.to_string(),
             Value::Bool(b) => b.to_string(),
             Value::Str(s) => toml_str(s),
+            Value::Parts(parts) => {
+                let inner: Vec<String> = parts
+                    .iter()
+                    .map(|p| {
+                        let names: Vec<String> = p.iter().map(|n| toml_str(n)).collect();
+                        format!("[{}]", names.join(", "))
+                    })
+                    .collect();
+                format!("[\n    {},\n]", inner.join(",\n    "))
+            }
         }
     }
 }
@@ -80,11 +95,12 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let sharding = supported_sharding(plan)?;
     let tp = supported_tp(plan, sharding)?;
     let cp = supported_cp(plan, sharding)?;
+    let pp = supported_pipeline(plan, sharding, tp, cp)?;
     let param_dtype = param_dtype(plan, f)?;
     let sections = [
         job(plan),
         model(plan),
-        parallelism(plan, sharding, tp, cp),
+        parallelism(plan, f, sharding, (tp, cp), pp.as_ref()),
         training(plan, f, param_dtype),
         optimizer(f),
         activation_checkpoint(plan),
@@ -220,6 +236,77 @@ fn supported_cp(plan: &Plan, sharding: Option<&ShardConfig>) -> Result<u32, Emit
     Ok(cp)
 }
 
+/// The plan's pipeline as torchtitan runs it: its degree, schedule name and model parts.
+struct Pipe {
+    stages: u32,
+    schedule: &'static str,
+    parts: Vec<Vec<String>>,
+}
+
+/// The plan's pipeline, when torchtitan can run it: a schedule torch.distributed.pipelining
+/// has ([`crate::search::framework::pipeline_supported`]), beside FSDP2 without resharding or
+/// no data parallelism ([`crate::search::framework::pipeline_beside`]); else the field it
+/// cannot.
+fn supported_pipeline(
+    plan: &Plan,
+    sharding: Option<&ShardConfig>,
+    tp: u32,
+    cp: u32,
+) -> Result<Option<Pipe>, EmitError> {
+    use crate::cost::framework::Framework::Torchtitan;
+    let Some(p) = &plan.config.pipeline else {
+        return Ok(None);
+    };
+    crate::search::framework::pipeline_supported(Torchtitan, &p.schedule).map_err(|why| {
+        EmitError::Unsupported {
+            field: "config.pipeline.schedule".into(),
+            why: format!("{}: {why}", comment_text(&p.schedule)),
+        }
+    })?;
+    let dp = plan.workload.ranks / (tp * cp * p.stages).max(1);
+    if dp > 1 || sharding.is_some() {
+        crate::search::framework::pipeline_beside(
+            Some(Torchtitan),
+            sharding.map(|sh| sh.stage),
+            sharding.is_some_and(|sh| sh.reshard),
+        )
+        .map_err(|why| EmitError::Unsupported {
+            field: "config.sharding".into(),
+            why: format!("beside a pipeline of {} stages: {why}", p.stages),
+        })?;
+    }
+    let chunks = p.stages * p.chunks_per_rank.max(1);
+    let sizes = crate::graph::pipeline::split(p.layers, chunks).ok_or_else(|| {
+        EmitError::Inconsistent(format!(
+            "config.pipeline: {} layers cannot be cut into {chunks} model parts",
+            p.layers
+        ))
+    })?;
+    let mut parts = Vec::with_capacity(sizes.len());
+    let mut next = 0u32;
+    for (i, &n) in sizes.iter().enumerate() {
+        let mut part = Vec::new();
+        if i == 0 {
+            part.push("tok_embeddings".to_string());
+        }
+        part.extend((next..next + n).map(|l| format!("layers.{l}")));
+        next += n;
+        if i + 1 == sizes.len() {
+            part.extend(["norm".to_string(), "output".to_string()]);
+        }
+        parts.push(part);
+    }
+    Ok(Some(Pipe {
+        stages: p.stages,
+        schedule: match p.schedule.as_str() {
+            "interleaved" => "Interleaved1F1B",
+            "gpipe" => "GPipe",
+            _ => "1F1B",
+        },
+        parts,
+    }))
+}
+
 /// `training.mixed_precision_param` for the plan's dtype: bf16 AMP → bfloat16; fp32, and fp16
 /// AMP, which torchtitan cannot run (a note says so) → float32.
 fn param_dtype(plan: &Plan, f: &Facts) -> Result<&'static str, EmitError> {
@@ -271,10 +358,18 @@ fn model(plan: &Plan) -> Section {
     }
 }
 
-fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32, cp: u32) -> Section {
+fn parallelism(
+    plan: &Plan,
+    f: &Facts,
+    sharding: Option<&ShardConfig>,
+    (tp, cp): (u32, u32),
+    pp: Option<&Pipe>,
+) -> Section {
     let ranks = u64::from(plan.workload.ranks);
-    // The data-parallel ranks: every rank, or one per tensor- and context-parallel group.
-    let dp = ranks / u64::from(tp.max(1)) / u64::from(cp.max(1));
+    let stages = pp.map_or(1, |p| p.stages.max(1));
+    // The data-parallel ranks: every rank, or one per tensor-, context-parallel and pipeline
+    // group.
+    let dp = ranks / u64::from(tp.max(1)) / u64::from(cp.max(1)) / u64::from(stages);
     let mut entries = Vec::new();
     let mut comments = Vec::new();
     let comment = match sharding {
@@ -327,9 +422,24 @@ fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32, cp: u32) ->
     }
     entries.extend([
         ("tensor_parallel_degree", Value::Int(tp.into())),
-        ("pipeline_parallel_degree", Value::Int(1)),
+        ("pipeline_parallel_degree", Value::Int(stages.into())),
         ("context_parallel_degree", Value::Int(cp.into())),
     ]);
+    if let Some(p) = pp {
+        let micro = plan.config.pipeline.as_ref().map_or(1, |c| c.microbatches);
+        comments.push(format!(
+            "pipeline of {} stages (the outermost mesh dimension), {} schedule, {} model part(s) of torchtitan's llama3 modules cut as planned, part c on pipeline rank c mod {}; {micro} micro-batches per step; FSDP2 keeps each stage's parameters gathered for the step beside it",
+            p.stages,
+            p.schedule,
+            p.parts.len(),
+            p.stages
+        ));
+        entries.push(("pipeline_parallel_schedule", s(p.schedule)));
+        if let Some(mb) = f.micro_batch {
+            entries.push(("pipeline_parallel_microbatch_size", Value::Int(mb.into())));
+        }
+        entries.push(("module_fqns_per_model_part", Value::Parts(p.parts.clone())));
+    }
     Section {
         name: "parallelism",
         comments,
@@ -340,15 +450,26 @@ fn parallelism(plan: &Plan, sharding: Option<&ShardConfig>, tp: u32, cp: u32) ->
 fn training(plan: &Plan, f: &Facts, param_dtype: &'static str) -> Section {
     let tp = plan.config.tensor_parallel.as_ref();
     let cp = crate::plan::cp_degree(&plan.config);
-    // torchtitan's batch sizes are per data-parallel rank: a tensor- and context-parallel
-    // group's.
-    let dp = u64::from(plan.workload.ranks / tp.map_or(1, |t| t.degree.max(1)) / cp);
+    let pp = plan.config.pipeline.as_ref();
+    // torchtitan's batch sizes are per data-parallel rank: a tensor-, context-parallel and
+    // pipeline group's.
+    let dp = u64::from(
+        plan.workload.ranks
+            / tp.map_or(1, |t| t.degree.max(1))
+            / cp
+            / pp.map_or(1, |p| p.stages.max(1)),
+    );
     let mut comments = Vec::new();
     let mut entries = Vec::new();
     match (plan.workload.batch(), f.micro_batch) {
         (Some(batch), Some(micro)) => {
             let replica = crate::plan::replica_batch(&plan.config, batch);
             comments.push(match tp {
+                _ if pp.is_some() => format!(
+                    "batch {batch} per GPU: each pipeline replica ({} ranks) trains {replica} per step as {} micro-batches of {micro} (pipeline_parallel_microbatch_size), no accumulation",
+                    plan.workload.ranks / dp.max(1) as u32,
+                    f.k
+                ),
                 _ if cp > 1 => format!(
                     "batch {batch} per GPU: each group of {} ranks (tensor x context parallel) trains {replica}, in {} micro-batch(es) of {micro}; torchtitan runs global / (local x {dp} data-parallel ranks) = {} per step",
                     tp.map_or(1, |t| t.degree.max(1)) * cp, f.k, f.k
@@ -362,7 +483,9 @@ fn training(plan: &Plan, f: &Facts, param_dtype: &'static str) -> Section {
                     f.k, f.k
                 ),
             });
-            entries.push(("local_batch_size", Value::Int(micro.into())));
+            // With a pipeline torchtitan splits its local batch into the micro-batches.
+            let local = if pp.is_some() { replica } else { micro };
+            entries.push(("local_batch_size", Value::Int(local.into())));
             entries.push((
                 "global_batch_size",
                 Value::Int(u64::from(replica) * dp),
@@ -436,6 +559,16 @@ fn notes(plan: &Plan, f: &Facts, sharding: Option<&ShardConfig>) -> Vec<String> 
             ));
         }
     }
+    if let Some(p) = &plan.config.pipeline {
+        notes.push(format!(
+            "pipeline: module_fqns_per_model_part names torchtitan's llama3 modules (tok_embeddings, layers.0 .. layers.{}, norm, output) cut as the plan cuts its {} blocks; for another torchtitan model rename them, keeping the cut",
+            p.layers.saturating_sub(1),
+            p.layers
+        ));
+        if sharding.is_some() {
+            notes.push("pipeline beside FSDP2: torch.distributed.pipelining reduce-scatters each stage's gradients once its last micro-batch's backward is done, all of them after it; the plan starts each block's as its last backward ends, and prices the parameters' gather at the end of the step where torchtitan gathers them under the next step's first forward (the two differ from the run in opposite directions, by at most one stage's collectives)".into());
+        }
+    }
     if f.half.as_deref() == Some("fp16") {
         notes.push("the plan's AMP in fp16 is not applied: torchtitan's mixed_precision_param is bfloat16 or float32 and it has no loss scaler, so the file runs in float32 and the predicted time counts a speed-up it will not get (plan with --precision bf16 on a GPU with bf16)".into());
     }
@@ -507,6 +640,109 @@ mod tests {
 
     fn str_of<'a>(t: &'a toml::Table, sec: &str, key: &str) -> Option<&'a str> {
         t[sec].get(key).and_then(|v| v.as_str())
+    }
+
+    /// The sharded plan (8 ranks, batch 4 per GPU, FSDP2 without resharding) pipelined over
+    /// `stages` x `chunks` parts of its 4 layers in 4 micro-batches, no accumulation.
+    fn pipelined(schedule: &str, stages: u32, chunks: u32) -> Plan {
+        let mut p = sharded(1, false);
+        // A stage's data-parallel ranks: 8 / stages.
+        p.config.sharding.as_mut().unwrap().shard_size = 8 / stages;
+        p.config.grad_accumulation = 1;
+        p.decisions.retain(|d| d.pass != "grad-accumulation");
+        p.config.pipeline = Some(crate::plan::PipelineConfig {
+            stages,
+            microbatches: 4,
+            schedule: schedule.into(),
+            chunks_per_rank: chunks,
+            layers: 4,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            global_batch: true,
+        });
+        p
+    }
+
+    fn parts(t: &toml::Table) -> Vec<Vec<String>> {
+        t["parallelism"]["module_fqns_per_model_part"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                p.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.as_str().unwrap().to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pipeline_sets_the_degree_schedule_parts_and_micro_batches() {
+        let (t, notes) = check(&pipelined("1f1b", 2, 1));
+        let par = |k: &str| int(&t, "parallelism", k);
+        assert_eq!(par("pipeline_parallel_degree"), Some(2));
+        // Each stage shards over its 4 data-parallel ranks.
+        assert_eq!(par("data_parallel_shard_degree"), Some(4));
+        assert_eq!(par("data_parallel_replicate_degree"), Some(1));
+        assert_eq!(
+            str_of(&t, "parallelism", "pipeline_parallel_schedule"),
+            Some("1F1B")
+        );
+        assert_eq!(
+            str_of(&t, "parallelism", "fsdp_reshard_after_forward"),
+            Some("never")
+        );
+        // A replica of 2 stages trains 2 x 4 = 8 samples in 4 micro-batches of 2; 4
+        // replicas: the global 32 kept.
+        assert_eq!(par("pipeline_parallel_microbatch_size"), Some(2));
+        assert_eq!(int(&t, "training", "local_batch_size"), Some(8));
+        assert_eq!(int(&t, "training", "global_batch_size"), Some(32));
+        assert_eq!(
+            parts(&t),
+            vec![
+                vec!["tok_embeddings", "layers.0", "layers.1"],
+                vec!["layers.2", "layers.3", "norm", "output"],
+            ]
+        );
+        assert!(
+            notes.iter().any(|n| n.contains("llama3 modules")),
+            "{notes:?}"
+        );
+        // Interleaved: 2 stages x 2 chunks, a layer each, the ends holding the embedding and
+        // the head; GPipe by its name.
+        let (t, _) = check(&pipelined("interleaved", 2, 2));
+        assert_eq!(
+            str_of(&t, "parallelism", "pipeline_parallel_schedule"),
+            Some("Interleaved1F1B")
+        );
+        assert_eq!(
+            parts(&t),
+            vec![
+                vec!["tok_embeddings", "layers.0"],
+                vec!["layers.1"],
+                vec!["layers.2"],
+                vec!["layers.3", "norm", "output"],
+            ]
+        );
+        let (t, _) = check(&pipelined("gpipe", 2, 1));
+        assert_eq!(
+            str_of(&t, "parallelism", "pipeline_parallel_schedule"),
+            Some("GPipe")
+        );
+        // Resharding FSDP2 or DDP beside a pipeline: refused, naming the field.
+        let mut r = pipelined("1f1b", 2, 1);
+        r.config.sharding.as_mut().unwrap().reshard = true;
+        let mut ddp = pipelined("1f1b", 2, 1);
+        ddp.config.sharding = None;
+        for q in [r, ddp] {
+            let err = emit_plan(&q, Framework::Torchtitan)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("config.sharding"), "{err}");
+            assert!(err.contains("reshard=0"), "{err}");
+        }
     }
 
     #[test]
