@@ -84,7 +84,11 @@ fn an_impossible_pipeline_exits_3_naming_the_constraint() {
     );
     bad(
         &["shard:stage=3", "pipeline:stages=2,microbatches=2"],
-        "beyond stage 1 (reduce-scatter of",
+        "gathering again for every backward (reshard=1) is not modelled: plan shard:stage=3,reshard=0",
+    );
+    bad(
+        &["shard:stage=2", "pipeline:stages=2,microbatches=2"],
+        "sharding stage 2 (reduce-scatter of",
     );
     check_bad_input(
         &[
