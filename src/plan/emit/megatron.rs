@@ -226,7 +226,7 @@ mod tests {
     use super::super::tests::tiny_plan;
     use super::super::{Framework, emit as emit_plan};
     use super::*;
-    use crate::plan::{PipelineConfig, TensorParallelConfig};
+    use crate::plan::TensorParallelConfig;
 
     /// The arguments of the array, one per line, as bash would split them.
     fn args(p: &Plan) -> Vec<String> {
@@ -253,24 +253,12 @@ mod tests {
     /// tensor parallelism of 2 and 2 stages of 4 layers in `schedule`, 4 micro-batches.
     fn three_d(schedule: &str, chunks: u32) -> Plan {
         let mut p = tiny_plan();
-        p.config.grad_accumulation = 1;
-        p.decisions.retain(|d| d.pass != "grad-accumulation");
         p.config.tensor_parallel = Some(TensorParallelConfig {
             degree: 2,
             sequence: true,
             global_batch: true,
         });
-        p.config.pipeline = Some(PipelineConfig {
-            stages: 2,
-            microbatches: 4,
-            schedule: schedule.into(),
-            chunks_per_rank: chunks,
-            layers: 4,
-            first_stage_layers: None,
-            last_stage_layers: None,
-            global_batch: true,
-        });
-        p
+        super::super::tests::pipelined(p, 2, schedule, chunks)
     }
 
     #[test]

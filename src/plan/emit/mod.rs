@@ -675,6 +675,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// `plan` without accumulation, pipelined over `stages` × `chunks` parts of 4 layers in 4
+    /// micro-batches in `schedule`, the global batch kept.
+    pub(crate) fn pipelined(mut plan: Plan, stages: u32, schedule: &str, chunks: u32) -> Plan {
+        plan.config.grad_accumulation = 1;
+        plan.decisions.retain(|d| d.pass != "grad-accumulation");
+        plan.config.pipeline = Some(crate::plan::PipelineConfig {
+            stages,
+            microbatches: 4,
+            schedule: schedule.into(),
+            chunks_per_rank: chunks,
+            layers: 4,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            global_batch: true,
+        });
+        plan
+    }
+
     /// A tiny plan: 4 layers `net.{0..3}` with weight+bias each (tensors in gradient-ready order
     /// `net.3.*` first), grouped [[net.3.weight, net.3.bias], [net.2.weight], [net.2.bias,
     /// net.1.weight, net.1.bias], [net.0.weight], [net.0.bias]]; bytes: weights 4 MiB, biases

@@ -648,19 +648,7 @@ mod tests {
         let mut p = sharded(1, false);
         // A stage's data-parallel ranks: 8 / stages.
         p.config.sharding.as_mut().unwrap().shard_size = 8 / stages;
-        p.config.grad_accumulation = 1;
-        p.decisions.retain(|d| d.pass != "grad-accumulation");
-        p.config.pipeline = Some(crate::plan::PipelineConfig {
-            stages,
-            microbatches: 4,
-            schedule: schedule.into(),
-            chunks_per_rank: chunks,
-            layers: 4,
-            first_stage_layers: None,
-            last_stage_layers: None,
-            global_batch: true,
-        });
-        p
+        super::super::tests::pipelined(p, stages, schedule, chunks)
     }
 
     fn parts(t: &toml::Table) -> Vec<Vec<String>> {
