@@ -291,7 +291,19 @@ pub fn evaluate(job: Job) -> Result<Evaluated, JobError> {
     let ops = crate::graph::bounds::expanded_ops(&job);
     let need = ops.saturating_mul(crate::limits::EVAL_BYTES_PER_OP);
     if need >= 64 << 20 {
-        crate::limits::check(|| format!("evaluating a graph of {ops} ops"), need)
+        // The full graph of a ring job has a symmetric form a user can ask for (plan uses it).
+        let hint = if !job.symmetric
+            && job.workers > 1
+            && job.comm.scheme == crate::cost::config::SyncScheme::Ring
+        {
+            format!(
+                " (all {} workers; --symmetric replays one and the quotient ring)",
+                job.workers
+            )
+        } else {
+            String::new()
+        };
+        crate::limits::check(|| format!("evaluating a graph of {ops} ops{hint}"), need)
             .map_err(|e| JobError::Invalid(e.to_string()))?;
     }
     let (graph, local_of) = match &job.meta.pipeline {

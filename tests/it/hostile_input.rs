@@ -522,6 +522,41 @@ fn replay_honours_max_memory() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `whatif` on a large ring job evaluates the full graph unless told `--symmetric`: over the
+/// ceiling it says so and names the form that fits, which then runs under the same ceiling.
+#[test]
+fn whatif_over_the_ceiling_names_the_symmetric_form() {
+    let dir = scratch("whatif-ceiling");
+    let cluster = v100_cluster(&dir, 64);
+    let args = [
+        "whatif",
+        "--model",
+        "bert-base",
+        "--cluster",
+        &cluster,
+        "--pass",
+        "amp",
+        "--max-memory",
+        "300MiB",
+    ];
+    let err = bad_input(
+        &dir,
+        &args,
+        &[
+            "evaluating a graph of ",
+            "(all 512 workers; --symmetric replays one and the quotient ring)",
+            "more than the ceiling of 0.3 GB",
+        ],
+    );
+    assert!(err.len() < 400, "{err}");
+    let mut sym = args.to_vec();
+    sym.push("--symmetric");
+    let (code, out, err) = run_limited(&dir, &sym, None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("what if amp"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn pass_files_that_amplify_are_refused_naming_the_file_rule_and_limit() {
     let dir = scratch("pass-amplify");
