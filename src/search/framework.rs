@@ -363,6 +363,7 @@ pub fn offload_supported(fw: Framework) -> Result<(), &'static str> {
 /// |---|---|---|---|
 /// | torchtitan 0.2.0 | `tensor_parallel_degree` | — (its TP plan always puts `SequenceParallel` on the norms) | — (`parallelize_llama`: "DDP has not supported > 1D parallelism") |
 /// | megatron | `--tensor-model-parallel-size`, `--sequence-parallel` | without `--sequence-parallel` | its own DDP |
+/// | pytorch (DTensor, a Llama-style model: [`native_layout`]) | `SequenceParallel` norms, reduce-scattered row-parallel outputs | column/row-parallel only | — (DDP takes no DTensor parameters) |
 /// | other exports | — | — | — |
 pub fn tp_supported(
     fw: Framework,
@@ -377,9 +378,12 @@ pub fn tp_supported(
         Framework::Torchtitan if dp_ranks > 1 && !fsdp => Err(
             "torchtitan 0.2.0 applies DDP to a one-dimensional mesh only: with tensor parallelism the data-parallel ranks must be sharded (FSDP2, shard:stage=3)",
         ),
-        Framework::Torchtitan | Framework::Megatron => Ok(()),
+        Framework::Pytorch if dp_ranks > 1 && !fsdp => Err(
+            "PyTorch-native tensor parallelism (DTensor) runs beside FSDP2 over the data-parallel ranks, not DDP, which takes no DTensor parameters: plan shard:stage=3",
+        ),
+        Framework::Torchtitan | Framework::Megatron | Framework::Pytorch => Ok(()),
         _ => Err(
-            "this framework's export has no tensor parallelism (it comes with --framework torchtitan or megatron)",
+            "this framework's export has no tensor parallelism (it comes with --framework torchtitan, megatron or pytorch)",
         ),
     }
 }
@@ -404,6 +408,34 @@ pub fn cp_supported(fw: Framework, fsdp: bool) -> Result<(), &'static str> {
     }
 }
 
+/// Whether `fw`'s export can lay out a model whose parameters are `names` over tensor or
+/// pipeline parallelism: `Err(why not)`. The PyTorch-native export splits Hugging Face
+/// Llama-style causal LMs (`model.embed_tokens`, `model.layers.N` blocks of `nn.Linear`
+/// projections, `model.norm`, `lm_head`), which DTensor's column- and row-parallel styles
+/// take; GPT-2's fused `Conv1D` projections and BERT are not. torchtitan and Megatron-LM
+/// export their own model definitions: any.
+pub fn native_layout<'a>(
+    fw: Framework,
+    mut names: impl Iterator<Item = &'a str>,
+) -> Result<(), &'static str> {
+    if fw != Framework::Pytorch {
+        return Ok(());
+    }
+    let (mut embed, mut head, mut block) = (false, false, false);
+    for n in names.by_ref() {
+        embed |= n == "model.embed_tokens.weight";
+        head |= n == "lm_head.weight";
+        block |= n.starts_with("model.layers.") && n.ends_with(".self_attn.q_proj.weight");
+    }
+    if embed && head && block {
+        Ok(())
+    } else {
+        Err(
+            "the PyTorch-native export lays out Hugging Face Llama-style models only (model.embed_tokens, model.layers.N.self_attn.q_proj, lm_head: --model llama and its presets); other models get tensor and pipeline parallelism with --framework torchtitan or megatron",
+        )
+    }
+}
+
 /// Whether `fw`'s export can run a pipeline in `schedule` (`1f1b`, `gpipe`, `interleaved`):
 /// `Err(why not)`.
 ///
@@ -411,6 +443,7 @@ pub fn cp_supported(fw: Framework, fsdp: bool) -> Result<(), &'static str> {
 /// |---|---|---|---|
 /// | megatron | `--pipeline-model-parallel-size` | and `--num-layers-per-virtual-pipeline-stage` | — (Megatron-LM's schedules are 1F1B and interleaved 1F1B) |
 /// | torchtitan 0.2.0 | `pipeline_parallel_schedule = "1F1B"` | `"Interleaved1F1B"` | `"GPipe"` (torch.distributed.pipelining's schedules) |
+/// | pytorch (a Llama-style model: [`native_layout`]) | `Schedule1F1B` | `ScheduleInterleaved1F1B` | `ScheduleGPipe` |
 /// | other exports | — | — | — |
 pub fn pipeline_supported(fw: Framework, schedule: &str) -> Result<(), &'static str> {
     match (fw, schedule) {
@@ -418,12 +451,12 @@ pub fn pipeline_supported(fw: Framework, schedule: &str) -> Result<(), &'static 
         (Framework::Megatron, _) => Err(
             "Megatron-LM runs the 1F1B and interleaved 1F1B schedules (get_forward_backward_func): plan schedule=1f1b or interleaved",
         ),
-        (Framework::Torchtitan, "1f1b" | "interleaved" | "gpipe") => Ok(()),
-        (Framework::Torchtitan, _) => Err(
-            "torchtitan's pipeline_parallel_schedule names torch.distributed.pipelining's schedules: plan schedule=1f1b, interleaved or gpipe",
+        (Framework::Torchtitan | Framework::Pytorch, "1f1b" | "interleaved" | "gpipe") => Ok(()),
+        (Framework::Torchtitan | Framework::Pytorch, _) => Err(
+            "torch.distributed.pipelining runs the 1F1B, interleaved 1F1B and GPipe schedules: plan schedule=1f1b, interleaved or gpipe",
         ),
         _ => Err(
-            "this framework's export has no pipeline parallelism (it comes with --framework megatron or torchtitan)",
+            "this framework's export has no pipeline parallelism (it comes with --framework megatron, torchtitan or pytorch)",
         ),
     }
 }
@@ -435,6 +468,7 @@ pub fn pipeline_supported(fw: Framework, schedule: &str) -> Result<(), &'static 
 /// |---|---|---|---|
 /// | megatron | its DDP | `--use-distributed-optimizer` | — |
 /// | torchtitan 0.2.0 | — (DDP takes a one-dimensional mesh only) | — | FSDP2 on `dp_shard`, `fsdp_reshard_after_forward = "never"` (its `"default"` with a pipeline) |
+/// | pytorch | — (the export runs FSDP2 beside its parallel layouts) | — | FSDP2 on the data-parallel mesh, `reshard_after_forward=False` |
 ///
 /// The `pipeline` pass itself refuses stage 2 and stage 3 with `reshard=1` (see its docs).
 pub fn pipeline_beside(
@@ -444,9 +478,12 @@ pub fn pipeline_beside(
 ) -> Result<(), &'static str> {
     match (fw, stage) {
         (None, None | Some(1)) | (Some(Framework::Megatron), None | Some(1)) => Ok(()),
-        (None | Some(Framework::Torchtitan), Some(3)) if !reshard => Ok(()),
+        (None | Some(Framework::Torchtitan | Framework::Pytorch), Some(3)) if !reshard => Ok(()),
         (Some(Framework::Torchtitan), _) => Err(
             "torchtitan 0.2.0 runs a pipeline beside FSDP2 that keeps the parameters gathered for the step (shard:stage=3,reshard=0); its DDP takes a one-dimensional mesh only",
+        ),
+        (Some(Framework::Pytorch), _) => Err(
+            "the PyTorch-native export runs a pipeline beside FSDP2 that keeps the parameters gathered for the step (shard:stage=3,reshard=0)",
         ),
         (Some(Framework::Megatron), _) => Err(
             "Megatron-LM runs a pipeline beside its DDP or its distributed optimizer (shard:stage=1)",

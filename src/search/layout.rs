@@ -6,10 +6,11 @@
 //! parallelism only adds communication to a job with room), and one that does not meets each
 //! tensor-parallel degree the pass takes, with and without each sharding the framework's export
 //! applies, before recomputation and accumulation (see `memory_options` in the parent module).
-//! Where the export runs a pipeline (`--framework megatron` or `torchtitan`), each
+//! Where the export runs a pipeline (`--framework megatron`, `torchtitan`, or `pytorch` for a
+//! Llama-style model: [`framework::native_layout`]), each
 //! tensor-parallel degree also meets each pipeline depth ([`pp_layouts`]), beside each sharding
 //! the export runs with one ([`beside_pipeline`]: Megatron-LM's DDP and distributed optimizer,
-//! torchtitan's FSDP2 without resharding) and with and without recomputation, in 1F1B; the
+//! torchtitan's and PyTorch's FSDP2 without resharding) and with and without recomputation, in 1F1B; the
 //! fastest pipelined option that fits is then tried interleaved ([`interleaved`]). Context
 //! parallelism is the last resort: where no option without it fits (a long sequence whose one
 //! sample per group is too much), each degree the pass takes ([`cp_layouts`]) meets each
@@ -17,6 +18,7 @@
 //! group per micro-step) or a pipeline, with and without recomputation.
 
 use super::{Evaluated, Framework, KnobbedPass, budget_peak, framework};
+use crate::graph::job::Job;
 
 /// The tensor-parallel layouts the memory step tries on `cur`: each degree the pass takes
 /// ([`crate::passes::tensor_parallel::degrees`]), with sequence parallelism (its activations
@@ -40,8 +42,15 @@ pub(super) fn tp_layouts(cur: &Evaluated) -> Vec<KnobbedPass> {
 /// Whether `fw`'s export applies the tensor parallelism of `head` (none: yes) with the
 /// sharding that follows it in `head` ([`framework::tp_supported`]), and its pipeline's
 /// schedule ([`framework::pipeline_supported`]).
-pub(super) fn layout_exported(head: &[KnobbedPass], workers: u32, fw: Option<Framework>) -> bool {
+pub(super) fn layout_exported(head: &[KnobbedPass], job: &Job, fw: Option<Framework>) -> bool {
     let Some(fw) = fw else { return true };
+    let workers = job.workers;
+    if (knob_of(head, "tensor-parallel", "degree").is_some()
+        || knob_of(head, "pipeline", "stages").is_some())
+        && !laid_out(job, Some(fw))
+    {
+        return false;
+    }
     if let Some(s) = text_knob(head, "pipeline", "schedule")
         && framework::pipeline_supported(fw, s).is_err()
     {
@@ -57,6 +66,14 @@ pub(super) fn layout_exported(head: &[KnobbedPass], workers: u32, fw: Option<Fra
         return true;
     };
     framework::tp_supported(fw, true, workers / t.max(1), fsdp).is_ok()
+}
+
+/// Whether `fw`'s export lays `job`'s model out over tensor or pipeline parallelism at all
+/// ([`framework::native_layout`]: the PyTorch-native export splits Llama-style models only).
+fn laid_out(job: &Job, fw: Option<Framework>) -> bool {
+    fw.is_none_or(|fw| {
+        framework::native_layout(fw, job.local.tensors.iter().map(|t| t.name.as_str())).is_ok()
+    })
 }
 
 /// Whether the memory step tries pipelines after `head`: its sharding is one a pipeline runs
@@ -103,6 +120,7 @@ pub const MAX_STAGES: u32 = 32;
 pub(super) fn pp_layouts(cur: &Evaluated, tp: u32, fw: Option<Framework>) -> Vec<KnobbedPass> {
     if fw.is_some_and(|fw| framework::pipeline_supported(fw, "1f1b").is_err())
         || cur.job.is_recorded()
+        || !laid_out(&cur.job, fw)
     {
         return Vec::new();
     }
@@ -145,6 +163,7 @@ pub(super) fn interleaved(
     let m = knob_of(steps, "pipeline", "microbatches")?;
     if text_knob(steps, "pipeline", "schedule") != Some("1f1b")
         || fw.is_some_and(|fw| framework::pipeline_supported(fw, "interleaved").is_err())
+        || !laid_out(&cur.job, fw)
         || !m.is_multiple_of(p)
     {
         return None;
@@ -444,9 +463,19 @@ mod tests {
             "8 chunks do not divide 12"
         );
         assert!(interleaved(&alt, &cur, mega).is_none());
+        // PyTorch runs the schedule, but its export lays out Llama-style models only.
         assert!(interleaved(&one[..1], &cur, Some(Framework::Pytorch)).is_none());
-        assert!(layout_exported(&one[..1], 8, mega));
-        assert!(!layout_exported(&one[..1], 8, Some(Framework::Deepspeed)));
+        assert!(layout_exported(&one[..1], &cur.job, mega));
+        assert!(!layout_exported(
+            &one[..1],
+            &cur.job,
+            Some(Framework::Pytorch)
+        ));
+        assert!(!layout_exported(
+            &one[..1],
+            &cur.job,
+            Some(Framework::Deepspeed)
+        ));
     }
 
     #[test]
@@ -459,15 +488,33 @@ mod tests {
         };
         let fsdp: KnobbedPass = ("shard".into(), vec![("stage".into(), "3".into())]);
         let tt = Some(Framework::Torchtitan);
-        assert!(layout_exported(&[], 16, tt));
-        assert!(!layout_exported(&[tp("8")], 16, tt));
-        assert!(layout_exported(&[tp("8")], 8, tt));
-        assert!(layout_exported(&[tp("8"), fsdp.clone()], 16, tt));
-        assert!(!layout_exported(
-            &[tp("8"), fsdp],
-            16,
-            Some(Framework::Pytorch)
-        ));
-        assert!(layout_exported(&[tp("8")], 16, None));
+        let pt = Some(Framework::Pytorch);
+        let (_, mut j16) = crate::zoo::build::test_job("gpt", 2, "8xv100");
+        j16.workers = 16;
+        let (_, j8) = crate::zoo::build::test_job("gpt", 2, "8xv100");
+        assert!(layout_exported(&[], &j16, tt));
+        assert!(!layout_exported(&[tp("8")], &j16, tt));
+        assert!(layout_exported(&[tp("8")], &j8, tt));
+        assert!(layout_exported(&[tp("8"), fsdp.clone()], &j16, tt));
+        // PyTorch (DTensor): beside FSDP2, on a Llama-style model only (not GPT-2).
+        assert!(!layout_exported(&[tp("8"), fsdp.clone()], &j16, pt));
+        let opts = crate::zoo::ModelOptions {
+            batch: Some(1),
+            layers: Some(2),
+            hidden: Some(256),
+            heads: Some(8),
+            kv_heads: Some(8),
+            ffn: Some(512),
+            seq: Some(128),
+            vocab: Some(1000),
+            ..Default::default()
+        };
+        let (_, mut llama) = crate::zoo::build::test_job_with("llama", &opts, "8xv100");
+        llama.workers = 16;
+        assert!(layout_exported(&[tp("8"), fsdp.clone()], &llama, pt));
+        assert!(!layout_exported(&[tp("8")], &llama, pt));
+        let cur = crate::passes::evaluate(llama).unwrap();
+        assert!(!pp_layouts(&cur, 1, pt).is_empty());
+        assert!(layout_exported(&[tp("8")], &j16, None));
     }
 }

@@ -1596,7 +1596,7 @@ fn memory_options(
             for sh in std::iter::once(None).chain(shards.iter().map(Some)) {
                 let mut h = base.clone();
                 h.extend(sh.cloned());
-                if layout::layout_exported(&h, cur.job.workers, fw) {
+                if layout::layout_exported(&h, &cur.job, fw) {
                     heads.push(h);
                 }
             }
@@ -1717,7 +1717,7 @@ fn cp_options(
                 head.extend(tp.iter().cloned());
                 head.push(cp.clone());
                 head.extend(sh.cloned());
-                if !layout::layout_exported(&head, cur.job.workers, fw) {
+                if !layout::layout_exported(&head, &cur.job, fw) {
                     continue;
                 }
                 let mut tails: Vec<KnobbedPass> = Vec::new();
@@ -1776,7 +1776,7 @@ fn cp_beside(
             head.extend(step("tensor-parallel"));
             head.push(cp.clone());
             head.extend(sh.cloned());
-            if !layout::layout_exported(&head, cur.job.workers, fw)
+            if !layout::layout_exported(&head, &cur.job, fw)
                 || (stages.is_some() && !layout::beside_pipeline(&head, fw))
             {
                 continue;

@@ -1495,10 +1495,11 @@ fn torchtitan_exports_load_in_torchtitan_as_planned() {
             "config.tensor_parallel.sequence cannot be exported for this framework: torchtitan's tensor parallelism always shards the norms over the sequence",
         ),
         (
+            // A GPT-2 (fused Conv1D projections): DTensor's styles take nn.Linear.
             "tp-pytorch",
             "pytorch",
             |_| {},
-            "config.tensor_parallel cannot be exported for this framework: this export has no tensor parallelism (degree 2 planned)",
+            "config.tensor_parallel cannot be exported for this framework: the PyTorch-native export lays out Hugging Face Llama-style models only",
         ),
     ];
     let all = refusals
@@ -2342,4 +2343,276 @@ fn megatron_exports_are_accepted_by_megatron_core_as_planned() {
             .is_some_and(|e| e.contains("num_attention_heads")),
         "{bad}"
     );
+}
+
+/// A PyTorch-native test layout: what it sets on the planner's plan of a tiny Llama.
+struct NativeCase {
+    tag: &'static str,
+    tp: u32,
+    sequence: bool,
+    /// (stages, schedule, virtual) of a pipeline of 4 micro-batches; None: no pipeline.
+    pp: Option<(u32, &'static str, u32)>,
+    /// (replicas, reshard) of FSDP2 over the data-parallel ranks; None: unsharded.
+    shard: Option<(u32, bool)>,
+    k: u32,
+    dtype: &'static str,
+    /// The modules each pipeline stage's parts hold (one entry without a pipeline).
+    modules: &'static [&'static [&'static str]],
+}
+
+/// The tiny Llama of the PyTorch-native tests: (hidden, heads, KV heads, layers, FFN, sequence,
+/// vocabulary), the harness's arguments.
+const NATIVE_LLAMA: [&str; 7] = ["64", "4", "2", "4", "128", "16", "128"];
+
+/// `trainplan plan --framework pytorch` on the tiny Llama (8 ranks, batch 2 per GPU), then the
+/// case's layout set on its config, as [`titan_plan`] does for torchtitan.
+fn native_plan(dir: &Path, case: &NativeCase) -> Plan {
+    use trainplan::plan::{PipelineConfig, TensorParallelConfig};
+    let path = dir.join("plan.yaml");
+    let [h, a, kv, l, ff, s, v] = NATIVE_LLAMA;
+    let mut args: Vec<&str> = vec![
+        "plan",
+        "--model",
+        "llama",
+        "--hidden",
+        h,
+        "--heads",
+        a,
+        "--kv-heads",
+        kv,
+        "--layers",
+        l,
+        "--ffn",
+        ff,
+        "--seq",
+        s,
+        "--vocab",
+        v,
+    ];
+    args.extend("--batch 2 --cluster 8xh200 --framework pytorch --max-rounds 20 -o".split(' '));
+    args.push(path.to_str().unwrap());
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 0, "plan: {err}");
+    let mut p = Plan::from_yaml(&std::fs::read_to_string(&path).unwrap(), "plan.yaml").unwrap();
+    let c = &mut p.config;
+    c.tensor_parallel = (case.tp > 1).then_some(TensorParallelConfig {
+        degree: case.tp,
+        sequence: case.sequence,
+        global_batch: true,
+    });
+    c.pipeline = case.pp.map(|(stages, schedule, chunks)| PipelineConfig {
+        stages,
+        microbatches: 4,
+        schedule: schedule.into(),
+        chunks_per_rank: chunks,
+        layers: 4,
+        first_stage_layers: None,
+        last_stage_layers: None,
+        global_batch: true,
+    });
+    let dp = p.workload.ranks / case.tp / case.pp.map_or(1, |x| x.0);
+    c.sharding = case.shard.map(|(replicas, reshard)| ShardConfig {
+        stage: 3,
+        shard_size: dp / replicas,
+        replicas,
+        reshard,
+        prefetch: 1,
+        offload: false,
+        units: (0..4)
+            .map(|i| format!("model.layers.{i}"))
+            .chain([String::new()])
+            .collect(),
+        unit_bytes: vec![1 << 16; 5],
+    });
+    c.grad_accumulation = case.k;
+    c.dtype = case.dtype.into();
+    c.passes.retain(|x| x != "amp" && x != "fused-adam");
+    p.decisions
+        .retain(|d| d.pass != "amp" && d.pass != "fused-adam");
+    if case.dtype != "fp32" {
+        c.passes.push("amp".into());
+        c.passes.sort();
+        let mut amp = p.decisions[0].clone();
+        amp.pass = "amp".into();
+        amp.knobs = [("dtype".to_string(), case.dtype.to_string())].into();
+        p.decisions.push(amp);
+    }
+    p.check().unwrap();
+    std::fs::write(&path, p.to_yaml()).unwrap();
+    p
+}
+
+/// Issue 24: `export --to pytorch` of a tensor x pipeline x FSDP2 layout trains a tiny Hugging
+/// Face Llama on 8 gloo processes as planned: the mesh, each rank's pipeline stages and modules,
+/// the schedule and its micro-batches, the DTensor placements are the plan's (read from the
+/// running library), the gradients equal one process's on the whole global batch (fp32), and the
+/// loss falls. 1F1B beside FSDP2 with sequence parallelism; plain tensor parallelism beside HSDP
+/// with accumulation; interleaved 1F1B in bf16.
+#[test]
+fn pytorch_native_exports_train_a_tiny_llama_as_planned() {
+    let Some(py) = python() else { return };
+    let cases = [
+        NativeCase {
+            tag: "tp-pp-fsdp",
+            tp: 2,
+            sequence: true,
+            pp: Some((2, "1f1b", 1)),
+            shard: Some((1, false)),
+            k: 1,
+            dtype: "fp32",
+            modules: &[
+                &["model.embed_tokens", "model.layers.0", "model.layers.1"],
+                &["model.layers.2", "model.layers.3", "model.norm", "lm_head"],
+            ],
+        },
+        NativeCase {
+            tag: "tp-hsdp-k2",
+            tp: 2,
+            sequence: false,
+            pp: None,
+            shard: Some((2, true)),
+            k: 2,
+            dtype: "fp32",
+            modules: &[&[
+                "model.embed_tokens",
+                "model.layers.0",
+                "model.layers.1",
+                "model.layers.2",
+                "model.layers.3",
+                "model.norm",
+                "lm_head",
+            ]],
+        },
+        NativeCase {
+            tag: "interleaved-bf16",
+            tp: 2,
+            sequence: true,
+            pp: Some((2, "interleaved", 2)),
+            shard: Some((1, false)),
+            k: 1,
+            dtype: "bf16",
+            modules: &[
+                &["model.embed_tokens", "model.layers.0", "model.layers.2"],
+                &["model.layers.1", "model.layers.3", "model.norm", "lm_head"],
+            ],
+        },
+    ];
+    let root = scratch("native");
+    for case in &cases {
+        let dir = root.join(case.tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        let plan = native_plan(&dir, case);
+        let (p, out) = (dir.join("plan.yaml"), dir.join("out"));
+        let (p, out) = (p.to_str().unwrap(), out.to_str().unwrap());
+        let v = crate::support::run_json(&["export", p, "--to", "pytorch", "-o", out]);
+        let notes = v["notes"].to_string();
+        assert!(notes.contains("apply_parallel(model, loss_fn)"), "{notes}");
+        let mut args = vec![out, "8"];
+        args.extend(NATIVE_LLAMA);
+        let seen = harness(&py, "torch_parallel.py", &args);
+        check_native(&seen, &plan, case);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// What PyTorch made of one exported layout (tests/frameworks/torch_parallel.py).
+fn check_native(seen: &Value, plan: &Plan, case: &NativeCase) {
+    let ctx = format!("{}: {seen}", case.tag);
+    let stages = case.pp.map_or(1, |x| x.0);
+    let virt = case.pp.map_or(1, |x| x.2);
+    let replicas = case.shard.map_or(1, |s| s.0);
+    let dp = plan.workload.ranks / case.tp / stages;
+    assert_eq!(
+        seen["mesh"]["shape"],
+        serde_json::json!([stages, replicas, dp / replicas, case.tp]),
+        "{ctx}"
+    );
+    assert_eq!(
+        seen["mesh"]["names"],
+        serde_json::json!(["pp", "dp_replicate", "dp_shard", "tp"]),
+        "{ctx}"
+    );
+    let ranks = seen["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), plan.workload.ranks as usize, "{ctx}");
+    for (r, view) in ranks.iter().enumerate() {
+        let ctx = format!("{} rank {r}: {view}", case.tag);
+        let r = r as u32;
+        // Tensor parallelism innermost, the pipeline outermost.
+        let pp_rank = r / (case.tp * dp);
+        assert_eq!(view["coords"]["pp"], pp_rank, "{ctx}");
+        assert_eq!(view["coords"]["tp"], r % case.tp, "{ctx}");
+        let want: Vec<u32> = (0..virt).map(|i| pp_rank + i * stages).collect();
+        assert_eq!(view["stages"], serde_json::json!(want), "{ctx}");
+        let mut modules: Vec<&str> = view["modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_str().unwrap())
+            .collect();
+        modules.sort_unstable();
+        let mut want = case.modules[pp_rank as usize].to_vec();
+        want.sort_unstable();
+        assert_eq!(modules, want, "{ctx}");
+        if let Some((_, schedule, _)) = case.pp {
+            let class = match schedule {
+                "interleaved" => "ScheduleInterleaved1F1B",
+                "gpipe" => "ScheduleGPipe",
+                _ => "Schedule1F1B",
+            };
+            assert_eq!(view["schedule"], class, "{ctx}");
+            assert_eq!(view["microbatches"], 4, "{ctx}");
+            assert_eq!(view["pipeline_stage_index"], view["stages"], "{ctx}");
+        } else {
+            assert!(view.get("schedule").is_none(), "{ctx}");
+        }
+        let fsdp = view["fsdp_parts"].as_array().unwrap();
+        assert!(
+            fsdp.iter()
+                .all(|f| f.as_bool() == Some(case.shard.is_some())),
+            "{ctx}"
+        );
+        // The query projection: sharded over its output features on the tensor-parallel dim.
+        let q = &view["q_proj"];
+        let dims: Vec<&str> = q[0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap())
+            .collect();
+        let tp_at = dims
+            .iter()
+            .position(|d| *d == "tp")
+            .expect("q_proj is on the tp mesh");
+        assert_eq!(q[1][tp_at], "S(0)", "{ctx}");
+        // The norm's weight: replicated over tp under sequence parallelism, else a plain
+        // tensor over tp (sharded over the data-parallel dims only).
+        let norm = &view["norm"];
+        let norm_tp = norm[0].as_array().unwrap().iter().position(|d| d == "tp");
+        assert_eq!(norm_tp.is_some(), case.sequence, "{ctx}");
+        if let Some(i) = norm_tp {
+            assert_eq!(norm[1][i], "R", "{ctx}");
+        }
+        if case.dtype == "fp32" {
+            assert!(view["grad_error"].as_f64().unwrap() < 1e-4, "{ctx}");
+        }
+        assert_eq!(view["unchanged"], serde_json::json!([]), "{ctx}");
+        let losses: Vec<Option<f64>> = view["losses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(Value::as_f64)
+            .collect();
+        let last_stage = view["modules"].to_string().contains("lm_head");
+        assert_eq!(losses.iter().all(Option::is_some), last_stage, "{ctx}");
+        if last_stage {
+            let (first, last) = (losses[0].unwrap(), losses[losses.len() - 1].unwrap());
+            assert!(last < first, "the loss does not fall: {ctx}");
+            let tol = if case.dtype == "fp32" { 1e-4 } else { 5e-2 };
+            assert!(view["loss_error"].as_f64().unwrap() < tol, "{ctx}");
+        }
+    }
+    let refused = seen["apply_plan_refused"].as_str().unwrap_or("");
+    assert!(refused.contains("apply_parallel"), "{ctx}");
+    let refused = seen["apply_fsdp_refused"].as_str().unwrap_or("");
+    assert!(refused.contains("apply_parallel"), "{ctx}");
 }

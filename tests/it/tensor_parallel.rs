@@ -202,8 +202,9 @@ fn the_layout_search_picks_tensor_parallelism_where_nothing_else_fits() {
         text.contains(&format!("data_parallel_shard_degree = {}\n", 8 / tp)),
         "{text}"
     );
-    // PyTorch's export has no tensor parallelism: its plan never has it (recomputation
-    // fits there instead), and without recomputation nothing fits.
+    // PyTorch's export lays out Llama-style models only, not this GPT-2: its plan never has
+    // tensor parallelism (recomputation fits there instead), and without recomputation nothing
+    // fits.
     let (code, _, err) = long_gpt_plan("pytorch", NO_RECOMPUTE, &dir.join("pt0.yaml"));
     assert_eq!(code, 4, "{err}");
     let (code, out, err) = long_gpt_plan("pytorch", None, &dir.join("pt.yaml"));

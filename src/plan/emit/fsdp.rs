@@ -220,6 +220,8 @@ def apply_fsdp(model, mesh=None, *, device_type=None, checkpointing=True, compil
     build the optimizer after it."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    if PARALLEL:
+        raise ValueError("this plan lays the model out over tensor / pipeline parallelism: use apply_parallel(model, loss_fn)")
     if not SHARDED:
         raise ValueError("this plan does not shard the model: use apply_plan (DistributedDataParallel)")
     if any(isinstance(m, FSDPModule) for m in model.modules()):

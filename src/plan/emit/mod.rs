@@ -11,6 +11,7 @@
 //! | `recompute` | — | — | — (not applied, said) | `torch.utils.checkpoint` per module | `jax.checkpoint` per layer (`remat`) |
 //! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`) for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
 //! | `sharding` (stage 3) | — | — | — | FSDP2 `fully_shard` per unit, then the root: `reshard_after_forward`, prefetch lists, `MixedPrecisionPolicy`, HSDP mesh ([`fsdp`]) | — |
+//! | `tensor_parallel`, `pipeline` | — | — | — | a Llama-style model only: DTensor `parallelize_module`, `torch.distributed.pipelining` schedule, FSDP2 per model part on a 4-D mesh ([`native`]) | — |
 //!
 //! Megatron-LM gets `megatron_args.sh`, the planned arguments of `pretrain_gpt.py` as a bash
 //! array (tensor, sequence and pipeline parallelism, the distributed optimizer, recomputation,
@@ -46,6 +47,7 @@ mod fsdp;
 mod horovod;
 mod jax;
 mod megatron;
+mod native;
 mod pytorch;
 mod torch_helpers;
 mod torchtitan;
@@ -187,12 +189,15 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
         .map_err(|e| EmitError::Inconsistent(e.to_string()))?;
     let facts = Facts::of(plan)?;
     if let Some(tp) = &plan.config.tensor_parallel
-        && !matches!(fw, Framework::Torchtitan | Framework::Megatron)
+        && !matches!(
+            fw,
+            Framework::Torchtitan | Framework::Megatron | Framework::Pytorch
+        )
     {
         return Err(EmitError::Unsupported {
             field: "config.tensor_parallel".into(),
             why: format!(
-                "this export has no tensor parallelism (degree {} planned): it comes with --framework torchtitan (parallelism.tensor_parallel_degree) or megatron (--tensor-model-parallel-size); run without it, every rank would hold the whole model",
+                "this export has no tensor parallelism (degree {} planned): it comes with --framework torchtitan (parallelism.tensor_parallel_degree), megatron (--tensor-model-parallel-size) or pytorch (DTensor); run without it, every rank would hold the whole model",
                 tp.degree
             ),
         });
@@ -209,12 +214,15 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
         });
     }
     if let Some(pp) = &plan.config.pipeline
-        && !matches!(fw, Framework::Megatron | Framework::Torchtitan)
+        && !matches!(
+            fw,
+            Framework::Megatron | Framework::Torchtitan | Framework::Pytorch
+        )
     {
         return Err(EmitError::Unsupported {
             field: "config.pipeline".into(),
             why: format!(
-                "this export has no pipeline parallelism ({} stages planned): it comes with --framework megatron (--pipeline-model-parallel-size) or torchtitan (parallelism.pipeline_parallel_degree); run without it, every rank would hold the whole model",
+                "this export has no pipeline parallelism ({} stages planned): it comes with --framework megatron (--pipeline-model-parallel-size), torchtitan (parallelism.pipeline_parallel_degree) or pytorch (torch.distributed.pipelining); run without it, every rank would hold the whole model",
                 pp.stages
             ),
         });
@@ -244,6 +252,40 @@ pub fn emit(plan: &Plan, fw: Framework) -> Result<Emitted, EmitError> {
         );
     }
     Ok(out)
+}
+
+/// The model parts of pipeline `p` (`stages × virtual`, in pipeline order) as module paths:
+/// the blocks `{block}N` cut as the plan cuts them ([`crate::graph::pipeline::split`]), the
+/// `first` modules (the embedding) with the first part and the `last` ones (final norm, head)
+/// with the last.
+pub(super) fn pipeline_parts(
+    p: &crate::plan::PipelineConfig,
+    first: &[&str],
+    block: &str,
+    last: &[&str],
+) -> Result<Vec<Vec<String>>, EmitError> {
+    let chunks = p.stages.saturating_mul(p.chunks_per_rank.max(1));
+    let sizes = crate::graph::pipeline::split(p.layers, chunks).ok_or_else(|| {
+        EmitError::Inconsistent(format!(
+            "config.pipeline: {} layers cannot be cut into {chunks} model parts",
+            p.layers
+        ))
+    })?;
+    let mut parts = Vec::with_capacity(sizes.len());
+    let mut next = 0u32;
+    for (i, &n) in sizes.iter().enumerate() {
+        let mut part: Vec<String> = Vec::new();
+        if i == 0 {
+            part.extend(first.iter().map(|m| m.to_string()));
+        }
+        part.extend((next..next + n).map(|l| format!("{block}{l}")));
+        next += n;
+        if i + 1 == sizes.len() {
+            part.extend(last.iter().map(|m| m.to_string()));
+        }
+        parts.push(part);
+    }
+    Ok(parts)
 }
 
 /// What every emitter needs, derived once from the plan and checked.

@@ -43,6 +43,7 @@
 //!   and a note says what could not be mapped.
 
 use super::fsdp;
+use super::native;
 use super::torch_helpers::TORCH_HELPERS_PY;
 use super::{
     EmitError, Emitted, Facts, comment_text, header, names_doc, py_groups, py_ints, py_list,
@@ -196,6 +197,7 @@ fn ddp_cap(plan: &Plan, f: &Facts, sharded: bool, notes: &mut Vec<String>) -> Op
 
 pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     let shard = fsdp::sharding(plan)?;
+    let par = native::layout(plan, f, shard)?;
     let mut notes = Vec::new();
     let (regions, compile, recompute) = regions_of(plan, f);
     let cap = ddp_cap(plan, f, shard.is_some(), &mut notes);
@@ -204,7 +206,9 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         .map_or_else(|| "None".to_string(), |m| m.to_string());
     let mut py = format!(
         "{}\n{}# names: {}\n# planned with --framework {}\nimport contextlib\nimport warnings\n\n",
-        if shard.is_some() {
+        if par.is_some() {
+            native::PARALLEL_DOC
+        } else if shard.is_some() {
             fsdp::FSDP_DOC
         } else {
             DDP_DOC
@@ -256,11 +260,25 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         }
     ));
     py.push_str(&fsdp::constants(shard));
+    py.push_str(&native::constants(par.as_ref()));
     py.push_str(TORCH_HELPERS_PY);
     py.push_str(PYTORCH_PY);
     py.push_str(fsdp::FSDP_PY);
-    notes.extend(usage_notes(plan, f, &micro, &regions, &recompute, &compile));
+    py.push_str(native::PARALLEL_PY);
+    if let Some(l) = &par {
+        notes.extend(native::notes(l, f, shard, !compile.is_empty()));
+    }
+    notes.extend(usage_notes(
+        plan,
+        f,
+        &micro,
+        &regions,
+        &recompute,
+        &compile,
+        par.is_some(),
+    ));
     match shard {
+        _ if par.is_some() => {}
         Some(sh) => notes.extend(fsdp::notes(sh, f.half.as_deref())),
         None => notes.push("call apply_plan(model) after torch.distributed.init_process_group and before wrapping in DistributedDataParallel: it wraps the model itself".into()),
     }
@@ -279,10 +297,17 @@ fn usage_notes(
     regions: &CompileRegions,
     recompute: &[String],
     compile: &[String],
+    parallel: bool,
 ) -> Vec<String> {
     let mut notes = Vec::new();
     let sharded = plan.config.sharding.is_some();
-    let entry = if sharded { "apply_fsdp" } else { "apply_plan" };
+    let entry = if parallel {
+        "apply_parallel"
+    } else if sharded {
+        "apply_fsdp"
+    } else {
+        "apply_plan"
+    };
     if plan.workload.names == "trace" && (!f.clusters.is_empty() || !f.recompute.is_empty()) {
         notes.push(
             "the plan comes from a trace, whose names are ATen operators, not modules: its op-fusion and recomputation sites cannot be mapped to modules and are not applied".into(),
@@ -294,7 +319,18 @@ fn usage_notes(
             f.half.as_deref().unwrap_or("fp16")
         ));
     }
-    if f.k > 1 {
+    if f.k > 1 && parallel {
+        notes.push(format!(
+            "gradient accumulation k = {}: par.step runs the replica's batch as {} micro-steps of MICRO_BATCH = {micro} samples{}",
+            f.k,
+            f.k,
+            if sharded {
+                ", FSDP2 reducing gradients after the last only (set_requires_gradient_sync)"
+            } else {
+                ""
+            }
+        ));
+    } else if f.k > 1 {
         notes.push(format!(
             "gradient accumulation k = {}: feed MICRO_BATCH = {micro} samples per micro-step (not the full batch), divide the loss with scale_loss(loss), wrap each micro-step in accumulate(model, step) ({}) and step the optimizer when is_update_step(step)",
             f.k,
@@ -314,7 +350,7 @@ fn usage_notes(
             recompute.len()
         ));
     }
-    if !compile.is_empty() {
+    if !compile.is_empty() && !parallel {
         notes.push(format!(
             "torch.compile of {} module(s) where op fusion was planned, applied by {entry}{} (compile=False to skip)",
             compile.len(),
@@ -547,6 +583,11 @@ def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointin
         raise ValueError(
             "apply_plan needs the model before DistributedDataParallel wraps it: "
             "buckets are fixed when DDP is built"
+        )
+    if PARALLEL:
+        raise ValueError(
+            "this plan lays the model out over tensor / pipeline parallelism: call "
+            "apply_parallel(model, loss_fn) instead of apply_plan"
         )
     if SHARDED:
         raise ValueError(

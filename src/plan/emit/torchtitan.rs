@@ -275,27 +275,7 @@ fn supported_pipeline(
             why: format!("beside a pipeline of {} stages: {why}", p.stages),
         })?;
     }
-    let chunks = p.stages * p.chunks_per_rank.max(1);
-    let sizes = crate::graph::pipeline::split(p.layers, chunks).ok_or_else(|| {
-        EmitError::Inconsistent(format!(
-            "config.pipeline: {} layers cannot be cut into {chunks} model parts",
-            p.layers
-        ))
-    })?;
-    let mut parts = Vec::with_capacity(sizes.len());
-    let mut next = 0u32;
-    for (i, &n) in sizes.iter().enumerate() {
-        let mut part = Vec::new();
-        if i == 0 {
-            part.push("tok_embeddings".to_string());
-        }
-        part.extend((next..next + n).map(|l| format!("layers.{l}")));
-        next += n;
-        if i + 1 == sizes.len() {
-            part.extend(["norm".to_string(), "output".to_string()]);
-        }
-        parts.push(part);
-    }
+    let parts = super::pipeline_parts(p, &["tok_embeddings"], "layers.", &["norm", "output"])?;
     Ok(Some(Pipe {
         stages: p.stages,
         schedule: match p.schedule.as_str() {
