@@ -45,7 +45,6 @@ _extra.append(os.path.dirname(sys.executable))
 os.environ["PATH"] = os.pathsep.join(_extra + [os.environ.get("PATH", "")])
 
 import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 SEQ = 32
 VOCAB = 128
@@ -206,28 +205,9 @@ def remove_shm_buffers(port):
 
 
 def train(world, export_dir, steps, port):
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, world, export_dir, steps, port, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    # Wait for rank 0's report, but not for a rank that died (its traceback is on stderr).
-    import queue
+    from ranks import rank0_report
 
-    while True:
-        try:
-            seen = q.get(timeout=5)
-            break
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for p in procs:
-                    p.kill()
-                raise SystemExit("a rank exited with %s" % dead[0])
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise SystemExit("rank exited with %s" % p.exitcode)
+    seen = rank0_report(run, world, (world, export_dir, steps, port))
     print(json.dumps(seen))
 
 

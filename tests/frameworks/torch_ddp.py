@@ -36,7 +36,6 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 warnings.filterwarnings("ignore")
 
@@ -242,28 +241,9 @@ def main():
     patch_dir, name = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 3
     port = 29500 + (os.getpid() % 2000)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, patch_dir, name, steps, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    # Wait for rank 0's report, but not for a rank that died (its traceback is on stderr).
-    import queue
+    from ranks import rank0_report
 
-    while True:
-        try:
-            seen = q.get(timeout=5)
-            break
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for p in procs:
-                    p.kill()
-                raise SystemExit("a rank exited with %s" % dead[0])
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise SystemExit("rank exited with %s" % p.exitcode)
+    seen = rank0_report(run, 2, (patch_dir, name, steps, port))
     print(json.dumps(seen))
 
 
