@@ -231,8 +231,11 @@ fn parallelism(fw: Framework, pass: &str) -> Result<&'static str, &'static str> 
             Megatron => Ok(
                 "--tensor-model-parallel-size, --sequence-parallel: column/row-parallel attention and MLP, vocabulary-parallel embedding and loss, on consecutive ranks (megatron_args.sh)",
             ),
+            Pytorch => Ok(
+                "DTensor parallelize_module on each Llama-style block (ColwiseParallel query/key/value/gate/up, RowwiseParallel output/down, SequenceParallel norms), on the innermost mesh dimension, FSDP2 over the data-parallel ranks (trainplan_patch.apply_parallel)",
+            ),
             _ => Err(
-                "this framework's export has no tensor parallelism (it comes with --framework torchtitan or megatron)",
+                "this framework's export has no tensor parallelism (it comes with --framework torchtitan, megatron or pytorch)",
             ),
         },
         "context-parallel" => match fw {
@@ -253,8 +256,11 @@ fn parallelism(fw: Framework, pass: &str) -> Result<&'static str, &'static str> 
             Torchtitan => Ok(
                 "parallelism.pipeline_parallel_degree, pipeline_parallel_schedule, pipeline_parallel_microbatch_size and module_fqns_per_model_part (the planned cut), beside FSDP2 without resharding (torchtitan.toml)",
             ),
+            Pytorch => Ok(
+                "torch.distributed.pipelining: the planned model parts as PipelineStages, Schedule1F1B / ScheduleInterleaved1F1B / ScheduleGPipe over the planned micro-batches, beside FSDP2 without resharding (trainplan_patch.apply_parallel)",
+            ),
             _ => Err(
-                "this framework's export has no pipeline parallelism (it comes with --framework megatron or torchtitan)",
+                "this framework's export has no pipeline parallelism (it comes with --framework megatron, torchtitan or pytorch)",
             ),
         },
         _ => Err("not a parallelism pass"),

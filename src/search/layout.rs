@@ -76,6 +76,36 @@ fn laid_out(job: &Job, fw: Option<Framework>) -> bool {
     })
 }
 
+/// `head` as a pipeline runs after it in `fw`'s export, or None where it cannot:
+/// torch.distributed.pipelining's schedules call `backward` on the loss themselves, so the
+/// PyTorch export runs no loss scaling under a pipeline: its AMP there is bf16 (the head's AMP
+/// step set to it), and a job already in fp16, or on a GPU without bf16, gets no pipeline.
+pub(super) fn pipeline_head(
+    head: &[KnobbedPass],
+    job: &Job,
+    fw: Option<Framework>,
+) -> Option<Vec<KnobbedPass>> {
+    use crate::cost::config::Dtype;
+    if fw != Some(Framework::Pytorch) {
+        return Some(head.to_vec());
+    }
+    let bf16 = job.gpu.matrix_tflops.contains_key(&Dtype::Bf16);
+    if job.dtype == Dtype::Fp16 {
+        return None;
+    }
+    let mut out = head.to_vec();
+    for (name, knobs) in &mut out {
+        if name == "amp" {
+            if !bf16 {
+                return None;
+            }
+            knobs.retain(|(k, _)| k != "dtype");
+            knobs.push(("dtype".into(), "bf16".into()));
+        }
+    }
+    Some(out)
+}
+
 /// Whether the memory step tries pipelines after `head`: its sharding is one a pipeline runs
 /// beside in `fw`'s export ([`framework::pipeline_beside`]).
 pub(super) fn beside_pipeline(head: &[KnobbedPass], fw: Option<Framework>) -> bool {

@@ -16,6 +16,7 @@ Everything reported is read from the running library, not from the module's cons
   largest reference gradient (fp32 plans);
 * `loss_error`: where the last stage runs, its loss against one process's loss on that replica's
   batch; `losses`: the mean loss of each optimizer step (the same batch each step: it must fall);
+* `checkpointed_blocks`: the blocks this rank runs whose forward apply_parallel checkpointed;
 * `unchanged`: parameters the optimizer steps left equal to their initial value;
 * the refusals of apply_plan and apply_fsdp for this plan.
 """
@@ -32,7 +33,6 @@ os.environ.setdefault("TRANSFORMERS_NO_TF", "1")
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 warnings.filterwarnings("ignore")
 
@@ -142,6 +142,9 @@ def run(rank, world, patch_dir, dims, steps, port, out_q):
         opt.zero_grad()
         losses.append(None if loss is None else float(loss))
     view["losses"] = losses
+    view["checkpointed_blocks"] = sum(
+        1 for part in par.parts for b in part.model.layers.values() if getattr(b, "_trainplan_checkpointed", False)
+    )
     # One process, no parallelism: the whole global batch's loss and gradient.
     xs, ys = zip(*[replica_batch(r, n, dims) for r in range(tp.DATA_PARALLEL)])
     ref_loss = loss_fn(reference(torch.cat(xs)).logits, torch.cat(ys))
@@ -182,28 +185,9 @@ def main():
     dims = dict(zip(keys, (int(v) for v in sys.argv[3:10])))
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 3
     port = 29500 + (os.getpid() % 2000)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, world, patch_dir, dims, steps, port, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    # Wait for rank 0's report, but not for a rank that died (its traceback is on stderr).
-    import queue
+    from ranks import rank0_report
 
-    while True:
-        try:
-            seen = q.get(timeout=5)
-            break
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for p in procs:
-                    p.kill()
-                raise SystemExit("a rank exited with %s" % dead[0])
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise SystemExit("rank exited with %s" % p.exitcode)
+    seen = rank0_report(run, world, (world, patch_dir, dims, steps, port))
     print(json.dumps(seen))
 
 

@@ -2356,6 +2356,8 @@ struct NativeCase {
     shard: Option<(u32, bool)>,
     k: u32,
     dtype: &'static str,
+    /// Every block recomputed (`recompute:policy=full`).
+    full_ac: bool,
     /// The modules each pipeline stage's parts hold (one entry without a pipeline).
     modules: &'static [&'static [&'static str]],
 }
@@ -2426,6 +2428,20 @@ fn native_plan(dir: &Path, case: &NativeCase) -> Plan {
     });
     c.grad_accumulation = case.k;
     c.dtype = case.dtype.into();
+    if case.full_ac {
+        // What `recompute:policy=full` plans: each block but its first layer.
+        c.recompute = (0..4)
+            .flat_map(|l| {
+                ["self_attn", "residual_add_attn", "mlp", "residual_add_mlp"]
+                    .map(|m| format!("model.layers.{l}.{m}"))
+            })
+            .collect();
+        let mut rc = p.decisions[0].clone();
+        rc.pass = "recompute".into();
+        rc.knobs = [("policy".to_string(), "full".to_string())].into();
+        p.decisions.push(rc);
+    }
+    let c = &mut p.config;
     c.passes.retain(|x| x != "amp" && x != "fused-adam");
     p.decisions
         .retain(|d| d.pass != "amp" && d.pass != "fused-adam");
@@ -2447,7 +2463,8 @@ fn native_plan(dir: &Path, case: &NativeCase) -> Plan {
 /// the schedule and its micro-batches, the DTensor placements are the plan's (read from the
 /// running library), the gradients equal one process's on the whole global batch (fp32), and the
 /// loss falls. 1F1B beside FSDP2 with sequence parallelism; plain tensor parallelism beside HSDP
-/// with accumulation; interleaved 1F1B in bf16.
+/// with accumulation; interleaved 1F1B in bf16. The first checkpoints every block
+/// (`recompute:policy=full`), and the harness counts the checkpointed blocks each rank runs.
 #[test]
 fn pytorch_native_exports_train_a_tiny_llama_as_planned() {
     let Some(py) = python() else { return };
@@ -2460,6 +2477,7 @@ fn pytorch_native_exports_train_a_tiny_llama_as_planned() {
             shard: Some((1, false)),
             k: 1,
             dtype: "fp32",
+            full_ac: true,
             modules: &[
                 &["model.embed_tokens", "model.layers.0", "model.layers.1"],
                 &["model.layers.2", "model.layers.3", "model.norm", "lm_head"],
@@ -2473,6 +2491,7 @@ fn pytorch_native_exports_train_a_tiny_llama_as_planned() {
             shard: Some((2, true)),
             k: 2,
             dtype: "fp32",
+            full_ac: false,
             modules: &[&[
                 "model.embed_tokens",
                 "model.layers.0",
@@ -2491,6 +2510,7 @@ fn pytorch_native_exports_train_a_tiny_llama_as_planned() {
             shard: Some((1, false)),
             k: 1,
             dtype: "bf16",
+            full_ac: false,
             modules: &[
                 &["model.embed_tokens", "model.layers.0", "model.layers.2"],
                 &["model.layers.1", "model.layers.3", "model.norm", "lm_head"],
@@ -2595,6 +2615,15 @@ fn check_native(seen: &Value, plan: &Plan, case: &NativeCase) {
         if case.dtype == "fp32" {
             assert!(view["grad_error"].as_f64().unwrap() < 1e-4, "{ctx}");
         }
+        let blocks = want
+            .iter()
+            .filter(|m| m.starts_with("model.layers."))
+            .count();
+        assert_eq!(
+            view["checkpointed_blocks"],
+            if case.full_ac { blocks } else { 0 },
+            "{ctx}"
+        );
         assert_eq!(view["unchanged"], serde_json::json!([]), "{ctx}");
         let losses: Vec<Option<f64>> = view["losses"]
             .as_array()

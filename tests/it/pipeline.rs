@@ -115,3 +115,81 @@ fn an_impossible_pipeline_exits_3_naming_the_constraint() {
         "transformer block",
     );
 }
+
+/// `--framework pytorch` pipelines a Llama-style model that does not fit (beside FSDP2 without
+/// resharding), and the export lays it out as planned (`apply_parallel`'s constants); a GPT-2,
+/// whose projections DTensor cannot split, gets no pipeline from it.
+#[test]
+fn pytorch_plans_and_exports_a_pipeline_for_a_llama_only() {
+    let dir = crate::support::scratch("pt-pipeline");
+    let plan = dir.join("plan.yaml");
+    let common = "--kv-heads 4 --ffn 4096 --seq 2048 --vocab 32000 --batch 2 --layers 8 \
+        --cluster 8xh200 --framework pytorch --precision bf16 --max-rounds 5 \
+        --passes pipeline,shard --memory-budget 3GB";
+    let mut args: Vec<&str> = "plan --model llama --hidden 1024 --heads 16"
+        .split(' ')
+        .chain(common.split_whitespace())
+        .collect();
+    args.extend(["-o", plan.to_str().unwrap()]);
+    let (code, _, err) = crate::support::run(&args);
+    assert_eq!(code, 0, "{err}");
+    let p =
+        trainplan::plan::Plan::from_yaml(&std::fs::read_to_string(&plan).unwrap(), "p").unwrap();
+    let pp = p.config.pipeline.as_ref().expect("a pipeline");
+    let sh = p.config.sharding.as_ref().expect("FSDP2 beside it");
+    assert_eq!((sh.stage, sh.reshard), (3, false));
+    let out = dir.join("out");
+    let v = run_json(&[
+        "export",
+        plan.to_str().unwrap(),
+        "--to",
+        "pytorch",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        v["notes"]
+            .to_string()
+            .contains("apply_parallel(model, loss_fn)"),
+        "{v}"
+    );
+    let py = std::fs::read_to_string(out.join("trainplan_patch.py")).unwrap();
+    assert!(
+        py.contains(&format!("PIPELINE_STAGES = {}\n", pp.stages)),
+        "{py}"
+    );
+    assert!(py.contains(&format!("PIPELINE_MICROBATCHES = {}\n", pp.microbatches)));
+    assert!(py.contains(&format!("DATA_PARALLEL = {}\n", 8 / pp.stages)));
+    let parts = py
+        .split("PIPELINE_PARTS = ")
+        .nth(1)
+        .and_then(|t| t.split("\n\n").next())
+        .unwrap();
+    assert_eq!(
+        parts.matches("\"model.layers.").count(),
+        8,
+        "each block in one part: {parts}"
+    );
+    assert_eq!(parts.matches("\"lm_head\"").count(), 1, "{parts}");
+    assert_eq!(
+        parts.matches("], [").count() as u32 + 1,
+        pp.stages * pp.chunks_per_rank,
+        "{parts}"
+    );
+    // The same memory budget on a GPT-2 of the same shape: no pipeline from PyTorch.
+    let gpt = dir.join("gpt.yaml");
+    let mut args: Vec<&str> = "plan --model gpt --hidden 1024 --heads 16 --seq 1024 --vocab 32000 \
+        --batch 2 --layers 8 --cluster 8xh200 --framework pytorch --precision bf16 --max-rounds 5 \
+        --passes pipeline,shard --memory-budget 3GB"
+        .split_whitespace()
+        .collect();
+    args.extend(["-o", gpt.to_str().unwrap(), "--json"]);
+    let (code, out, err) = crate::support::run(&args);
+    if code == 0 {
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["layout"]["pp"], 1, "{v}");
+    } else {
+        assert_eq!(code, 4, "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -557,11 +557,42 @@ pub(crate) fn forward_layers(groups: &[Vec<String>]) -> Vec<String> {
 /// The layers the plan recomputes, collapsed: a parent module all of whose planned layers are
 /// recomputed stands for them (`bert.encoder.layer.3` rather than its 6 linear layers).
 fn recompute_modules(plan: &Plan) -> Vec<String> {
+    // `recompute:policy=full` re-runs each block whole from its input: the blocks themselves
+    // (the first numbered module of each chosen layer's path, `model.layers.3`), which are
+    // modules where some chosen layers (residual adds) are functional ops.
+    let full = plan.decisions.iter().any(|d| {
+        d.pass == "recompute" && d.knobs.get("policy").map(String::as_str) == Some("full")
+    });
+    if full {
+        let mut blocks: Vec<String> = Vec::new();
+        for l in &plan.config.recompute {
+            let parts: Vec<&str> = l.split('.').collect();
+            let b = parts
+                .iter()
+                .position(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()))
+                .map_or(l.clone(), |i| parts[..=i].join("."));
+            if !blocks.contains(&b) {
+                blocks.push(b);
+            }
+        }
+        return blocks;
+    }
     let mut layers = forward_layers(&plan.config.tensor_groups);
     // Layers without parameters (activations, dropouts) are not in the tensor groups.
     for l in &plan.config.recompute {
         if !layers.contains(l) {
             layers.push(l.clone());
+        }
+    }
+    // Nor are any where the plan has no gradient collectives of its own (a sharded or
+    // pipelined plan's are FSDP's): every parameter's layer counts, or a module whose other
+    // layers are not recomputed would stand for the chosen ones (Llama 3 405B's selective
+    // recomputation became `model`, the whole model).
+    let mut known: BTreeSet<String> = layers.iter().cloned().collect();
+    for t in plan.config.tensor_bytes.keys() {
+        let l = t.rsplit_once('.').map_or(t.as_str(), |(l, _)| l);
+        if known.insert(l.to_string()) {
+            layers.push(l.to_string());
         }
     }
     let chosen: BTreeSet<&str> = plan.config.recompute.iter().map(String::as_str).collect();
@@ -1003,6 +1034,30 @@ pub(crate) mod tests {
         let mut p = tiny_plan();
         p.config.tensor_bytes.clear();
         assert_eq!(Facts::of(&p).unwrap().group_bytes, None);
+    }
+
+    #[test]
+    fn recompute_without_tensor_groups_is_not_collapsed_past_unchosen_layers() {
+        let mut p = tiny_plan();
+        // A sharded plan: no gradient collectives of its own, every parameter's bytes known.
+        p.config.tensor_groups.clear();
+        p.config.partitions.clear();
+        p.config.recompute = vec!["net.1".into(), "net.2".into()];
+        assert_eq!(Facts::of(&p).unwrap().recompute, vec!["net.1", "net.2"]);
+        p.config.recompute = (0..4).map(|l| format!("net.{l}")).collect();
+        assert_eq!(Facts::of(&p).unwrap().recompute, vec!["net"]);
+        // policy=full: the blocks, whatever their first layer.
+        p.config.recompute = vec![
+            "model.layers.0.self_attn".into(),
+            "model.layers.0.residual_add_attn".into(),
+            "model.layers.1.mlp.mul".into(),
+        ];
+        p.decisions
+            .push(decision("recompute", &[("policy", "full")], "memory step"));
+        assert_eq!(
+            Facts::of(&p).unwrap().recompute,
+            vec!["model.layers.0", "model.layers.1"]
+        );
     }
 
     #[test]

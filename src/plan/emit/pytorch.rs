@@ -457,6 +457,13 @@ def apply_checkpointing(model):
     import torch
 
     modules = dict(model.named_modules())
+    wider = [n for n in RECOMPUTE_MODULES if _resolve(model, n) not in (None, n)]
+    if wider:
+        warnings.warn(
+            "%d planned recomputation sites are not modules of the model (functional ops such as %s): "
+            "their enclosing modules are checkpointed instead, recomputing more than the plan counts"
+            % (len(wider), wider[0])
+        )
     for name in _resolved(model, RECOMPUTE_MODULES):
         module = modules[name]
         original = module.forward
