@@ -17,6 +17,8 @@ Everything reported is read from the running library, not from the module's cons
 * `loss_error`: where the last stage runs, its loss against one process's loss on that replica's
   batch; `losses`: the mean loss of each optimizer step (the same batch each step: it must fall);
 * `checkpointed_blocks`: the blocks this rank runs whose forward apply_parallel checkpointed;
+* `fused`: whether the optimizer built with the module's optimizer_kwargs() is fused (a
+  fused-Adam plan's AdamW steps on the DTensor parameters);
 * `unchanged`: parameters the optimizer steps left equal to their initial value;
 * the refusals of apply_plan and apply_fsdp for this plan.
 """
@@ -126,7 +128,7 @@ def run(rank, world, patch_dir, dims, steps, port, out_q):
     micro_steps = tp.PIPELINE_MICROBATCHES if tp.PIPELINE_STAGES > 1 else tp.GRAD_ACCUMULATION
     n = tp.MICRO_BATCH * micro_steps
     x, y = replica_batch(replica, n, dims)
-    opt = torch.optim.AdamW(par.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(par.parameters(), lr=1e-2, **tp.optimizer_kwargs())
     losses, grads = [], None
     for step in range(steps):
         with tp.autocast_context("cpu"):
@@ -142,6 +144,7 @@ def run(rank, world, patch_dir, dims, steps, port, out_q):
         opt.zero_grad()
         losses.append(None if loss is None else float(loss))
     view["losses"] = losses
+    view["fused"] = all(bool(g.get("fused")) for g in opt.param_groups)
     view["checkpointed_blocks"] = sum(
         1 for part in par.parts for b in part.model.layers.values() if getattr(b, "_trainplan_checkpointed", False)
     )

@@ -2445,6 +2445,9 @@ fn native_plan(dir: &Path, case: &NativeCase) -> Plan {
     c.passes.retain(|x| x != "amp" && x != "fused-adam");
     p.decisions
         .retain(|d| d.pass != "amp" && d.pass != "fused-adam");
+    // Fused Adam in every case: AdamW(fused=True) steps on the DTensor parameters.
+    c.passes.push("fused-adam".into());
+    c.passes.sort();
     if case.dtype != "fp32" {
         c.passes.push("amp".into());
         c.passes.sort();
@@ -2625,6 +2628,7 @@ fn check_native(seen: &Value, plan: &Plan, case: &NativeCase) {
             "{ctx}"
         );
         assert_eq!(view["unchanged"], serde_json::json!([]), "{ctx}");
+        assert_eq!(view["fused"], true, "{ctx}");
         let losses: Vec<Option<f64>> = view["losses"]
             .as_array()
             .unwrap()
