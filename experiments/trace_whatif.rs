@@ -9,6 +9,11 @@
 //! not run), so there is no predicted-vs-measured column for the passes.
 //!
 //! `cargo run --release --example trace_whatif` → experiments/results/trace_whatif.{md,csv}
+//!
+//! The committed results also hold one trace from outside ../shared, given by
+//! `TRACE_WHATIF_EXTRA` (colon-separated paths): HolisticTraceAnalysis @ f4d0062
+//! `tests/data/df_index_resolver/df_index_resolver.json.gz` (rank 1 of 2, V100, 404
+//! per-tensor all-reduces per step), saved as `hta_df_index_resolver_rank1of2.json.gz`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -108,6 +113,15 @@ fn main() {
 
     let mut files: Vec<PathBuf> = expand_inputs(&[root.join("pytorch-kineto")]).unwrap_or_default();
     files.push(root.join("execution-traces/resnet_ddp_rank0.chakra.et"));
+    // Traces from outside ../shared, named by path (`TRACE_WHATIF_EXTRA=a.json.gz:b.json.gz`):
+    // the committed results add HolisticTraceAnalysis' per-tensor all-reduce trace (README).
+    let extra = std::env::var("TRACE_WHATIF_EXTRA").unwrap_or_default();
+    files.extend(
+        extra
+            .split(':')
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+    );
     for p in &files {
         let name = p
             .file_name()

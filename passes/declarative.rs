@@ -1995,6 +1995,7 @@ mod tests {
                 static_mem_bytes: 1000,
                 fused: Default::default(),
                 ties: Vec::new(),
+                calls: Default::default(),
             }),
             syncs: vec![
                 Sync {

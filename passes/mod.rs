@@ -16,6 +16,7 @@ pub mod declarative;
 pub mod grad_accumulation;
 pub mod op_fusion;
 pub mod pipeline;
+mod rebucket;
 pub mod recompute;
 pub mod shard;
 mod sync_time;
@@ -193,6 +194,11 @@ pub enum Edit {
         dur_ns: u64,
     },
     AddEdge {
+        from: OpId,
+        to: OpId,
+    },
+    /// `to` no longer waits for `from` (a wait that belonged to a call a rewrite removed).
+    DropEdge {
         from: OpId,
         to: OpId,
     },
@@ -602,6 +608,7 @@ fn apply_edit(ed: &mut Editor, e: &Edit) -> Result<(), JobError> {
             .map(drop),
         Edit::Merge { ops, dur_ns } => ed.merge(ops, *dur_ns).map(drop),
         Edit::AddEdge { from, to } => ed.add_edge(*from, *to),
+        Edit::DropEdge { from, to } => ed.drop_edge(*from, *to),
         Edit::Priority { ops, priority } => ed.set_priority(ops, *priority),
         Edit::SetMem { op, effects } => {
             if !ed.is_alive(*op) {

@@ -46,7 +46,11 @@
 //! `scope=all` ignores the knob.
 //!
 //! **Knobs.** `scope` = `critical` | `all`; `threshold_mb` (default 64 MiB, Horovod's default;
-//! 0..=1048576; `scope=all` only); `coarsen` (default 1, 0..=1).
+//! 0..=1048576; `scope=all` only, and every bucket on a trace); `coarsen` (default 1, 0..=1).
+//!
+//! **On a recorded step** (a trace, whose collectives are ops of the graph and not syncs): the
+//! all-reduces the framework issued are re-bucketed up to `threshold_mb` and each bucket priced
+//! with the communication model (`rebucket.rs`).
 //!
 //! **Framework knobs** (DESIGN.md table): Horovod `groups=` lists with
 //! `HOROVOD_DISABLE_GROUP_FUSION=1` and `HOROVOD_FUSION_THRESHOLD` ≥ the largest group (bytes);
@@ -96,6 +100,15 @@ impl Pass for TensorFusion {
         ]
     }
     fn propose(&self, cx: &Evaluated, knobs: &Knobs) -> Result<Vec<Patch>, PassError> {
+        if cx.job.syncs.is_empty() && !cx.job.local.calls.is_empty() {
+            // A recorded step: re-bucket the all-reduces the framework issued.
+            return super::rebucket::propose(
+                cx,
+                NAME,
+                scope_is_all(NAME, knobs)?,
+                knobs.float("threshold_mb"),
+            );
+        }
         let groups = if scope_is_all(NAME, knobs)? {
             threshold_groups(cx, knobs.float("threshold_mb"))
         } else {

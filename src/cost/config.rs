@@ -910,6 +910,25 @@ pub fn load_gpu_arch(name: &str) -> Result<ArchSpec, ConfigError> {
     load_ref(name, "arch", "architecture", None, parse_arch)
 }
 
+/// A network by built-in name (`nvlink-v100`) or file path.
+pub fn load_network(name_or_path: &str) -> Result<NetworkSpec, ConfigError> {
+    load_ref(name_or_path, "networks", "network", None, parse_network)
+}
+
+/// The GPU-to-GPU link a server of an architecture's SXM/OAM parts carries, as a built-in
+/// network: what a recorded step's collectives are priced on when no `--cluster` says
+/// otherwise (V100 SXM2: NVLink 2; A100 SXM4: NVLink 3; H100/H200 SXM5: NVLink 4; MI300X:
+/// Infinity Fabric). `None` for an architecture without one here.
+pub fn server_link_network(arch: &str) -> Option<&'static str> {
+    Some(match arch {
+        "volta" => "nvlink-v100",
+        "ampere" => "nvlink-a100",
+        "hopper" => "nvlink-h100",
+        "cdna3" => "xgmi-mi300x",
+        _ => return None,
+    })
+}
+
 /// A GPU by built-in name or file path.
 pub fn load_gpu(name_or_path: &str) -> Result<GpuSpec, ConfigError> {
     load_ref(name_or_path, "gpus", "GPU", None, parse_gpu)

@@ -66,6 +66,11 @@ pub struct LocalGraph {
     /// output layer and the word embeddings). A pipeline that puts the two on different stages
     /// holds the weight on both (`graph/pipeline.rs`).
     pub ties: Vec<(super::LayerId, u32)>,
+    /// A recorded step's gradient all-reduces as the framework issued them: each op of one
+    /// call (the NCCL kernel and the host ops of the `c10d::allreduce_` that issued it) → the
+    /// call's index in `TraceFacts::recorded_syncs`. Empty for zoo jobs. What `tensor-fusion`
+    /// re-buckets on a trace.
+    pub calls: std::collections::BTreeMap<OpId, u32>,
 }
 
 impl LocalGraph {
@@ -279,6 +284,36 @@ pub struct TraceFacts {
     pub memory: Option<MemoryFacts>,
     /// How the step's GPU time can be re-costed by a pass.
     pub work: WorkCoverage,
+    /// The step's gradient all-reduces as issued, in stream order (their ops in
+    /// `LocalGraph::calls`); not in the JSON (`collectives` and `bucketing` say it there).
+    #[serde(skip)]
+    pub recorded_syncs: Vec<RecordedSync>,
+    /// The link and ranks a re-bucketed all-reduce is priced on: the GPU's own NVLink (or
+    /// xGMI) over the recorded world size, or `--cluster`'s ring when the rank is extrapolated.
+    #[serde(skip)]
+    pub sync_link: Option<SyncLink>,
+}
+
+/// One gradient all-reduce of a recorded step, as the framework issued it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedSync {
+    /// Position among the step's collective kernels (stream order): all-reduces whose
+    /// positions follow each other had no other collective between them.
+    pub position: u32,
+    /// The kernel's name.
+    pub kernel: String,
+    /// Bytes reduced, from the kernel's args (`In msg nelems` × dtype), when it has them.
+    pub bytes: Option<u64>,
+}
+
+/// Where re-bucketed all-reduces of a recorded step are priced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncLink {
+    /// The network config (`nvlink-v100`) or cluster (`64xh100-ib`) the link comes from.
+    pub name: String,
+    pub link: crate::cost::comm::AlphaBeta,
+    /// Ranks in the ring.
+    pub ranks: u32,
 }
 
 /// Gradient all-reduces of a step, read from the NCCL kernels (`In msg nelems` × dtype).
@@ -965,6 +1000,14 @@ impl Editor {
         Ok(())
     }
 
+    /// `to` no longer waits for `from` (every copy of the edge goes).
+    pub fn drop_edge(&mut self, from: OpId, to: OpId) -> Result<(), JobError> {
+        self.check(from)?;
+        self.check(to)?;
+        self.job.local_mut().edges.retain(|&e| e != (from, to));
+        Ok(())
+    }
+
     /// Scheduling priority (lower runs first among ready ops on a device; P3-style).
     pub fn set_priority(&mut self, ops: &[OpId], priority: i32) -> Result<(), JobError> {
         for &o in ops {
@@ -1134,6 +1177,11 @@ fn compact(job: &mut Job, alive: &[bool]) -> Result<(), JobError> {
         .into_iter()
         .filter(|(op, _)| map[*op as usize] != NONE)
         .map(|(op, m)| (map[op as usize], m))
+        .collect();
+    l.calls = std::mem::take(&mut l.calls)
+        .into_iter()
+        .filter(|(op, _)| map[*op as usize] != NONE)
+        .map(|(op, c)| (map[op as usize], c))
         .collect();
     l.mem.retain(|m| map[m.op as usize] != NONE);
     for m in l.mem.iter_mut() {

@@ -60,6 +60,11 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
     use Framework::*;
     let torch_like = matches!(fw, Pytorch | Horovod);
     match pass {
+        // On a trace the buckets regroup the all-reduces the traced run issued (DDP's buckets,
+        // or a loop's one per gradient): advice, the export does not rewrite that run.
+        "tensor-fusion" if names == Names::Trace && fw != Horovod => Err(
+            "buckets of a traced run's all-reduces: set DDP's bucket_cap_mb to the planned bucket size (wrapping the model in DDP where the loop all-reduces each gradient itself) or Horovod's fusion threshold; the export does not rewrite a traced run's training loop",
+        ),
         "tensor-fusion" => match fw {
             Horovod => Ok(
                 "hvd.DistributedOptimizer(groups=...) with HOROVOD_DISABLE_GROUP_FUSION=1 and HOROVOD_FUSION_THRESHOLD >= the largest group (trainplan_horovod.distributed_optimizer, horovod.env)",

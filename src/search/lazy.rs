@@ -168,7 +168,7 @@ fn hash_edit(job: &Job, e: &Edit, h: &mut DefaultHasher) {
             ops(o, h);
             dur_ns.hash(h);
         }
-        Edit::AddEdge { from, to } => ops(&[*from, *to], h),
+        Edit::AddEdge { from, to } | Edit::DropEdge { from, to } => ops(&[*from, *to], h),
         Edit::Priority { ops: o, priority } => {
             ops(o, h);
             priority.hash(h);

@@ -158,6 +158,13 @@ pub fn extrapolate(
     }
     built.job.workers = n;
     built.job.meta.cluster = cluster.name.clone();
+    if let Some(f) = built.job.meta.trace.as_deref_mut() {
+        f.sync_link = Some(crate::graph::job::SyncLink {
+            name: cluster.name.clone(),
+            link,
+            ranks: n,
+        });
+    }
     Ok(out)
 }
 

@@ -24,6 +24,7 @@
 //! byte offset of a protobuf stream); ignorable oddities become warnings on the result.
 
 pub mod align;
+pub mod calls;
 pub mod chakra;
 pub mod collective;
 pub mod extrapolate;

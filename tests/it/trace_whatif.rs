@@ -189,6 +189,61 @@ fn grad_accumulation_on_the_ddp_trace_has_no_cycle() {
     assert!(a > b, "{b} → {a}");
 }
 
+/// Issue 27: tensor fusion on a trace re-buckets the recorded all-reduces (here DDP's five
+/// ~25 MB buckets of ResNet-50's 102 MB of gradients, sizes from the NCCL kernels' args) up to
+/// the threshold, names the new buckets, and changes the step; on the ranks of one job it
+/// proposes nothing rather than breaking the match of their collectives.
+#[test]
+fn tensor_fusion_rebuckets_the_recorded_all_reduces() {
+    let Some(p) = kineto(DDP) else { return };
+    let p = p.to_str().unwrap();
+    let v = run_json(&["whatif", "--trace", p, "--pass", "tensor-fusion:scope=all"]);
+    let why: Vec<&str> = v["passes"][0]["why"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert!(
+        why[0].starts_with(
+            "bucket of all-reduces #3..=#4 (2 recorded all-reduces, 36.27 MB; sizes from the \
+             kernels' args)"
+        ) && why[1].starts_with(
+            "bucket of all-reduces #0..=#2 (3 recorded all-reduces, 65.95 MB; sizes from the \
+             kernels' args)"
+        ) && why[1].contains("ring of 2 on nvlink-a100"),
+        "{why:?}"
+    );
+    let (b, a) = (
+        v["baseline_iteration_ms"].as_f64().unwrap(),
+        v["iteration_ms"].as_f64().unwrap(),
+    );
+    assert!(a < b - 0.5, "{b} → {a}");
+    // 16 MiB buckets: nothing two of DDP's ~25 MB buckets fit in.
+    let (code, _, err) = run(&[
+        "whatif",
+        "--trace",
+        p,
+        "--pass",
+        "tensor-fusion:scope=all,threshold_mb=16",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("the pass found nothing to change"), "{err}");
+    let Some(d) = traces().map(|d| d.join("../multi-rank-dlrm")) else {
+        return;
+    };
+    let (code, _, err) = run(&[
+        "whatif",
+        "--trace",
+        d.to_str().unwrap(),
+        "--pass",
+        "tensor-fusion:scope=all",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("the pass found nothing to change"), "{err}");
+}
+
 #[test]
 fn plan_on_the_ddp_trace_explains_a_host_bound_step() {
     let Some(p) = kineto(DDP) else { return };

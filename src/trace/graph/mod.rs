@@ -392,12 +392,14 @@ pub(crate) fn build(
     b.local.edges.dedup();
     let (gpu_spec, mut facts) = super::facts::device(trace);
     let Builder {
-        local,
+        mut local,
         recorded,
         op_event,
         parent,
         ..
     } = b;
+    let recorded_syncs =
+        super::calls::label(trace, &mut local, &op_event, &parent, &gops.collectives);
     let mut job = one_worker_job(local, gpu_spec, name);
     job.math = job.framework.default_math(&job.gpu);
     job.local_dfg().map_err(|e| TraceGraphError::Invalid {
@@ -410,6 +412,8 @@ pub(crate) fn build(
     facts.precision = precision;
     facts.work = super::work::coverage(&job, &work_source);
     super::facts::describe(&mut facts, trace, &win, &job, &gops.collectives, &step_cx);
+    facts.sync_link = server_sync_link(&job.gpu.arch, facts.world_size.unwrap_or(1));
+    facts.recorded_syncs = recorded_syncs;
     if let Some(b) = facts.batch {
         job.meta.batch = b;
     }
@@ -438,6 +442,21 @@ pub(crate) fn build(
     let resumes: Vec<(OpId, i64)> = resumes.into_iter().map(|(op, t)| (op, t - lo)).collect();
     built.peer_waits = super::peers::calibrate(&mut built, peers == Peers::Absent, &resumes);
     Ok(built)
+}
+
+/// Where a recorded step's re-bucketed all-reduces are priced without `--cluster`: the GPU's
+/// own server link over the recorded world size (`None` for an architecture without one).
+pub(crate) fn server_sync_link(arch: &str, ranks: u32) -> Option<crate::graph::job::SyncLink> {
+    let name = crate::cost::config::server_link_network(arch)?;
+    let n = crate::cost::config::load_network(name).ok()?;
+    Some(crate::graph::job::SyncLink {
+        name: name.to_string(),
+        link: AlphaBeta {
+            alpha_ns: n.alpha_us * 1e3,
+            bytes_per_ns: n.bytes_per_ns(),
+        },
+        ranks,
+    })
 }
 
 /// The one-worker job of a recorded step: no gradient syncs to plan (the trace's collectives are
