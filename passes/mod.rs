@@ -673,7 +673,7 @@ fn apply_edit(ed: &mut Editor, e: &Edit) -> Result<(), JobError> {
 
 /// Merge syncs: the fused one sits where the last of them was (it cannot start earlier) and
 /// carries all their tensors, bytes, ready and done ops.
-fn fuse_syncs(job: &mut Job, which: &[usize]) -> Result<(), JobError> {
+pub(crate) fn fuse_syncs(job: &mut Job, which: &[usize]) -> Result<(), JobError> {
     let mut idx: Vec<usize> = which.to_vec();
     idx.sort_unstable();
     idx.dedup();

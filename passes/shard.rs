@@ -8,7 +8,7 @@
 //! |---|---|---|---|---|
 //! | 1 | 1/g | whole (each rank's optimizer reads its 1/g) | whole | reduce-scatter per bucket; all-gather of the updated parameters |
 //! | 2 | 1/g | reduce-scattered: 1/g kept | whole | reduce-scatter per bucket; all-gather after the update |
-//! | 3 | 1/g | 1/g | 1/g, gathered per unit | all-gather per unit before its forward (and again before its backward with `reshard=1`); reduce-scatter per bucket |
+//! | 3 | 1/g | 1/g | 1/g, gathered per unit | all-gather per unit before its forward (and again before its backward with `reshard=1`); reduce-scatter per bucket (per unit under `--framework pytorch`/`torchtitan`: FSDP2) |
 //!
 //! `g` = workers / `replicas`: with `replicas > 1` (HSDP) the shard group is `g` consecutive
 //! ranks, and each reduce-scattered gradient shard is then all-reduced across the `replicas`
@@ -246,6 +246,22 @@ pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassErr
     } else {
         sharded_static_bytes(job, s.stage, g, params)
     };
+    // FSDP2 reduce-scatters per unit, whatever buckets the job came with.
+    let regrouped;
+    let job = if s.stage >= 3
+        && matches!(
+            job.framework,
+            crate::cost::framework::Framework::Pytorch
+                | crate::cost::framework::Framework::Torchtitan
+        ) {
+        regrouped = Job {
+            syncs: per_unit_syncs(job, pattern),
+            ..job.clone()
+        };
+        &regrouped
+    } else {
+        job
+    };
     let mut updates = shard_update_step(&mut j, g, s.offload);
     let shard_group = Group {
         size: g,
@@ -280,6 +296,76 @@ pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassErr
         syncs
     };
     Ok(j)
+}
+
+/// The job's gradient syncs as FSDP2 issues them (`fully_shard` per unit, the pytorch and
+/// torchtitan exports): one per wrap unit (`unit_for` of its tensors' layer under `pattern`),
+/// holding the unit's tensors in the order the job synchronised them, the units in the order
+/// their first tensor came — whatever buckets the job had (a DDP-tuned start point's 100 MiB
+/// buckets would otherwise wait for tensors of several blocks, and several blocks' gradients
+/// would be reduce-scattered as one). A bucket is cut back into its tensors (its bytes shared
+/// by their sizes) only when it lists one ready and one done op per tensor, as fused syncs
+/// do; one that does not (a partitioned sync) stays whole, in its first tensor's unit.
+fn per_unit_syncs(job: &Job, pattern: &str) -> Vec<Sync> {
+    let l = &job.local;
+    let unit = |t: u32| -> &str {
+        l.tensors
+            .get(t as usize)
+            .and_then(|t| l.layers.get(t.layer as usize))
+            .map_or("", |n| unit_for(n, pattern))
+    };
+    let mut pieces: Vec<Sync> = Vec::with_capacity(job.syncs.len());
+    for sy in &job.syncs {
+        let n = sy.tensors.len();
+        if n < 2 || sy.ready.len() != n || sy.done.len() != n || sy.partitions > 1 {
+            pieces.push(sy.clone());
+            continue;
+        }
+        let sizes: Vec<u128> = sy
+            .tensors
+            .iter()
+            .map(|&t| {
+                l.tensors
+                    .get(t as usize)
+                    .map_or(1, |t| u128::from(t.bytes.max(1)))
+            })
+            .collect();
+        let total: u128 = sizes.iter().sum();
+        let mut given = 0u64;
+        for i in 0..n {
+            let bytes = if i + 1 == n {
+                sy.bytes - given
+            } else {
+                (u128::from(sy.bytes) * sizes[i] / total) as u64
+            };
+            given += bytes;
+            pieces.push(Sync {
+                tensors: vec![sy.tensors[i]],
+                bytes,
+                ready: vec![sy.ready[i]],
+                done: vec![sy.done[i]],
+                ..sy.clone()
+            });
+        }
+    }
+    let mut groups: Vec<(&str, Sync)> = Vec::new();
+    for p in pieces {
+        let u = p.tensors.first().map_or("", |&t| unit(t));
+        match groups
+            .iter_mut()
+            .find(|(n, g)| *n == u && g.kind == p.kind && g.group == p.group)
+        {
+            Some((_, g)) => {
+                g.tensors.extend(&p.tensors);
+                g.bytes += p.bytes;
+                g.ready.extend(&p.ready);
+                g.done.extend(&p.done);
+                g.partitions = 1;
+            }
+            None => groups.push((u, p)),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
 }
 
 /// The shard group's size, or why the job cannot be sharded as asked.
@@ -1243,6 +1329,55 @@ mod tests {
         assert_eq!(ar.len(), job.syncs.len());
         assert!(ar.iter().all(|s| s.group == Group { size: 2, stride: 4 }));
         assert_eq!(ar[0].bytes, job.syncs[0].bytes / 4);
+    }
+
+    /// FSDP2 (the pytorch and torchtitan exports) reduce-scatters once per wrap unit whatever
+    /// buckets the job came with; DeepSpeed keeps the job's buckets. Bytes are conserved and
+    /// every tensor is reduce-scattered once.
+    #[test]
+    fn fsdp2_reduce_scatters_per_unit_whatever_the_buckets() {
+        use crate::cost::framework::Framework;
+        let (_, per_tensor) = test_job("gpt", 2, "8xv100");
+        // Two buckets that cut across blocks: the first half of the tensors, then the rest.
+        let n = per_tensor.syncs.len();
+        let mut bucketed = per_tensor.clone();
+        super::super::fuse_syncs(&mut bucketed, &(n / 2..n).collect::<Vec<_>>()).unwrap();
+        super::super::fuse_syncs(&mut bucketed, &(0..n / 2).collect::<Vec<_>>()).unwrap();
+        assert_eq!(bucketed.syncs.len(), 2);
+        let scatters = |j: &Job| -> Vec<Sync> {
+            j.syncs
+                .iter()
+                .filter(|s| s.kind == CollectiveKind::ReduceScatter)
+                .cloned()
+                .collect()
+        };
+        let l = &per_tensor.local;
+        let unit_of_tensor = |t: u32| unit_of(&l.layers[l.tensors[t as usize].layer as usize]);
+        for fw in [Framework::Pytorch, Framework::Torchtitan] {
+            for job in [&per_tensor, &bucketed] {
+                let j = Job {
+                    framework: fw,
+                    ..job.clone()
+                };
+                let rs = scatters(&shard(&j, sharding(3)).unwrap());
+                assert_eq!(rs.len(), units(&j).len(), "{fw:?}");
+                for s in &rs {
+                    let u = unit_of_tensor(s.tensors[0]);
+                    assert!(s.tensors.iter().all(|&t| unit_of_tensor(t) == u));
+                    assert_eq!(s.ready.len(), s.tensors.len());
+                }
+                let mut all: Vec<u32> = rs.iter().flat_map(|s| s.tensors.clone()).collect();
+                all.sort_unstable();
+                assert_eq!(all, (0..l.tensors.len() as u32).collect::<Vec<_>>());
+                let bytes: u64 = rs.iter().map(|s| s.bytes).sum();
+                assert_eq!(bytes, job.syncs.iter().map(|s| s.bytes).sum::<u64>());
+            }
+        }
+        let ds = Job {
+            framework: Framework::Deepspeed,
+            ..bucketed.clone()
+        };
+        assert_eq!(scatters(&shard(&ds, sharding(3)).unwrap()).len(), 2);
     }
 
     /// Stage 3 with accumulation (shard first; the other order is refused) or recomputation
