@@ -45,10 +45,9 @@ struct Member {
     estimated: bool,
 }
 
-/// Ring all-reduce time of `bytes` on `l` (ns).
+/// Ring all-reduce time of `bytes` on `l` (ns): the model every synchronisation uses.
 fn ring_ns(l: &SyncLink, bytes: f64) -> f64 {
-    let n = f64::from(l.ranks.max(2));
-    2.0 * (n - 1.0) * (l.link.alpha_ns + bytes / n / l.link.bytes_per_ns)
+    crate::cost::comm::ring_allreduce_ns(l.link, l.ranks.max(2), bytes)
 }
 
 /// The size whose modelled time is `recorded_ns` (0 when the latency alone exceeds it).

@@ -332,11 +332,11 @@ fn per_unit_syncs(job: &Job, pattern: &str) -> Vec<Sync> {
             .collect();
         let total: u128 = sizes.iter().sum();
         let mut given = 0u64;
-        for i in 0..n {
+        for (i, &size) in sizes.iter().enumerate() {
             let bytes = if i + 1 == n {
                 sy.bytes - given
             } else {
-                (u128::from(sy.bytes) * sizes[i] / total) as u64
+                (u128::from(sy.bytes) * size / total) as u64
             };
             given += bytes;
             pieces.push(Sync {

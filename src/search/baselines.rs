@@ -1276,7 +1276,7 @@ pub fn for_framework(
         Framework::Deepspeed | Framework::Torchtitan | Framework::Megatron => None,
     };
     out.extend(tuned);
-    for (name, point) in sharded_points(job, &default_job, fw, &order) {
+    for (name, point) in sharded_points(job, &default_job, fw) {
         out.extend(best_point(name, one(point), evaluate, stop)?);
     }
     Ok(out)
@@ -1298,15 +1298,10 @@ const FSDP2_DEFAULT: Sharding = Sharding {
 ///
 /// | framework | sharded baselines |
 /// |---|---|
-/// | pytorch, torchtitan | `fsdp2_default`: gradients reduce-scattered per wrap unit (in `order`), stage 3, reshard, prefetch 1 |
+/// | pytorch, torchtitan | `fsdp2_default`: gradients reduce-scattered per wrap unit (the `shard` pass's FSDP2 grouping), stage 3, reshard, prefetch 1 |
 /// | megatron | `megatron_distopt`: the distributed optimizer (stage 1) on Megatron-LM's default synchronisation |
 /// | deepspeed | `zero2_default`, `zero3_default` on DeepSpeed's default synchronisation (buckets of 5e8 elements after the backward; `overlap_comm` off for stage 2); prefetch one unit at stage 3 (`stage3_prefetch_bucket_size` 5e7 elements holds about one transformer block of a 1–7 B model) |
-fn sharded_points(
-    job: &Job,
-    default_job: &Job,
-    fw: Framework,
-    order: &[usize],
-) -> Vec<(&'static str, Point)> {
+fn sharded_points(job: &Job, default_job: &Job, fw: Framework) -> Vec<(&'static str, Point)> {
     let knobs_of = |s: Sharding| {
         knobs(&[
             ("stage", s.stage.to_string()),
@@ -1318,11 +1313,13 @@ fn sharded_points(
     let mut out = Vec::new();
     match fw {
         Framework::Pytorch | Framework::Torchtitan => {
-            let groups = unit_groups(job, order);
-            let n = groups.len();
-            if let Ok(j) = fused_job(job, &groups, &[])
-                && let Ok(j) = shard(&j, FSDP2_DEFAULT)
-            {
+            // The `shard` pass reduce-scatters per wrap unit under these frameworks (FSDP2).
+            let n = crate::passes::shard::units(job).len();
+            let fsdp2 = Job {
+                framework: fw,
+                ..job.clone()
+            };
+            if let Ok(j) = shard(&fsdp2, FSDP2_DEFAULT) {
                 let cfg = format!(
                     "FSDP2 fully_shard per unit ({n} units), reshard after forward, prefetch 1"
                 );
@@ -1354,29 +1351,6 @@ fn sharded_points(
         _ => {}
     }
     out
-}
-
-/// The per-tensor job's syncs grouped by wrap unit ([`crate::passes::shard::unit_of`] of
-/// each tensor's layer), groups in the order their first sync comes in `order`.
-fn unit_groups(job: &Job, order: &[usize]) -> Vec<Vec<usize>> {
-    let l = &job.local;
-    let unit = |i: usize| -> &str {
-        job.syncs[i]
-            .tensors
-            .first()
-            .and_then(|&t| l.tensors.get(t as usize))
-            .and_then(|t| l.layers.get(t.layer as usize))
-            .map_or("", |n| crate::passes::shard::unit_of(n))
-    };
-    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
-    for &i in order {
-        let u = unit(i);
-        match groups.iter_mut().find(|(n, _)| n == u) {
-            Some((_, g)) => g.push(i),
-            None => groups.push((u.to_string(), vec![i])),
-        }
-    }
-    groups.into_iter().map(|(_, g)| g).collect()
 }
 
 /// The name of `fw`'s default baseline and the knobs it is written with.
