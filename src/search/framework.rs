@@ -157,7 +157,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
         },
         "recompute" => match fw {
             Pytorch => Ok(
-                "torch.utils.checkpoint on the planned modules (trainplan_patch.apply_plan, checkpointing=True)",
+                "torch.utils.checkpoint on each planned block, its input kept and the block re-run in the backward, as recompute:policy=full plans it (trainplan_patch.apply_plan / apply_fsdp, checkpointing=True)",
             ),
             Jax => Ok(
                 "jax.checkpoint (nothing saved inside) around each planned layer's function (trainplan_jax.remat(name, fn))",
@@ -274,12 +274,18 @@ fn parallelism(fw: Framework, pass: &str) -> Result<&'static str, &'static str> 
 
 /// Knobs `fw`'s export needs a pass to take when the search moves it: torchtitan runs AMP in
 /// bf16 only (it has no loss scaler), so its plans' `amp` is bf16; it checkpoints whole
-/// blocks, so its plans' `recompute` is `policy=full`. The PyTorch export accumulates with
-/// whole gradients held (`grad-accumulation` `sync=last`).
+/// blocks, so its plans' `recompute` is `policy=full`, and so are the PyTorch export's:
+/// `torch.utils.checkpoint` on a module keeps that module's inputs and re-runs all of it, so
+/// only whole modules are sites it applies as planned, and a numbered block (a transformer
+/// layer, a ResNet bottleneck) is the module `policy=full` prices exactly. A segment of
+/// layers (`policy=layers`) exported module by module would keep every checkpointed module's
+/// inputs (Llama 3 405B: about four hidden states per block where the plan counted a third of
+/// one) and re-run the parents of functional ops (`self_attn.core`, `mlp.mul`) whole. The
+/// PyTorch export accumulates with whole gradients held (`grad-accumulation` `sync=last`).
 pub fn pass_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
     match (pass, fw) {
         ("amp", Some(Framework::Torchtitan)) => vec![("dtype".into(), "bf16".into())],
-        ("recompute", Some(Framework::Torchtitan | Framework::Megatron)) => {
+        ("recompute", Some(Framework::Torchtitan | Framework::Megatron | Framework::Pytorch)) => {
             vec![("policy".into(), "full".into())]
         }
         // Megatron-LM's distributed optimizer is ZeRO-1.

@@ -1618,7 +1618,7 @@ fn memory_options(
                     o.push(pp.clone());
                     options.push(o);
                     if has("recompute") {
-                        for r in layout_recompute_moves(fw, true) {
+                        for r in recompute_moves(fw) {
                             let mut o = ph.clone();
                             o.push(r);
                             o.push(pp.clone());
@@ -1636,9 +1636,8 @@ fn memory_options(
             if !head.is_empty() {
                 options.push(head.clone());
             }
-            let tp_head = layout::knob_of(&head, "tensor-parallel", "degree").is_some();
             if has("recompute") {
-                for r in layout_recompute_moves(fw, tp_head) {
+                for r in recompute_moves(fw) {
                     options.push(with(vec![r]));
                 }
             }
@@ -1653,7 +1652,7 @@ fn memory_options(
             if has("recompute")
                 && let Some(&k) = ks.last()
             {
-                for r in layout_recompute_moves(fw, tp_head) {
+                for r in recompute_moves(fw) {
                     options.push(with(vec![r, acc(k)]));
                 }
             }
@@ -1812,21 +1811,6 @@ fn cp_beside(
 /// attention core (`policy=selective`, `--recompute-granularity selective`), which frees the
 /// s²-sized activations for a fraction of a full recomputation's time (not applicable to a
 /// flash-attention model: that option then drops out).
-/// [`recompute_moves`] beside a tensor-parallel or pipelined layout (`laid_out`): the PyTorch
-/// export checkpoints modules, and the planned functional ops of a Llama block (the attention
-/// core, the SwiGLU product) have none of their own, so `apply_parallel` would checkpoint their
-/// parents, recomputing more than planned: there it plans whole blocks (`policy=full`), which
-/// it applies exactly.
-fn layout_recompute_moves(fw: Option<Framework>, laid_out: bool) -> Vec<KnobbedPass> {
-    if laid_out && fw == Some(Framework::Pytorch) {
-        return vec![(
-            "recompute".to_string(),
-            vec![("policy".to_string(), "full".to_string())],
-        )];
-    }
-    recompute_moves(fw)
-}
-
 fn recompute_moves(fw: Option<Framework>) -> Vec<KnobbedPass> {
     let mut v = vec![(
         "recompute".to_string(),

@@ -215,6 +215,7 @@ def run(rank, patch_dir, name, steps, port, out_q):
         # The modules they resolve to in the real model (a planned layer that is no module of
         # it, such as the zoo's relu1, is covered by its enclosing module).
         seen["resolved_recompute"] = sorted(tp._resolved(model, tp.RECOMPUTE_MODULES))
+        seen["planned_recompute"] = sorted(tp.RECOMPUTE_MODULES)
         seen["compile_modules"] = tp.COMPILE_MODULES
         seen["compiled"] = sorted(
             n for n, m in model.named_modules() if getattr(m, "_trainplan_compiled", False)

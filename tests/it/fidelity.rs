@@ -42,8 +42,13 @@ fn fidelity_example() -> PathBuf {
     // Always through cargo (a no-op when it is up to date): an example binary left from an
     // older build would check the committed results against older code.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // In the profile the tests were built with (`cargo test --release` looks in release/).
+    let mut args = vec!["build", "--example", "fidelity"];
+    if dir.ends_with("release") {
+        args.push("--release");
+    }
     let st = Command::new(cargo)
-        .args(["build", "--example", "fidelity"])
+        .args(&args)
         .current_dir(root())
         .status()
         .expect("cargo runs");

@@ -404,6 +404,24 @@ fn pytorch_memory_plans_accumulate_and_checkpoint_for_real() {
                 seen["resolved_recompute"].as_array().unwrap(),
                 "{seen}"
             );
+            // ... and they are the planned sites themselves: whole bottleneck blocks
+            // (`recompute:policy=full`, what --framework pytorch plans), each a module of the
+            // real ResNet-50, so nothing is re-run that the plan did not price.
+            assert_eq!(
+                modules,
+                seen["planned_recompute"].as_array().unwrap(),
+                "{seen}"
+            );
+            let d = plan
+                .decisions
+                .iter()
+                .find(|d| d.pass == "recompute")
+                .unwrap();
+            assert_eq!(
+                d.knobs.get("policy").map(String::as_str),
+                Some("full"),
+                "{d:?}"
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
