@@ -75,7 +75,11 @@
 //! same occurrence of its names as the member it stands for: a recomputed layer's forward runs
 //! twice, the original and the re-run), when all of them exist, are free and the merge is
 //! legal. One candidate evaluation then fuses twelve
-//! BERT layers instead of one per round. The search passes `twins=0` under `plan --no-symmetry`.
+//! BERT layers instead of one per round. The twins include every other occurrence of the
+//! same names (each micro-step of gradient accumulation, a recomputed layer's re-run): the
+//! exports compile a module once for all its calls, and without them `plan --model llama3-70b
+//! --cluster 512xh100-ib --framework pytorch` (8 micro-steps) took one micro-step's fusion per
+//! round, 67 rounds. The search passes `twins=0` under `plan --no-symmetry`.
 //! VGG's `features.N` (each index a different op) and names without an index have no twins.
 //!
 //! **Where a cluster may reach** (`within`). The PyTorch exports apply a zoo plan's clusters by
@@ -179,7 +183,7 @@ impl Pass for OpFusion {
                 let found = fz.twins(i, &mut absorbed);
                 if !found.is_empty() {
                     why.push_str(&format!(
-                        "; block symmetry: the same fusion in {} twin blocks",
+                        "; block symmetry: the same fusion in {} twin blocks and micro-steps",
                         found.len()
                     ));
                 }
@@ -684,22 +688,22 @@ impl<'a> Fuser<'a> {
         let cluster = self.clusters[me].clone();
         let l = &self.job.local;
         let names: Vec<Vec<String>> = cluster.iter().map(|&o| l.members(o)).collect();
+        // The cluster's block structure: one prefix, its block indices; none when a member has
+        // no index or two prefixes mix (then only the other occurrences are twins).
         let mut prefix: Option<&str> = None;
         let mut mine: BTreeSet<u32> = BTreeSet::new();
+        let mut blocked = true;
         for n in names.iter().flatten() {
-            let Some((p, idx, _)) = block_of(n) else {
-                return Vec::new();
-            };
-            if prefix.is_some_and(|q| q != p) {
-                return Vec::new();
+            match block_of(n) {
+                Some((p, idx, _)) if prefix.is_none_or(|q| q == p) => {
+                    prefix = Some(p);
+                    mine.insert(idx);
+                }
+                _ => blocked = false,
             }
-            prefix = Some(p);
-            mine.insert(idx);
         }
-        let (Some(prefix), Some(&lo)) = (prefix, mine.first()) else {
-            return Vec::new();
-        };
-        let prefix = prefix.to_string();
+        let prefix = prefix.filter(|_| blocked).map(str::to_string);
+        let lo = mine.first().copied().unwrap_or(0);
         if self.signatures.is_empty() {
             let mut seen: std::collections::BTreeMap<Vec<String>, u32> = Default::default();
             self.occurrence = vec![0; l.ops.len()];
@@ -713,60 +717,93 @@ impl<'a> Fuser<'a> {
                 }
             }
         }
-        let indices: BTreeSet<u32> = self
-            .signatures
-            .keys()
-            .flat_map(|(names, _)| names)
-            .filter_map(|n| block_of(n).filter(|b| b.0 == prefix).map(|b| b.1))
-            .collect();
+        let indices: BTreeSet<u32> = match &prefix {
+            Some(prefix) => self
+                .signatures
+                .keys()
+                .flat_map(|(names, _)| names)
+                .filter_map(|n| block_of(n).filter(|b| b.0 == prefix).map(|b| b.1))
+                .collect(),
+            None => [lo].into(),
+        };
+        // Occurrence shifts: the same names run again in every micro-step of gradient
+        // accumulation (and a recomputed layer's re-run), and the compiled module is the same
+        // for every call, so each later or earlier occurrence of the cluster is a twin too.
+        let first_occ = cluster
+            .iter()
+            .map(|&o| self.occurrence[o as usize])
+            .min()
+            .unwrap_or(0);
+        let last_occ = self.occurrence.iter().copied().max().unwrap_or(0);
         let mut out = Vec::new();
         for &j in &indices {
             let d = j as i64 - lo as i64;
-            if d == 0
-                || !mine
-                    .iter()
-                    .all(|&i| indices.contains(&((i as i64 + d) as u32)))
+            if !mine
+                .iter()
+                .all(|&i| indices.contains(&((i as i64 + d) as u32)))
             {
                 continue;
             }
-            let mut twin: Vec<OpId> = Vec::with_capacity(cluster.len());
-            for (member, &op) in names.iter().zip(&cluster) {
-                let renamed: Vec<String> = member
-                    .iter()
-                    .map(|n| match block_of(n) {
-                        Some((p, i, rest)) => format!("{p}{}{rest}", i as i64 + d),
-                        None => n.clone(),
-                    })
-                    .collect();
-                match self
-                    .signatures
-                    .get(&(renamed, self.occurrence[op as usize]))
-                {
-                    Some(&t) if !twin.contains(&t) => twin.push(t),
-                    _ => break,
+            for target in 0..=last_occ {
+                let e = i64::from(target) - i64::from(first_occ);
+                if d == 0 && e == 0 {
+                    continue;
                 }
-            }
-            if twin.len() != cluster.len() {
-                continue;
-            }
-            let owners: BTreeSet<u32> = twin.iter().map(|&t| self.cluster_of[t as usize]).collect();
-            match owners.into_iter().collect::<Vec<_>>().as_slice() {
-                [NONE] if self.legal(&twin) => {
-                    self.commit(twin.clone());
-                    out.push(twin);
-                }
-                &[c] if (c as usize) < absorbed.len()
-                    && c as usize != me
-                    && !absorbed[c as usize]
-                    && self.clusters[c as usize].len() == twin.len() =>
-                {
-                    absorbed[c as usize] = true;
-                    out.push(self.clusters[c as usize].clone());
-                }
-                _ => {}
+                self.twin_at(&cluster, &names, (d, e), me, absorbed, &mut out);
             }
         }
         out
+    }
+
+    /// The twin of walk cluster `me` (`cluster`, its members' `names`) `shift.0` blocks and
+    /// `shift.1` occurrences away, when every member has one: committed when its ops are free
+    /// and the merge is legal, absorbed when the walk chose exactly it; pushed onto `out`.
+    fn twin_at(
+        &mut self,
+        cluster: &[OpId],
+        names: &[Vec<String>],
+        shift: (i64, i64),
+        me: usize,
+        absorbed: &mut [bool],
+        out: &mut Vec<Vec<OpId>>,
+    ) {
+        let (d, e) = shift;
+        let mut twin: Vec<OpId> = Vec::with_capacity(cluster.len());
+        for (member, &op) in names.iter().zip(cluster) {
+            let renamed: Vec<String> = member
+                .iter()
+                .map(|n| match block_of(n) {
+                    Some((p, i, rest)) if d != 0 => format!("{p}{}{rest}", i as i64 + d),
+                    _ => n.clone(),
+                })
+                .collect();
+            let Ok(occ) = u32::try_from(i64::from(self.occurrence[op as usize]) + e) else {
+                break;
+            };
+            match self.signatures.get(&(renamed, occ)) {
+                Some(&t) if !twin.contains(&t) => twin.push(t),
+                _ => break,
+            }
+        }
+        if twin.len() != cluster.len() {
+            return;
+        }
+        let owners: BTreeSet<u32> = twin.iter().map(|&t| self.cluster_of[t as usize]).collect();
+        match owners.into_iter().collect::<Vec<_>>().as_slice() {
+            [NONE] if self.legal(&twin) => {
+                self.commit(twin.clone());
+                out.push(twin);
+            }
+            &[c] if (c as usize) < absorbed.len()
+                && c as usize != me
+                && !absorbed[c as usize]
+                && self.clusters[c as usize].len() == twin.len() =>
+            {
+                absorbed[c as usize] = true;
+                out.push(self.clusters[c as usize].clone());
+            }
+            _ => {}
+        }
     }
 
     /// XLA-style: on each device, in topological order, greedy legal clusters of ≤ `max_ops`.
@@ -1163,6 +1200,30 @@ mod tests {
             twin.len()
         );
         assert_eq!(widest, 12, "a fusion repeated in all 12 encoder layers");
+    }
+
+    /// With gradient accumulation every micro-step runs the same ops again (same names, the
+    /// next occurrence): a fusion repeats in every block of every micro-step in one move.
+    #[test]
+    fn twins_span_the_micro_steps_of_accumulation() {
+        let base = evaluate(bert_base_symmetric()).unwrap();
+        let reg = super::super::registry();
+        let ga = super::super::find(&reg, "grad-accumulation").unwrap();
+        let k = super::super::resolve_knobs(ga, &[("k".into(), "2".into())]).unwrap();
+        let patches = super::super::propose(ga, &base, &k).unwrap();
+        let acc = evaluate(apply_all(&base.job, &patches).unwrap()).unwrap();
+        let twin = OpFusion.propose(&acc, &knobs(&[])).unwrap();
+        let widest = twin.iter().map(merges).max().unwrap();
+        assert_eq!(widest, 24, "12 encoder layers x 2 micro-steps");
+        // Fewer moves than one per micro-step of each fusion (measured: 16 moves with k = 2,
+        // 12 without accumulation; the walk's clusters near the micro-steps' ends differ).
+        let one = OpFusion.propose(&base, &knobs(&[])).unwrap();
+        assert!(
+            twin.len() < 2 * one.len(),
+            "{} moves with k = 2, {} without",
+            twin.len(),
+            one.len()
+        );
     }
 
     /// BERT-base on dPRO's 16 V100s, symmetric form.

@@ -160,7 +160,7 @@ pub fn mechanism(fw: Framework, pass: &str, names: Names) -> Result<&'static str
                 "torch.utils.checkpoint on each planned block, its input kept and the block re-run in the backward, as recompute:policy=full plans it (trainplan_patch.apply_plan / apply_fsdp, checkpointing=True)",
             ),
             Jax => Ok(
-                "jax.checkpoint (nothing saved inside) around each planned layer's function (trainplan_jax.remat(name, fn))",
+                "jax.checkpoint (nothing saved inside but its inputs) around each planned block's function, as recompute:policy=full plans it (trainplan_jax.remat(name, fn))",
             ),
             Torchtitan => Ok(
                 "activation_checkpoint.mode = \"full\": every transformer block checkpointed, as recompute:policy=full plans it (torchtitan.toml)",
@@ -280,12 +280,17 @@ fn parallelism(fw: Framework, pass: &str) -> Result<&'static str, &'static str> 
 /// layer, a ResNet bottleneck) is the module `policy=full` prices exactly. A segment of
 /// layers (`policy=layers`) exported module by module would keep every checkpointed module's
 /// inputs (Llama 3 405B: about four hidden states per block where the plan counted a third of
-/// one) and re-run the parents of functional ops (`self_attn.core`, `mlp.mul`) whole. The
-/// PyTorch export accumulates with whole gradients held (`grad-accumulation` `sync=last`).
+/// one) and re-run the parents of functional ops (`self_attn.core`, `mlp.mul`) whole. JAX's
+/// `jax.checkpoint` around a function likewise saves the function's inputs, so the JAX export's
+/// `remat(name, fn)` applies whole blocks as priced too. The PyTorch export accumulates with
+/// whole gradients held (`grad-accumulation` `sync=last`).
 pub fn pass_knobs(pass: &str, fw: Option<Framework>) -> Vec<(String, String)> {
     match (pass, fw) {
         ("amp", Some(Framework::Torchtitan)) => vec![("dtype".into(), "bf16".into())],
-        ("recompute", Some(Framework::Torchtitan | Framework::Megatron | Framework::Pytorch)) => {
+        (
+            "recompute",
+            Some(Framework::Torchtitan | Framework::Megatron | Framework::Pytorch | Framework::Jax),
+        ) => {
             vec![("policy".into(), "full".into())]
         }
         // Megatron-LM's distributed optimizer is ZeRO-1.

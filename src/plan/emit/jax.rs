@@ -7,7 +7,10 @@
 //! * recomputation → `remat(name, fn)`: `jax.checkpoint(fn, policy=nothing_saveable)` when the
 //!   layer `name` (or a module containing it) is planned, so only its inputs are saved and its
 //!   forward is re-run in the backward — the per-layer counterpart of `torch.utils.checkpoint`;
-//!   `RECOMPUTE_MODULES` lists the planned layers, collapsed to parents as for PyTorch;
+//!   `RECOMPUTE_MODULES` lists the planned layers, collapsed to parents as for PyTorch; a plan
+//!   made with `--framework jax` checkpoints whole blocks (`recompute:policy=full`: each block's
+//!   input saved, the block re-run), which `remat` around each block's function applies as
+//!   priced; a layer segment wrapped layer by layer would keep every layer's inputs;
 //! * AMP → `COMPUTE_DTYPE` and `cast_params(params)` (called inside the loss, so gradients come
 //!   back in fp32 for the fp32 master weights); fp16 needs loss scaling: `loss_scale_init()` and
 //!   `scaled_value_and_grad(loss_fn)` scale the loss (dynamic: halved on a non-finite gradient,
@@ -125,9 +128,12 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     py.push_str(JAX_PY);
     if !recompute.is_empty() {
         notes.push(format!(
-            "recomputation of {} layer(s)/module(s): wrap each layer's function with trainplan_jax.remat(name, fn) (jax.checkpoint where planned)",
+            "recomputation of {} layer(s)/module(s): wrap each one's function with trainplan_jax.remat(name, fn) (jax.checkpoint where planned)",
             recompute.len()
         ));
+        if !super::whole_block_recompute(plan) {
+            notes.push("the plan recomputes segments of layers (recompute:policy=layers or selective): jax.checkpoint keeps each wrapped function's inputs, so wrapped layer by layer the peak is higher than predicted (plan with --framework jax, which checkpoints whole blocks as priced)".into());
+        }
     }
     if plan.workload.names == "trace" && !f.recompute.is_empty() {
         notes.push("the plan comes from a trace, whose names are ATen operators: its recomputation sites are not mapped to JAX functions".into());

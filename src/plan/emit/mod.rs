@@ -8,7 +8,7 @@
 //! | `partitions` | — | `BYTEPS_PARTITION_BYTES`, `BYTEPS_SCHEDULING_CREDIT`, per-tensor file | — | — | — |
 //! | `fused_ops` | — | — | `jit_compile` / `TF_XLA_FLAGS` (XLA's own clusters; zoo names not targeted, said) | `torch.compile` per module | — (`jax.jit` fuses; said) |
 //! | `dtype`, `amp` | autocast + GradScaler, `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy + loss scaling | autocast + GradScaler | compute dtype + dynamic loss scaling (fp16) |
-//! | `recompute` | — | — | — (not applied, said) | `torch.utils.checkpoint` per module | `jax.checkpoint` per layer (`remat`) |
+//! | `recompute` | — | — | — (not applied, said) | `torch.utils.checkpoint` per module (whole blocks as planned) | `jax.checkpoint` per layer or block (`remat`; whole blocks as planned) |
 //! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`) for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
 //! | `sharding` (stage 3) | — | — | — | FSDP2 `fully_shard` per unit, then the root: `reshard_after_forward`, prefetch lists, `MixedPrecisionPolicy`, HSDP mesh ([`fsdp`]) | — |
 //! | `tensor_parallel`, `pipeline` | — | — | — | a Llama-style model only: DTensor `parallelize_module`, `torch.distributed.pipelining` schedule, FSDP2 per model part on a 4-D mesh ([`native`]) | — |
@@ -552,6 +552,16 @@ pub(crate) fn forward_layers(groups: &[Vec<String>]) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether every recomputation decision of `plan` checkpoints whole blocks
+/// (`recompute:policy=full`): what a checkpoint around a module or function, which keeps that
+/// one's inputs (`torch.utils.checkpoint`, `jax.checkpoint`), applies as priced.
+pub(crate) fn whole_block_recompute(plan: &Plan) -> bool {
+    plan.decisions
+        .iter()
+        .filter(|d| d.pass == "recompute")
+        .all(|d| d.knobs.get("policy").map(String::as_str) == Some("full"))
 }
 
 /// The layers the plan recomputes, collapsed: a parent module all of whose planned layers are

@@ -288,15 +288,6 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     })
 }
 
-/// Whether every recomputation decision of `plan` checkpoints whole blocks
-/// (`recompute:policy=full`): what `torch.utils.checkpoint` on modules applies as priced.
-fn whole_block_recompute(plan: &Plan) -> bool {
-    plan.decisions
-        .iter()
-        .filter(|d| d.pass == "recompute")
-        .all(|d| d.knobs.get("policy").map(String::as_str) == Some("full"))
-}
-
 /// What the user must do for AMP, accumulation, checkpointing, compiled regions and fused Adam,
 /// and the passes PyTorch has no setting for.
 fn usage_notes(
@@ -358,7 +349,7 @@ fn usage_notes(
             "activation checkpointing of {} module(s), applied by {entry}",
             recompute.len()
         ));
-        if !whole_block_recompute(plan) {
+        if !super::whole_block_recompute(plan) {
             notes.push("the plan recomputes segments of layers (recompute:policy=layers or selective): torch.utils.checkpoint wraps each listed module on its own, keeping its inputs, and re-runs a functional op's enclosing module whole, so the peak is higher and the backward longer than predicted (plan with --framework pytorch, which checkpoints whole blocks as priced)".into());
         }
     }
