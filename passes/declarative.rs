@@ -45,7 +45,7 @@
 //! literals and for the declared range of a knob: factors (`scale`, `memory`, `sync_bytes`) at
 //! most 10⁴ (`sync_bytes` at least 10⁻⁶), durations at most one hour, bandwidths 10⁻³–10⁶ GB/s;
 //! and a job the pass would push past `graph::bounds` (an op over ~13 days, a tensor over
-//! 16 TiB, a worker's memory over 1 PiB) is refused naming the pass — never saturated.
+//! 16 TiB, a worker's memory over 64 PiB) is refused naming the pass — never saturated.
 //! * `scale: f` — durations × f (Daydream's shrink/scale).
 //! * `set_duration_us: d`.
 //! * `remove: true` — remove the ops, keeping the order they imposed.

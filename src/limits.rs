@@ -465,8 +465,8 @@ mod tests {
         assert!(row("one op's duration").contains("2^50 ns"));
         assert_eq!(bounds::MAX_TENSOR_BYTES, 16 << 40);
         assert!(row("one tensor").contains("16 TiB"));
-        assert_eq!(bounds::MAX_MEMORY_BYTES, 1 << 50);
-        assert!(row("one worker's memory").contains("1 PiB"));
+        assert_eq!(bounds::MAX_MEMORY_BYTES, 1 << 56);
+        assert!(row("one worker's memory").contains("64 PiB"));
         let min_rate = crate::cost::config::MIN_RATE;
         assert!(row("GPU rates").contains(&show(min_rate)));
         let f = crate::passes::declarative::MAX_FACTOR;

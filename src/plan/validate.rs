@@ -14,7 +14,7 @@
 //! | times (`iteration_ms`, `baselines`, `lower_bound_ms`) | positive, finite, ≤ 2^62 ns | [`crate::graph::bounds::MAX_SUM_NS`] |
 //! | `effect_ms` | finite, \|x\| ≤ 2^62 ns | the same |
 //! | `speedup` | baseline ÷ planned (to the file's rounding); `lower_bound_ms` ≤ planned | how `plan` computes them |
-//! | `peak_memory_bytes` | ≤ 1 PiB | [`crate::graph::bounds::MAX_MEMORY_BYTES`] |
+//! | `peak_memory_bytes` | ≤ 64 PiB | [`crate::graph::bounds::MAX_MEMORY_BYTES`] |
 //! | decision knobs | the pass's declared knobs and ranges; `amp`'s dtype fp16 / bf16 | `passes::*::knobs()`, [`crate::passes::amp::half_dtype`] |
 //! | a `baseline:` decision's knobs | [`crate::search::baselines::knob_specs`] | the baselines' grids |
 //! | `partitions` (decision and config) | 1 ..= 1,024 | `tensor-partition`'s `max_k` |
@@ -97,7 +97,9 @@ fn memory(field: &str, v: Option<u64>) -> Result<(), Invalid> {
     match v {
         Some(b) if b > MAX_MEMORY_BYTES => Err(invalid(
             field,
-            format!("{b} bytes is more than the {MAX_MEMORY_BYTES} (1 PiB) a GPU's memory may be"),
+            format!(
+                "{b} bytes is more than the {MAX_MEMORY_BYTES} (64 PiB) one worker's memory may be"
+            ),
         )),
         _ => Ok(()),
     }
@@ -679,7 +681,7 @@ mod tests {
         refused(
             |p| p.predicted.planned.peak_memory_bytes = Some(u64::MAX),
             "predicted.planned.peak_memory_bytes",
-            "1 PiB",
+            "64 PiB",
         );
         refused(
             |p| {

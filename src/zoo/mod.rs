@@ -107,7 +107,7 @@ pub const MODELS: &[ZooEntry] = &[
 
 /// Largest per-worker batch accepted: 16,777,216 samples, beyond any recipe (DLE BERT
 /// pre-training accumulates 65,536 sequences per step on one GPU). What really bounds a batch is
-/// the work: the graph's physical bounds (`graph::bounds`: a worker's memory ≤ 1 PiB, an op
+/// the work: the graph's physical bounds (`graph::bounds`: a worker's memory ≤ 64 PiB, an op
 /// ≤ 2^50 ns) refuse a batch whose activations or kernels would not be real.
 pub const MAX_BATCH: u32 = 1 << 24;
 
