@@ -79,7 +79,9 @@
 //! same names (each micro-step of gradient accumulation, a recomputed layer's re-run): the
 //! exports compile a module once for all its calls, and without them `plan --model llama3-70b
 //! --cluster 512xh100-ib --framework pytorch` (8 micro-steps) took one micro-step's fusion per
-//! round, 67 rounds. The search passes `twins=0` under `plan --no-symmetry`.
+//! round, 67 rounds (34 while a name that runs twice per micro-step — a tensor-parallel MLP's
+//! projections — still shifted by one occurrence; 13 now). The search passes `twins=0` under
+//! `plan --no-symmetry`.
 //! VGG's `features.N` (each index a different op) and names without an index have no twins.
 //!
 //! **Where a cluster may reach** (`within`). The PyTorch exports apply a zoo plan's clusters by
@@ -193,6 +195,11 @@ impl Pass for OpFusion {
         }
         Ok(out)
     }
+}
+
+/// Greatest common divisor (`gcd(0, n) = n`).
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Whether the `within` knob keeps clusters inside one module block for `job`.
@@ -320,6 +327,8 @@ struct Fuser<'a> {
     signatures: std::collections::BTreeMap<(Vec<String>, u32), OpId>,
     /// Each fusible op's occurrence (see `signatures`; filled with it).
     occurrence: Vec<u32>,
+    /// How many fusible ops carry each list of member names (filled with `signatures`).
+    count_of: std::collections::BTreeMap<Vec<String>, u32>,
     /// With `within=block`: each op's module block, numbered; a cluster's ops share one.
     block: Option<Vec<u32>>,
 }
@@ -404,6 +413,7 @@ impl<'a> Fuser<'a> {
             stamp: 0,
             signatures: Default::default(),
             occurrence: Vec::new(),
+            count_of: Default::default(),
             block: None,
         })
     }
@@ -716,6 +726,7 @@ impl<'a> Fuser<'a> {
                     self.signatures.insert((m, self.occurrence[o as usize]), o);
                 }
             }
+            self.count_of = seen;
         }
         let indices: BTreeSet<u32> = match &prefix {
             Some(prefix) => self
@@ -729,12 +740,18 @@ impl<'a> Fuser<'a> {
         // Occurrence shifts: the same names run again in every micro-step of gradient
         // accumulation (and a recomputed layer's re-run), and the compiled module is the same
         // for every call, so each later or earlier occurrence of the cluster is a twin too.
-        let first_occ = cluster
+        // A name may run several times per micro-step (a tensor-parallel layer's two ops):
+        // with K the gcd of the members' occurrence counts, a name run c times moves c/K
+        // occurrences per step; one occurrence per step (re-runs, which follow all originals)
+        // is tried too. Every twin is still checked: same names, free ops, a legal merge.
+        let counts: Vec<u32> = names
             .iter()
-            .map(|&o| self.occurrence[o as usize])
-            .min()
-            .unwrap_or(0);
-        let last_occ = self.occurrence.iter().copied().max().unwrap_or(0);
+            .map(|n| self.count_of.get(n).copied().unwrap_or(1))
+            .collect();
+        let k = counts.iter().copied().fold(0, gcd).max(1);
+        let steps: Vec<i64> = counts.iter().map(|&c| i64::from(c / k)).collect();
+        let ones = vec![1i64; names.len()];
+        let last_occ = i64::from(self.occurrence.iter().copied().max().unwrap_or(0));
         let mut out = Vec::new();
         for &j in &indices {
             let d = j as i64 - lo as i64;
@@ -744,43 +761,56 @@ impl<'a> Fuser<'a> {
             {
                 continue;
             }
-            for target in 0..=last_occ {
-                let e = i64::from(target) - i64::from(first_occ);
-                if d == 0 && e == 0 {
-                    continue;
+            // The members' names `d` blocks away.
+            let renamed: Vec<Vec<String>> = names
+                .iter()
+                .map(|member| {
+                    member
+                        .iter()
+                        .map(|n| match block_of(n) {
+                            Some((p, i, rest)) if d != 0 => format!("{p}{}{rest}", i as i64 + d),
+                            _ => n.clone(),
+                        })
+                        .collect()
+                })
+                .collect();
+            for per in [&steps, &ones] {
+                for e in -last_occ..=last_occ {
+                    if d == 0 && e == 0 {
+                        continue;
+                    }
+                    self.twin_at(&cluster, &renamed, e, per, me, absorbed, &mut out);
                 }
-                self.twin_at(&cluster, &names, (d, e), me, absorbed, &mut out);
+                if steps == ones {
+                    break;
+                }
             }
         }
         out
     }
 
-    /// The twin of walk cluster `me` (`cluster`, its members' `names`) `shift.0` blocks and
-    /// `shift.1` occurrences away, when every member has one: committed when its ops are free
-    /// and the merge is legal, absorbed when the walk chose exactly it; pushed onto `out`.
+    /// The twin of walk cluster `me` (`cluster`; `renamed`, its members' names in the twin's
+    /// block) `shift` × `per[member]` occurrences away, when every member has one: committed
+    /// when its ops are free and the merge is legal, absorbed when the walk chose exactly it;
+    /// pushed onto `out`.
+    #[allow(clippy::too_many_arguments)]
     fn twin_at(
         &mut self,
         cluster: &[OpId],
-        names: &[Vec<String>],
-        shift: (i64, i64),
+        renamed: &[Vec<String>],
+        shift: i64,
+        per: &[i64],
         me: usize,
         absorbed: &mut [bool],
         out: &mut Vec<Vec<OpId>>,
     ) {
-        let (d, e) = shift;
         let mut twin: Vec<OpId> = Vec::with_capacity(cluster.len());
-        for (member, &op) in names.iter().zip(cluster) {
-            let renamed: Vec<String> = member
-                .iter()
-                .map(|n| match block_of(n) {
-                    Some((p, i, rest)) if d != 0 => format!("{p}{}{rest}", i as i64 + d),
-                    _ => n.clone(),
-                })
-                .collect();
-            let Ok(occ) = u32::try_from(i64::from(self.occurrence[op as usize]) + e) else {
+        for ((member, &op), &step) in renamed.iter().zip(cluster).zip(per) {
+            let Ok(occ) = u32::try_from(i64::from(self.occurrence[op as usize]) + shift * step)
+            else {
                 break;
             };
-            match self.signatures.get(&(renamed, occ)) {
+            match self.signatures.get(&(member.clone(), occ)) {
                 Some(&t) if !twin.contains(&t) => twin.push(t),
                 _ => break,
             }
