@@ -682,6 +682,41 @@ mod tests {
         assert!(e.notes[0].contains("zoo"));
     }
 
+    /// A checkpoint around a module keeps its inputs: only whole blocks (`policy=full`) are
+    /// applied as priced, and a plan that recomputes layer segments is told so.
+    #[test]
+    fn layer_segments_get_a_note_whole_blocks_do_not() {
+        let mut p = tiny_plan();
+        p.config.recompute = vec!["net.1".into()];
+        p.decisions.push(super::super::tests::decision(
+            "recompute",
+            &[],
+            "memory step",
+        ));
+        let segments = "recomputes segments of layers";
+        let e = emit(&p, Framework::Pytorch).unwrap();
+        assert!(
+            e.notes.iter().any(|n| n.contains(segments)),
+            "{:?}",
+            e.notes
+        );
+        let jax = emit(&p, Framework::Jax).unwrap();
+        assert!(
+            jax.notes.iter().any(|n| n.contains(segments)),
+            "{:?}",
+            jax.notes
+        );
+        let last = p.decisions.len() - 1;
+        p.decisions[last] =
+            super::super::tests::decision("recompute", &[("policy", "full")], "memory step");
+        let e = emit(&p, Framework::Pytorch).unwrap();
+        assert!(
+            !e.notes.iter().any(|n| n.contains(segments)),
+            "{:?}",
+            e.notes
+        );
+    }
+
     #[test]
     fn a_ddp_plan_writes_its_tuned_cap_and_skips_non_modules() {
         let mut p = tiny_plan();
