@@ -713,6 +713,11 @@ impl<'a> Fuser<'a> {
             }
         }
         let prefix = prefix.filter(|_| blocked).map(str::to_string);
+        // A trace's names are operators (`aten::mm`), repeated across unrelated layers: no
+        // twins without a block index there.
+        if prefix.is_none() && self.job.meta.source != "zoo" {
+            return Vec::new();
+        }
         let lo = mine.first().copied().unwrap_or(0);
         if self.signatures.is_empty() {
             let mut seen: std::collections::BTreeMap<Vec<String>, u32> = Default::default();
@@ -751,7 +756,8 @@ impl<'a> Fuser<'a> {
         let k = counts.iter().copied().fold(0, gcd).max(1);
         let steps: Vec<i64> = counts.iter().map(|&c| i64::from(c / k)).collect();
         let ones = vec![1i64; names.len()];
-        let last_occ = i64::from(self.occurrence.iter().copied().max().unwrap_or(0));
+        // No member has an occurrence past its count.
+        let last_occ = i64::from(counts.iter().copied().max().unwrap_or(1));
         let mut out = Vec::new();
         for &j in &indices {
             let d = j as i64 - lo as i64;
