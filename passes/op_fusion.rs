@@ -321,14 +321,12 @@ struct Fuser<'a> {
     /// DFS scratch: visit stamp per node.
     seen: Vec<u32>,
     stamp: u32,
-    /// Fusible ops by their member names (twin lookup; filled on first use).
-    /// Keyed by the names and the occurrence among ops of the same names (0 for the first in id
-    /// order): a recomputed layer has its forward twice, the original and the re-run.
-    signatures: std::collections::BTreeMap<(Vec<String>, u32), OpId>,
+    /// Fusible ops by their member names, in id order (twin lookup; filled on first use): an
+    /// op's index there is its occurrence among ops of the same names — a recomputed layer has
+    /// its forward twice, the original and the re-run; accumulation, once per micro-step.
+    signatures: std::collections::BTreeMap<Vec<String>, Vec<OpId>>,
     /// Each fusible op's occurrence (see `signatures`; filled with it).
     occurrence: Vec<u32>,
-    /// How many fusible ops carry each list of member names (filled with `signatures`).
-    count_of: std::collections::BTreeMap<Vec<String>, u32>,
     /// With `within=block`: each op's module block, numbered; a cluster's ops share one.
     block: Option<Vec<u32>>,
 }
@@ -413,7 +411,6 @@ impl<'a> Fuser<'a> {
             stamp: 0,
             signatures: Default::default(),
             occurrence: Vec::new(),
-            count_of: Default::default(),
             block: None,
         })
     }
@@ -720,24 +717,20 @@ impl<'a> Fuser<'a> {
         }
         let lo = mine.first().copied().unwrap_or(0);
         if self.signatures.is_empty() {
-            let mut seen: std::collections::BTreeMap<Vec<String>, u32> = Default::default();
             self.occurrence = vec![0; l.ops.len()];
             for o in 0..l.ops.len() as OpId {
                 if fusible(self.job, o) {
-                    let m = l.members(o);
-                    let n = seen.entry(m.clone()).or_insert(0);
-                    self.occurrence[o as usize] = *n;
-                    *n += 1;
-                    self.signatures.insert((m, self.occurrence[o as usize]), o);
+                    let same = self.signatures.entry(l.members(o)).or_default();
+                    self.occurrence[o as usize] = same.len() as u32;
+                    same.push(o);
                 }
             }
-            self.count_of = seen;
         }
         let indices: BTreeSet<u32> = match &prefix {
             Some(prefix) => self
                 .signatures
                 .keys()
-                .flat_map(|(names, _)| names)
+                .flatten()
                 .filter_map(|n| block_of(n).filter(|b| b.0 == prefix).map(|b| b.1))
                 .collect(),
             None => [lo].into(),
@@ -751,7 +744,7 @@ impl<'a> Fuser<'a> {
         // is tried too. Every twin is still checked: same names, free ops, a legal merge.
         let counts: Vec<u32> = names
             .iter()
-            .map(|n| self.count_of.get(n).copied().unwrap_or(1))
+            .map(|n| self.signatures.get(n).map_or(1, |v| v.len() as u32))
             .collect();
         let k = counts.iter().copied().fold(0, gcd).max(1);
         let steps: Vec<i64> = counts.iter().map(|&c| i64::from(c / k)).collect();
@@ -816,7 +809,11 @@ impl<'a> Fuser<'a> {
             else {
                 break;
             };
-            match self.signatures.get(&(member.clone(), occ)) {
+            match self
+                .signatures
+                .get(member)
+                .and_then(|v| v.get(occ as usize))
+            {
                 Some(&t) if !twin.contains(&t) => twin.push(t),
                 _ => break,
             }
