@@ -43,9 +43,10 @@
 //! half weights beside the FP32 master weights (2 + 4 B per parameter) and the optimizer state, with ZeRO's
 //! sharding of them (stages 1–2: the half weights whole, the rest sharded). The copy of the updated master
 //! weights into the model (read 4 B, write 2 B per parameter) is priced as the autocast casts
-//! are, one kernel per weight before its layer's forward. Not modelled: the FP32 master
-//! gradients apex O2 and DeepSpeed's `FP16_Optimizer` materialise during the optimizer step
-//! (4 B per parameter while no activation is live). `style=framework` (default) is the job's
+//! are, one kernel per weight before its layer's forward. The FP32 gradients the optimizer
+//! steps on (4 B per parameter the rank updates, from the first update kernel to the last) are
+//! the graph's memory effects when it is expanded (`Job::master_grad_bytes`), so they follow
+//! sharding and pipeline stages whichever pass runs first. `style=framework` (default) is the job's
 //! framework's (`Framework::default_amp_style`: pure for deepspeed, autocast elsewhere); `pure`
 //! is refused on a framework whose export applies autocast (the plan would not be what runs).
 //!
@@ -787,6 +788,100 @@ mod tests {
         assert_eq!(d.iteration_ns(), pure.iteration_ns());
         let e = run(base.job.clone(), &[("style", "o2")]).unwrap_err();
         assert!(e.to_string().contains("framework, autocast or pure"), "{e}");
+    }
+
+    /// A model kept in half steps on FP32 copies of its gradients (DeepSpeed's and Megatron-LM's
+    /// fp16 optimizers): 4 B per parameter the rank updates, live through the step: on top of
+    /// the states and half gradients, not the activations, which are freed by then.
+    #[test]
+    fn a_half_model_steps_on_fp32_gradients() {
+        use crate::cost::framework::Framework;
+        let (m, job) = crate::zoo::build::test_job("gpt", 1, "8xh200");
+        let params = m.param_elems();
+        let with = |fw: Framework, args: &[(&str, &str)]| {
+            let mut j = job.clone();
+            j.framework = fw;
+            run(j, args).unwrap().1
+        };
+        let ds = with(Framework::Deepspeed, &[]);
+        assert!(ds.job.math.pure_half);
+        assert_eq!(ds.job.master_grad_bytes(), 4 * params);
+        // The step's peak: the states, the half gradients and their FP32 copies.
+        let step = ds.job.local.static_mem_bytes + grads(&ds) + 4 * params;
+        assert!(
+            ds.memory.peak_bytes >= step,
+            "{} < {step}",
+            ds.memory.peak_bytes
+        );
+        // Held from the first update kernel's start to the last one's end, on every rank.
+        let g = ds.job.expand_data_parallel().unwrap();
+        let kernels = ds.job.step_kernels();
+        let per = ds.job.local.ops.len() as u32;
+        let held: Vec<_> = g
+            .mem_effects()
+            .iter()
+            .filter(|e| e.worker == 0 && e.bytes == 4 * params)
+            .map(|e| (e.op, e.when))
+            .collect();
+        assert_eq!(
+            held,
+            vec![
+                (kernels[0], crate::graph::MemWhen::AllocAtStart),
+                (*kernels.last().unwrap(), crate::graph::MemWhen::FreeAtEnd)
+            ]
+        );
+        assert!(kernels.len() > 1 && kernels[0] < per);
+        // A pipeline's stages each hold their own layers' share.
+        let reg = registry();
+        let pp = find(&reg, "pipeline").unwrap();
+        let given = [("stages", "2"), ("microbatches", "2")].map(|(k, v)| (k.into(), v.into()));
+        let knobs = resolve_knobs(pp, &given).unwrap();
+        let piped = apply_all(&ds.job, &pp.propose(&ds, &knobs).unwrap()).unwrap();
+        assert_eq!(piped.master_grad_bytes(), 4 * params);
+        let g = piped.expand().unwrap();
+        let by_rank = |r: u32| {
+            g.mem_effects()
+                .iter()
+                .filter(|e| {
+                    e.worker == r
+                        && e.when == crate::graph::MemWhen::AllocAtStart
+                        && g.phase(e.op) == crate::graph::Phase::Update
+                })
+                .map(|e| e.bytes)
+                .sum::<u64>()
+        };
+        let (a, b) = (by_rank(0), by_rank(1));
+        assert!(
+            a > 0 && b > 0 && a < 4 * params && b < 4 * params,
+            "{a} {b}"
+        );
+        assert!((a + b).abs_diff(4 * params) <= 2, "{a} + {b}");
+        // Megatron-LM: its fp16 model as DeepSpeed's; its bf16 model accumulates in FP32.
+        let fp16 = with(Framework::Megatron, &[("dtype", "fp16")]);
+        assert_eq!(fp16.job.master_grad_bytes(), 4 * params);
+        assert_eq!(fp16.memory.peak_bytes, ds.memory.peak_bytes);
+        let bf16 = with(Framework::Megatron, &[("dtype", "bf16")]);
+        assert_eq!(bf16.job.master_grad_bytes(), 0);
+        // Autocast keeps FP32 gradients: nothing more to hold.
+        let auto = with(Framework::Pytorch, &[]);
+        assert!(!auto.job.math.pure_half);
+        assert_eq!(auto.job.master_grad_bytes(), 0);
+        // Sharded (ZeRO-1 over the 8 ranks), each rank converts its own partition; offloaded,
+        // the host does.
+        let zero = |offload: bool| {
+            let s = crate::passes::shard::Sharding {
+                stage: 1,
+                replicas: 1,
+                reshard: true,
+                prefetch: 1,
+                offload,
+            };
+            evaluate(crate::passes::shard::shard(&ds.job, s).unwrap()).unwrap()
+        };
+        let z1 = zero(false);
+        assert_eq!(z1.job.master_grad_bytes(), (4 * params).div_ceil(8));
+        assert!(z1.memory.peak_bytes >= z1.job.local.static_mem_bytes + (4 * params).div_ceil(8));
+        assert_eq!(zero(true).job.master_grad_bytes(), 0);
     }
 
     /// Megatron-LM's bf16 model keeps FP32 gradients (buffers and reduction), its fp16 model

@@ -477,6 +477,88 @@ impl Job {
         self.meta.source == "trace"
     }
 
+    /// The optimizer step's GPU kernels that do work (an offloaded step leaves none), in the
+    /// order the host issues them.
+    pub fn step_kernels(&self) -> Vec<OpId> {
+        let l = &self.local;
+        (0..l.ops.len() as OpId)
+            .filter(|&o| {
+                let op = &l.ops[o as usize];
+                op.spec.phase == Phase::Update
+                    && op.spec.kind == OpKind::Compute
+                    && op.work.is_some()
+                    && matches!(
+                        l.devices.get(op.spec.device as usize),
+                        Some(DeviceKind::GpuStream { .. })
+                    )
+            })
+            .collect()
+    }
+
+    /// Bytes of FP32 gradients a rank's optimizer step materialises beside the model's own
+    /// when the model is kept in half precision ([`Math::pure_half`]): 4 B for every parameter
+    /// element the rank's step updates (its shard when sharded), live from the first update
+    /// kernel to the last. DeepSpeed's fp16/bf16 optimizers convert the rank's half gradients
+    /// into one FP32 flat partition before `step()` and drop it after (ZeRO stages 0-2:
+    /// `stage_1_and_2.py`, `single_grad_partition = flatten(averaged_gradients).to(fp32)`;
+    /// stage 3: `_prepare_fp32_grad_for_sub_group`, per sub-group of `sub_group_size`
+    /// elements, which Lightning's DeepSpeed strategy sets to 1e12, one group); Megatron-LM's
+    /// `--fp16` optimizer copies each half gradient into its FP32 main parameter's `.grad`
+    /// (`Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`), freed by the next
+    /// `zero_grad`, before the forward; apex O2 likewise. Megatron-LM's bf16 models accumulate
+    /// in FP32 already ([`Framework::keeps_fp32_grads`]), autocast keeps FP32 gradients, an
+    /// offloaded step runs on the host, and a trace's memory is recorded: 0 for those.
+    pub fn master_grad_bytes(&self) -> u64 {
+        let half = matches!(self.dtype, Dtype::Fp16 | Dtype::Bf16 | Dtype::Fp8);
+        if self.is_recorded()
+            || !self.math.pure_half
+            || !half
+            || self.framework.keeps_fp32_grads(self.dtype)
+            || self.step_kernels().is_empty()
+        {
+            return 0;
+        }
+        // The zoo's tensors keep their FP32 bytes (the master weights'); ZeRO shards the master
+        // weights over the parameter all-gather's group (Rajbhandari et al. §5).
+        let fp32: u64 = self.local.tensors.iter().map(|t| t.bytes).sum();
+        let shards = self
+            .syncs
+            .iter()
+            .find(|s| s.kind == CollectiveKind::AllGather)
+            .map_or(1, |s| {
+                if s.group.size == 0 {
+                    self.workers
+                } else {
+                    s.group.size
+                }
+            })
+            .max(1);
+        fp32.div_ceil(u64::from(shards))
+    }
+
+    /// [`Job::master_grad_bytes`] as the worker graph's memory effects: allocated when the
+    /// first of `kernels` starts, freed when the last ends (they run in issue order on one
+    /// stream). Empty when there is nothing to hold.
+    pub fn master_grad_effects(kernels: &[OpId], bytes: u64) -> Vec<MemEffect> {
+        match (kernels.first(), kernels.last()) {
+            (Some(&first), Some(&last)) if bytes > 0 => vec![
+                MemEffect {
+                    op: first,
+                    worker: 0,
+                    bytes,
+                    when: MemWhen::AllocAtStart,
+                },
+                MemEffect {
+                    op: last,
+                    worker: 0,
+                    bytes,
+                    when: MemWhen::FreeAtEnd,
+                },
+            ],
+            _ => Vec::new(),
+        }
+    }
+
     /// New duration of an op that now lasts `dur_ns` and computes `work` in the job's dtype,
     /// once its work runs in `dtype` at `batch_scale` times its batch. A recorded op (a trace
     /// kernel) is re-costed relative to itself, `dur × model(new) / model(old)`, so the
@@ -567,6 +649,7 @@ impl Job {
             b.set_contention_ppm((self.gpu.kernels.overlap_slowdown * 1e6).round() as u32);
         }
         let per = l.ops.len() as u32;
+        let master = Self::master_grad_effects(&self.step_kernels(), self.master_grad_bytes());
         for w in 0..gw {
             b.set_static_memory(w, l.static_mem_bytes);
             for op in &l.ops {
@@ -578,7 +661,7 @@ impl Job {
             for &(a, c) in &l.edges {
                 b.add_edge(base + a, base + c);
             }
-            for m in &l.mem {
+            for m in l.mem.iter().chain(&master) {
                 b.add_mem(MemEffect {
                     op: base + m.op,
                     worker: w,

@@ -498,8 +498,31 @@ impl Expansion<'_> {
         let l = &self.job.local;
         let stage_static = stage_static_memory(self.job, &self.cut, self.p.chunks());
         let mut held = vec![0u64; self.p.stages as usize];
+        // The FP32 gradients of the step, each chunk's by its kernels' share of the step's work.
+        let kernels = self.job.step_kernels();
+        let master = self.job.master_grad_bytes();
+        let work = |o: OpId| l.ops[o as usize].work.map_or(0.0, |w| w.weight_elems);
+        let total: f64 = kernels.iter().map(|&o| work(o)).sum();
         for s in 0..self.p.chunks() {
             let rank = s % self.p.stages;
+            let mine: Vec<OpId> = kernels
+                .iter()
+                .copied()
+                .filter(|&o| self.on(o as usize, s))
+                .collect();
+            let share = if total > 0.0 {
+                let w: f64 = mine.iter().map(|&o| work(o)).sum();
+                (master as f64 * w / total).ceil() as u64
+            } else {
+                0
+            };
+            for e in Job::master_grad_effects(&mine, share) {
+                self.b.add_mem(MemEffect {
+                    op: self.op(s, 0, e.op as usize),
+                    worker: rank,
+                    ..e
+                });
+            }
             let mut grads = 0u64;
             for e in &l.mem {
                 let o = e.op as usize;
