@@ -13,7 +13,10 @@
 //! The committed results also hold one trace from outside ../shared, given by
 //! `TRACE_WHATIF_EXTRA` (colon-separated paths): HolisticTraceAnalysis @ f4d0062
 //! `tests/data/df_index_resolver/df_index_resolver.json.gz` (rank 1 of 2, V100, 404
-//! per-tensor all-reduces per step), saved as `hta_df_index_resolver_rank1of2.json.gz`.
+//! per-tensor all-reduces per step), saved as `hta_df_index_resolver_rank1of2.json.gz`, and
+//! `tests/data/negative_queue_length_values_check/rank0.json.gz` (rank 0 of 16, A100, a
+//! TorchRec job whose all-to-alls run a step after their launch; steps recorded 216 ms apart),
+//! saved as `hta_negative_queue_rank0of16.json.gz`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -165,12 +168,23 @@ fn main() {
                     let r = trainplan::replay::replay(&g);
                     let predicted = r.end_ns[t.step_end as usize];
                     let measured = t.window.measured_ns();
+                    let steady = trainplan::replay::steady::steady(&t.job);
                     let mut h = format!(
-                        "{}: measured {:.3} ms, replayed {:.3} ms ({:+.3} %). Facts: {}.",
+                        "{}: measured {:.3} ms, replayed {:.3} ms ({:+.3} %), steady period {} ({}). Facts: {}.",
                         t.window.label,
                         ms(measured),
                         ms(predicted),
                         100.0 * (predicted as f64 / measured as f64 - 1.0),
+                        steady.map_or("–".into(), |s| format!(
+                            "{:.3} ms, {:+.1} %",
+                            ms(s.period_ns),
+                            100.0 * (s.period_ns as f64 / measured as f64 - 1.0)
+                        )),
+                        steady.map_or("no step end", |s| match s.by {
+                            trainplan::graph::DeviceKind::CpuThread { .. } =>
+                                "set by a host thread",
+                            _ => "set by a GPU stream",
+                        }),
                         trainplan::trace::facts::summary(&f)
                     );
                     let w = f.work;

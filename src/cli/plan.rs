@@ -1338,6 +1338,25 @@ fn ranks_plan(
     })
 }
 
+/// The traced run's steady period against the step its trace measured, when they are more than
+/// 5 % apart (and the plan runs the recorded worker count: an extrapolated rank's measured step
+/// is another job's).
+fn as_recorded_gap(b: &crate::passes::Evaluated) -> Option<String> {
+    let s = b.steady?;
+    let f = b.job.meta.trace.as_deref()?;
+    // One rank standing for `--cluster`'s workers: its measured step is another job's.
+    if f.ranks_given <= 1 && b.job.workers > 1 {
+        return None;
+    }
+    let measured = f.measured_step_ns?;
+    let why = super::traceinfo::period_gap(s.period_ns, measured, Some(s.by))?;
+    Some(format!(
+        "as_recorded is the traced step replayed in steady state, {} a step; its trace measured {}: {why}",
+        super::output::dur_ms(s.period_ns as f64 / 1e6, 1),
+        super::output::dur_ms(measured as f64 / 1e6, 1),
+    ))
+}
+
 /// What a plan on a trace adds to its report.
 struct TraceExtra {
     facts: Option<String>,
@@ -1357,6 +1376,9 @@ impl TraceExtra {
         let pb = super::traceinfo::Bound::of(p);
         let mut lines = Vec::new();
         if job.is_recorded() {
+            if let Some(line) = as_recorded_gap(b) {
+                lines.push(line);
+            }
             lines.push(super::traceinfo::path_line(&bb));
             lines.extend(super::traceinfo::explain(
                 &bb,
@@ -1885,5 +1907,30 @@ mod tests {
         assert_eq!(parse_budget("30days").unwrap(), MAX_BUDGET);
         assert!(parse_budget("500000000000years").is_err());
         assert!(parse_budget("1e300").is_err());
+    }
+}
+
+#[cfg(test)]
+mod as_recorded_tests {
+    /// A traced step whose steady state runs slower than its trace measured: the plan's report
+    /// says so beside `as_recorded`, with the device that sets the pace; not for one rank
+    /// standing for another worker count.
+    #[test]
+    fn a_steady_period_off_the_measured_step_is_said_beside_as_recorded() {
+        let mut j = crate::replay::steady::tests::carried_job();
+        j.meta.trace = Some(Box::new(crate::graph::job::TraceFacts {
+            measured_step_ns: Some(60_000),
+            ranks_given: 1,
+            ..Default::default()
+        }));
+        let e = crate::passes::evaluate(j.clone()).unwrap();
+        let line = super::as_recorded_gap(&e).unwrap();
+        assert!(
+            line.contains("+41.7 %") && line.contains("host thread"),
+            "{line}"
+        );
+        j.workers = 64;
+        let e = crate::passes::evaluate(j).unwrap();
+        assert_eq!(super::as_recorded_gap(&e), None);
     }
 }

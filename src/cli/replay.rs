@@ -319,9 +319,22 @@ impl Measured {
     }
 }
 
+/// Why the steady period is more than 5 % off the measured step, when it is (a recorded step
+/// at another worker count has no measured step to compare with).
+fn period_gap(
+    period_ns: u64,
+    m: &Measured,
+    by: Option<crate::graph::DeviceKind>,
+) -> Option<String> {
+    m.err_pct?;
+    super::traceinfo::period_gap(period_ns, m.measured_ns, by).map(|w| format!("{:18}{w}", ""))
+}
+
 /// What a trace report adds to the replay: the steady period, the bound, the memory.
 struct TraceFindings {
     period_ns: Option<u64>,
+    /// The device that sets the steady period.
+    period_by: Option<crate::graph::DeviceKind>,
     bound: super::traceinfo::Bound,
     /// Whether the trace recorded memory (else no memory figure).
     mem_known: bool,
@@ -330,13 +343,15 @@ struct TraceFindings {
 impl TraceFindings {
     fn of(b: &Built, run: &Replayed) -> TraceFindings {
         let (g, r) = (&b.graph, &run.replay);
-        let period_ns = crate::replay::steady::steady(&b.job).map(|s| s.period_ns);
+        let steady = crate::replay::steady::steady(&b.job);
+        let period_ns = steady.map(|s| s.period_ns);
         let bound = super::traceinfo::Bound {
             share: breakdown::path_share(g, r, &run.cp),
             gpu_busy_ns: breakdown::gpu_busy_ns(g, 0),
         };
         TraceFindings {
             period_ns,
+            period_by: steady.map(|s| s.by),
             bound,
             mem_known: super::traceinfo::has_memory(&b.job),
         }
@@ -482,6 +497,9 @@ fn trace_lines(
             "steady period    {:>12}   step-to-step time with every step like this one",
             super::output::dur(p, 3)
         ));
+        if let Some(why) = period_gap(p, m, f.period_by) {
+            lines.push(why);
+        }
     }
     if let Some(facts) = super::traceinfo::facts(job) {
         lines.insert(1, super::traceinfo::facts_line(facts));
@@ -516,4 +534,35 @@ fn write_collectives(o: &mut impl Write, x: &Extrapolation) -> Result<(), CliErr
         .map_err(CliError::stdout)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::DeviceKind;
+
+    #[test]
+    fn a_steady_period_far_from_the_measured_step_says_which_device_sets_it() {
+        let m = |err: Option<f64>| Measured {
+            measured_ns: 100_000_000,
+            predicted_ns: 100_000_000,
+            err_pct: err,
+        };
+        let gpu = Some(DeviceKind::GpuStream {
+            worker: 0,
+            stream: 3,
+        });
+        let host = Some(DeviceKind::CpuThread {
+            worker: 0,
+            thread: 0,
+        });
+        // Within 5 %: nothing to explain.
+        assert_eq!(period_gap(104_000_000, &m(Some(0.0)), gpu), None);
+        let g = period_gap(130_000_000, &m(Some(0.0)), gpu).unwrap();
+        assert!(g.contains("+30.0 %") && g.contains("GPU stream"), "{g}");
+        let h = period_gap(80_000_000, &m(Some(0.0)), host).unwrap();
+        assert!(h.contains("-20.0 %") && h.contains("host thread"), "{h}");
+        // An extrapolated rank has no measured step of its own job.
+        assert_eq!(period_gap(130_000_000, &m(None), gpu), None);
+    }
 }

@@ -167,3 +167,27 @@ pub fn bound_json(base: &Bound, after: Option<&Bound>) -> Value {
         "gpu_busy_after_ms": after.map(|a| ms(a.gpu_busy_ns)),
     })
 }
+
+/// Why a recorded step's steady period is more than 5 % off the step the trace measured, when
+/// it is: which device sets the pace (`by`, [`crate::replay::steady::Steady::by`]).
+pub fn period_gap(
+    period_ns: u64,
+    measured_ns: u64,
+    by: Option<crate::graph::DeviceKind>,
+) -> Option<String> {
+    use crate::graph::DeviceKind;
+    let off = 100.0 * (period_ns as f64 / measured_ns.max(1) as f64 - 1.0);
+    if off.abs() <= 5.0 {
+        return None;
+    }
+    let why = match by? {
+        DeviceKind::GpuStream { .. } | DeviceKind::CommStream { .. } => {
+            "a GPU stream's work per step outlasts the host's step (the measured span times the host thread); once its queue fills, the loop runs at the GPU's pace"
+        }
+        DeviceKind::CpuThread { .. } => {
+            "the host thread sets the pace, waiting for GPU work as it queues in steady state rather than as it did in the recorded step"
+        }
+        _ => return None,
+    };
+    Some(format!("{off:+.1} % off the measured step: {why}"))
+}

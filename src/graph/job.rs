@@ -251,6 +251,8 @@ pub struct TraceFacts {
     /// Samples per rank per step, from the input's shape (`None`: the trace has no `Input Dims`;
     /// record with `record_shapes=True`).
     pub batch: Option<u32>,
+    /// The recorded step's span (`ProfilerStep#N`, or between optimizer steps), ns.
+    pub measured_step_ns: Option<u64>,
     /// Where the batch was read (`aten::convolution input [32, 3, 224, 224]`).
     pub batch_from: Option<String>,
     /// The GPU's `deviceProperties` name, as recorded.

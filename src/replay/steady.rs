@@ -30,6 +30,8 @@ const COPIES: usize = 3;
 pub struct Steady {
     /// Step-to-step time in steady state, ns.
     pub period_ns: u64,
+    /// The device whose step-to-step time that is (the lowest id on ties).
+    pub by: DeviceKind,
 }
 
 /// The steady-state period of a recorded step (`None` for a job without a step-end marker — a
@@ -124,15 +126,18 @@ pub fn steady(job: &Job) -> Option<Steady> {
             end[d][c] = end[d][c].max(e);
         }
     }
-    let period = (0..devices)
+    let (period, d) = (0..devices)
         .filter(|&d| !matches!(l.devices[d], DeviceKind::Virtual))
-        .map(|d| end[d][COPIES - 1].saturating_sub(end[d][COPIES - 2]))
-        .max()?;
-    Some(Steady { period_ns: period })
+        .map(|d| (end[d][COPIES - 1].saturating_sub(end[d][COPIES - 2]), d))
+        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))?;
+    Some(Steady {
+        period_ns: period,
+        by: l.devices[d],
+    })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::graph::job::{JobMeta, LocalGraph, LocalOp};
     use crate::graph::{OpSpec, Phase};
@@ -181,13 +186,71 @@ mod tests {
         j
     }
 
+    /// A step (60 µs, host-bound) that inherits 50 µs of the previous step's GPU work: a
+    /// carried kernel of 5 µs, which a 20 µs host synchronisation waits for, then one of 45 µs;
+    /// the step's own kernel (60 µs) runs 50 µs past the step's end.
+    pub(crate) fn carried_job() -> Job {
+        let mut j = job(1, 60_000, 1);
+        let g = std::sync::Arc::make_mut(&mut j.local);
+        g.layers.push(CARRY_IN_LAYER.into());
+        g.ops.clear();
+        let mut push = |s: OpSpec| {
+            g.ops.push(LocalOp {
+                spec: s,
+                work: None,
+            });
+            (g.ops.len() - 1) as OpId
+        };
+        let carried = |dur| OpSpec {
+            layer: 1,
+            ..OpSpec::compute(2, Phase::Other, NONE, dur)
+        };
+        let k0a = push(carried(5_000));
+        let k0b = push(carried(45_000));
+        let sync = push(OpSpec::new(OpKind::CpuOther, Phase::Fw, 1, 20_000));
+        let mut launch = OpSpec::new(OpKind::Launch, Phase::Fw, 1, 5_000);
+        launch.gap_ns = 30_000;
+        let launch = push(launch);
+        let k1 = push(OpSpec::compute(2, Phase::Fw, NONE, 60_000));
+        let end = push(OpSpec {
+            layer: 0,
+            ..OpSpec::new(OpKind::Gap, Phase::Other, 1, 0)
+        });
+        g.edges = vec![
+            (k0a, k0b),
+            (k0a, sync),
+            (sync, launch),
+            (launch, k1),
+            (k0b, k1),
+            (launch, end),
+        ];
+        j
+    }
+
+    #[test]
+    fn a_wait_for_carried_work_waits_for_the_previous_step_s_tail() {
+        // As recorded: the sync ends at 25, the step at 60; the step's own kernel runs 50–110.
+        let j = carried_job();
+        let r = crate::replay::replay(&j.expand().unwrap());
+        assert_eq!(
+            (r.end_ns[2], r.end_ns[5], r.end_ns[4]),
+            (25_000, 60_000, 110_000)
+        );
+        // In the copies after the first the carried kernels are the previous copy's own, so
+        // the sync waits for its whole tail: 85 µs a step on the host thread, above the
+        // recorded 60 (the reports then say which device sets the pace:
+        // `cli::traceinfo::period_gap`).
+        let s = steady(&j).unwrap();
+        assert_eq!(s.period_ns, 85_000);
+        assert!(matches!(s.by, DeviceKind::CpuThread { .. }), "{:?}", s.by);
+    }
+
     #[test]
     fn host_bound_step_period_is_the_host_s() {
         // 10 µs launch, 100 µs step, 50 µs kernel: the GPU idles; the period is the step.
-        assert_eq!(
-            steady(&job(10_000, 100_000, 50_000)).unwrap().period_ns,
-            100_000
-        );
+        let s = steady(&job(10_000, 100_000, 50_000)).unwrap();
+        assert_eq!(s.period_ns, 100_000);
+        assert!(matches!(s.by, DeviceKind::CpuThread { .. }));
     }
 
     #[test]
@@ -196,6 +259,7 @@ mod tests {
         // GPU's backlog grows by 150 µs a step and the period is the GPU's 250 µs.
         let s = steady(&job(10_000, 100_000, 250_000)).unwrap();
         assert_eq!(s.period_ns, 250_000);
+        assert!(matches!(s.by, DeviceKind::GpuStream { .. }));
         // A zoo job has no step end: no steady state of its own.
         let z = crate::passes::recompute::tests::chain(&[1000], &[0]);
         assert!(steady(&z).is_none());

@@ -414,6 +414,7 @@ pub(crate) fn build(
     super::facts::describe(&mut facts, trace, &win, &job, &gops.collectives, &step_cx);
     facts.sync_link = server_sync_link(&job.gpu.arch, facts.world_size.unwrap_or(1));
     facts.recorded_syncs = recorded_syncs;
+    facts.measured_step_ns = Some(win.measured_ns());
     if let Some(b) = facts.batch {
         job.meta.batch = b;
     }
