@@ -246,16 +246,20 @@ pub fn shard_units(job: &Job, s: Sharding, pattern: &str) -> Result<Job, PassErr
     } else {
         sharded_static_bytes(job, s.stage, g, params)
     };
-    // FSDP2 reduce-scatters per unit, whatever buckets the job came with.
+    // FSDP2 reduce-scatters per unit, whatever buckets the job came with; DeepSpeed's ZeRO-2/3
+    // gradient hooks reduce each `reduce_bucket_size` bucket as it fills.
+    use crate::cost::framework::Framework;
     let regrouped;
-    let job = if s.stage >= 3
-        && matches!(
-            job.framework,
-            crate::cost::framework::Framework::Pytorch
-                | crate::cost::framework::Framework::Torchtitan
-        ) {
+    let job = if s.stage >= 3 && matches!(job.framework, Framework::Pytorch | Framework::Torchtitan)
+    {
         regrouped = Job {
             syncs: per_unit_syncs(job, pattern),
+            ..job.clone()
+        };
+        &regrouped
+    } else if s.stage >= 2 && job.framework == Framework::Deepspeed {
+        regrouped = Job {
+            syncs: reduce_buckets(job),
             ..job.clone()
         };
         &regrouped
@@ -314,6 +318,62 @@ fn per_unit_syncs(job: &Job, pattern: &str) -> Vec<Sync> {
             .and_then(|t| l.layers.get(t.layer as usize))
             .map_or("", |n| unit_for(n, pattern))
     };
+    let mut groups: Vec<(&str, Sync)> = Vec::new();
+    for p in tensor_pieces(job) {
+        let u = p.tensors.first().map_or("", |&t| unit(t));
+        match groups
+            .iter_mut()
+            .find(|(n, g)| *n == u && g.kind == p.kind && g.group == p.group)
+        {
+            Some((_, g)) => join(g, &p),
+            None => groups.push((u, p)),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// DeepSpeed's `reduce_bucket_size` (its default, 5e8 elements).
+pub const DEEPSPEED_REDUCE_BUCKET_ELEMS: u64 = 500_000_000;
+
+/// The job's gradient syncs as DeepSpeed's ZeRO-2/3 gradient hooks issue them: the gradients,
+/// in the order the job synchronised them, filled into buckets of `reduce_bucket_size`
+/// elements, each reduced once the next gradient would overflow it
+/// (`stage_1_and_2.py`'s `reduce_independent_p_g_buckets_and_remove_grads`, `stage3.py`'s
+/// `reduce_ready_partitions_and_remove_grads`) — not one pack after the backward, which holds
+/// every gradient whole. Bytes per element are the job's storage dtype's (the `amp` pass
+/// scales the syncs with the gradients).
+fn reduce_buckets(job: &Job) -> Vec<Sync> {
+    let cap = DEEPSPEED_REDUCE_BUCKET_ELEMS * job.dtype.bytes();
+    let mut out: Vec<Sync> = Vec::new();
+    for p in tensor_pieces(job) {
+        match out.last_mut() {
+            Some(b)
+                if b.kind == p.kind
+                    && b.group == p.group
+                    && b.bytes.saturating_add(p.bytes) <= cap =>
+            {
+                join(b, &p)
+            }
+            _ => out.push(p),
+        }
+    }
+    out
+}
+
+/// `p` joined to the end of `g`.
+fn join(g: &mut Sync, p: &Sync) {
+    g.tensors.extend(&p.tensors);
+    g.bytes += p.bytes;
+    g.ready.extend(&p.ready);
+    g.done.extend(&p.done);
+    g.partitions = 1;
+}
+
+/// The job's syncs cut back into one per tensor (a bucket's bytes shared by its tensors'
+/// sizes) where a bucket lists one ready and one done op per tensor, as fused syncs do; one that
+/// does not (a partitioned sync) stays whole.
+fn tensor_pieces(job: &Job) -> Vec<Sync> {
+    let l = &job.local;
     let mut pieces: Vec<Sync> = Vec::with_capacity(job.syncs.len());
     for sy in &job.syncs {
         let n = sy.tensors.len();
@@ -348,24 +408,7 @@ fn per_unit_syncs(job: &Job, pattern: &str) -> Vec<Sync> {
             });
         }
     }
-    let mut groups: Vec<(&str, Sync)> = Vec::new();
-    for p in pieces {
-        let u = p.tensors.first().map_or("", |&t| unit(t));
-        match groups
-            .iter_mut()
-            .find(|(n, g)| *n == u && g.kind == p.kind && g.group == p.group)
-        {
-            Some((_, g)) => {
-                g.tensors.extend(&p.tensors);
-                g.bytes += p.bytes;
-                g.ready.extend(&p.ready);
-                g.done.extend(&p.done);
-                g.partitions = 1;
-            }
-            None => groups.push((u, p)),
-        }
-    }
-    groups.into_iter().map(|(_, g)| g).collect()
+    pieces
 }
 
 /// The shard group's size, or why the job cannot be sharded as asked.
@@ -1332,8 +1375,8 @@ mod tests {
     }
 
     /// FSDP2 (the pytorch and torchtitan exports) reduce-scatters once per wrap unit whatever
-    /// buckets the job came with; DeepSpeed keeps the job's buckets. Bytes are conserved and
-    /// every tensor is reduce-scattered once.
+    /// buckets the job came with; DeepSpeed's ZeRO-2/3 fill its reduce buckets. Bytes are
+    /// conserved and every tensor is reduce-scattered once.
     #[test]
     fn fsdp2_reduce_scatters_per_unit_whatever_the_buckets() {
         use crate::cost::framework::Framework;
@@ -1373,11 +1416,46 @@ mod tests {
                 assert_eq!(bytes, job.syncs.iter().map(|s| s.bytes).sum::<u64>());
             }
         }
-        let ds = Job {
-            framework: Framework::Deepspeed,
-            ..bucketed.clone()
-        };
-        assert_eq!(scatters(&shard(&ds, sharding(3)).unwrap()).len(), 2);
+        // DeepSpeed: ZeRO-1 keeps the job's buckets; ZeRO-2/3 fill buckets of
+        // `reduce_bucket_size` elements in the order the job synchronised its gradients (here
+        // the gradients made 20× larger, 10 GB in all, so that the 2 GB buckets of FP32
+        // gradients matter).
+        let mut big = bucketed.clone();
+        big.framework = Framework::Deepspeed;
+        for s in &mut big.syncs {
+            s.bytes *= 20;
+        }
+        let total: u64 = big.syncs.iter().map(|s| s.bytes).sum();
+        assert_eq!(
+            shard(&big, sharding(1))
+                .unwrap()
+                .syncs
+                .iter()
+                .filter(|s| s.kind == CollectiveKind::ReduceScatter)
+                .count(),
+            2
+        );
+        let cap = DEEPSPEED_REDUCE_BUCKET_ELEMS * 4;
+        let order: Vec<u32> = big.syncs.iter().flat_map(|s| s.tensors.clone()).collect();
+        for stage in [2, 3] {
+            let rs = scatters(&shard(&big, sharding(stage)).unwrap());
+            // No bucket over the cap but a lone gradient larger than it (the word
+            // embeddings' here), and never more buckets than the fill needs.
+            assert!(rs.len() as u64 >= total.div_ceil(cap), "stage {stage}");
+            assert!(
+                rs.len() < order.len() / 4,
+                "stage {stage}: {} buckets",
+                rs.len()
+            );
+            assert!(
+                rs.iter().all(|s| s.bytes <= cap || s.tensors.len() == 1),
+                "stage {stage}"
+            );
+            let seen: Vec<u32> = rs.iter().flat_map(|s| s.tensors.clone()).collect();
+            assert_eq!(seen, order, "stage {stage}: every gradient once, in order");
+            assert_eq!(rs.iter().map(|s| s.bytes).sum::<u64>(), total);
+            assert!(rs.iter().all(|s| s.ready.len() == s.tensors.len()));
+        }
     }
 
     /// Stage 3 with accumulation (shard first; the other order is refused) or recomputation

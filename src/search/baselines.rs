@@ -1300,7 +1300,7 @@ const FSDP2_DEFAULT: Sharding = Sharding {
 /// |---|---|
 /// | pytorch, torchtitan | `fsdp2_default`: gradients reduce-scattered per wrap unit (the `shard` pass's FSDP2 grouping), stage 3, reshard, prefetch 1 |
 /// | megatron | `megatron_distopt`: the distributed optimizer (stage 1) on Megatron-LM's default synchronisation |
-/// | deepspeed | `zero2_default`, `zero3_default` on DeepSpeed's default synchronisation (buckets of 5e8 elements after the backward; `overlap_comm` off for stage 2); prefetch one unit at stage 3 (`stage3_prefetch_bucket_size` 5e7 elements holds about one transformer block of a 1–7 B model) |
+/// | deepspeed | `zero2_default`, `zero3_default`: gradients reduced in buckets of `reduce_bucket_size` (5e8 elements), each as it fills in the backward (the `shard` pass under `--framework deepspeed`); prefetch one unit at stage 3 (`stage3_prefetch_bucket_size` 5e7 elements holds about one transformer block of a 1–7 B model) |
 fn sharded_points(job: &Job, default_job: &Job, fw: Framework) -> Vec<(&'static str, Point)> {
     let knobs_of = |s: Sharding| {
         knobs(&[
