@@ -429,8 +429,8 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     // A DeepSpeed engine (minGPT's and ColossalAI's Lightning plugin or strategy, the HF blog's
     // runs) synchronises gradients its own way: after the backward without ZeRO, in its reduce
     // buckets as they fill at ZeRO-2/3.
-    let deepspeed_engine = extra.contains("impl=deepspeed")
-        || extra.contains("impl=lightning-DeepSpeedStrategy");
+    let deepspeed_engine =
+        extra.contains("impl=deepspeed") || extra.contains("impl=lightning-DeepSpeedStrategy");
     let framework = if framework_text.starts_with("tensorflow") {
         Framework::Tf
     } else if deepspeed_engine {
