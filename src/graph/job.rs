@@ -482,19 +482,21 @@ impl Job {
     /// The optimizer step's GPU kernels that do work (an offloaded step leaves none), in the
     /// order the host issues them.
     pub fn step_kernels(&self) -> Vec<OpId> {
+        self.step_kernel_ids().collect()
+    }
+
+    fn step_kernel_ids(&self) -> impl Iterator<Item = OpId> + '_ {
         let l = &self.local;
-        (0..l.ops.len() as OpId)
-            .filter(|&o| {
-                let op = &l.ops[o as usize];
-                op.spec.phase == Phase::Update
-                    && op.spec.kind == OpKind::Compute
-                    && op.work.is_some()
-                    && matches!(
-                        l.devices.get(op.spec.device as usize),
-                        Some(DeviceKind::GpuStream { .. })
-                    )
-            })
-            .collect()
+        (0..l.ops.len() as OpId).filter(move |&o| {
+            let op = &l.ops[o as usize];
+            op.spec.phase == Phase::Update
+                && op.spec.kind == OpKind::Compute
+                && op.work.is_some()
+                && matches!(
+                    l.devices.get(op.spec.device as usize),
+                    Some(DeviceKind::GpuStream { .. })
+                )
+        })
     }
 
     /// Bytes of FP32 gradients a rank's optimizer step materialises beside the model's own
@@ -516,7 +518,7 @@ impl Job {
             || !self.math.pure_half
             || !half
             || self.framework.keeps_fp32_grads(self.dtype)
-            || self.step_kernels().is_empty()
+            || self.step_kernel_ids().next().is_none()
         {
             return 0;
         }
@@ -651,7 +653,10 @@ impl Job {
             b.set_contention_ppm((self.gpu.kernels.overlap_slowdown * 1e6).round() as u32);
         }
         let per = l.ops.len() as u32;
-        let master = Self::master_grad_effects(&self.step_kernels(), self.master_grad_bytes());
+        let master = match self.master_grad_bytes() {
+            0 => Vec::new(),
+            bytes => Self::master_grad_effects(&self.step_kernels(), bytes),
+        };
         for w in 0..gw {
             b.set_static_memory(w, l.static_mem_bytes);
             for op in &l.ops {

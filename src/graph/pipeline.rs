@@ -499,8 +499,12 @@ impl Expansion<'_> {
         let stage_static = stage_static_memory(self.job, &self.cut, self.p.chunks());
         let mut held = vec![0u64; self.p.stages as usize];
         // The FP32 gradients of the step, each chunk's by its kernels' share of the step's work.
-        let kernels = self.job.step_kernels();
         let master = self.job.master_grad_bytes();
+        let kernels = if master > 0 {
+            self.job.step_kernels()
+        } else {
+            Vec::new()
+        };
         let work = |o: OpId| l.ops[o as usize].work.map_or(0.0, |w| w.weight_elems);
         let total: f64 = kernels.iter().map(|&o| work(o)).sum();
         for s in 0..self.p.chunks() {
