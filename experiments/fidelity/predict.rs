@@ -33,13 +33,14 @@ impl Prediction {
     }
 }
 
-/// The case's cluster: `gpus` GPUs of its type on `nodes` nodes, NVLink inside a node.
+/// The case's cluster: `gpus` GPUs of its type on `nodes` nodes, NVLink inside a node unless the
+/// row states another transport.
 pub fn cluster(c: &Case) -> Result<Cluster, String> {
-    let intra = match c.gpu {
+    let intra = c.intra.unwrap_or(match c.gpu {
         g if g.starts_with("v100") => "nvlink-v100",
         g if g.starts_with("a100") => "nvlink-a100",
         _ => "nvlink-h100",
-    };
+    });
     let per_node = c.gpus / c.nodes.max(1);
     if per_node * c.nodes != c.gpus {
         return Err(format!(

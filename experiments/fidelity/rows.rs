@@ -21,6 +21,10 @@ pub struct Case {
     pub gpu: &'static str,
     pub gpus: u32,
     pub nodes: u32,
+    /// Intra-node network (built-in name) where the row states one, instead of the GPU's
+    /// NVLink: `shm-host` for runs with NCCL's peer-to-peer transport switched off
+    /// (`NCCL_P2P_DISABLE=1` in the row's network column).
+    pub intra: Option<&'static str>,
     /// Inter-node network (built-in name) when `nodes > 1`.
     pub inter: Option<&'static str>,
     /// NICs of that network per node (the cluster's `nics_per_node`).
@@ -233,6 +237,12 @@ fn sharding(extra: &str) -> Result<(Option<u32>, bool), String> {
         }
     }
     Ok((stage, offload))
+}
+
+/// The intra-node network a network description states instead of NVLink: NCCL's SHM transport
+/// where the run switched peer-to-peer access off (`NCCL_P2P_DISABLE=1`).
+fn intra_network(network: &str) -> Option<&'static str> {
+    network.contains("nccl_p2p_disable=1").then_some("shm-host")
 }
 
 /// The Omni-Path links per node a network description states ("4 Omni-Path links per node",
@@ -502,6 +512,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         gpu,
         gpus,
         nodes,
+        intra: intra_network(&network),
         inter,
         nics,
         framework,
@@ -553,6 +564,7 @@ pub fn dpro() -> Vec<Case> {
         gpu: "v100-32gb",
         gpus: 16,
         nodes: 2,
+        intra: None,
         inter: Some("rdma-100g"),
         nics: 1,
         framework: Framework::Tf,
@@ -633,7 +645,20 @@ pub fn load(csv_path: &std::path::Path) -> (Vec<Case>, Vec<(String, String)>) {
 
 #[cfg(test)]
 mod tests {
-    use super::omni_path_links;
+    use super::{intra_network, omni_path_links};
+
+    /// A network column that states `NCCL_P2P_DISABLE=1` (Lambda's runs of late 2022) gives
+    /// NCCL's SHM transport inside the node; one that states nothing keeps the GPU's NVLink.
+    #[test]
+    fn a_run_without_peer_to_peer_goes_through_host_memory() {
+        let lambda = "single node (nvlink/nvswitch for sxm; not stated); nccl_p2p_disable=1 exported by the benchmark script";
+        assert_eq!(intra_network(lambda), Some("shm-host"));
+        assert_eq!(
+            intra_network("single node (nvlink/nvswitch for sxm; not stated)"),
+            None
+        );
+        assert_eq!(intra_network("nccl_p2p_disable=0"), None);
+    }
 
     /// BigScience's network column ("… 4 Omni-Path links per node, …") gives the NIC count;
     /// a network that names no count (or no Omni-Path) gives none.

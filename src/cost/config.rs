@@ -360,6 +360,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../configs/networks/ib-400g.yaml"),
     ),
     (
+        "networks/shm-host.yaml",
+        include_str!("../../configs/networks/shm-host.yaml"),
+    ),
+    (
         "clusters/dpro-16xv100-rdma.yaml",
         include_str!("../../configs/clusters/dpro-16xv100-rdma.yaml"),
     ),

@@ -28,6 +28,13 @@ LT = {
         8: {"resnet50": (13856, 20728), "bert_base_squad": (3133, 9176), "bert_large_squad": (1042, 2167)},
     },
 }
+# Lambda's scripts/benchmark_pytorch.sh exported NCCL_P2P_DISABLE=1 before every benchmark from
+# 2022-10-16 (0a684b62, "Add 2x4090_v1") until it was commented out on 2023-02-06 (aad0d1cd).
+# The logs behind the throughput CSV's cells are dated (pytorch/results/*_v1/*/DD-MM-YYYY_*.txt):
+# A100 80GB SXM4 19-11-2022 and LambdaCloud V100 16GB 16-12-2022 inside that window, H100 80GB
+# SXM5 14-02-2023 after it. Without peer-to-peer access NCCL stages every hop through host memory.
+P2P_OFF = {"A100 80GB SXM4": "results 19-11-2022", "LambdaCloud V100 16GB": "results 16-12-2022"}
+
 # batch CSV (global batch = per-GPU x gpus as compiled), per-GPU values: (fp32, fp16)
 LB = {"LambdaCloud V100 16GB": {"resnet50": (128, 256), "bert_base_squad": (24, 48), "bert_large_squad": (8, 16)},
       "A100 80GB SXM4": {"resnet50": (640, 1280), "bert_base_squad": (172, 320), "bert_large_squad": (64, 112)}}
@@ -36,6 +43,15 @@ MODEL = {"resnet50": dict(model="resnet50", unit="images/s"),
                                  extra="SQuAD fine-tuning (DLE run_squad)"),
          "bert_large_squad": dict(model="bert-large", hidden=1024, layers=24, heads=16, unit="sequences/s",
                                   extra="SQuAD fine-tuning (DLE run_squad)")}
+
+
+def network(name):
+    net = "single node (NVLink/NVSwitch for SXM; not stated)"
+    if name in P2P_OFF:
+        net += ("; NCCL_P2P_DISABLE=1: exported by the benchmark's scripts/benchmark_pytorch.sh from "
+                "2022-10-16 (0a684b62) to 2023-02-06 (aad0d1cd), and these runs' logs are dated inside "
+                f"that window ({P2P_OFF[name]}), so NCCL's SHM transport through host memory, not NVLink")
+    return net
 
 
 def rows(add, BERT_BASE, BERT_LARGE, **_):
@@ -65,7 +81,7 @@ def rows(add, BERT_BASE, BERT_LARGE, **_):
                     add(id=f"lambda-{gpu.split(' ')[0].lower()}-{m.replace('_', '')}-{p}-{g}g",
                         source=S_LT, locator=f"pytorch/pytorch-train-throughput-{'fp32' if i == 0 else 'fp16'}.csv row '{name if g == 1 else f'{g}x ' + name}' column {m}",
                         seq=384 if m != "resnet50" else "", gpu=gpu, gpus=g, nodes=1,
-                        network="single node (NVLink/NVSwitch for SXM; not stated)",
+                        network=network(name),
                         framework="PyTorch (NGC pytorch:22.09+), NVIDIA DLE scripts", precision=prec,
                         micro_batch=mb, metric="throughput", value=v, iteration_ms=it,
                         checkpointing="no", notes=note, **kw)
