@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use trainplan::cost::config::{self, ArchSpec, Cluster};
 use trainplan::cost::host::HostSpec;
 use trainplan::cost::memory::{MemorySpec, ModuleLoading};
+use trainplan::graph::job::Job;
 use trainplan::passes;
 use trainplan::search::baselines;
 
@@ -58,6 +59,23 @@ pub fn cluster(c: &Case) -> Result<Cluster, String> {
         }),
     );
     config::parse_cluster(&yaml, "fidelity", None).map_err(|e| e.to_string())
+}
+
+/// `job` with its gradients in apex DDP's buckets of `elems` elements, in the order autograd
+/// makes them ready (DDP's layout with both caps at `elems` × the bytes each gradient element
+/// is reduced in, read off the job: its collectives' bytes over its parameters' FP32 bytes ÷ 4).
+/// apex closes a bucket once it reaches `elems` and DDP before it passes the cap, which differ
+/// only for a model larger than one bucket.
+fn apex_buckets(job: Job, flat: &Job, elems: u64) -> Result<Job, String> {
+    let fp32: u64 = flat.local.tensors.iter().map(|t| t.bytes).sum();
+    let reduced: u64 = job.syncs.iter().map(|s| s.bytes).sum();
+    if fp32 == 0 || reduced == 0 {
+        return Ok(job);
+    }
+    let cap = (elems as f64 * reduced as f64 / (fp32 as f64 / 4.0)).round() as u64;
+    let layout = baselines::DdpLayout::of(flat, cap, cap)
+        .ok_or("apex DDP buckets: the job's gradient order is unknown")?;
+    Ok(layout.apply(job))
 }
 
 /// Constants the fit varies: architecture constants by name, the hosts' speed factor.
@@ -114,6 +132,9 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         job = baselines::framework_default(&flat, fw, &|j| passes::evaluate(j))
             .map_err(|e| e.to_string())?
             .0;
+    }
+    if let Some(elems) = c.apex_bucket_elems.filter(|_| job.workers > 1) {
+        job = apex_buckets(job, &flat, elems)?;
     }
     let reg = passes::registry();
     let mut steps: Vec<(&str, Vec<(String, String)>)> = Vec::new();
@@ -193,4 +214,42 @@ pub fn predict(c: &Case, o: &Overrides) -> Result<Prediction, String> {
         needed: p.needed(),
         capacity: cur.job.gpu.memory_bytes(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use trainplan::cost::framework::{AmpStyle, Framework, Precision};
+
+    use super::*;
+
+    /// BERT-base's 110 M gradients fit one 250 M-element apex bucket: one all-reduce of every
+    /// gradient's bytes (half under apex O2), where DDP's 25 MiB buckets make several; apex's
+    /// default 10^7 elements makes several too.
+    #[test]
+    fn apex_buckets_hold_bert_base_in_one() {
+        let model = trainplan::zoo::model("bert-base", &Default::default()).unwrap();
+        let cl = config::load_cluster("8xv100").unwrap();
+        let (job, flat, _) = baselines::zoo_baseline(
+            &model,
+            &cl,
+            Framework::Pytorch,
+            Some(Precision::Fp16),
+            Some(AmpStyle::Pure),
+            false,
+            true,
+            None,
+            None,
+        )
+        .unwrap();
+        let bytes = |j: &Job| j.syncs.iter().map(|s| s.bytes).sum::<u64>();
+        assert!(job.syncs.len() > 1, "DDP's default buckets");
+        let one = apex_buckets(job.clone(), &flat, 250_000_000).unwrap();
+        assert_eq!(one.syncs.len(), 1);
+        assert_eq!(bytes(&one), bytes(&job));
+        let fp32: u64 = flat.local.tensors.iter().map(|t| t.bytes).sum();
+        assert_eq!(bytes(&one), fp32 / 2, "apex O2 reduces half gradients");
+        let small = apex_buckets(job.clone(), &flat, 10_000_000).unwrap();
+        assert!(small.syncs.len() >= 5, "{}", small.syncs.len());
+        assert_eq!(bytes(&small), bytes(&job));
+    }
 }

@@ -27,6 +27,11 @@ pub struct Case {
     pub intra: Option<&'static str>,
     /// Inter-node network (built-in name) when `nodes > 1`.
     pub inter: Option<&'static str>,
+    /// apex's `DistributedDataParallel(message_size=N)`: gradients bucketed N elements at a time
+    /// (a bucket closes once it holds N), instead of the framework's default synchronisation.
+    /// DLE's BERT pre-training passes 250,000,000 when it does not accumulate, so BERT-base's
+    /// gradients are one bucket, all-reduced after the backward.
+    pub apex_bucket_elems: Option<u64>,
     /// NICs of that network per node (the cluster's `nics_per_node`).
     pub nics: u32,
     pub framework: Framework,
@@ -237,6 +242,18 @@ fn sharding(extra: &str) -> Result<(Option<u32>, bool), String> {
         }
     }
     Ok((stage, offload))
+}
+
+/// apex DDP's `message_size` where a row ran DLE's PyTorch BERT pre-training without
+/// accumulation: DLPerf's re-run of NGC 20.03 (`run_pretraining.py` at
+/// NVIDIA/DeepLearningExamples@793b92dc, 2020-03-15, to @1d4211fe: `DDP(model,
+/// message_size=250000000, ...)` from `apex.parallel` unless `--allreduce_post_accumulation`,
+/// which DLPerf's `single_node_train.sh` leaves off and which needs accumulation). DLE's own
+/// tables ran other code (19.07: `DDP(model)`, apex's 10^7 default) or accumulated (21.11: one
+/// flat all-reduce per step after dozens of micro-steps), so they keep the default.
+fn dle_pretraining_ddp(family: &str, model: &str, seq: Option<u32>, accum: u32) -> Option<u64> {
+    (family == "dlperf" && model.starts_with("bert") && seq == Some(128) && accum == 1)
+        .then_some(250_000_000)
 }
 
 /// The intra-node network a network description states instead of NVLink: NCCL's SHM transport
@@ -514,6 +531,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         nodes,
         intra: intra_network(&network),
         inter,
+        apex_bucket_elems: dle_pretraining_ddp(family, model, seq, accum),
         nics,
         framework,
         horovod_sync: false,
@@ -566,6 +584,7 @@ pub fn dpro() -> Vec<Case> {
         nodes: 2,
         intra: None,
         inter: Some("rdma-100g"),
+        apex_bucket_elems: None,
         nics: 1,
         framework: Framework::Tf,
         horovod_sync: true,
@@ -645,7 +664,23 @@ pub fn load(csv_path: &std::path::Path) -> (Vec<Case>, Vec<(String, String)>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{intra_network, omni_path_links};
+    use super::{dle_pretraining_ddp, intra_network, omni_path_links};
+
+    /// DLPerf's BERT pre-training without accumulation ran apex DDP with 250 M-element buckets;
+    /// its ResNet-50 rows, DLE's own BERT tables and accumulated runs keep the default.
+    #[test]
+    fn dlperf_bert_pretraining_buckets_250_million_elements() {
+        assert_eq!(
+            dle_pretraining_ddp("dlperf", "bert-base", Some(128), 1),
+            Some(250_000_000)
+        );
+        assert_eq!(dle_pretraining_ddp("dlperf", "resnet50", None, 1), None);
+        assert_eq!(dle_pretraining_ddp("dle", "bert-large", Some(128), 1), None);
+        assert_eq!(
+            dle_pretraining_ddp("dlperf", "bert-base", Some(128), 4),
+            None
+        );
+    }
 
     /// A network column that states `NCCL_P2P_DISABLE=1` (Lambda's runs of late 2022) gives
     /// NCCL's SHM transport inside the node; one that states nothing keeps the GPU's NVLink.
