@@ -16,7 +16,10 @@ Checks, on rank 0, and prints one JSON line with what it saw:
 * the planned modules are checkpointed (torch.utils.checkpoint runs for each of them);
 * with GRAD_ACCUMULATION = k: the optimizer steps once every k micro-steps, on micro-batches of
   MICRO_BATCH samples, and the accumulated gradient with scale_loss equals the whole batch's;
-* the optimizer is fused when the plan counts fused Adam.
+* the optimizer is fused when the plan counts fused Adam;
+* gradients reduced in half precision (GRAD_REDUCE_DTYPE, the amp decision's fp16_allreduce=1):
+  register_reduce_hook registers DDP's fp16/bf16 compression hook, and the average it gives is the
+  FP32 average to within the half dtype's rounding.
 
 The models are built without downloading weights (torchvision `weights=None`, Hugging Face
 `BertForPreTraining(BertConfig())`). Inputs are small (64x64 images, 16-token sequences) to
@@ -97,6 +100,38 @@ def idle_region_warning(tp):
         return {"compiled": compiled, "warnings": found}
     finally:
         tp.COMPILE_MODULES = saved
+
+
+def half_reduce(tp, rank):
+    """register_reduce_hook on a toy DDP model with GRAD_REDUCE_DTYPE set to each half dtype (the
+    amp decision's fp16_allreduce=1): the hook it returns, the one DDP logs, and how far the
+    averaged gradient is from the FP32 average computed by hand. Collective: every rank runs it."""
+    out = {"plan_reduce_dtype": tp.GRAD_REDUCE_DTYPE}
+    saved = tp.GRAD_REDUCE_DTYPE
+    try:
+        for dtype in ("fp16", "bf16"):
+            tp.GRAD_REDUCE_DTYPE = dtype
+            torch.manual_seed(2)
+            lin = torch.nn.Linear(8, 4)
+            ref = torch.nn.Linear(8, 4)
+            ref.load_state_dict(lin.state_dict())
+            ddp = torch.nn.parallel.DistributedDataParallel(lin)
+            hook = tp.register_reduce_hook(ddp)
+            x = torch.randn(16, 8, generator=torch.Generator().manual_seed(10 + rank))
+            ddp(x).square().mean().backward()
+            ref(x).square().mean().backward()
+            avg = ref.weight.grad.clone()
+            dist.all_reduce(avg)
+            avg /= dist.get_world_size()
+            out[dtype] = {
+                "hook": hook,
+                "logged": ddp._get_ddp_logging_data().get("comm_hook"),
+                "grad_dtype": str(lin.weight.grad.dtype),
+                "rel_err": float((lin.weight.grad - avg).abs().max() / avg.abs().max()),
+            }
+    finally:
+        tp.GRAD_REDUCE_DTYPE = saved
+    return out
 
 
 def run(rank, patch_dir, name, steps, port, out_q):
@@ -209,7 +244,9 @@ def run(rank, patch_dir, name, steps, port, out_q):
         for part in x.chunk(k):
             tp.scale_loss(lin(part).square().mean()).backward()
         seen["accumulated_grad_error"] = float((lin.weight.grad - whole).abs().max())
+    half = half_reduce(tp, rank)
     if rank == 0:
+        seen["half_reduce"] = half
         seen["planned"] = tp.planned_buckets()
         seen["recompute_modules"] = tp.RECOMPUTE_MODULES
         # The modules they resolve to in the real model (a planned layer that is no module of

@@ -210,6 +210,28 @@ fn check_torch(seen: &Value, plan: &trainplan::plan::Plan) {
     let w = idle["warnings"].as_array().unwrap();
     assert_eq!(w.len(), 1, "{idle}");
     assert!(w[0].as_str().unwrap().contains(": unused"), "{idle}");
+    // Gradients reduced in half (the amp decision's fp16_allreduce=1): this plan reduces in the
+    // gradients' dtype, and register_reduce_hook, set to either half dtype, registers DDP's
+    // compression hook, whose average is the FP32 one to within that dtype's rounding (fp16: 11
+    // significant bits, bf16: 8) and not exactly it for bf16.
+    let half = &seen["half_reduce"];
+    let fp16_reduce = plan
+        .decisions
+        .iter()
+        .any(|d| d.pass == "amp" && d.knobs.get("fp16_allreduce").map(String::as_str) == Some("1"));
+    assert_eq!(half["plan_reduce_dtype"].is_null(), !fp16_reduce, "{half}");
+    for (dtype, hook, bound) in [
+        ("fp16", "fp16_compress_hook", 2e-3),
+        ("bf16", "bf16_compress_hook", 1.6e-2),
+    ] {
+        let h = &half[dtype];
+        assert_eq!(h["hook"], hook, "{half}");
+        assert_eq!(h["logged"], hook, "DDP runs the registered hook: {half}");
+        assert_eq!(h["grad_dtype"], "torch.float32", "{half}");
+        let err = h["rel_err"].as_f64().unwrap();
+        assert!(err < bound, "{dtype}: {err} ≥ {bound}: {half}");
+    }
+    assert!(half["bf16"]["rel_err"].as_f64().unwrap() > 0.0, "{half}");
     // AMP: the first matrix layer ran in the planned dtype.
     let want_dtype = match seen["dtype"].as_str().unwrap() {
         "fp16" => "torch.float16",
@@ -964,12 +986,20 @@ fn check_fsdp(seen: &Value, plan: &trainplan::plan::Plan) {
         planned_prefetch(&sh.units, sh.prefetch),
         "{seen}"
     );
-    // Mixed precision: half parameters and fp32 reduction under AMP, FSDP2's default in fp32.
-    let (param, reduce, unsharded) = match plan.config.dtype.as_str() {
+    // Mixed precision: half parameters and fp32 reduction under AMP (half with the amp
+    // decision's fp16_allreduce=1), FSDP2's default in fp32.
+    let half_reduce = plan
+        .decisions
+        .iter()
+        .any(|d| d.pass == "amp" && d.knobs.get("fp16_allreduce").map(String::as_str) == Some("1"));
+    let (param, mut reduce, unsharded) = match plan.config.dtype.as_str() {
         "bf16" => ("torch.bfloat16", "torch.float32", "torch.bfloat16"),
         "fp16" => ("torch.float16", "torch.float32", "torch.float16"),
         _ => ("None", "None", "torch.float32"),
     };
+    if half_reduce && param != "None" {
+        reduce = param;
+    }
     for u in &want {
         assert_eq!(
             seen["mp_policy"][u],

@@ -69,7 +69,7 @@ pub(super) fn constants(sh: Option<&ShardConfig>) -> String {
 }
 
 /// What the user must know about the FSDP2 path of a sharded plan.
-pub(super) fn notes(sh: &ShardConfig, half: Option<&str>) -> Vec<String> {
+pub(super) fn notes(sh: &ShardConfig, half: Option<&str>, reduce_half: bool) -> Vec<String> {
     let n = sh.units.iter().filter(|u| !u.is_empty()).count();
     let mesh = if sh.replicas > 1 {
         format!(
@@ -80,10 +80,13 @@ pub(super) fn notes(sh: &ShardConfig, half: Option<&str>) -> Vec<String> {
         format!("a 1-D mesh of {} ranks", sh.shard_size)
     };
     let policy = match half {
-        Some(h) => format!(
-            "MixedPrecisionPolicy(param_dtype={}, reduce_dtype=float32)",
-            if h == "bf16" { "bfloat16" } else { "float16" }
-        ),
+        Some(h) => {
+            let half = if h == "bf16" { "bfloat16" } else { "float16" };
+            format!(
+                "MixedPrecisionPolicy(param_dtype={half}, reduce_dtype={})",
+                if reduce_half { half } else { "float32" }
+            )
+        }
         None => "FSDP2's default MixedPrecisionPolicy (fp32)".to_string(),
     };
     let mut out = vec![format!(
@@ -165,14 +168,16 @@ def fsdp_units(model):
 
 def mixed_precision_policy():
     """The planned MixedPrecisionPolicy: under AMP, parameters gathered in the half dtype and
-    gradients reduced in float32; fp32: FSDP2's default (no casting)."""
+    gradients reduced in float32, or in the half dtype when the plan says so (GRAD_REDUCE_DTYPE);
+    fp32: FSDP2's default (no casting)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if DTYPE == "fp32":
         return MixedPrecisionPolicy()
     half = torch.float16 if DTYPE == "fp16" else torch.bfloat16
-    return MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    reduce = torch.float32 if GRAD_REDUCE_DTYPE is None else half
+    return MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce)
 
 
 def planned_mesh_shape():

@@ -7,7 +7,7 @@
 //! | cycle of a Horovod baseline | `HOROVOD_CYCLE_TIME` | — | — | — | — |
 //! | `partitions` | — | `BYTEPS_PARTITION_BYTES`, `BYTEPS_SCHEDULING_CREDIT`, per-tensor file | — | — | — |
 //! | `fused_ops` | — | — | `jit_compile` / `TF_XLA_FLAGS` (XLA's own clusters; zoo names not targeted, said) | `torch.compile` per module | — (`jax.jit` fuses; said) |
-//! | `dtype`, `amp` | autocast + GradScaler, `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy + loss scaling | autocast + GradScaler | compute dtype + dynamic loss scaling (fp16) |
+//! | `dtype`, `amp` | autocast + GradScaler, `Compression.fp16` when `fp16_allreduce=1` | — | mixed-precision policy + loss scaling | autocast + GradScaler; DDP's `fp16_compress_hook` / `bf16_compress_hook` (FSDP2: `reduce_dtype` half) when `fp16_allreduce=1` | compute dtype + dynamic loss scaling (fp16) |
 //! | `recompute` | — | — | — (not applied, said) | `torch.utils.checkpoint` per module (whole blocks as planned) | `jax.checkpoint` per layer or block (`remat`; whole blocks as planned) |
 //! | `grad_accumulation` k | `backward_passes_per_step`, loss ÷ k | same (note) | `gradient_accumulation_steps` | `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`) for k−1 micro-steps, loss ÷ k | `optax.MultiSteps(k)` |
 //! | `sharding` (stage 3) | — | — | — | FSDP2 `fully_shard` per unit, then the root: `reshard_after_forward`, prefetch lists, `MixedPrecisionPolicy`, HSDP mesh ([`fsdp`]) | — |

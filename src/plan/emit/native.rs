@@ -235,9 +235,14 @@ pub(super) fn notes(
             },
             if sh.reshard { "True" } else { "False" },
             match f.half.as_deref() {
-                Some("bf16") => "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)",
-                Some(_) => "MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=float32)",
-                None => "no mixed-precision policy (fp32)",
+                Some(h) => {
+                    let half = if h == "bf16" { "bfloat16" } else { "float16" };
+                    format!(
+                        "MixedPrecisionPolicy(param_dtype={half}, reduce_dtype={})",
+                        if f.fp16_allreduce { half } else { "float32" }
+                    )
+                }
+                None => "no mixed-precision policy (fp32)".to_string(),
             }
         ));
         if sh.prefetch > 1 {

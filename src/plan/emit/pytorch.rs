@@ -16,7 +16,10 @@
 //!   on: the buckets are the plan's, compile on or off (tested against real PyTorch);
 //! * AMP → `autocast_context()` (`torch.autocast(device, dtype)`, the device being the model's
 //!   as `apply_plan` saw it — a fixed `"cuda"` left a CPU model in fp32 without a word) and
-//!   `make_grad_scaler()` (`torch.amp.GradScaler`, enabled for fp16 only);
+//!   `make_grad_scaler()` (`torch.amp.GradScaler`, enabled for fp16 only); gradients reduced in
+//!   half (the amp decision's `fp16_allreduce=1`, `GRAD_REDUCE_DTYPE`) → DDP's
+//!   `fp16_compress_hook` / `bf16_compress_hook`, registered by `apply_plan` (tested against
+//!   real PyTorch on gloo), or FSDP2's `reduce_dtype`;
 //! * recomputation → the planned modules' `forward` wrapped in
 //!   `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (training only); a planned
 //!   in-place module (torchvision's `ReLU(inplace=True)`) runs out of place, else it would
@@ -239,6 +242,13 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
         "DTYPE = {}  # compute dtype under autocast; \"fp32\": no AMP\n",
         py_str(f.half.as_deref().unwrap_or("fp32"))
     ));
+    py.push_str(&format!(
+        "# Gradients all-reduced in this dtype (the amp decision's fp16_allreduce=1): DDP's\n# fp16_compress_hook / bf16_compress_hook; None: in the gradients' own dtype (FP32 under autocast).\nGRAD_REDUCE_DTYPE = {}\n",
+        match (f.fp16_allreduce, f.half.as_deref()) {
+            (true, Some(h)) => py_str(h),
+            _ => "None".to_string(),
+        }
+    ));
     py.push_str(&format!("GRAD_ACCUMULATION = {}\n", f.k));
     py.push_str(&format!(
         "# Samples per micro-step (the planned batch per GPU divided by GRAD_ACCUMULATION).\nMICRO_BATCH = {micro}\n"
@@ -279,7 +289,7 @@ pub(super) fn emit(plan: &Plan, f: &Facts) -> Result<Emitted, EmitError> {
     ));
     match shard {
         _ if par.is_some() => {}
-        Some(sh) => notes.extend(fsdp::notes(sh, f.half.as_deref())),
+        Some(sh) => notes.extend(fsdp::notes(sh, f.half.as_deref(), f.fp16_allreduce)),
         None => notes.push("call apply_plan(model) after torch.distributed.init_process_group and before wrapping in DistributedDataParallel: it wraps the model itself".into()),
     }
     Ok(Emitted {
@@ -316,6 +326,13 @@ fn usage_notes(
     if f.half.is_some() {
         notes.push(format!(
             "AMP ({}): run forward and loss under autocast_context() and step through make_grad_scaler()",
+            f.half.as_deref().unwrap_or("fp16")
+        ));
+    }
+    if f.fp16_allreduce && f.half.is_some() && !sharded && !parallel {
+        notes.push(format!(
+            "gradients all-reduced in {} (the amp decision's fp16_allreduce=1): apply_plan registers DDP's {}_compress_hook (register_reduce_hook); a model wrapped in DDP otherwise needs it registered too",
+            f.half.as_deref().unwrap_or("fp16"),
             f.half.as_deref().unwrap_or("fp16")
         ));
     }
@@ -447,6 +464,22 @@ def bucket_kwargs():
     if BUCKET_CAP_BYTES is None:
         return {}
     return {"bucket_cap_mb": BUCKET_CAP_BYTES / float(1 << 20)}
+
+
+def register_reduce_hook(ddp):
+    """Reduce the gradients in GRAD_REDUCE_DTYPE, as planned: DDP's built-in compression hook
+    casts each bucket to half precision, all-reduces it and casts the average back. Returns the
+    hook's name, or None when the plan reduces in the gradients' own dtype."""
+    if GRAD_REDUCE_DTYPE is None:
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    hook = {
+        "fp16": default_hooks.fp16_compress_hook,
+        "bf16": default_hooks.bf16_compress_hook,
+    }[GRAD_REDUCE_DTYPE]
+    ddp.register_comm_hook(None, hook)
+    return hook.__name__
 
 
 def planned_buckets():
@@ -585,7 +618,8 @@ def check_optimizer(model, optimizer):
 def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointing=True, compile=True, compile_kwargs=None):
     """Apply the plan to `model` (not yet wrapped in DistributedDataParallel) and return the
     model to train: checked names, checkpointing, compiled regions, and, when a process group
-    is initialised (or ddp=True), DDP with the planned buckets. Compiled regions run eagerly
+    is initialised (or ddp=True), DDP with the planned buckets (and its half-precision reduce
+    hook when the plan reduces in half). Compiled regions run eagerly
     until DDP has fixed its buckets (after the first synchronised step). `optimizer` is only
     checked (check_optimizer). A sharded plan is applied by apply_fsdp instead (FSDP2)."""
     inner = getattr(model, "module", None)
@@ -626,6 +660,7 @@ def apply_plan(model, optimizer=None, *, ddp=None, ddp_kwargs=None, checkpointin
         kwargs = bucket_kwargs()
         kwargs.update(ddp_kwargs or {})
         model = DistributedDataParallel(model, **kwargs)
+        register_reduce_hook(model)
         ready.ddp = model
     return model
 "#;
@@ -646,6 +681,20 @@ mod tests {
         assert!(py.contains("GROUP_BYTES = [4195328, 4194304, 4196352, 4194304, 1024]\n"));
         assert!(py.contains("DTYPE = \"fp16\""));
         assert!(py.contains("GRAD_ACCUMULATION = 2\n"));
+        // Its amp decision reduces in fp16 (fp16_allreduce=1): DDP's compression hook.
+        assert!(py.contains("GRAD_REDUCE_DTYPE = \"fp16\"\n"));
+        assert!(py.contains("register_reduce_hook(model)"));
+        assert!(
+            e.notes.iter().any(|n| n.contains("fp16_compress_hook")),
+            "{:?}",
+            e.notes
+        );
+        let mut q = tiny_plan();
+        for d in q.decisions.iter_mut().filter(|d| d.pass == "amp") {
+            d.knobs.remove("fp16_allreduce");
+        }
+        let plain = emit(&q, Framework::Pytorch).unwrap();
+        assert!(file(&plain, "trainplan_patch.py").contains("GRAD_REDUCE_DTYPE = None\n"));
         // 4 layers, every = ⌈√4⌉ = 2: checkpoints net.0, net.2; net.1 dropped; net.3 is the
         // last segment, kept.
         assert!(py.contains("RECOMPUTE_MODULES = [\"net.1\"]\n"), "{py}");
