@@ -175,6 +175,23 @@ fn the_steady_period_of_a_gpu_bound_trace_is_its_measured_step() {
     );
 }
 
+/// Issue 27: the ROCm activation-checkpointing trace once replayed to a steady period of twice
+/// its step (a 0.01 ms recorded broadcast stretched by peer-wait pinning, and `plan` called that
+/// period "as recorded"). Its step-to-step time is its measured step.
+#[test]
+fn the_rocm_trace_steps_at_its_measured_step() {
+    let Some(t) = built("toy_train_mi250_rocm.json.gz") else {
+        return;
+    };
+    let e = passes::evaluate(t.job.clone()).unwrap();
+    let measured = t.window.measured_ns() as f64;
+    let period = e.iteration_ns() as f64;
+    assert!(
+        (period / measured - 1.0).abs() < 0.02,
+        "steady period {period} ns against the measured {measured} ns"
+    );
+}
+
 #[test]
 fn grad_accumulation_on_the_ddp_trace_has_no_cycle() {
     // Regression (issue 15): "the graph has a cycle through op 22294 (FW cpu @w0.cpu.t1)".
