@@ -162,11 +162,9 @@ fn facts_of_the_shared_traces() {
 fn the_steady_period_of_a_gpu_bound_trace_is_its_measured_step() {
     // The GPU runs ~90 ms behind the host (the step's GPU work drains at 184 ms of a 96 ms
     // step): the makespan is not the period; the step-to-step time is.
-    let Some(t) = built("resnet50_v100_1gpu_ns_timestamps.json.gz") else {
+    let Some((e, measured)) = evaluated_step("resnet50_v100_1gpu_ns_timestamps.json.gz") else {
         return;
     };
-    let e = passes::evaluate(t.job.clone()).unwrap();
-    let measured = t.window.measured_ns() as f64;
     assert!(e.makespan_ns() as f64 > 1.5 * measured);
     let period = e.iteration_ns() as f64;
     assert!(
@@ -175,16 +173,21 @@ fn the_steady_period_of_a_gpu_bound_trace_is_its_measured_step() {
     );
 }
 
+/// The shared trace `name` evaluated, with its measured step (ns); `None` without ../shared.
+fn evaluated_step(name: &str) -> Option<(passes::Evaluated, f64)> {
+    let t = built(name)?;
+    let e = passes::evaluate(t.job.clone()).unwrap();
+    Some((e, t.window.measured_ns() as f64))
+}
+
 /// Issue 27: the ROCm activation-checkpointing trace once replayed to a steady period of twice
 /// its step (a 0.01 ms recorded broadcast stretched by peer-wait pinning, and `plan` called that
 /// period "as recorded"). Its step-to-step time is its measured step.
 #[test]
 fn the_rocm_trace_steps_at_its_measured_step() {
-    let Some(t) = built("toy_train_mi250_rocm.json.gz") else {
+    let Some((e, measured)) = evaluated_step("toy_train_mi250_rocm.json.gz") else {
         return;
     };
-    let e = passes::evaluate(t.job.clone()).unwrap();
-    let measured = t.window.measured_ns() as f64;
     let period = e.iteration_ns() as f64;
     assert!(
         (period / measured - 1.0).abs() < 0.02,
