@@ -914,6 +914,41 @@ struct Region {
     held: bool,
 }
 
+/// `job` with its gradient reductions run on the compute stream, as DeepSpeed's ZeRO-1/2 run
+/// them with `overlap_comm` off (its default below stage 3: `stage_1_and_2.py` reduces each
+/// bucket on `current_stream()` unless `overlap_comm`, then on its `reduction_stream`): every
+/// compute-stream op issued after a reduction's last ready op waits for the reduction, so the
+/// backward stops while each bucket is reduced. Issue order is [`topo_positions`], a
+/// topological order, so no op that waits is one the reduction waits for.
+pub fn reductions_on_compute_stream(mut job: Job) -> Job {
+    let pos = topo_positions(&job);
+    let on_compute = |o: &LocalOp| {
+        o.spec.kind == OpKind::Compute
+            && matches!(
+                job.local.devices.get(o.spec.device as usize),
+                Some(DeviceKind::GpuStream { stream: 0, .. })
+            )
+    };
+    // Compute-stream ops in issue order.
+    let mut issued: Vec<OpId> = (0..job.local.ops.len() as OpId)
+        .filter(|&o| on_compute(&job.local.ops[o as usize]))
+        .collect();
+    issued.sort_unstable_by_key(|&o| pos[o as usize]);
+    for s in job.syncs.iter_mut() {
+        if s.kind == CollectiveKind::AllGather {
+            continue;
+        }
+        let Some(last) = s.ready.iter().map(|&r| pos[r as usize]).max() else {
+            continue;
+        };
+        let from = issued.partition_point(|&o| pos[o as usize] <= last);
+        let mut done: std::collections::BTreeSet<OpId> = s.done.iter().copied().collect();
+        done.extend(&issued[from..]);
+        s.done = done.into_iter().collect();
+    }
+    job
+}
+
 /// Every op's position in the order the ops would start with unbounded resources: by earliest
 /// start (the longest duration-weighted path from a source), ties by a topological order with
 /// the smaller id first. A gradient's ready op then sits right after its layer's backward
@@ -1377,6 +1412,50 @@ mod tests {
     /// FSDP2 (the pytorch and torchtitan exports) reduce-scatters once per wrap unit whatever
     /// buckets the job came with; DeepSpeed's ZeRO-2/3 fill its reduce buckets. Bytes are
     /// conserved and every tensor is reduce-scattered once.
+    /// DeepSpeed's ZeRO-2 default (`overlap_comm` off) reduces on the compute stream: the
+    /// backward stops for every bucket, so nearly all the reduction time is exposed where the
+    /// overlapped form hides part of it behind the backward; the reductions themselves and the
+    /// memory are unchanged.
+    #[test]
+    fn reductions_on_the_compute_stream_stop_the_backward() {
+        use crate::cost::framework::Framework;
+        use crate::replay::breakdown::summary;
+        let (_, mut job) = test_job("gpt", 8, "8xv100");
+        job.framework = Framework::Deepspeed;
+        // Gradients 20× larger (about 10 GB), so that 2 GB buckets of FP32 gradients fill
+        // several times during the backward.
+        for s in &mut job.syncs {
+            s.bytes *= 20;
+        }
+        let beside = shard(&job, sharding(2)).unwrap();
+        assert!(beside.syncs.len() >= 3, "{}", beside.syncs.len());
+        let on_stream = reductions_on_compute_stream(beside.clone());
+        assert_eq!(on_stream.syncs.len(), beside.syncs.len());
+        for (a, b) in on_stream.syncs.iter().zip(&beside.syncs) {
+            assert_eq!((a.bytes, a.kind, &a.ready), (b.bytes, b.kind, &b.ready));
+            assert!(b.done.iter().all(|d| a.done.contains(d)));
+        }
+        let (eb, es) = (
+            super::super::evaluate(beside).unwrap(),
+            super::super::evaluate(on_stream).unwrap(),
+        );
+        let sum = |e: &Evaluated| summary(&e.graph, &e.replay, &e.critical);
+        let (sb, ss) = (sum(&eb), sum(&es));
+        assert_eq!(sb.breakdown.comm_ns, ss.breakdown.comm_ns);
+        assert!(
+            ss.exposed_comm_ns > sb.exposed_comm_ns,
+            "{} vs {}",
+            ss.exposed_comm_ns,
+            sb.exposed_comm_ns
+        );
+        assert!(
+            ss.exposed_comm_ns as f64 >= 0.9 * ss.breakdown.comm_ns as f64,
+            "{ss:?}"
+        );
+        assert!(es.iteration_ns() > eb.iteration_ns());
+        assert_eq!(es.memory.peak_bytes, eb.memory.peak_bytes);
+    }
+
     #[test]
     fn fsdp2_reduce_scatters_per_unit_whatever_the_buckets() {
         use crate::cost::framework::Framework;

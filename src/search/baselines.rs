@@ -1300,7 +1300,7 @@ const FSDP2_DEFAULT: Sharding = Sharding {
 /// |---|---|
 /// | pytorch, torchtitan | `fsdp2_default`: gradients reduce-scattered per wrap unit (the `shard` pass's FSDP2 grouping), stage 3, reshard, prefetch 1 |
 /// | megatron | `megatron_distopt`: the distributed optimizer (stage 1) on Megatron-LM's default synchronisation |
-/// | deepspeed | `zero2_default`, `zero3_default`: gradients reduced in buckets of `reduce_bucket_size` (5e8 elements), each as it fills in the backward (the `shard` pass under `--framework deepspeed`); prefetch one unit at stage 3 (`stage3_prefetch_bucket_size` 5e7 elements holds about one transformer block of a 1–7 B model) |
+/// | deepspeed | `zero2_default`, `zero3_default`: gradients reduced in buckets of `reduce_bucket_size` (5e8 elements), each as it fills in the backward (the `shard` pass under `--framework deepspeed`), at stage 2 on the compute stream (`overlap_comm` off, DeepSpeed's default below stage 3: [`crate::passes::shard::reductions_on_compute_stream`]); prefetch one unit at stage 3 (`stage3_prefetch_bucket_size` 5e7 elements holds about one transformer block of a 1–7 B model) |
 fn sharded_points(job: &Job, default_job: &Job, fw: Framework) -> Vec<(&'static str, Point)> {
     let knobs_of = |s: Sharding| {
         knobs(&[
@@ -1333,7 +1333,21 @@ fn sharded_points(job: &Job, default_job: &Job, fw: Framework) -> Vec<(&'static 
                     ..FSDP2_DEFAULT
                 };
                 if let Ok(j) = shard(default_job, s) {
-                    let cfg = format!("DeepSpeed ZeRO-{stage} with its default bucket sizes");
+                    // DeepSpeed's default overlap_comm: off below stage 3, so ZeRO-2 reduces
+                    // each bucket on the compute stream.
+                    let j = if stage < 3 {
+                        crate::passes::shard::reductions_on_compute_stream(j)
+                    } else {
+                        j
+                    };
+                    let cfg = format!(
+                        "DeepSpeed ZeRO-{stage} with its default bucket sizes{}",
+                        if stage < 3 {
+                            ", gradients reduced on the compute stream (overlap_comm off)"
+                        } else {
+                            ""
+                        }
+                    );
                     out.push((name, (j, cfg, knobs_of(s))));
                 }
             }
