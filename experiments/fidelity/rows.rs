@@ -251,9 +251,8 @@ fn sharding(extra: &str) -> Result<(Option<u32>, bool), String> {
 /// which DLPerf's `single_node_train.sh` leaves off and which needs accumulation). DLE's own
 /// tables ran other code (19.07: `DDP(model)`, apex's 10^7 default) or accumulated (21.11: one
 /// flat all-reduce per step after dozens of micro-steps), so they keep the default.
-fn dle_pretraining_ddp(family: &str, model: &str, seq: Option<u32>, accum: u32) -> Option<u64> {
-    (family == "dlperf" && model.starts_with("bert") && seq == Some(128) && accum == 1)
-        .then_some(250_000_000)
+fn dle_pretraining_ddp(family: &str, head: Option<Head>, accum: u32) -> Option<u64> {
+    (family == "dlperf" && head == Some(Head::Pretraining) && accum == 1).then_some(250_000_000)
 }
 
 /// The intra-node network a network description states instead of NVLink: NCCL's SHM transport
@@ -519,6 +518,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         Some(g) => (Some(g), MemoryKind::Allocated),
         None => (None, MemoryKind::None),
     };
+    let apex_bucket_elems = dle_pretraining_ddp(family, opts.head, accum);
     Ok(Case {
         id,
         family,
@@ -531,7 +531,7 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         nodes,
         intra: intra_network(&network),
         inter,
-        apex_bucket_elems: dle_pretraining_ddp(family, model, seq, accum),
+        apex_bucket_elems,
         nics,
         framework,
         horovod_sync: false,
@@ -670,14 +670,16 @@ mod tests {
     /// its ResNet-50 rows, DLE's own BERT tables and accumulated runs keep the default.
     #[test]
     fn dlperf_bert_pretraining_buckets_250_million_elements() {
+        use trainplan::zoo::Head;
         assert_eq!(
-            dle_pretraining_ddp("dlperf", "bert-base", Some(128), 1),
+            dle_pretraining_ddp("dlperf", Some(Head::Pretraining), 1),
             Some(250_000_000)
         );
-        assert_eq!(dle_pretraining_ddp("dlperf", "resnet50", None, 1), None);
-        assert_eq!(dle_pretraining_ddp("dle", "bert-large", Some(128), 1), None);
+        assert_eq!(dle_pretraining_ddp("dlperf", None, 1), None);
+        assert_eq!(dle_pretraining_ddp("dle", Some(Head::Pretraining), 1), None);
+        assert_eq!(dle_pretraining_ddp("dlperf", Some(Head::Squad), 1), None);
         assert_eq!(
-            dle_pretraining_ddp("dlperf", "bert-base", Some(128), 4),
+            dle_pretraining_ddp("dlperf", Some(Head::Pretraining), 4),
             None
         );
     }

@@ -323,6 +323,27 @@ mod tests {
                 .iter()
                 .any(|n| n.contains("set_requires_gradient_sync"))
         );
+        // The tiny plan's amp decision reduces in fp16 (fp16_allreduce=1): so does FSDP2's
+        // policy; without the knob it reduces in float32.
+        let policy = |p: &crate::plan::Plan| -> String {
+            emit(p, Framework::Pytorch)
+                .unwrap()
+                .notes
+                .into_iter()
+                .find(|n| n.contains("MixedPrecisionPolicy"))
+                .unwrap()
+        };
+        assert!(py.contains("reduce = torch.float32 if GRAD_REDUCE_DTYPE is None else half"));
+        let mut plain = sharded(3, 2, 2);
+        assert!(
+            policy(&plain).contains("param_dtype=float16, reduce_dtype=float16"),
+            "{}",
+            policy(&plain)
+        );
+        for d in plain.decisions.iter_mut().filter(|d| d.pass == "amp") {
+            d.knobs.remove("fp16_allreduce");
+        }
+        assert!(policy(&plain).contains("param_dtype=float16, reduce_dtype=float32"));
     }
 
     #[test]
