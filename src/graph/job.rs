@@ -282,6 +282,9 @@ pub struct TraceFacts {
     pub collectives: std::collections::BTreeMap<String, u32>,
     /// The gradient buckets the framework used, from the NCCL kernels' sizes.
     pub bucketing: Option<Bucketing>,
+    /// The recorded sharding (FSDP2's units, resharding and collectives), when the step ran
+    /// FSDP2's hooks (`src/trace/fsdp.rs`).
+    pub sharding: Option<TraceSharding>,
     /// Device memory the trace recorded (`profile_memory=True`), or estimated from shapes.
     pub memory: Option<MemoryFacts>,
     /// How the step's GPU time can be re-costed by a pass.
@@ -294,6 +297,24 @@ pub struct TraceFacts {
     /// xGMI) over the recorded world size, or `--cluster`'s ring when the rank is extrapolated.
     #[serde(skip)]
     pub sync_link: Option<SyncLink>,
+}
+
+/// A recorded step's sharding, read from FSDP2's hook annotations and the step's collectives.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct TraceSharding {
+    /// `FSDP2 (fully_shard)`.
+    pub framework: String,
+    /// The modules `fully_shard` wrapped whose hooks ran, in forward order; `""` is the root.
+    pub units: Vec<String>,
+    /// The units all-gathered again in the backward (`reshard_after_forward=True`).
+    pub resharded: Vec<String>,
+    /// The step's all-gather and reduce-scatter kernels.
+    pub all_gathers: u32,
+    pub reduce_scatters: u32,
+    /// Bytes gathered (each all-gather's output) and reduce-scattered (each input), from the
+    /// kernels' message sizes; `None` when a kernel does not record its size.
+    pub all_gather_bytes: Option<u64>,
+    pub reduce_scatter_bytes: Option<u64>,
 }
 
 /// One gradient all-reduce of a recorded step, as the framework issued it.

@@ -174,6 +174,7 @@ pub fn describe(
             .entry(collective_type(&c.name).to_string())
             .or_default() += 1;
     }
+    facts.sharding = super::fsdp::describe(trace, win, collectives);
     let mut sizes = Vec::new();
     let mut known = true;
     let mut order: Vec<&TraceCollective> = collectives
@@ -238,6 +239,9 @@ pub fn summary(f: &TraceFacts) -> String {
                 .map(|c| format!(", bucket cap ≈ {} MiB", c >> 20))
                 .unwrap_or_default()
         ));
+    }
+    if let Some(s) = &f.sharding {
+        parts.push(super::fsdp::summary(s));
     }
     parts.join(" · ")
 }

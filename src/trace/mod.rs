@@ -29,6 +29,7 @@ pub mod chakra;
 pub mod collective;
 pub mod extrapolate;
 pub mod facts;
+pub mod fsdp;
 pub mod graph;
 pub mod horovod;
 pub mod host_et;

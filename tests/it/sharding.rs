@@ -269,3 +269,56 @@ fn grouped_query_attention_options_are_checked() {
         "--kv-heads applies to the llama models",
     );
 }
+
+/// The recorded shape of an FSDP2 step (issue 23, "Traces"): PyTorch's own `fully_shard` on the
+/// zoo's `gpt --hidden 64 --heads 2 --layers 2 --vocab 128`, two gloo processes, the GPU side
+/// synthesised around FSDP2's recorded streams and events (`tests/fixtures/kineto/fsdp2/record.py`).
+fn fsdp2_fixture(file: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/kineto/fsdp2")
+        .join(file)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn a_recorded_fsdp2_step_replays_within_one_percent_on_every_rank() {
+    let v = run_json(&["replay", "--trace", &fsdp2_fixture("")]);
+    assert_eq!(v["workers"], 2);
+    // Three units gathered before their forward, two again before their backward (the root
+    // is not resharded), three reduce-scatters: 8 collectives matched across the ranks.
+    assert_eq!(v["collectives"], 8);
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    for r in ranks {
+        let e = r["error_pct"].as_f64().unwrap();
+        assert!(e.abs() < 1.0, "rank {}: {e} %", r["rank"]);
+    }
+}
+
+#[test]
+fn a_recorded_fsdp2_step_says_its_units_resharding_and_collectives() {
+    let v = run_json(&["replay", "--trace", &fsdp2_fixture("rank0.json.gz")]);
+    let s = &v["trace_facts"]["sharding"];
+    assert_eq!(s["framework"], "FSDP2 (fully_shard)");
+    assert_eq!(
+        s["units"],
+        serde_json::json!(["", "transformer.h.0", "transformer.h.1"])
+    );
+    assert_eq!(
+        s["resharded"],
+        serde_json::json!(["transformer.h.0", "transformer.h.1"])
+    );
+    assert_eq!(s["all_gathers"], 5);
+    assert_eq!(s["reduce_scatters"], 3);
+    // What each unit holds, from GPT-2's shapes (hidden h = 64, vocabulary 128, 1024
+    // positions, tied head): the root wte + wpe + ln_f, a block 12h² + 13h.
+    let h = 64u64;
+    let root = 128 * h + 1024 * h + 2 * h;
+    let block = 12 * h * h + 13 * h;
+    assert_eq!(block, 49_984);
+    // FP32: gathered before each forward (root and both blocks) and again before each block's
+    // backward; each unit's gradients reduce-scattered once.
+    assert_eq!(s["all_gather_bytes"], 4 * (root + 4 * block));
+    assert_eq!(s["reduce_scatter_bytes"], 4 * (root + 2 * block));
+}

@@ -1,0 +1,145 @@
+//! What a recorded step says about its sharding: PyTorch FSDP2 (`fully_shard`) annotates every
+//! hook it runs with `record_function("FSDP::<hook> (<module fqn>)")` — `pre_forward`,
+//! `all_gather`, `all_gather_copy_out`, `post_backward_reduce`, `backward_prefetch for <fqn>`,
+//! … — the root module's without the suffix (torch ≥ 2.4,
+//! `torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`). Those names and the step's
+//! all-gather / reduce-scatter kernels say:
+//!
+//! * the **units** (one per `fully_shard` call whose hooks ran), in the order their forward
+//!   pre-hooks ran; `""` is the root;
+//! * which units were **resharded after the forward**: all-gathered again in the backward (two
+//!   `FSDP::all_gather (<fqn>)` spans in the step; FSDP2 never reshards the root);
+//! * the collectives' counts and bytes (the kernels' `Out msg nelems` of an all-gather — what
+//!   each rank holds once gathered — and `In msg nelems` of a reduce-scatter, × the dtype).
+//!
+//! FSDP1 (`FullyShardedDataParallel`) names no module in its annotations and is not recognised.
+
+use std::collections::BTreeMap;
+
+use crate::graph::job::TraceSharding;
+
+use super::collective::collective_type;
+use super::facts::nccl_dtype_bytes;
+use super::kineto::KinetoTrace;
+use super::step::{StepWindow, TraceCollective};
+
+/// `FSDP::<hook> (<fqn>)` → (hook, fqn); the root's hooks have no suffix (fqn "").
+fn hook(name: &str) -> Option<(&str, &str)> {
+    let rest = name.strip_prefix("FSDP::")?;
+    match rest.split_once(" (") {
+        Some((h, m)) => Some((h, m.strip_suffix(')').unwrap_or(m))),
+        None => Some((rest, "")),
+    }
+}
+
+/// The step's FSDP2 sharding, or `None` when no FSDP2 hook ran in it.
+pub(crate) fn describe(
+    trace: &KinetoTrace,
+    win: &StepWindow,
+    collectives: &[TraceCollective],
+) -> Option<TraceSharding> {
+    let ev = &trace.events;
+    let mut in_step: Vec<usize> = (0..ev.len())
+        .filter(|&i| ev[i].ts_ns >= win.start_ns && ev[i].ts_ns < win.end_ns)
+        .filter(|&i| ev[i].name.starts_with("FSDP::"))
+        .collect();
+    in_step.sort_by_key(|&i| (ev[i].ts_ns, i));
+    let mut units: Vec<String> = Vec::new();
+    let mut gathers: BTreeMap<String, u32> = BTreeMap::new();
+    for &i in &in_step {
+        let Some((h, m)) = hook(&ev[i].name) else {
+            continue;
+        };
+        match h {
+            "pre_forward" if !units.iter().any(|u| u == m) => units.push(m.to_string()),
+            "all_gather" => *gathers.entry(m.to_string()).or_default() += 1,
+            _ => {}
+        }
+    }
+    if units.is_empty() {
+        return None;
+    }
+    let resharded = units
+        .iter()
+        .filter(|u| gathers.get(*u).copied().unwrap_or(0) > 1)
+        .cloned()
+        .collect();
+    let mut all_gathers = 0;
+    let mut reduce_scatters = 0;
+    let mut gathered: Option<u64> = Some(0);
+    let mut scattered: Option<u64> = Some(0);
+    for c in collectives {
+        let a = &ev[c.event].args;
+        let bytes = a.dtype.as_deref().and_then(nccl_dtype_bytes);
+        match collective_type(&c.name) {
+            "AllGather" => {
+                all_gathers += 1;
+                let n = a.out_msg_nelems.filter(|&n| n > 0);
+                gathered = gathered
+                    .zip(n.zip(bytes))
+                    .map(|(s, (n, b))| s + n as u64 * b);
+            }
+            "ReduceScatter" => {
+                reduce_scatters += 1;
+                let n = a.in_msg_nelems.filter(|&n| n > 0);
+                scattered = scattered
+                    .zip(n.zip(bytes))
+                    .map(|(s, (n, b))| s + n as u64 * b);
+            }
+            _ => {}
+        }
+    }
+    Some(TraceSharding {
+        framework: "FSDP2 (fully_shard)".into(),
+        units,
+        resharded,
+        all_gathers,
+        reduce_scatters,
+        all_gather_bytes: gathered.filter(|_| all_gathers > 0),
+        reduce_scatter_bytes: scattered.filter(|_| reduce_scatters > 0),
+    })
+}
+
+/// One phrase for reports: `FSDP2 (fully_shard): 3 units, 2 resharded after the forward; 5
+/// all-gathers (1.1 MB), 3 reduce-scatters (0.7 MB)`.
+pub fn summary(s: &TraceSharding) -> String {
+    let mb = |b: Option<u64>| b.map_or(String::new(), |b| format!(" ({:.1} MB)", b as f64 / 1e6));
+    let names: Vec<&str> = s
+        .units
+        .iter()
+        .map(|u| if u.is_empty() { "root" } else { u.as_str() })
+        .collect();
+    format!(
+        "{}: {} unit{} ({}), {} resharded after the forward; {} all-gather{}{}, {} reduce-scatter{}{}",
+        s.framework,
+        s.units.len(),
+        if s.units.len() == 1 { "" } else { "s" },
+        names.join(", "),
+        s.resharded.len(),
+        s.all_gathers,
+        if s.all_gathers == 1 { "" } else { "s" },
+        mb(s.all_gather_bytes),
+        s.reduce_scatters,
+        if s.reduce_scatters == 1 { "" } else { "s" },
+        mb(s.reduce_scatter_bytes),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hooks_name_their_module_or_the_root() {
+        assert_eq!(
+            hook("FSDP::pre_forward (transformer.h.0)"),
+            Some(("pre_forward", "transformer.h.0"))
+        );
+        assert_eq!(hook("FSDP::all_gather"), Some(("all_gather", "")));
+        assert_eq!(
+            hook("FSDP::root_pre_forward"),
+            Some(("root_pre_forward", ""))
+        );
+        assert_eq!(hook("FullyShardedDataParallel.forward"), None);
+    }
+}
