@@ -1996,6 +1996,7 @@ mod tests {
                 fused: Default::default(),
                 ties: Vec::new(),
                 calls: Default::default(),
+                fsdp: Default::default(),
             }),
             syncs: vec![
                 Sync {

@@ -153,6 +153,17 @@ impl Pass for Shard {
             prefetch: knobs.int("prefetch").max(0) as u32,
             offload: knobs.int("offload") == 1,
         };
+        if let Some(recorded) = cx.job.meta.trace.as_ref().and_then(|f| f.sharding.as_ref()) {
+            let r = super::fsdp_trace::Requested {
+                stage: s.stage,
+                reshard: s.reshard,
+                prefetch: s.prefetch,
+                replicas: s.replicas,
+                offload: s.offload,
+                units_auto: knobs.text("units").trim() == AUTO,
+            };
+            return super::fsdp_trace::propose(cx, recorded, r);
+        }
         let job = shard_units(&cx.job, s, knobs.text("units").trim())?;
         let g = cx.job.workers / cx.job.meta.tp.max(1) / s.replicas;
         Ok(vec![Patch {

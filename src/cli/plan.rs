@@ -1372,6 +1372,13 @@ impl TraceExtra {
     fn of(outcome: &search::Outcome, multi: Option<&RanksPlan>) -> TraceExtra {
         let (b, p) = (&outcome.baseline, &outcome.best);
         let job = &b.job;
+        // The search keeps a large best lean (no graph, no replay): its GPU time and critical
+        // path need the full evaluation (once; was "GPU time 39.6 ms → 0 ms" on every trace).
+        let full = p
+            .is_lean()
+            .then(|| crate::passes::evaluate(p.job.clone()).ok())
+            .flatten();
+        let p = full.as_ref().unwrap_or(p);
         let bb = super::traceinfo::Bound::of(b);
         let pb = super::traceinfo::Bound::of(p);
         let mut lines = Vec::new();

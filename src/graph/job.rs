@@ -71,6 +71,35 @@ pub struct LocalGraph {
     /// call's index in `TraceFacts::recorded_syncs`. Empty for zoo jobs. What `tensor-fusion`
     /// re-buckets on a trace.
     pub calls: std::collections::BTreeMap<OpId, u32>,
+    /// A recorded FSDP2 step's ops that gather a unit's parameters or free them
+    /// (`trace::fsdp::label`): host ops inside the hook's span and the kernels they launched.
+    /// Empty for zoo jobs. What `shard` changes on a recorded FSDP2 step.
+    pub fsdp: std::collections::BTreeMap<OpId, FsdpOp>,
+}
+
+/// Where an op of a recorded FSDP2 step belongs (`LocalGraph::fsdp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsdpOp {
+    /// The unit: an index into `TraceSharding::units`.
+    pub unit: u32,
+    /// Which span of the unit's hooks.
+    pub span: FsdpSpan,
+    /// Which occurrence of that span in the step, in time order (an all-gather: 0 before the
+    /// unit's forward, 1 before its backward when it was resharded).
+    pub nth: u32,
+}
+
+/// The FSDP2 hook spans a recorded op can belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsdpSpan {
+    /// `FSDP::all_gather`: the copy-in and the all-gather.
+    AllGather,
+    /// `FSDP::all_gather_copy_out`: the gathered parameters copied out for the compute.
+    CopyOut,
+    /// `FSDP::post_forward`: where the unit frees its gathered parameters after the forward.
+    PostForward,
+    /// `FSDP::post_backward_reshard`: where it frees them after the backward.
+    PostBackwardReshard,
 }
 
 impl LocalGraph {
@@ -297,6 +326,12 @@ pub struct TraceFacts {
     /// xGMI) over the recorded world size, or `--cluster`'s ring when the rank is extrapolated.
     #[serde(skip)]
     pub sync_link: Option<SyncLink>,
+    /// Recorded collectives an edit removed (`shard` on a recorded FSDP2 step drops the
+    /// backward all-gathers), as (device, position among that device's recorded collectives):
+    /// how the ranks of one job find their remaining collectives again
+    /// (`trace::multi::with_job`).
+    #[serde(skip)]
+    pub removed_collectives: Vec<(crate::graph::DeviceId, u32)>,
 }
 
 /// A recorded step's sharding, read from FSDP2's hook annotations and the step's collectives.
@@ -308,6 +343,9 @@ pub struct TraceSharding {
     pub units: Vec<String>,
     /// The units all-gathered again in the backward (`reshard_after_forward=True`).
     pub resharded: Vec<String>,
+    /// Per unit (as `units`), the bytes its all-gather outputs: its parameters as the compute
+    /// holds them (0 when its kernel does not record a size).
+    pub unit_bytes: Vec<u64>,
     /// The step's all-gather and reduce-scatter kernels.
     pub all_gathers: u32,
     pub reduce_scatters: u32,
@@ -1290,6 +1328,11 @@ fn compact(job: &mut Job, alive: &[bool]) -> Result<(), JobError> {
         .map(|(op, m)| (map[op as usize], m))
         .collect();
     l.calls = std::mem::take(&mut l.calls)
+        .into_iter()
+        .filter(|(op, _)| map[*op as usize] != NONE)
+        .map(|(op, c)| (map[op as usize], c))
+        .collect();
+    l.fsdp = std::mem::take(&mut l.fsdp)
         .into_iter()
         .filter(|(op, _)| map[*op as usize] != NONE)
         .map(|(op, c)| (map[op as usize], c))

@@ -68,6 +68,17 @@ pub struct CollectiveSize {
     pub bytes: u64,
 }
 
+/// Bytes per element of a NCCL kernel's `dtype` arg (`Float`, `Half`, `BFloat16`, `Long`, …).
+pub fn nccl_dtype_bytes(d: &str) -> Option<u64> {
+    match d.to_ascii_lowercase().as_str() {
+        "float" | "float32" | "int" | "int32" | "uint32" => Some(4),
+        "half" | "float16" | "bfloat16" | "short" | "int16" => Some(2),
+        "double" | "float64" | "long" | "int64" | "uint64" => Some(8),
+        "char" | "byte" | "bool" | "int8" | "uint8" => Some(1),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@
 //! memory size replaces the config's.
 
 use super::collective::collective_type;
+pub use super::collective::nccl_dtype_bytes;
 use super::kineto::KinetoTrace;
 use super::step::{StepWindow, TraceCollective};
 use super::work::StepContext;
@@ -96,17 +97,6 @@ pub fn device(trace: &KinetoTrace) -> (GpuSpec, TraceFacts) {
         ..TraceFacts::default()
     };
     (gpu, facts)
-}
-
-/// Bytes per element of a NCCL kernel's `dtype` arg (`Float`, `Half`, `BFloat16`, `Long`, …).
-pub fn nccl_dtype_bytes(d: &str) -> Option<u64> {
-    match d.to_ascii_lowercase().as_str() {
-        "float" | "float32" | "int" | "int32" | "uint32" => Some(4),
-        "half" | "float16" | "bfloat16" | "short" | "int16" => Some(2),
-        "double" | "float64" | "long" | "int64" | "uint64" => Some(8),
-        "char" | "byte" | "bool" | "int8" | "uint8" => Some(1),
-        _ => None,
-    }
 }
 
 /// The bucket cap gradient all-reduces of `sizes` imply: every bucket but the first and the last

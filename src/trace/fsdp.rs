@@ -14,12 +14,12 @@
 //!
 //! FSDP1 (`FullyShardedDataParallel`) names no module in its annotations and is not recognised.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use crate::graph::job::TraceSharding;
+use crate::graph::job::{FsdpOp, FsdpSpan, LocalGraph, TraceSharding};
+use crate::graph::{DeviceKind, OpId, OpKind};
 
-use super::collective::collective_type;
-use super::facts::nccl_dtype_bytes;
+use super::collective::{collective_type, nccl_dtype_bytes};
 use super::kineto::KinetoTrace;
 use super::step::{StepWindow, TraceCollective};
 
@@ -89,8 +89,10 @@ pub(crate) fn describe(
             _ => {}
         }
     }
+    let n = units.len();
     Some(TraceSharding {
         framework: "FSDP2 (fully_shard)".into(),
+        unit_bytes: vec![0; n],
         units,
         resharded,
         all_gathers,
@@ -98,6 +100,113 @@ pub(crate) fn describe(
         all_gather_bytes: gathered.filter(|_| all_gathers > 0),
         reduce_scatter_bytes: scattered.filter(|_| reduce_scatters > 0),
     })
+}
+
+/// The span a hook name opens, if it is one the `shard` pass works with.
+fn span_of(h: &str) -> Option<FsdpSpan> {
+    match h {
+        "all_gather" => Some(FsdpSpan::AllGather),
+        "all_gather_copy_out" => Some(FsdpSpan::CopyOut),
+        "post_forward" => Some(FsdpSpan::PostForward),
+        "post_backward_reshard" => Some(FsdpSpan::PostBackwardReshard),
+        _ => None,
+    }
+}
+
+/// Label the step's FSDP2 spans in `local.fsdp`: every host op whose event is a span of
+/// [`FsdpSpan`] or lies inside one, and every GPU op such a host op launched; and set each
+/// unit's gathered bytes in `s.unit_bytes` from its first all-gather kernel. `op_event[op]` is
+/// the trace event an op came from, `parent[event]` the host event enclosing it.
+pub(crate) fn label(
+    trace: &KinetoTrace,
+    win: &StepWindow,
+    local: &mut LocalGraph,
+    op_event: &[Option<usize>],
+    parent: &HashMap<usize, usize>,
+    collectives: &[TraceCollective],
+    s: &mut TraceSharding,
+) {
+    let ev = &trace.events;
+    let mut spans: Vec<usize> = (0..ev.len())
+        .filter(|&i| ev[i].ts_ns >= win.start_ns && ev[i].ts_ns < win.end_ns)
+        .filter(|&i| ev[i].name.starts_with("FSDP::"))
+        .collect();
+    spans.sort_by_key(|&i| (ev[i].ts_ns, i));
+    let mut seen: BTreeMap<(u32, u8), u32> = BTreeMap::new();
+    let mut span_label: HashMap<usize, FsdpOp> = HashMap::new();
+    for &i in &spans {
+        let Some((h, m)) = hook(&ev[i].name) else {
+            continue;
+        };
+        let (Some(span), Some(unit)) = (span_of(h), s.units.iter().position(|u| u == m)) else {
+            continue;
+        };
+        let unit = unit as u32;
+        let nth = seen.entry((unit, span as u8)).or_default();
+        span_label.insert(
+            i,
+            FsdpOp {
+                unit,
+                span,
+                nth: *nth,
+            },
+        );
+        *nth += 1;
+    }
+    if span_label.is_empty() {
+        return;
+    }
+    // Host ops: the innermost labelled span enclosing their event.
+    for (i, op) in local.ops.iter().enumerate() {
+        let Some(mut e) = op_event.get(i).copied().flatten() else {
+            continue;
+        };
+        if !matches!(
+            local.devices.get(op.spec.device as usize),
+            Some(DeviceKind::CpuThread { .. })
+        ) {
+            continue;
+        }
+        loop {
+            if let Some(&l) = span_label.get(&e) {
+                local.fsdp.insert(i as OpId, l);
+                break;
+            }
+            match parent.get(&e) {
+                Some(&p) => e = p,
+                None => break,
+            }
+        }
+    }
+    // GPU ops: their launch's label.
+    let launched: Vec<(OpId, FsdpOp)> = local
+        .edges
+        .iter()
+        .filter(|&&(a, b)| {
+            local.ops[a as usize].spec.kind == OpKind::Launch
+                && !matches!(
+                    local
+                        .devices
+                        .get(local.ops[b as usize].spec.device as usize),
+                    Some(DeviceKind::CpuThread { .. })
+                )
+        })
+        .filter_map(|&(a, b)| local.fsdp.get(&a).map(|&l| (b, l)))
+        .collect();
+    local.fsdp.extend(launched);
+    for c in collectives {
+        if collective_type(&c.name) != "AllGather" {
+            continue;
+        }
+        let Some(l) = local.fsdp.get(&c.op).filter(|l| l.nth == 0) else {
+            continue;
+        };
+        let a = &ev[c.event].args;
+        let bytes = a.dtype.as_deref().and_then(nccl_dtype_bytes);
+        if let (Some(n), Some(b)) = (a.out_msg_nelems.filter(|&n| n > 0), bytes) {
+            s.unit_bytes[l.unit as usize] = n as u64 * b;
+        }
+    }
 }
 
 /// One phrase for reports: `FSDP2 (fully_shard): 3 units, 2 resharded after the forward; 5

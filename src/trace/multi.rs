@@ -464,29 +464,45 @@ pub fn with_job(r: &RankStep, job: crate::graph::job::Job) -> Result<RankStep, M
             on_dev.entry(o.spec.device).or_default().push(i as OpId);
         }
     }
+    // Collectives an edit removed on purpose (the same positions on every rank, or the ranks
+    // no longer match): skipped in the recorded order.
+    let removed: std::collections::BTreeSet<(u32, u32)> = job
+        .meta
+        .trace
+        .as_ref()
+        .map(|f| f.removed_collectives.iter().copied().collect())
+        .unwrap_or_default();
     let mut groups = Vec::with_capacity(r.groups.len());
+    let mut kept_old: Vec<&TraceCollective> = Vec::new();
     for g in &r.groups {
         let dev = g
             .first()
             .map(|c| old.ops[c.op as usize].spec.device)
             .unwrap_or(0);
+        let kept: Vec<&TraceCollective> = g
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| !removed.contains(&(dev, *k as u32)))
+            .map(|(_, c)| c)
+            .collect();
         let ops = on_dev.get(&dev).map_or(&[][..], Vec::as_slice);
-        if ops.len() != g.len() {
+        if ops.len() != kept.len() {
             return Err(MultiRankError::Mismatch(format!(
                 "{} (rank {}): the edit changed the collectives of a stream ({} → {}); passes \
-                 must keep every recorded collective",
+                 must keep every recorded collective they do not remove on purpose",
                 r.file,
                 r.rank,
-                g.len(),
+                kept.len(),
                 ops.len()
             )));
         }
         groups.push(
-            g.iter()
+            kept.iter()
                 .zip(ops)
-                .map(|(c, &op)| TraceCollective { op, ..c.clone() })
-                .collect(),
+                .map(|(c, &op)| TraceCollective { op, ..(*c).clone() })
+                .collect::<Vec<_>>(),
         );
+        kept_old.extend(kept);
     }
     let end_layer = l
         .layers
@@ -503,13 +519,16 @@ pub fn with_job(r: &RankStep, job: crate::graph::job::Job) -> Result<RankStep, M
     let mut built = r.built.clone();
     built.job = job;
     built.step_end = step_end;
-    let moved: BTreeMap<OpId, OpId> = r
-        .groups
+    let moved: BTreeMap<OpId, OpId> = kept_old
         .iter()
-        .flatten()
         .zip(groups.iter().flatten())
-        .map(|(a, b): (&TraceCollective, &TraceCollective)| (a.op, b.op))
+        .map(|(a, b): (&&TraceCollective, &TraceCollective)| (a.op, b.op))
         .collect();
+    let grouped: std::collections::BTreeSet<OpId> =
+        r.groups.iter().flatten().map(|c| c.op).collect();
+    built
+        .collectives
+        .retain(|c| !grouped.contains(&c.op) || moved.contains_key(&c.op));
     for c in built.collectives.iter_mut() {
         if let Some(&n) = moved.get(&c.op) {
             c.op = n;

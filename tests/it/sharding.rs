@@ -322,3 +322,64 @@ fn a_recorded_fsdp2_step_says_its_units_resharding_and_collectives() {
     assert_eq!(s["all_gather_bytes"], 4 * (root + 4 * block));
     assert_eq!(s["reduce_scatter_bytes"], 4 * (root + 2 * block));
 }
+
+/// `shard:reshard=0` (and `stage=2`, which FSDP2 spells the same way) on the recorded step:
+/// the blocks keep their parameters gathered from the forward; their backward all-gathers and
+/// copy-outs go, on one rank and on both ranks replayed together. The defaults are the
+/// recorded sharding: nothing to change.
+#[test]
+fn whatif_on_a_recorded_fsdp2_step_keeps_the_blocks_gathered() {
+    let rank0 = fsdp2_fixture("rank0.json.gz");
+    let v = run_json(&["whatif", "--trace", &rank0, "--pass", "shard:reshard=0"]);
+    let (before, after) = (
+        v["baseline_iteration_ms"].as_f64().unwrap(),
+        v["iteration_ms"].as_f64().unwrap(),
+    );
+    assert!(after < before, "{before} → {after} ms");
+    let why = v["passes"][0]["why"][0].as_str().unwrap();
+    // Both blocks' FP32 parameters: 2 × 49,984 × 4 B.
+    assert!(
+        why.contains("2 units (transformer.h.0, transformer.h.1)") && why.contains("0.40 MB"),
+        "{why}"
+    );
+    let same = run_json(&["whatif", "--trace", &rank0, "--pass", "shard"]);
+    assert_eq!(same["iteration_ms"], same["baseline_iteration_ms"]);
+    let both = run_json(&[
+        "whatif",
+        "--trace",
+        &fsdp2_fixture(""),
+        "--pass",
+        "shard:stage=2",
+    ]);
+    assert_eq!(both["workers"], 2);
+    for r in both["ranks"].as_array().unwrap() {
+        let (b, a) = (
+            r["baseline_ms"].as_f64().unwrap(),
+            r["ms"].as_f64().unwrap(),
+        );
+        assert!(a < b, "rank {}: {b} → {a} ms", r["rank"]);
+    }
+}
+
+#[test]
+fn what_a_recorded_fsdp2_step_cannot_become_exits_3_with_the_reason() {
+    let rank0 = fsdp2_fixture("rank0.json.gz");
+    for (pass, why) in [
+        ("shard:stage=1", "no optimizer-only sharding"),
+        (
+            "shard:prefetch=2",
+            "prefetch=2 on a recorded FSDP2 step is not modelled yet",
+        ),
+        (
+            "shard:replicas=2",
+            "replicas (HSDP) on a recorded FSDP2 step",
+        ),
+        ("shard:offload=1", "offload on a recorded FSDP2 step"),
+        (
+            "shard:units=transformer",
+            "its units are the ones fully_shard wrapped (root, transformer.h.0, transformer.h.1)",
+        ),
+    ] {
+        check_bad_input(&["whatif", "--trace", &rank0, "--pass", pass], why);
+    }
+}

@@ -412,6 +412,17 @@ pub(crate) fn build(
     facts.precision = precision;
     facts.work = super::work::coverage(&job, &work_source);
     super::facts::describe(&mut facts, trace, &win, &job, &gops.collectives, &step_cx);
+    if let Some(s) = facts.sharding.as_mut() {
+        super::fsdp::label(
+            trace,
+            &win,
+            job.local_mut(),
+            &op_event,
+            &parent,
+            &gops.collectives,
+            s,
+        );
+    }
     facts.sync_link = server_sync_link(&job.gpu.arch, facts.world_size.unwrap_or(1));
     facts.recorded_syncs = recorded_syncs;
     facts.measured_step_ns = Some(win.measured_ns());

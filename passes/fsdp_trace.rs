@@ -1,0 +1,363 @@
+//! `shard` on a recorded FSDP2 step (`whatif --trace` / `plan --trace` of a `fully_shard` run):
+//! the trace already shards, so the pass changes how, from what the step recorded
+//! (`TraceFacts::sharding`, and each op's hook span in `LocalGraph::fsdp`, both from
+//! `trace::fsdp`).
+//!
+//! **`reshard=0`** (FSDP2's `reshard_after_forward=False`; `stage=2`, SHARD_GRAD_OP, says the
+//! same): every unit the step all-gathered again before its backward keeps its parameters
+//! gathered from its forward instead. Its second `FSDP::all_gather` and
+//! `FSDP::all_gather_copy_out` go — the host ops inside those spans (the copy-in, the
+//! collective call, the event records and waits) and the kernels they launched — with the order
+//! they imposed kept (`Edit::Remove`). Memory: the unit's gathered bytes (its first all-gather's
+//! output) stay allocated from its `FSDP::post_forward`, which no longer frees them, to its
+//! `FSDP::post_backward_reshard`, which does. With `profile_memory` events that is one
+//! allocation added where the forward's copy was freed (the backward's allocation went with
+//! its all-gather, the recorded free after the backward stays); with the estimate from shapes
+//! (which has no gathered copies) the allocation and the free are both added.
+//!
+//! **As recorded** (`stage=3`, `reshard=1`, the defaults): nothing to change.
+//!
+//! **Refused, with the reason** (exit 3): `stage=1` (FSDP2 has no optimizer-only sharding),
+//! `prefetch` other than FSDP2's implicit one unit (the recorded all-gathers keep their issue
+//! points), `replicas` (HSDP), `offload`, and `units` other than the recorded ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Edit, Evaluated, PassError, Patch};
+use crate::graph::job::{FsdpSpan, TraceSharding};
+use crate::graph::{DeviceId, MemEffect, MemWhen, OpId, OpKind};
+
+const NAME: &str = "shard";
+
+/// What the `shard` knobs ask of a recorded step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Requested {
+    pub stage: u32,
+    pub reshard: bool,
+    pub prefetch: u32,
+    pub replicas: u32,
+    pub offload: bool,
+    /// `units=auto` (the recorded units).
+    pub units_auto: bool,
+}
+
+fn refuse(why: String) -> PassError {
+    PassError::NotApplicable {
+        pass: NAME.into(),
+        why,
+    }
+}
+
+/// The first op (lowest id) of `unit`'s `nth` `span`.
+fn first_of(cx: &Evaluated, unit: u32, span: FsdpSpan, nth: u32) -> Option<OpId> {
+    cx.job
+        .local
+        .fsdp
+        .iter()
+        .find(|(_, l)| l.unit == unit && l.span == span && l.nth == nth)
+        .map(|(&op, _)| op)
+}
+
+/// `op`'s memory effects plus `extra`.
+fn with_effect(cx: &Evaluated, op: OpId, extra: MemEffect) -> Edit {
+    let mut effects: Vec<MemEffect> = cx
+        .job
+        .local
+        .mem
+        .iter()
+        .filter(|m| m.op == op)
+        .copied()
+        .collect();
+    effects.push(extra);
+    Edit::SetMem { op, effects }
+}
+
+/// Why the recorded FSDP2 step `s` cannot become `r`, if it cannot.
+fn refusal(s: &TraceSharding, r: Requested) -> Option<String> {
+    if r.stage == 1 {
+        return Some("the trace ran FSDP2, which has no optimizer-only sharding: a recorded FSDP2 step cannot become stage 1 (stage=2 or reshard=0 keeps the parameters gathered from the forward to the backward)".into());
+    }
+    if r.prefetch != 1 {
+        return Some(format!(
+            "prefetch={} on a recorded FSDP2 step is not modelled yet: its all-gathers keep their recorded issue points (FSDP2's implicit prefetch of one unit)",
+            r.prefetch
+        ));
+    }
+    if r.replicas > 1 {
+        return Some("replicas (HSDP) on a recorded FSDP2 step is not modelled: its collectives span the recorded shard group".into());
+    }
+    if r.offload {
+        return Some("offload on a recorded FSDP2 step is not modelled: the recorded step runs its optimizer on the GPU".into());
+    }
+    if !r.units_auto {
+        return Some(format!(
+            "units cannot re-wrap a recorded FSDP2 step: its units are the ones fully_shard wrapped ({})",
+            s.units
+                .iter()
+                .map(|u| if u.is_empty() { "root" } else { u.as_str() })
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    None
+}
+
+/// What `reshard=0` changes for the resharded units of `s`: the ops to remove, the memory
+/// edits, the units' names and the bytes they hold.
+struct Unshard<'a> {
+    gone: Vec<OpId>,
+    mem: Vec<Edit>,
+    names: Vec<&'a str>,
+    held: u64,
+}
+
+fn unshard<'a>(cx: &Evaluated, s: &'a TraceSharding) -> Result<Unshard<'a>, PassError> {
+    let estimated = cx
+        .job
+        .meta
+        .trace
+        .as_ref()
+        .and_then(|f| f.memory.as_ref())
+        .is_none_or(|m| !m.source.starts_with("profile_memory"));
+    let mut out = Unshard {
+        gone: Vec::new(),
+        mem: Vec::new(),
+        names: Vec::new(),
+        held: 0,
+    };
+    for name in &s.resharded {
+        let Some(unit) = s.units.iter().position(|u| u == name) else {
+            continue;
+        };
+        let u = unit as u32;
+        let ops: Vec<OpId> = cx
+            .job
+            .local
+            .fsdp
+            .iter()
+            .filter(|(_, l)| {
+                l.unit == u
+                    && l.nth == 1
+                    && matches!(l.span, FsdpSpan::AllGather | FsdpSpan::CopyOut)
+            })
+            .map(|(&op, _)| op)
+            .collect();
+        if ops.is_empty() {
+            return Err(refuse(format!(
+                "unit {name} was resharded but its backward all-gather has no ops in the step"
+            )));
+        }
+        out.gone.extend(ops);
+        out.names.push(name);
+        let bytes = s.unit_bytes.get(unit).copied().unwrap_or(0);
+        let (Some(after_fw), Some(after_bw)) = (
+            first_of(cx, u, FsdpSpan::PostForward, 0),
+            first_of(cx, u, FsdpSpan::PostBackwardReshard, 0),
+        ) else {
+            continue;
+        };
+        if bytes == 0 {
+            continue;
+        }
+        out.held += bytes;
+        let effect = |op, when| MemEffect {
+            op,
+            worker: 0,
+            bytes,
+            when,
+        };
+        out.mem.push(with_effect(
+            cx,
+            after_fw,
+            effect(after_fw, MemWhen::AllocAtStart),
+        ));
+        if estimated {
+            out.mem.push(with_effect(
+                cx,
+                after_bw,
+                effect(after_bw, MemWhen::FreeAtEnd),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// `removed` (the recorded collectives earlier edits removed) plus those among `gone`, as
+/// (device, position among the device's recorded collectives).
+fn removed_positions(
+    cx: &Evaluated,
+    gone: &[OpId],
+    mut removed: Vec<(DeviceId, u32)>,
+) -> Vec<(DeviceId, u32)> {
+    let mut by_device: BTreeMap<DeviceId, Vec<OpId>> = BTreeMap::new();
+    for (i, o) in cx.job.local.ops.iter().enumerate() {
+        if o.spec.kind == OpKind::Collective {
+            by_device.entry(o.spec.device).or_default().push(i as OpId);
+        }
+    }
+    let gone: BTreeSet<OpId> = gone.iter().copied().collect();
+    let mut newly = Vec::new();
+    for (&dev, ops) in &by_device {
+        let earlier: BTreeSet<u32> = removed
+            .iter()
+            .filter(|(d, _)| *d == dev)
+            .map(|&(_, k)| k)
+            .collect();
+        // The recorded positions still present, in order.
+        let recorded = (0u32..).filter(|k| !earlier.contains(k));
+        for (&op, k) in ops.iter().zip(recorded) {
+            if gone.contains(&op) {
+                newly.push((dev, k));
+            }
+        }
+    }
+    removed.extend(newly);
+    removed
+}
+
+/// The patch that changes the recorded FSDP2 sharding `s` of `cx` to `r`; empty when `r` is
+/// what the step ran.
+pub(super) fn propose(
+    cx: &Evaluated,
+    s: &TraceSharding,
+    r: Requested,
+) -> Result<Vec<Patch>, PassError> {
+    if let Some(why) = refusal(s, r) {
+        return Err(refuse(why));
+    }
+    if r.stage == 3 && r.reshard {
+        return Ok(Vec::new());
+    }
+    let Unshard {
+        gone,
+        mem,
+        names,
+        held,
+    } = unshard(cx, s)?;
+    if gone.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The recorded collectives removed: what lets the ranks of one job, each edited alike,
+    // match the collectives they kept (`trace::multi::with_job`).
+    let earlier = cx
+        .job
+        .meta
+        .trace
+        .as_ref()
+        .map(|f| f.removed_collectives.clone())
+        .unwrap_or_default();
+    let removed = removed_positions(cx, &gone, earlier);
+    let mut edits = mem;
+    edits.push(Edit::Remove { ops: gone });
+    let mut job = super::apply(
+        &cx.job,
+        &Patch {
+            pass: NAME.into(),
+            why: String::new(),
+            edits,
+        },
+    )?;
+    if let Some(f) = job.meta.trace.as_mut() {
+        f.removed_collectives = removed;
+    }
+    let n = names.len();
+    let (s1, s2) = if n == 1 { ("", "s") } else { ("s", "") };
+    Ok(vec![Patch {
+        pass: NAME.into(),
+        why: format!(
+            "reshard=0 on the recorded FSDP2 step: {n} unit{s1} ({}) keep{s2} their gathered parameters ({:.2} MB) from the forward to the end of the backward; their backward all-gather{s1} and copy-out{s1} removed",
+            names.join(", "),
+            held as f64 / 1e6,
+        ),
+        edits: vec![Edit::ReplaceJob(Box::new(job))],
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::job::Job;
+
+    /// The committed FSDP2 fixture, rank 0 (`tests/fixtures/kineto/fsdp2`).
+    fn rank0() -> Job {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/kineto/fsdp2/rank0.json.gz");
+        let f = std::fs::File::open(&p).expect("the fixture is committed");
+        let t = crate::trace::parse_kineto(flate2::read::GzDecoder::new(f), "rank0")
+            .expect("the fixture parses");
+        crate::trace::graph::build_job(&t, "rank0", None)
+            .expect("the fixture builds")
+            .job
+    }
+
+    fn sharding(stage: u32, reshard: bool) -> Requested {
+        Requested {
+            stage,
+            replicas: 1,
+            reshard,
+            prefetch: 1,
+            offload: false,
+            units_auto: true,
+        }
+    }
+
+    /// `reshard=0` removes exactly the ops of the blocks' second all-gather and copy-out spans
+    /// (2 of the 5 all-gather kernels), and holds each block's gathered bytes from its
+    /// post-forward hook to its post-backward reshard (the estimate from shapes has no copy).
+    #[test]
+    fn reshard_0_drops_the_backward_gathers_and_holds_the_forward_copy() {
+        let job = rank0();
+        let cx = crate::passes::evaluate(job.clone()).unwrap();
+        let s = job.meta.trace.as_ref().unwrap().sharding.clone().unwrap();
+        assert_eq!(s.unit_bytes, vec![73_856 * 4, 49_984 * 4, 49_984 * 4]);
+        let second: Vec<OpId> = job
+            .local
+            .fsdp
+            .iter()
+            .filter(|(_, l)| {
+                l.nth == 1 && matches!(l.span, FsdpSpan::AllGather | FsdpSpan::CopyOut)
+            })
+            .map(|(&op, _)| op)
+            .collect();
+        assert!(!second.is_empty());
+        let p = propose(&cx, &s, sharding(3, false)).unwrap();
+        let [Patch { edits, .. }] = &p[..] else {
+            panic!("one patch: {p:?}")
+        };
+        let [Edit::ReplaceJob(after)] = &edits[..] else {
+            panic!("a replaced job: {edits:?}")
+        };
+        assert_eq!(after.local.ops.len(), job.local.ops.len() - second.len());
+        let gathers = |j: &Job| {
+            j.local
+                .ops
+                .iter()
+                .filter(|o| o.spec.kind == OpKind::Collective)
+                .count()
+        };
+        assert_eq!(gathers(&job) - gathers(after), 2);
+        // The memory: +bytes at each block's post-forward, −bytes at its post-backward reshard.
+        let held: i64 = after
+            .local
+            .mem
+            .iter()
+            .filter(|m| m.bytes == 49_984 * 4)
+            .map(|m| match m.when {
+                MemWhen::AllocAtStart => 1,
+                MemWhen::FreeAtEnd => -1,
+                _ => 0,
+            })
+            .sum();
+        let allocs = after
+            .local
+            .mem
+            .iter()
+            .filter(|m| m.bytes == 49_984 * 4 && m.when == MemWhen::AllocAtStart)
+            .count();
+        assert_eq!((allocs, held), (2, 0));
+        let f = after.meta.trace.as_ref().unwrap();
+        assert_eq!(f.removed_collectives.len(), 2);
+        // The defaults are the recorded sharding.
+        assert!(propose(&cx, &s, sharding(3, true)).unwrap().is_empty());
+    }
+}
