@@ -383,3 +383,29 @@ fn what_a_recorded_fsdp2_step_cannot_become_exits_3_with_the_reason() {
         check_bad_input(&["whatif", "--trace", &rank0, "--pass", pass], why);
     }
 }
+
+/// `plan` on the recorded FSDP2 step: the planned step's GPU time is the planned job's (the
+/// search keeps its best lean; the report read 0 ms from it), below the recorded one once AMP
+/// halves the matrix work, and the job line keeps the recorded sharding.
+#[test]
+fn plan_on_a_recorded_fsdp2_step_reports_the_planned_gpu_time() {
+    let dir = crate::support::scratch("fsdp2_plan");
+    let out = dir.join("plan.yaml");
+    let v = run_json(&[
+        "plan",
+        "--trace",
+        &fsdp2_fixture("rank0.json.gz"),
+        "--passes",
+        "amp",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let (before, after) = (
+        v["bound"]["gpu_busy_ms"].as_f64().unwrap(),
+        v["bound"]["gpu_busy_after_ms"].as_f64().unwrap(),
+    );
+    assert!(
+        after > 0.5 * before && after < before,
+        "{before} → {after} ms"
+    );
+}
