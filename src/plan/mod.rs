@@ -532,6 +532,11 @@ impl FinalConfig {
         }
         passes.sort();
         passes.dedup();
+        // A traced FSDP2 run keeps its sharding unless a decision changed it: the export must
+        // not wrap it in DDP.
+        if sharding.is_none() && recorded_sharding(job).is_some() {
+            sharding = Some(ShardConfig::of(job, &BTreeMap::new()));
+        }
         FinalConfig {
             dtype: dtype_name(job.dtype).to_string(),
             tensor_groups,
@@ -549,6 +554,11 @@ impl FinalConfig {
     }
 }
 
+/// The sharding a traced job recorded (FSDP2's units), if any.
+fn recorded_sharding(job: &Job) -> Option<&crate::graph::job::TraceSharding> {
+    job.meta.trace.as_ref().and_then(|f| f.sharding.as_ref())
+}
+
 impl ShardConfig {
     /// The sharding a `shard` decision (or a sharded baseline) with `knobs` gives `job`: its
     /// knobs, at their defaults where absent, and the job's wrap units.
@@ -560,6 +570,29 @@ impl ShardConfig {
                 .unwrap_or(d)
         };
         let replicas = int("replicas", 1).max(1);
+        if let Some(rec) = recorded_sharding(job) {
+            // A recorded FSDP2 step: its own units and the recorded world; FSDP2 spells
+            // SHARD_GRAD_OP (stage 2) as stage 3 without resharding.
+            let ranks = job
+                .meta
+                .trace
+                .as_ref()
+                .and_then(|f| f.world_size)
+                .unwrap_or(job.workers)
+                .max(1);
+            return ShardConfig {
+                stage: 3,
+                shard_size: ranks / replicas,
+                replicas,
+                reshard: int("stage", 3) == 3 && int("reshard", 1) == 1,
+                // FSDP2's implicit prefetch, as the traced run did (`prefetch` other than
+                // that is refused on a trace).
+                prefetch: 0,
+                offload: false,
+                units: rec.units.clone(),
+                unit_bytes: rec.unit_bytes.clone(),
+            };
+        }
         let pattern = knobs
             .get("units")
             .map_or(crate::passes::shard::AUTO, |v| v.trim());

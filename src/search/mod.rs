@@ -759,7 +759,19 @@ pub fn search_from(
     progress: &(dyn Fn(&Progress) + Sync),
 ) -> Result<Outcome, SearchError> {
     let started = Instant::now();
-    let (names, not_exported) = split_passes(opts, all);
+    let (mut names, not_exported) = split_passes(opts, all);
+    // A recorded FSDP2 step: keeping the resharded units gathered (`shard:reshard=0`) trades
+    // memory for the backward all-gathers, a move the search weighs (sharding is otherwise a
+    // memory move only) where the export can apply it.
+    if opts.passes.is_none()
+        && recorded_fsdp_knobs(&start.job).is_some()
+        && !names.iter().any(|n| n == "shard")
+        && opts
+            .framework
+            .is_none_or(|(fw, _)| framework::shard_supported(fw, 3, 1, false).is_ok())
+    {
+        names.push("shard".into());
+    }
     let mut allowed: Vec<&dyn Pass> = Vec::new();
     for n in &names {
         allowed.push(passes::find(all, n)?);
@@ -1269,7 +1281,13 @@ fn candidate_moves(
         {
             continue;
         }
-        let knobs = passes::resolve_knobs(*p, &move_knobs(*p, opts))?;
+        let recorded = (p.name() == "shard")
+            .then(|| recorded_fsdp_knobs(&cur.job))
+            .flatten();
+        let knobs = match &recorded {
+            Some(k) => passes::resolve_knobs(*p, k)?,
+            None => passes::resolve_knobs(*p, &move_knobs(*p, opts))?,
+        };
         let patches = match passes::propose(*p, cur, &knobs) {
             Ok(v) => v,
             Err(PassError::NotApplicable { .. }) => continue,
@@ -1278,7 +1296,8 @@ fn candidate_moves(
         if patches.is_empty() {
             continue;
         }
-        let fw_knobs = framework::pass_knobs(p.name(), opts.framework.map(|(fw, _)| fw));
+        let fw_knobs = recorded
+            .unwrap_or_else(|| framework::pass_knobs(p.name(), opts.framework.map(|(fw, _)| fw)));
         if p.granular() {
             moves.extend(patches.into_iter().map(|patch| Move {
                 pass: p.name().to_string(),
@@ -1294,6 +1313,17 @@ fn candidate_moves(
         }
     }
     Ok(moves)
+}
+
+/// The `shard` move on a recorded FSDP2 step with units resharded after the forward: keep
+/// them gathered (`reshard=0`); `None` for any other job.
+fn recorded_fsdp_knobs(job: &Job) -> Option<Vec<(String, String)>> {
+    job.meta
+        .trace
+        .as_ref()
+        .and_then(|f| f.sharding.as_ref())
+        .filter(|s| !s.resharded.is_empty())
+        .map(|_| vec![("reshard".to_string(), "0".to_string())])
 }
 
 /// The speed-up switches as knob overrides, for the passes that declare them: `coarsen`

@@ -1151,6 +1151,67 @@ fn pytorch_sharded_gpt_plan_runs_as_planned_on_fsdp2_gloo() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 23, traces: `plan` on the recorded FSDP2 step (tests/fixtures/kineto/fsdp2, the zoo's
+/// tiny GPT-2 under `fully_shard`) keeps the run's units and, weighing the backward all-gathers
+/// against memory, stops resharding them; its PyTorch export applies exactly that on FSDP2
+/// (two gloo processes): the recorded units plus the root, none resharded, FSDP2's implicit
+/// prefetch, and the plan's precision.
+#[test]
+fn a_plan_from_a_recorded_fsdp2_step_runs_as_planned_on_fsdp2_gloo() {
+    let Some(py) = python() else { return };
+    let dir = scratch("fsdp2_trace");
+    let plan_path = dir.join("plan.yaml");
+    let trace =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kineto/fsdp2/rank0.json.gz");
+    let (code, _, err) = run(&[
+        "plan",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--max-rounds",
+        "20",
+        "-o",
+        plan_path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "plan: {err}");
+    let plan = trainplan::plan::Plan::from_yaml(
+        &std::fs::read_to_string(&plan_path).unwrap(),
+        "plan.yaml",
+    )
+    .unwrap();
+    let sh = plan
+        .config
+        .sharding
+        .as_ref()
+        .expect("the recorded sharding");
+    assert_eq!(sh.units, ["", "transformer.h.0", "transformer.h.1"]);
+    assert!(
+        plan.decisions
+            .iter()
+            .any(|d| d.pass == "shard" && d.knobs.get("reshard").map(String::as_str) == Some("0")),
+        "{:?}",
+        plan.decisions
+    );
+    assert!(!sh.reshard);
+    assert_eq!((sh.shard_size, sh.prefetch), (2, 0));
+    let out = dir.join("export");
+    let (code, _, err) = run(&[
+        "export",
+        plan_path.to_str().unwrap(),
+        "--to",
+        "pytorch",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "export: {err}");
+    let seen = harness(
+        &py,
+        "torch_fsdp2.py",
+        &[out.to_str().unwrap(), "2", "--steps", "2"],
+    );
+    check_fsdp(&seen, &plan);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A torchtitan test plan: what it sets on the planner's plan.
 struct TitanCase {
     tag: &'static str,
