@@ -32,6 +32,17 @@ fn hook(name: &str) -> Option<(&str, &str)> {
     }
 }
 
+/// The step's FSDP2 hook events (indices), in time order.
+fn hook_events(trace: &KinetoTrace, win: &StepWindow) -> Vec<usize> {
+    let ev = &trace.events;
+    let mut v: Vec<usize> = (0..ev.len())
+        .filter(|&i| ev[i].ts_ns >= win.start_ns && ev[i].ts_ns < win.end_ns)
+        .filter(|&i| ev[i].name.starts_with("FSDP::"))
+        .collect();
+    v.sort_by_key(|&i| (ev[i].ts_ns, i));
+    v
+}
+
 /// The step's FSDP2 sharding, or `None` when no FSDP2 hook ran in it.
 pub(crate) fn describe(
     trace: &KinetoTrace,
@@ -39,11 +50,7 @@ pub(crate) fn describe(
     collectives: &[TraceCollective],
 ) -> Option<TraceSharding> {
     let ev = &trace.events;
-    let mut in_step: Vec<usize> = (0..ev.len())
-        .filter(|&i| ev[i].ts_ns >= win.start_ns && ev[i].ts_ns < win.end_ns)
-        .filter(|&i| ev[i].name.starts_with("FSDP::"))
-        .collect();
-    in_step.sort_by_key(|&i| (ev[i].ts_ns, i));
+    let in_step = hook_events(trace, win);
     let mut units: Vec<String> = Vec::new();
     let mut gathers: BTreeMap<String, u32> = BTreeMap::new();
     for &i in &in_step {
@@ -127,11 +134,7 @@ pub(crate) fn label(
     s: &mut TraceSharding,
 ) {
     let ev = &trace.events;
-    let mut spans: Vec<usize> = (0..ev.len())
-        .filter(|&i| ev[i].ts_ns >= win.start_ns && ev[i].ts_ns < win.end_ns)
-        .filter(|&i| ev[i].name.starts_with("FSDP::"))
-        .collect();
-    spans.sort_by_key(|&i| (ev[i].ts_ns, i));
+    let spans = hook_events(trace, win);
     let mut seen: BTreeMap<(u32, u8), u32> = BTreeMap::new();
     let mut span_label: HashMap<usize, FsdpOp> = HashMap::new();
     for &i in &spans {
