@@ -164,6 +164,13 @@ impl Pass for Shard {
             };
             return super::fsdp_trace::propose(cx, recorded, r);
         }
+        if cx.job.is_recorded() {
+            // A recorded step's collectives are the kernels it ran (DDP's all-reduces), not
+            // gradient synchronisations the pass could turn into reduce-scatters and gathers.
+            return Err(not_applicable(
+                "sharding a recorded step that did not shard (no FSDP2 hooks in the trace) is not modelled: its collectives are the kernels it ran; shard the job's model instead (--model), or trace it under FSDP2".into(),
+            ));
+        }
         let job = shard_units(&cx.job, s, knobs.text("units").trim())?;
         let g = cx.job.workers / cx.job.meta.tp.max(1) / s.replicas;
         Ok(vec![Patch {

@@ -409,3 +409,21 @@ fn plan_on_a_recorded_fsdp2_step_reports_the_planned_gpu_time() {
         "{before} → {after} ms"
     );
 }
+
+/// A recorded step that did not shard (a DDP all-reduce, no FSDP2 hooks): `shard` on it is
+/// refused, saying why, instead of "one worker has nothing to shard over" for a 2-rank job.
+#[test]
+fn sharding_a_recorded_ddp_step_exits_3_saying_why() {
+    let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/kineto/tiny_step.json");
+    check_bad_input(
+        &[
+            "whatif",
+            "--trace",
+            tiny.to_str().unwrap(),
+            "--pass",
+            "shard:stage=2",
+        ],
+        "sharding a recorded step that did not shard (no FSDP2 hooks in the trace) is not modelled",
+    );
+}
