@@ -147,6 +147,12 @@ fn unshard<'a>(cx: &Evaluated, s: &'a TraceSharding) -> Result<Unshard<'a>, Pass
                 "unit {name} was resharded but its backward all-gather has no ops in the step"
             )));
         }
+        // A fused op carries other kernels' work too: removing it would drop them.
+        if ops.iter().any(|op| cx.job.local.fused.contains_key(op)) {
+            return Err(refuse(format!(
+                "an earlier pass fused unit {name}'s backward all-gather or copy-out with other kernels: apply shard before op-fusion"
+            )));
+        }
         out.gone.extend(ops);
         out.names.push(name);
         let bytes = s.unit_bytes.get(unit).copied().unwrap_or(0);

@@ -382,6 +382,19 @@ fn what_a_recorded_fsdp2_step_cannot_become_exits_3_with_the_reason() {
     ] {
         check_bad_input(&["whatif", "--trace", &rank0, "--pass", pass], why);
     }
+    // Op fusion merges a copy-out with the compute around it: removing it would drop them.
+    check_bad_input(
+        &[
+            "whatif",
+            "--trace",
+            &rank0,
+            "--pass",
+            "op-fusion",
+            "--pass",
+            "shard:reshard=0",
+        ],
+        "apply shard before op-fusion",
+    );
 }
 
 /// `plan` on the recorded FSDP2 step: the planned step's GPU time is the planned job's (the
