@@ -231,6 +231,13 @@ pub(super) fn propose(
     if let Some(why) = refusal(s, r) {
         return Err(refuse(why));
     }
+    if cx.job.meta.accumulation > 1 {
+        // The copies of the micro-steps carry no hook labels: only the first would change.
+        return Err(refuse(format!(
+            "apply shard before grad-accumulation (this recorded step already runs {} micro-steps)",
+            cx.job.meta.accumulation
+        )));
+    }
     if r.stage == 3 && r.reshard {
         return Ok(Vec::new());
     }

@@ -395,6 +395,18 @@ fn what_a_recorded_fsdp2_step_cannot_become_exits_3_with_the_reason() {
         ],
         "apply shard before op-fusion",
     );
+    check_bad_input(
+        &[
+            "whatif",
+            "--trace",
+            &rank0,
+            "--pass",
+            "grad-accumulation:k=2",
+            "--pass",
+            "shard:reshard=0",
+        ],
+        "apply shard before grad-accumulation",
+    );
 }
 
 /// `plan` on the recorded FSDP2 step: the planned step's GPU time is the planned job's (the
