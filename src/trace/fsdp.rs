@@ -216,10 +216,24 @@ pub(crate) fn label(
 /// all-gathers (1.1 MB), 3 reduce-scatters (0.7 MB)`.
 pub fn summary(s: &TraceSharding) -> String {
     let mb = |b: Option<u64>| b.map_or(String::new(), |b| format!(" ({:.1} MB)", b as f64 / 1e6));
-    let names: Vec<&str> = s
+    // Module names come from the trace: a control character (a newline) is shown escaped.
+    let names: Vec<String> = s
         .units
         .iter()
-        .map(|u| if u.is_empty() { "root" } else { u.as_str() })
+        .map(|u| {
+            if u.is_empty() {
+                return "root".to_string();
+            }
+            u.chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_default().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect()
+        })
         .collect();
     format!(
         "{}: {} unit{} ({}), {} resharded after the forward; {} all-gather{}{}, {} reduce-scatter{}{}",
@@ -253,5 +267,20 @@ mod tests {
             Some(("root_pre_forward", ""))
         );
         assert_eq!(hook("FullyShardedDataParallel.forward"), None);
+    }
+
+    #[test]
+    fn a_unit_name_with_a_newline_stays_on_its_line() {
+        let s = TraceSharding {
+            framework: "FSDP2 (fully_shard)".into(),
+            units: vec![String::new(), "h.0\"]\nimport os".into()],
+            unit_bytes: vec![0, 0],
+            ..Default::default()
+        };
+        let line = summary(&s);
+        assert!(
+            !line.contains('\n') && line.contains("h.0\"]\\nimport os"),
+            "{line}"
+        );
     }
 }
