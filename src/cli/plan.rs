@@ -1374,8 +1374,8 @@ impl TraceExtra {
         let job = &b.job;
         // The search keeps a large best lean (no graph, no replay): its GPU time and critical
         // path need the full evaluation (once; was "GPU time 39.6 ms → 0 ms" on every trace).
-        let full = p
-            .is_lean()
+        // Trace jobs only: a zoo plan's lean best is a large graph kept lean on purpose.
+        let full = (job.is_recorded() && p.is_lean())
             .then(|| crate::passes::evaluate(p.job.clone()).ok())
             .flatten();
         let p = full.as_ref().unwrap_or(p);
@@ -1397,7 +1397,13 @@ impl TraceExtra {
             facts: super::traceinfo::facts(job).map(super::traceinfo::facts_line),
             facts_json: super::traceinfo::facts_json(job),
             lines,
-            bound: super::traceinfo::bound_json(&bb, Some(&pb)),
+            // A lean evaluation (a large zoo plan's) has no replay to read a GPU time or a
+            // critical path from: null, not zeros.
+            bound: if b.is_lean() {
+                serde_json::Value::Null
+            } else {
+                super::traceinfo::bound_json(&bb, (!p.is_lean()).then_some(&pb))
+            },
             host_bound: job.is_recorded() && bb.share.host_bound(),
             makespan: b.steady.map(|_| (b.makespan_ns(), p.makespan_ns())),
             ranks: multi.map(|m| {
