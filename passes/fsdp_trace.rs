@@ -274,11 +274,15 @@ pub(super) fn propose(
         f.removed_collectives = removed;
     }
     let n = names.len();
-    let (s1, s2) = if n == 1 { ("", "s") } else { ("s", "") };
+    let (s1, s2, its) = if n == 1 {
+        ("", "s", "its")
+    } else {
+        ("s", "", "their")
+    };
     Ok(vec![Patch {
         pass: NAME.into(),
         why: format!(
-            "reshard=0 on the recorded FSDP2 step: {n} unit{s1} ({}) keep{s2} their gathered parameters ({:.2} MB) from the forward to the end of the backward; their backward all-gather{s1} and copy-out{s1} removed",
+            "reshard=0 on the recorded FSDP2 step: {n} unit{s1} ({}) keep{s2} {its} gathered parameters ({:.2} MB) from the forward to the end of the backward; {its} backward all-gather{s1} and copy-out{s1} removed",
             names.join(", "),
             held as f64 / 1e6,
         ),

@@ -452,3 +452,39 @@ fn sharding_a_recorded_ddp_step_exits_3_saying_why() {
         "sharding a recorded step that did not shard (no FSDP2 hooks in the trace) is not modelled",
     );
 }
+
+/// The smallest FSDP2 step (`tests/fixtures/kineto/fsdp_tiny.json`, written by hand: one unit
+/// `m`, gathered before its forward and again before its backward, one reduce-scatter; also a
+/// fuzzing seed): recognised, and `reshard=0` drops the second gather.
+#[test]
+fn the_smallest_fsdp2_step_is_read_and_unsharded() {
+    let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/kineto/fsdp_tiny.json");
+    let tiny = tiny.to_str().unwrap();
+    let v = run_json(&["replay", "--trace", tiny]);
+    let s = &v["trace_facts"]["sharding"];
+    assert_eq!(s["units"], serde_json::json!(["m"]));
+    assert_eq!(s["resharded"], serde_json::json!(["m"]));
+    assert_eq!(
+        (s["all_gathers"].as_u64(), s["reduce_scatters"].as_u64()),
+        (Some(2), Some(1))
+    );
+    // Out msg nelems 64 × 4 B twice; In msg nelems 64 × 4 B once.
+    assert_eq!(
+        (
+            s["all_gather_bytes"].as_u64(),
+            s["reduce_scatter_bytes"].as_u64()
+        ),
+        (Some(512), Some(256))
+    );
+    let w = run_json(&["whatif", "--trace", tiny, "--pass", "shard:reshard=0"]);
+    assert!(
+        w["iteration_ms"].as_f64() < w["baseline_iteration_ms"].as_f64(),
+        "{w}"
+    );
+    let why = w["passes"][0]["why"][0].as_str().unwrap();
+    assert!(
+        why.contains("1 unit (m) keeps its gathered parameters"),
+        "{why}"
+    );
+}

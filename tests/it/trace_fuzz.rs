@@ -46,7 +46,11 @@ fn gunzip_if(bytes: Vec<u8>) -> Vec<u8> {
 /// The seeds: committed fixtures, plus the small shared traces when present.
 static SEEDS: LazyLock<Vec<(String, Vec<u8>)>> = LazyLock::new(|| {
     let mut seeds = Vec::new();
-    for f in ["tiny_step.json", "legacy_2021_two_steps.json"] {
+    for f in [
+        "tiny_step.json",
+        "legacy_2021_two_steps.json",
+        "fsdp_tiny.json",
+    ] {
         let b = std::fs::read(fixtures().join(f)).expect("committed fixture");
         seeds.push((f.to_string(), b));
     }
