@@ -25,6 +25,32 @@ fn fsdp2_and_plain_gpu_traces_replay_their_measured_step() {
     }
 }
 
+/// The sharding of the real FSDP2 step (GPT-2 medium, `fully_shard` on each of its 24 blocks
+/// and the root, one rank): FSDP2's hook names on a CUDA run are the ones the reader knows —
+/// 25 units in forward order — and with a world of one FSDP2 gathers and scatters nothing, so
+/// no unit counts as resharded and `reshard=0` has nothing to change.
+#[test]
+fn the_real_fsdp2_step_names_its_units() {
+    let v = run_json(&["replay", "--trace", &trace("fsdp_gpt2m_1rank_detail")]);
+    let s = &v["trace_facts"]["sharding"];
+    let mut want = vec![String::new()];
+    want.extend((0..24).map(|i| format!("transformer.h.{i}")));
+    assert_eq!(s["units"], serde_json::json!(want), "{s}");
+    assert_eq!(s["resharded"], serde_json::json!([]));
+    assert_eq!(
+        (s["all_gathers"].as_u64(), s["reduce_scatters"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let w = run_json(&[
+        "whatif",
+        "--trace",
+        &trace("fsdp_gpt2m_1rank_detail"),
+        "--pass",
+        "shard:reshard=0",
+    ]);
+    assert_eq!(w["iteration_ms"], w["baseline_iteration_ms"]);
+}
+
 /// The same FSDP2 step traced with `profile_memory`, shapes and cuda_sync events
 /// (`fsdp_trace.py --detail`): the replayed allocated peak is the trace's own, and the
 /// allocator model's reserved and device-used peaks land within 5 % of what the run measured
