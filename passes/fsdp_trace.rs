@@ -92,26 +92,22 @@ fn refusal(s: &TraceSharding, r: Requested) -> Option<String> {
     if !r.units_auto {
         return Some(format!(
             "units cannot re-wrap a recorded FSDP2 step: its units are the ones fully_shard wrapped ({})",
-            s.units
-                .iter()
-                .map(|u| if u.is_empty() { "root" } else { u.as_str() })
-                .collect::<Vec<_>>()
-                .join(", ")
+            s.unit_labels(0..s.units.len())
         ));
     }
     None
 }
 
 /// What `reshard=0` changes for the resharded units of `s`: the ops to remove, the memory
-/// edits, the units' names and the bytes they hold.
-struct Unshard<'a> {
+/// edits, the units (indices into `units`) and the bytes they hold.
+struct Unshard {
     gone: Vec<OpId>,
     mem: Vec<Edit>,
-    names: Vec<&'a str>,
+    units: Vec<usize>,
     held: u64,
 }
 
-fn unshard<'a>(cx: &Evaluated, s: &'a TraceSharding) -> Result<Unshard<'a>, PassError> {
+fn unshard(cx: &Evaluated, s: &TraceSharding) -> Result<Unshard, PassError> {
     let estimated = cx
         .job
         .meta
@@ -122,7 +118,7 @@ fn unshard<'a>(cx: &Evaluated, s: &'a TraceSharding) -> Result<Unshard<'a>, Pass
     let mut out = Unshard {
         gone: Vec::new(),
         mem: Vec::new(),
-        names: Vec::new(),
+        units: Vec::new(),
         held: 0,
     };
     for name in &s.resharded {
@@ -144,17 +140,19 @@ fn unshard<'a>(cx: &Evaluated, s: &'a TraceSharding) -> Result<Unshard<'a>, Pass
             .collect();
         if ops.is_empty() {
             return Err(refuse(format!(
-                "unit {name} was resharded but its backward all-gather has no ops in the step"
+                "unit {} was resharded but its backward all-gather has no ops in the step",
+                s.unit_label(unit)
             )));
         }
         // A fused op carries other kernels' work too: removing it would drop them.
         if ops.iter().any(|op| cx.job.local.fused.contains_key(op)) {
             return Err(refuse(format!(
-                "an earlier pass fused unit {name}'s backward all-gather or copy-out with other kernels: apply shard before op-fusion"
+                "an earlier pass fused unit {}'s backward all-gather or copy-out with other kernels: apply shard before op-fusion",
+                s.unit_label(unit)
             )));
         }
         out.gone.extend(ops);
-        out.names.push(name);
+        out.units.push(unit);
         let bytes = s.unit_bytes.get(unit).copied().unwrap_or(0);
         let (Some(after_fw), Some(after_bw)) = (
             first_of(cx, u, FsdpSpan::PostForward, 0),
@@ -244,7 +242,7 @@ pub(super) fn propose(
     let Unshard {
         gone,
         mem,
-        names,
+        units,
         held,
     } = unshard(cx, s)?;
     if gone.is_empty() {
@@ -273,7 +271,7 @@ pub(super) fn propose(
     if let Some(f) = job.meta.trace.as_mut() {
         f.removed_collectives = removed;
     }
-    let n = names.len();
+    let n = units.len();
     let (s1, s2, its) = if n == 1 {
         ("", "s", "its")
     } else {
@@ -283,7 +281,7 @@ pub(super) fn propose(
         pass: NAME.into(),
         why: format!(
             "reshard=0 on the recorded FSDP2 step: {n} unit{s1} ({}) keep{s2} {its} gathered parameters ({:.2} MB) from the forward to the end of the backward; {its} backward all-gather{s1} and copy-out{s1} removed",
-            names.join(", "),
+            s.unit_labels(units.into_iter()),
             held as f64 / 1e6,
         ),
         edits: vec![Edit::ReplaceJob(Box::new(job))],

@@ -355,6 +355,34 @@ pub struct TraceSharding {
     pub reduce_scatter_bytes: Option<u64>,
 }
 
+impl TraceSharding {
+    /// Unit `i` as reports name it: `root` for the root, else its module path with control
+    /// characters escaped (the name comes from the trace: a newline must not start a line).
+    pub fn unit_label(&self, i: usize) -> String {
+        match self.units.get(i).map(String::as_str) {
+            None | Some("") => "root".to_string(),
+            Some(u) => u
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_default().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Every unit's [`TraceSharding::unit_label`], comma-separated.
+    pub fn unit_labels(&self, units: impl Iterator<Item = usize>) -> String {
+        units
+            .map(|i| self.unit_label(i))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// One gradient all-reduce of a recorded step, as the framework issued it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecordedSync {

@@ -1141,7 +1141,7 @@ fn advise(
             if framework::rules_out(name, opts.framework.map(|(fw, _)| fw), &best.job) {
                 return Ok((None, false));
             }
-            let knobs = passes::resolve_knobs(p, &move_knobs(p, opts))?;
+            let knobs = passes::resolve_knobs(p, &move_knobs(p, opts, &best.job))?;
             // As in the search: a pass that cannot apply is skipped, one that proposes
             // something out of range (a user's pass file) is an error, named.
             let patches = match passes::propose(p, best, &knobs) {
@@ -1281,13 +1281,7 @@ fn candidate_moves(
         {
             continue;
         }
-        let recorded = (p.name() == "shard")
-            .then(|| recorded_fsdp_knobs(&cur.job))
-            .flatten();
-        let knobs = match &recorded {
-            Some(k) => passes::resolve_knobs(*p, k)?,
-            None => passes::resolve_knobs(*p, &move_knobs(*p, opts))?,
-        };
+        let knobs = passes::resolve_knobs(*p, &move_knobs(*p, opts, &cur.job))?;
         let patches = match passes::propose(*p, cur, &knobs) {
             Ok(v) => v,
             Err(PassError::NotApplicable { .. }) => continue,
@@ -1296,8 +1290,7 @@ fn candidate_moves(
         if patches.is_empty() {
             continue;
         }
-        let fw_knobs = recorded
-            .unwrap_or_else(|| framework::pass_knobs(p.name(), opts.framework.map(|(fw, _)| fw)));
+        let fw_knobs = decision_knobs(*p, opts, &cur.job);
         if p.granular() {
             moves.extend(patches.into_iter().map(|patch| Move {
                 pass: p.name().to_string(),
@@ -1342,15 +1335,24 @@ pub fn speedup_knobs(p: &dyn Pass, s: &Speedups) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The knobs a move of `p` runs with: the speed-up switches ([`speedup_knobs`]) and what the
-/// framework's export needs ([`framework::pass_knobs`]).
-fn move_knobs(p: &dyn Pass, opts: &SearchOptions) -> Vec<(String, String)> {
+/// The knobs a move of `p` on `job` runs with: the speed-up switches ([`speedup_knobs`]) and
+/// the knobs its decision records ([`decision_knobs`]).
+fn move_knobs(p: &dyn Pass, opts: &SearchOptions, job: &Job) -> Vec<(String, String)> {
     let mut k = speedup_knobs(p, &opts.speedups);
-    k.extend(framework::pass_knobs(
-        p.name(),
-        opts.framework.map(|(fw, _)| fw),
-    ));
+    k.extend(decision_knobs(p, opts, job));
     k
+}
+
+/// The knobs a decision of `p` on `job` records: what the framework's export needs
+/// ([`framework::pass_knobs`]); on a recorded FSDP2 step, `shard`'s change of its recorded
+/// sharding ([`recorded_fsdp_knobs`]).
+fn decision_knobs(p: &dyn Pass, opts: &SearchOptions, job: &Job) -> Vec<(String, String)> {
+    if p.name() == "shard"
+        && let Some(k) = recorded_fsdp_knobs(job)
+    {
+        return k;
+    }
+    framework::pass_knobs(p.name(), opts.framework.map(|(fw, _)| fw))
 }
 
 /// Over the memory budget: the fastest option that fits, among recomputation, gradient

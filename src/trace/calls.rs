@@ -30,6 +30,21 @@ fn is_call(name: &str) -> bool {
         || name == "record_param_comms"
 }
 
+/// The value `labels` gives the innermost of event `e` and the host events enclosing it
+/// (`parent[event]`), if any does: which labelled call or span a host op lies in.
+pub(crate) fn innermost<T: Copy>(
+    labels: &HashMap<usize, T>,
+    parent: &HashMap<usize, usize>,
+    mut e: usize,
+) -> Option<T> {
+    loop {
+        if let Some(&l) = labels.get(&e) {
+            return Some(l);
+        }
+        e = *parent.get(&e)?;
+    }
+}
+
 /// Label the ops of every all-reduce call of the step in `local.calls` and return the calls in
 /// stream order. `op_event[op]` is the trace event an op came from; `parent[event]` the host
 /// event enclosing it.
@@ -85,18 +100,11 @@ pub(crate) fn label(
         if !matches!(op.spec.kind, OpKind::Launch | OpKind::CpuOther) {
             continue;
         }
-        let Some(mut e) = op_event.get(i).copied().flatten() else {
+        let Some(e) = op_event.get(i).copied().flatten() else {
             continue;
         };
-        loop {
-            if let Some(&index) = call_of_event.get(&e) {
-                local.calls.insert(i as OpId, index);
-                break;
-            }
-            match parent.get(&e) {
-                Some(&p) => e = p,
-                None => break,
-            }
+        if let Some(index) = innermost(&call_of_event, parent, e) {
+            local.calls.insert(i as OpId, index);
         }
     }
     out

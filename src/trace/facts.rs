@@ -164,7 +164,6 @@ pub fn describe(
             .entry(collective_type(&c.name).to_string())
             .or_default() += 1;
     }
-    facts.sharding = super::fsdp::describe(trace, win, collectives);
     let mut sizes = Vec::new();
     let mut known = true;
     let mut order: Vec<&TraceCollective> = collectives

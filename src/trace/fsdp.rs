@@ -33,7 +33,7 @@ fn hook(name: &str) -> Option<(&str, &str)> {
 }
 
 /// The step's FSDP2 hook events (indices), in time order.
-fn hook_events(trace: &KinetoTrace, win: &StepWindow) -> Vec<usize> {
+pub(crate) fn hook_events(trace: &KinetoTrace, win: &StepWindow) -> Vec<usize> {
     let ev = &trace.events;
     let mut v: Vec<usize> = (0..ev.len())
         .filter(|&i| ev[i].ts_ns >= win.start_ns && ev[i].ts_ns < win.end_ns)
@@ -46,14 +46,13 @@ fn hook_events(trace: &KinetoTrace, win: &StepWindow) -> Vec<usize> {
 /// The step's FSDP2 sharding, or `None` when no FSDP2 hook ran in it.
 pub(crate) fn describe(
     trace: &KinetoTrace,
-    win: &StepWindow,
+    hooks: &[usize],
     collectives: &[TraceCollective],
 ) -> Option<TraceSharding> {
     let ev = &trace.events;
-    let in_step = hook_events(trace, win);
     let mut units: Vec<String> = Vec::new();
     let mut gathers: BTreeMap<String, u32> = BTreeMap::new();
-    for &i in &in_step {
+    for &i in hooks {
         let Some((h, m)) = hook(&ev[i].name) else {
             continue;
         };
@@ -71,31 +70,30 @@ pub(crate) fn describe(
         .filter(|u| gathers.get(*u).copied().unwrap_or(0) > 1)
         .cloned()
         .collect();
-    let mut all_gathers = 0;
-    let mut reduce_scatters = 0;
-    let mut gathered: Option<u64> = Some(0);
-    let mut scattered: Option<u64> = Some(0);
-    for c in collectives {
-        let a = &ev[c.event].args;
-        let bytes = a.dtype.as_deref().and_then(nccl_dtype_bytes);
-        match collective_type(&c.name) {
-            "AllGather" => {
-                all_gathers += 1;
-                let n = a.out_msg_nelems.filter(|&n| n > 0);
-                gathered = gathered
-                    .zip(n.zip(bytes))
-                    .map(|(s, (n, b))| s + n as u64 * b);
+    // Each kind's count and bytes (`None` once a kernel lacks its size): all-gathers by
+    // what they output, reduce-scatters by what they take in.
+    let sum = |kind: &str, out: bool| {
+        let mut count = 0u32;
+        let mut bytes = Some(0u64);
+        for c in collectives
+            .iter()
+            .filter(|c| collective_type(&c.name) == kind)
+        {
+            count += 1;
+            let a = &ev[c.event].args;
+            let n = if out {
+                a.out_msg_nelems
+            } else {
+                a.in_msg_nelems
             }
-            "ReduceScatter" => {
-                reduce_scatters += 1;
-                let n = a.in_msg_nelems.filter(|&n| n > 0);
-                scattered = scattered
-                    .zip(n.zip(bytes))
-                    .map(|(s, (n, b))| s + n as u64 * b);
-            }
-            _ => {}
+            .filter(|&n| n > 0);
+            let b = a.dtype.as_deref().and_then(nccl_dtype_bytes);
+            bytes = bytes.zip(n.zip(b)).map(|(s, (n, b))| s + n as u64 * b);
         }
-    }
+        (count, bytes.filter(|_| count > 0))
+    };
+    let (all_gathers, gathered) = sum("AllGather", true);
+    let (reduce_scatters, scattered) = sum("ReduceScatter", false);
     let n = units.len();
     Some(TraceSharding {
         framework: "FSDP2 (fully_shard)".into(),
@@ -104,8 +102,8 @@ pub(crate) fn describe(
         resharded,
         all_gathers,
         reduce_scatters,
-        all_gather_bytes: gathered.filter(|_| all_gathers > 0),
-        reduce_scatter_bytes: scattered.filter(|_| reduce_scatters > 0),
+        all_gather_bytes: gathered,
+        reduce_scatter_bytes: scattered,
     })
 }
 
@@ -126,7 +124,7 @@ fn span_of(h: &str) -> Option<FsdpSpan> {
 /// the trace event an op came from, `parent[event]` the host event enclosing it.
 pub(crate) fn label(
     trace: &KinetoTrace,
-    win: &StepWindow,
+    hooks: &[usize],
     local: &mut LocalGraph,
     op_event: &[Option<usize>],
     parent: &HashMap<usize, usize>,
@@ -134,10 +132,9 @@ pub(crate) fn label(
     s: &mut TraceSharding,
 ) {
     let ev = &trace.events;
-    let spans = hook_events(trace, win);
     let mut seen: BTreeMap<(u32, u8), u32> = BTreeMap::new();
     let mut span_label: HashMap<usize, FsdpOp> = HashMap::new();
-    for &i in &spans {
+    for &i in hooks {
         let Some((h, m)) = hook(&ev[i].name) else {
             continue;
         };
@@ -161,7 +158,7 @@ pub(crate) fn label(
     }
     // Host ops: the innermost labelled span enclosing their event.
     for (i, op) in local.ops.iter().enumerate() {
-        let Some(mut e) = op_event.get(i).copied().flatten() else {
+        let Some(e) = op_event.get(i).copied().flatten() else {
             continue;
         };
         if !matches!(
@@ -170,15 +167,8 @@ pub(crate) fn label(
         ) {
             continue;
         }
-        loop {
-            if let Some(&l) = span_label.get(&e) {
-                local.fsdp.insert(i as OpId, l);
-                break;
-            }
-            match parent.get(&e) {
-                Some(&p) => e = p,
-                None => break,
-            }
+        if let Some(l) = super::calls::innermost(&span_label, parent, e) {
+            local.fsdp.insert(i as OpId, l);
         }
     }
     // GPU ops: their launch's label.
@@ -216,31 +206,12 @@ pub(crate) fn label(
 /// all-gathers (1.1 MB), 3 reduce-scatters (0.7 MB)`.
 pub fn summary(s: &TraceSharding) -> String {
     let mb = |b: Option<u64>| b.map_or(String::new(), |b| format!(" ({:.1} MB)", b as f64 / 1e6));
-    // Module names come from the trace: a control character (a newline) is shown escaped.
-    let names: Vec<String> = s
-        .units
-        .iter()
-        .map(|u| {
-            if u.is_empty() {
-                return "root".to_string();
-            }
-            u.chars()
-                .map(|c| {
-                    if c.is_control() {
-                        c.escape_default().to_string()
-                    } else {
-                        c.to_string()
-                    }
-                })
-                .collect()
-        })
-        .collect();
     format!(
         "{}: {} unit{} ({}), {} resharded after the forward; {} all-gather{}{}, {} reduce-scatter{}{}",
         s.framework,
         s.units.len(),
         if s.units.len() == 1 { "" } else { "s" },
-        names.join(", "),
+        s.unit_labels(0..s.units.len()),
         s.resharded.len(),
         s.all_gathers,
         if s.all_gathers == 1 { "" } else { "s" },

@@ -412,10 +412,13 @@ pub(crate) fn build(
     facts.precision = precision;
     facts.work = super::work::coverage(&job, &work_source);
     super::facts::describe(&mut facts, trace, &win, &job, &gops.collectives, &step_cx);
+    // FSDP2's hooks, found once: what the step's sharding is, and which ops gather or free.
+    let hooks = super::fsdp::hook_events(trace, &win);
+    facts.sharding = super::fsdp::describe(trace, &hooks, &gops.collectives);
     if let Some(s) = facts.sharding.as_mut() {
         super::fsdp::label(
             trace,
-            &win,
+            &hooks,
             job.local_mut(),
             &op_event,
             &parent,
