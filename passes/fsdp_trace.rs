@@ -15,16 +15,20 @@
 //! its all-gather, the recorded free after the backward stays); with the estimate from shapes
 //! (which has no gathered copies) the allocation and the free are both added.
 //!
-//! **As recorded** (`stage=3`, `reshard=1`, the defaults): nothing to change.
+//! **`prefetch=N`**, N ≥ 2: every all-gather issued `N` units ahead of the unit computing, as
+//! FSDP2's explicit prefetch lists do (`super::fsdp_prefetch`). With `reshard=0` too, the
+//! backward all-gathers go first, then the rest move.
+//!
+//! **As recorded** (`stage=3`, `reshard=1`, `prefetch=1`, the defaults): nothing to change.
 //!
 //! **Refused, with the reason** (exit 3): `stage=1` (FSDP2 has no optimizer-only sharding),
-//! `prefetch` other than FSDP2's implicit one unit (the recorded all-gathers keep their issue
-//! points), `replicas` (HSDP), `offload`, and `units` other than the recorded ones.
+//! `prefetch=0` (FSDP2 always gathers the next unit while one computes), `replicas` (HSDP),
+//! `offload`, and `units` other than the recorded ones.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Edit, Evaluated, PassError, Patch};
-use crate::graph::job::{FsdpSpan, TraceSharding};
+use crate::graph::job::{FsdpSpan, Job, TraceSharding};
 use crate::graph::{DeviceId, MemEffect, MemWhen, OpId, OpKind};
 
 const NAME: &str = "shard";
@@ -77,11 +81,8 @@ fn refusal(s: &TraceSharding, r: Requested) -> Option<String> {
     if r.stage == 1 {
         return Some("the trace ran FSDP2, which has no optimizer-only sharding: a recorded FSDP2 step cannot become stage 1 (stage=2 or reshard=0 keeps the parameters gathered from the forward to the backward)".into());
     }
-    if r.prefetch != 1 {
-        return Some(format!(
-            "prefetch={} on a recorded FSDP2 step is not modelled yet: its all-gathers keep their recorded issue points (FSDP2's implicit prefetch of one unit)",
-            r.prefetch
-        ));
+    if r.prefetch == 0 {
+        return Some("prefetch=0 cannot apply to a recorded FSDP2 step: FSDP2 always gathers the next unit while one computes (the recorded step is prefetch=1; prefetch=2 or more issues each all-gather that many units ahead)".into());
     }
     if r.replicas > 1 {
         return Some("replicas (HSDP) on a recorded FSDP2 step is not modelled: its collectives span the recorded shard group".into());
@@ -236,9 +237,35 @@ pub(super) fn propose(
             cx.job.meta.accumulation
         )));
     }
-    if r.stage == 3 && r.reshard {
+    let unsharded = !(r.stage == 3 && r.reshard);
+    if !unsharded && r.prefetch <= 1 {
         return Ok(Vec::new());
     }
+    let mut job = cx.job.clone();
+    let mut whys = Vec::new();
+    if unsharded && let Some((j, why)) = unshard_job(cx, s)? {
+        job = j;
+        whys.push(why);
+    }
+    if r.prefetch >= 2
+        && let Some((j, why)) = prefetch_job(&job, s, r.prefetch)?
+    {
+        job = j;
+        whys.push(why);
+    }
+    if whys.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(vec![Patch {
+        pass: NAME.into(),
+        why: whys.join("; "),
+        edits: vec![Edit::ReplaceJob(Box::new(job))],
+    }])
+}
+
+/// `reshard=0` applied to the recorded step: the job and what changed, or `None` when no unit
+/// was resharded.
+fn unshard_job(cx: &Evaluated, s: &TraceSharding) -> Result<Option<(Job, String)>, PassError> {
     let Unshard {
         gone,
         mem,
@@ -246,7 +273,7 @@ pub(super) fn propose(
         held,
     } = unshard(cx, s)?;
     if gone.is_empty() {
-        return Ok(Vec::new());
+        return Ok(None);
     }
     // The recorded collectives removed: what lets the ranks of one job, each edited alike,
     // match the collectives they kept (`trace::multi::with_job`).
@@ -277,21 +304,62 @@ pub(super) fn propose(
     } else {
         ("s", "", "their")
     };
-    Ok(vec![Patch {
-        pass: NAME.into(),
-        why: format!(
-            "reshard=0 on the recorded FSDP2 step: {n} unit{s1} ({}) keep{s2} {its} gathered parameters ({:.2} MB) from the forward to the end of the backward; {its} backward all-gather{s1} and copy-out{s1} removed",
-            s.unit_labels(units.into_iter()),
-            held as f64 / 1e6,
-        ),
-        edits: vec![Edit::ReplaceJob(Box::new(job))],
-    }])
+    let why = format!(
+        "reshard=0 on the recorded FSDP2 step: {n} unit{s1} ({}) keep{s2} {its} gathered parameters ({:.2} MB) from the forward to the end of the backward; {its} backward all-gather{s1} and copy-out{s1} removed",
+        s.unit_labels(units.into_iter()),
+        held as f64 / 1e6,
+    );
+    Ok(Some((job, why)))
+}
+
+/// `prefetch=n` (n ≥ 2) applied to `job` (`super::fsdp_prefetch`): the job and what changed,
+/// or `None` when every all-gather already runs that far ahead.
+fn prefetch_job(job: &Job, s: &TraceSharding, n: u32) -> Result<Option<(Job, String)>, PassError> {
+    let p = super::fsdp_prefetch::prefetch(job, n)?;
+    if p.moved.is_empty() {
+        return Ok(None);
+    }
+    let mut edits: Vec<Edit> = p
+        .drop
+        .iter()
+        .map(|&(from, to)| Edit::DropEdge { from, to })
+        .collect();
+    edits.extend(p.add.iter().map(|&(from, to)| Edit::AddEdge { from, to }));
+    let out = super::apply(
+        job,
+        &Patch {
+            pass: NAME.into(),
+            why: String::new(),
+            edits,
+        },
+    )?;
+    let units: BTreeSet<usize> = p.moved.iter().map(|&(u, _)| u as usize).collect();
+    let (fw, bw) = (
+        p.moved.iter().filter(|k| k.1 == 0).count(),
+        p.moved.iter().filter(|k| k.1 >= 1).count(),
+    );
+    let memory = if job
+        .meta
+        .trace
+        .as_ref()
+        .and_then(|f| f.memory.as_ref())
+        .is_some_and(|m| m.source.starts_with("profile_memory"))
+    {
+        "each gathered buffer allocated where its all-gather now runs"
+    } else {
+        "the memory estimate from shapes has no gathered copies, so its peak does not show the buffers held longer"
+    };
+    let why = format!(
+        "prefetch={n} on the recorded FSDP2 step: {fw} forward and {bw} backward all-gather{} issued {n} units ahead of the unit computing, as FSDP2's explicit prefetch lists do (units {}); {memory}",
+        if fw + bw == 1 { "" } else { "s" },
+        s.unit_labels(units.into_iter()),
+    );
+    Ok(Some((out, why)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::job::Job;
 
     /// The committed FSDP2 fixture, rank 0 (`tests/fixtures/kineto/fsdp2`).
     fn rank0() -> Job {

@@ -13,6 +13,7 @@ pub mod amp;
 pub mod context_parallel;
 pub mod cuda_graphs;
 pub mod declarative;
+mod fsdp_prefetch;
 mod fsdp_trace;
 pub mod grad_accumulation;
 pub mod op_fusion;

@@ -585,9 +585,9 @@ impl ShardConfig {
                 shard_size: ranks / replicas,
                 replicas,
                 reshard: int("stage", 3) == 3 && int("reshard", 1) == 1,
-                // FSDP2's implicit prefetch, as the traced run did (`prefetch` other than
-                // that is refused on a trace).
-                prefetch: 0,
+                // FSDP2's implicit prefetch, as the traced run did, unless the decision
+                // issues the all-gathers further ahead (explicit lists of that many units).
+                prefetch: Some(int("prefetch", 1)).filter(|&p| p >= 2).unwrap_or(0),
                 offload: false,
                 units: rec.units.clone(),
                 unit_bytes: rec.unit_bytes.clone(),
@@ -657,6 +657,38 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A traced FSDP2 job's sharding: the recorded units and world; FSDP2's implicit prefetch
+    /// (0) for the recorded schedule (`prefetch` 1 or absent), the decision's explicit one for
+    /// `prefetch=2` or more; `reshard=0` or `stage=2` keep the units gathered.
+    #[test]
+    fn a_traced_fsdp2_job_keeps_its_units_and_takes_the_decided_prefetch() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/kineto/fsdp2/rank0.json.gz");
+        let f = std::fs::File::open(&p).expect("the fixture is committed");
+        let t = crate::trace::parse_kineto(flate2::read::GzDecoder::new(f), "rank0").unwrap();
+        let job = crate::trace::graph::build_job(&t, "rank0", None)
+            .unwrap()
+            .job;
+        let knobs = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let plain = ShardConfig::of(&job, &knobs(&[]));
+        assert_eq!(plain.units, ["", "transformer.h.0", "transformer.h.1"]);
+        assert_eq!(
+            (plain.shard_size, plain.prefetch, plain.reshard),
+            (2, 0, true)
+        );
+        assert_eq!(
+            ShardConfig::of(&job, &knobs(&[("prefetch", "1")])).prefetch,
+            0
+        );
+        let ahead = ShardConfig::of(&job, &knobs(&[("prefetch", "2"), ("reshard", "0")]));
+        assert_eq!((ahead.prefetch, ahead.reshard), (2, false));
+        assert!(!ShardConfig::of(&job, &knobs(&[("stage", "2")])).reshard);
+    }
 
     #[test]
     fn times_keep_4_significant_digits_below_a_millisecond() {

@@ -761,8 +761,9 @@ pub fn search_from(
     let started = Instant::now();
     let (mut names, not_exported) = split_passes(opts, all);
     // A recorded FSDP2 step: keeping the resharded units gathered (`shard:reshard=0`) trades
-    // memory for the backward all-gathers, a move the search weighs (sharding is otherwise a
-    // memory move only) where the export can apply it.
+    // memory for the backward all-gathers, gathering further ahead (`shard:prefetch=2`) memory
+    // for overlap: moves the search weighs (sharding is otherwise a memory move only) where
+    // the export can apply them.
     if opts.passes.is_none()
         && recorded_fsdp_knobs(&start.job).is_some()
         && !names.iter().any(|n| n == "shard")
@@ -1281,6 +1282,15 @@ fn candidate_moves(
         {
             continue;
         }
+        let variants = if p.name() == "shard" {
+            recorded_fsdp_variants(&cur.job)
+        } else {
+            Vec::new()
+        };
+        if !variants.is_empty() {
+            moves.extend(recorded_fsdp_moves(*p, cur, opts, variants)?);
+            continue;
+        }
         let knobs = passes::resolve_knobs(*p, &move_knobs(*p, opts, &cur.job))?;
         let patches = match passes::propose(*p, cur, &knobs) {
             Ok(v) => v,
@@ -1308,15 +1318,61 @@ fn candidate_moves(
     Ok(moves)
 }
 
-/// The `shard` move on a recorded FSDP2 step with units resharded after the forward: keep
-/// them gathered (`reshard=0`); `None` for any other job.
+/// The `shard` moves on a recorded FSDP2 step, each a set of knobs: keep the units resharded
+/// after the forward gathered (`reshard=0`), issue every all-gather two units ahead
+/// (`prefetch=2`, with three units or more), or both. Empty for any other job.
+fn recorded_fsdp_variants(job: &Job) -> Vec<Vec<(String, String)>> {
+    let Some(s) = job.meta.trace.as_ref().and_then(|f| f.sharding.as_ref()) else {
+        return Vec::new();
+    };
+    let reshard = ("reshard".to_string(), "0".to_string());
+    let prefetch = ("prefetch".to_string(), "2".to_string());
+    let mut v = Vec::new();
+    if !s.resharded.is_empty() {
+        v.push(vec![reshard.clone()]);
+    }
+    if s.units.len() >= 3 {
+        v.push(vec![prefetch.clone()]);
+        if !s.resharded.is_empty() {
+            v.push(vec![reshard, prefetch]);
+        }
+    }
+    v
+}
+
+/// One `shard` move per variant of a recorded FSDP2 step that changes it (the search takes at
+/// most one: the pass is then used).
+fn recorded_fsdp_moves(
+    p: &dyn Pass,
+    cur: &Evaluated,
+    opts: &SearchOptions,
+    variants: Vec<Vec<(String, String)>>,
+) -> Result<Vec<Move>, SearchError> {
+    let mut moves = Vec::new();
+    for v in variants {
+        let mut k = speedup_knobs(p, &opts.speedups);
+        k.extend(v.iter().cloned());
+        let knobs = passes::resolve_knobs(p, &k)?;
+        let patches = match passes::propose(p, cur, &knobs) {
+            Ok(x) => x,
+            Err(PassError::NotApplicable { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if !patches.is_empty() {
+            moves.push(Move {
+                pass: p.name().to_string(),
+                patches,
+                knobs: v,
+            });
+        }
+    }
+    Ok(moves)
+}
+
+/// The first of [`recorded_fsdp_variants`]: what a pass tried once (the advice on passes the
+/// export cannot apply) runs with.
 fn recorded_fsdp_knobs(job: &Job) -> Option<Vec<(String, String)>> {
-    job.meta
-        .trace
-        .as_ref()
-        .and_then(|f| f.sharding.as_ref())
-        .filter(|s| !s.resharded.is_empty())
-        .map(|_| vec![("reshard".to_string(), "0".to_string())])
+    recorded_fsdp_variants(job).into_iter().next()
 }
 
 /// The speed-up switches as knob overrides, for the passes that declare them: `coarsen`

@@ -20,7 +20,8 @@
 //! **From shapes**, without memory events: weights, gradients and optimizer state from the
 //! parameter operands of the forward operators (4 B each; momentum SGD and Adagrad keep one
 //! state tensor, Adam two), and each forward operator's input saved for its backward (allocated
-//! at the layer's first forward kernel, freed at its last backward kernel). Embedding tables
+//! at the layer's first forward kernel, freed at its last backward kernel) — operators autograd
+//! recorded only (a sequence number): those run under `no_grad` save nothing. Embedding tables
 //! sharded by TorchRec live in FBGEMM's table-batched lookups
 //! (`fbgemm::split_embedding_codegen_lookup_<optimizer>_function`), whose backward applies the
 //! optimizer in place: their device weights and each optimizer-state tensor on the device count
@@ -452,6 +453,12 @@ fn from_shapes(
             .and_then(|t| shapes::float_dtype(t))
             .map_or(4, |d| d.bytes());
         let bytes = (ins[x].elems() * elem as f64) as u64;
+        // Only an operator autograd recorded (it carries a sequence number) saves its input
+        // for a backward: one run under `no_grad` (FSDP2's copy-in and copy-out, an
+        // optimizer's or a metric's ops) keeps nothing.
+        if e.args.seq.filter(|&s| s >= 0).is_none() {
+            continue;
+        }
         let layer = timeline
             .get(&e.tid)
             .and_then(|tl| op_at(tl, e.ts_ns, true))

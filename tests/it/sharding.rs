@@ -361,14 +361,56 @@ fn whatif_on_a_recorded_fsdp2_step_keeps_the_blocks_gathered() {
     }
 }
 
+/// `prefetch=2` on both ranks of the recorded FSDP2 step: each rank issues its all-gathers two
+/// units ahead, the ranks still match collective by collective (the gathers keep their order),
+/// and the step is not slower (the fixture's all-gather stream is already busy end to end: an
+/// earlier issue cannot make it faster, only the copy-ins run sooner). Together with
+/// `reshard=0` both changes are made.
+#[test]
+fn whatif_prefetch_on_a_recorded_fsdp2_step_runs_on_every_rank() {
+    let both = run_json(&[
+        "whatif",
+        "--trace",
+        &fsdp2_fixture(""),
+        "--pass",
+        "shard:prefetch=2",
+    ]);
+    assert_eq!(both["workers"], 2);
+    let why = both["passes"][0]["why"][0].as_str().unwrap();
+    assert!(
+        why.contains("2 forward and 1 backward all-gathers issued 2 units ahead"),
+        "{why}"
+    );
+    for r in both["ranks"].as_array().unwrap() {
+        let (b, a) = (
+            r["baseline_ms"].as_f64().unwrap(),
+            r["ms"].as_f64().unwrap(),
+        );
+        assert!(a <= b * 1.001, "rank {}: {b} → {a} ms", r["rank"]);
+    }
+    let rank0 = fsdp2_fixture("rank0.json.gz");
+    let v = run_json(&[
+        "whatif",
+        "--trace",
+        &rank0,
+        "--pass",
+        "shard:reshard=0,prefetch=2",
+    ]);
+    let why = v["passes"][0]["why"][0].as_str().unwrap();
+    assert!(
+        why.contains("reshard=0") && why.contains("2 forward and 0 backward"),
+        "{why}"
+    );
+}
+
 #[test]
 fn what_a_recorded_fsdp2_step_cannot_become_exits_3_with_the_reason() {
     let rank0 = fsdp2_fixture("rank0.json.gz");
     for (pass, why) in [
         ("shard:stage=1", "no optimizer-only sharding"),
         (
-            "shard:prefetch=2",
-            "prefetch=2 on a recorded FSDP2 step is not modelled yet",
+            "shard:prefetch=0",
+            "prefetch=0 cannot apply to a recorded FSDP2 step: FSDP2 always gathers the next unit",
         ),
         (
             "shard:replicas=2",
