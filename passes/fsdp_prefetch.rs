@@ -114,7 +114,7 @@ fn spans(job: &Job) -> Result<(BTreeMap<Key, Span>, BTreeMap<Key, Span>, DeviceI
     match threads.len() {
         1 => Ok((ag, co, threads.into_iter().next().unwrap_or_default())),
         0 => Err(refuse(
-            "prefetch: the recorded step has no FSDP2 all-gather on a host thread".into(),
+            "prefetch: the recorded step ran no FSDP2 all-gather to issue earlier (on a world of one FSDP2 gathers nothing)".into(),
         )),
         _ => Err(refuse(
             "prefetch: the recorded FSDP2 hooks ran on several host threads; only one thread's order can be rebuilt".into(),

@@ -3,7 +3,7 @@
 //! recorded models (`--gelu composite`, Hugging Face GPT-2's activation) price what was measured
 //! in the right direction.
 
-use crate::support::{check_bad_input, run_json};
+use crate::support::{check_bad_input, run, run_json};
 
 const H: &str = "experiments/gpu_truth/h200";
 
@@ -49,6 +49,20 @@ fn the_real_fsdp2_step_names_its_units() {
         "shard:reshard=0",
     ]);
     assert_eq!(w["iteration_ms"], w["baseline_iteration_ms"]);
+    // Nothing was gathered, so nothing can be gathered earlier: said (exit 3, after the
+    // import's warning about the trace's stream waits), not silently unchanged.
+    let (code, _, err) = run(&[
+        "whatif",
+        "--trace",
+        &trace("fsdp_gpt2m_1rank_detail"),
+        "--pass",
+        "shard:prefetch=2",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("error: pass shard: prefetch: the recorded step ran no FSDP2 all-gather to issue earlier"),
+        "{err}"
+    );
 }
 
 /// The same FSDP2 step traced with `profile_memory`, shapes and cuda_sync events
