@@ -124,6 +124,9 @@ impl Case {
         );
         if let Some(h) = self.opts.hidden {
             s.push_str(&format!(" h{h} l{}", self.opts.layers.unwrap_or(0)));
+            if let Some(a) = self.opts.heads {
+                s.push_str(&format!(" a{a}"));
+            }
         }
         if self.tp > 1 {
             s.push_str(&format!(" tp{}", self.tp));
@@ -417,6 +420,16 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
             opts.seq = seq;
             // Megatron's GPT-2 BPE vocabulary padded to a multiple of 128.
             opts.vocab = Some(num("vocab").map_or(50304, |v| v as u32));
+            // Megatron-DeepSpeed pads a stated vocabulary to a multiple of
+            // make-vocab-size-divisible-by (128, its default) × TP
+            // (megatron/tokenizer/tokenizer.py `_vocab_size_with_padding`): BigScience's
+            // 250,000 words are 250,880 at TP 8, 31,360 per rank.
+            if extra.contains("impl=megatron-deepspeed")
+                && let Some(v) = opts.vocab
+            {
+                let m = 128 * tp;
+                opts.vocab = Some(v.div_ceil(m) * m);
+            }
             // The model code the run executed (`code=` in `extra`), as that code computes
             // attention and the GELU; Megatron's fused kernels otherwise (the zoo's default).
             match token(extra, "code=") {

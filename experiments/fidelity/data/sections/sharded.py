@@ -287,6 +287,31 @@ def bigscience(add):
             add(metric="iteration_time", value=sec, unit="s", iteration_ms=round(sec * 1000, 1),
                 peak_memory_gb=int(mem), notes=nb + "; Sec/it at iteration 2; accum_steps derived = GBS/(MBS x DP)." + dup,
                 **common)
+    # '## NHEADs comparison' (02-23/24): one layout (48 nodes, DP=8 TP=8 PP=6 MBS=4, GBS 2048), the
+    # head count varied at four hidden sizes. Each row its own model (`name=`): a head sweep, not a
+    # layout comparison. Mem 'GB' (blank) cells have no memory.
+    H = [  # (NHIDDEN, NLAYERS, NHEADS, Mem GB or None, Sec/it, date)
+        (14336, 72, 16, 54, 121.03, "02-24"), (14336, 72, 32, 55, 124.01, "02-23"),
+        (14336, 72, 64, 55, 120.18, "02-23"), (14336, 72, 112, 53, 138.72, "02-23"),
+        (14336, 72, 128, 55, 124.89, "02-23"), (14336, 72, 256, 54, 132.85, "02-24"),
+        (13824, 78, 64, None, 121.28, "02-23"), (13824, 78, 96, 59, 124.75, "02-23"),
+        (13824, 78, 128, 54, 162.72, "02-23"),
+        (13312, 84, 64, None, 122.93, "02-23"), (13312, 84, 128, None, 129.17, "02-23"),
+        (12288, 96, 64, None, 122.96, "02-24"), (12288, 96, 96, None, 145.40, "02-24"),
+    ]
+    for hid, lay, nh, mem, sec, date in H:
+        mem_kw = {} if mem is None else dict(peak_memory_gb=mem)
+        add(id=f"sharded-bigsci-nheads-h{hid}-n{nh}", source=S_BS,
+            locator=L_BS + f" § NHEADs comparison, NHIDDEN={hid} / NLAYERS={lay} table, row NHEADS={nh} ({date})",
+            gpus=384, nodes=48, precision=BS_FP16, micro_batch=4, accum_steps=64, global_batch=2048,
+            extra=f"sharding=zero1 DP=8 TP=8 PP=6 impl=megatron-deepspeed name=bigscience-nheads-h{hid}-n{nh}",
+            metric="iteration_time", value=sec, unit="s", iteration_ms=round(sec * 1000, 1),
+            hidden=hid, layers=lay, heads=nh,
+            notes=f"head dimension {hid}/{nh} = {hid / nh:g}; Sec/it at iteration 2; ZeRO-1 as in the "
+                  "48-node sections; accum_steps derived = GBS/(MBS x DP); the section's constraint "
+                  "'(HEADS/TP)*MBS % 4 = 0' (Megatron's fused softmax) holds for every row"
+                  + ("" if mem is not None else "; Mem cell blank ('GB')"),
+            **mem_kw, **base)
     add(id="sharded-bigsci-181b-dp48-tp8-pp1-mbs1-oom", source=S_BS,
         locator=L_BS + " § GBS Variations / 'some more configs with lower PP' table, row DP=48 TP=8 PP=1 MBS=1",
         gpus=384, nodes=48, precision=BS_FP16, micro_batch=1, accum_steps=42, global_batch=2016,
