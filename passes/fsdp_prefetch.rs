@@ -62,32 +62,6 @@ fn refuse(why: String) -> PassError {
     }
 }
 
-/// Every op of the graph in one topological order (Kahn; ties by id).
-fn topological(job: &Job) -> Vec<OpId> {
-    let n = job.local.ops.len();
-    let mut indeg = vec![0u32; n];
-    let mut succ: Vec<Vec<OpId>> = vec![Vec::new(); n];
-    for &(a, b) in &job.local.edges {
-        succ[a as usize].push(b);
-        indeg[b as usize] += 1;
-    }
-    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<OpId>> = (0..n as OpId)
-        .filter(|&o| indeg[o as usize] == 0)
-        .map(std::cmp::Reverse)
-        .collect();
-    let mut out = Vec::with_capacity(n);
-    while let Some(std::cmp::Reverse(o)) = ready.pop() {
-        out.push(o);
-        for &b in &succ[o as usize] {
-            indeg[b as usize] -= 1;
-            if indeg[b as usize] == 0 {
-                ready.push(std::cmp::Reverse(b));
-            }
-        }
-    }
-    out
-}
-
 /// The step's all-gather and copy-out spans, and the thread their host ops run on.
 fn spans(job: &Job) -> Result<(BTreeMap<Key, Span>, BTreeMap<Key, Span>, DeviceId), PassError> {
     let l = &job.local;
@@ -129,10 +103,17 @@ struct Thread {
 }
 
 impl Thread {
-    fn new(job: &Job, dev: DeviceId) -> Thread {
+    fn new(job: &Job, dev: DeviceId) -> Result<Thread, PassError> {
         let l = &job.local;
-        let order: Vec<OpId> = topological(job)
-            .into_iter()
+        let dfg = job.local_dfg().map_err(|e| {
+            refuse(format!(
+                "prefetch: the recorded step's graph does not order: {e}"
+            ))
+        })?;
+        let order: Vec<OpId> = dfg
+            .topo_order()
+            .iter()
+            .copied()
             .filter(|&o| l.ops[o as usize].spec.device == dev)
             .collect();
         let launch = l
@@ -145,7 +126,7 @@ impl Thread {
             })
             .map(|&(a, b)| (b, a))
             .collect();
-        Thread { order, launch }
+        Ok(Thread { order, launch })
     }
 
     fn positions(&self) -> HashMap<OpId, usize> {
@@ -237,7 +218,7 @@ pub(super) fn prefetch(job: &Job, n: u32) -> Result<Prefetched, PassError> {
             k.0
         )));
     }
-    let mut t = Thread::new(job, dev);
+    let mut t = Thread::new(job, dev)?;
     let pos = t.positions();
     let mut ag = ag;
     let mut co = co;
@@ -387,24 +368,16 @@ mod tests {
     use crate::passes::fsdp_trace::{Requested, propose};
     use crate::passes::{Edit, Patch, evaluate};
 
-    /// The committed FSDP2 fixture, rank 0 (`tests/fixtures/kineto/fsdp2`): units root,
-    /// transformer.h.0 (1), transformer.h.1 (2), both blocks resharded.
+    /// Units root, transformer.h.0 (1), transformer.h.1 (2), both blocks resharded.
     fn rank0() -> Job {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/kineto/fsdp2/rank0.json.gz");
-        let f = std::fs::File::open(&p).expect("the fixture is committed");
-        let t = crate::trace::parse_kineto(flate2::read::GzDecoder::new(f), "rank0")
-            .expect("the fixture parses");
-        crate::trace::graph::build_job(&t, "rank0", None)
-            .expect("the fixture builds")
-            .job
+        crate::passes::testkit::fsdp2_rank0()
     }
 
     /// The first and last host op of (unit, span, nth) in the step thread's order.
     fn host_run(job: &Job, unit: u32, span: FsdpSpan, nth: u32) -> (usize, usize) {
         let (ag, _, dev) = spans(job).unwrap();
         let _ = ag;
-        let t = Thread::new(job, dev);
+        let t = Thread::new(job, dev).unwrap();
         let pos = t.positions();
         let ps: Vec<usize> = job
             .local

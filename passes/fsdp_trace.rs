@@ -361,16 +361,8 @@ fn prefetch_job(job: &Job, s: &TraceSharding, n: u32) -> Result<Option<(Job, Str
 mod tests {
     use super::*;
 
-    /// The committed FSDP2 fixture, rank 0 (`tests/fixtures/kineto/fsdp2`).
     fn rank0() -> Job {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/kineto/fsdp2/rank0.json.gz");
-        let f = std::fs::File::open(&p).expect("the fixture is committed");
-        let t = crate::trace::parse_kineto(flate2::read::GzDecoder::new(f), "rank0")
-            .expect("the fixture parses");
-        crate::trace::graph::build_job(&t, "rank0", None)
-            .expect("the fixture builds")
-            .job
+        crate::passes::testkit::fsdp2_rank0()
     }
 
     fn sharding(stage: u32, reshard: bool) -> Requested {

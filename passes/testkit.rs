@@ -1,5 +1,6 @@
 //! Fixtures the synchronisation passes' tests share (compiled for tests only): a chain job with
-//! gradients synchronised in chain order, and a one-node communication spec with round numbers.
+//! gradients synchronised in chain order, a one-node communication spec with round numbers, and
+//! the recorded FSDP2 fixture's rank 0.
 
 use crate::cost::comm::AlphaBeta;
 use crate::cost::config::SyncScheme;
@@ -129,4 +130,17 @@ pub(crate) fn try_pass(
         .collect();
     let k = resolve_knobs(p, &kv).unwrap();
     propose(p, &e, &k).and_then(|ps| apply_all(job, &ps))
+}
+
+/// The committed FSDP2 fixture's rank 0 (`tests/fixtures/kineto/fsdp2`, `record.py` there):
+/// PyTorch's `fully_shard` on a two-block GPT-2, its units the root and both blocks.
+pub(crate) fn fsdp2_rank0() -> Job {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/kineto/fsdp2/rank0.json.gz");
+    let f = std::fs::File::open(&p).expect("the fixture is committed");
+    let t = crate::trace::parse_kineto(flate2::read::GzDecoder::new(f), "rank0")
+        .expect("the fixture parses");
+    crate::trace::graph::build_job(&t, "rank0", None)
+        .expect("the fixture builds")
+        .job
 }

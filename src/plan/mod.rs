@@ -663,13 +663,7 @@ mod tests {
     /// `prefetch=2` or more; `reshard=0` or `stage=2` keep the units gathered.
     #[test]
     fn a_traced_fsdp2_job_keeps_its_units_and_takes_the_decided_prefetch() {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/kineto/fsdp2/rank0.json.gz");
-        let f = std::fs::File::open(&p).expect("the fixture is committed");
-        let t = crate::trace::parse_kineto(flate2::read::GzDecoder::new(f), "rank0").unwrap();
-        let job = crate::trace::graph::build_job(&t, "rank0", None)
-            .unwrap()
-            .job;
+        let job = crate::passes::testkit::fsdp2_rank0();
         let knobs = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
             kv.iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
