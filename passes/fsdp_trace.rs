@@ -99,6 +99,16 @@ fn refusal(s: &TraceSharding, r: Requested) -> Option<String> {
     None
 }
 
+/// Whether the recorded step's memory comes from `profile_memory` events (each gathered copy
+/// an allocation of its own) rather than the estimate from shapes (which has none).
+fn measured_memory(job: &Job) -> bool {
+    job.meta
+        .trace
+        .as_ref()
+        .and_then(|f| f.memory.as_ref())
+        .is_some_and(|m| m.source.starts_with("profile_memory"))
+}
+
 /// What `reshard=0` changes for the resharded units of `s`: the ops to remove, the memory
 /// edits, the units (indices into `units`) and the bytes they hold.
 struct Unshard {
@@ -109,13 +119,7 @@ struct Unshard {
 }
 
 fn unshard(cx: &Evaluated, s: &TraceSharding) -> Result<Unshard, PassError> {
-    let estimated = cx
-        .job
-        .meta
-        .trace
-        .as_ref()
-        .and_then(|f| f.memory.as_ref())
-        .is_none_or(|m| !m.source.starts_with("profile_memory"));
+    let estimated = !measured_memory(&cx.job);
     let mut out = Unshard {
         gone: Vec::new(),
         mem: Vec::new(),
@@ -338,13 +342,7 @@ fn prefetch_job(job: &Job, s: &TraceSharding, n: u32) -> Result<Option<(Job, Str
         p.moved.iter().filter(|k| k.1 == 0).count(),
         p.moved.iter().filter(|k| k.1 >= 1).count(),
     );
-    let memory = if job
-        .meta
-        .trace
-        .as_ref()
-        .and_then(|f| f.memory.as_ref())
-        .is_some_and(|m| m.source.starts_with("profile_memory"))
-    {
+    let memory = if measured_memory(job) {
         "each gathered buffer allocated where its all-gather now runs"
     } else {
         "the memory estimate from shapes has no gathered copies, so its peak does not show the buffers held longer"

@@ -1282,40 +1282,56 @@ fn candidate_moves(
         {
             continue;
         }
-        let variants = if p.name() == "shard" {
-            recorded_fsdp_variants(&cur.job)
-        } else {
-            Vec::new()
-        };
-        if !variants.is_empty() {
-            moves.extend(recorded_fsdp_moves(*p, cur, opts, variants)?);
-            continue;
-        }
-        let knobs = passes::resolve_knobs(*p, &move_knobs(*p, opts, &cur.job))?;
-        let patches = match passes::propose(*p, cur, &knobs) {
-            Ok(v) => v,
-            Err(PassError::NotApplicable { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if patches.is_empty() {
-            continue;
-        }
-        let fw_knobs = decision_knobs(*p, opts, &cur.job);
-        if p.granular() {
-            moves.extend(patches.into_iter().map(|patch| Move {
-                pass: p.name().to_string(),
-                patches: vec![patch],
-                knobs: fw_knobs.clone(),
-            }));
-        } else {
-            moves.push(Move {
-                pass: p.name().to_string(),
-                patches,
-                knobs: fw_knobs,
-            });
+        for (run, fw_knobs) in knob_sets(*p, opts, &cur.job) {
+            let knobs = passes::resolve_knobs(*p, &run)?;
+            let patches = match passes::propose(*p, cur, &knobs) {
+                Ok(v) => v,
+                Err(PassError::NotApplicable { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if patches.is_empty() {
+                continue;
+            }
+            if p.granular() {
+                moves.extend(patches.into_iter().map(|patch| Move {
+                    pass: p.name().to_string(),
+                    patches: vec![patch],
+                    knobs: fw_knobs.clone(),
+                }));
+            } else {
+                moves.push(Move {
+                    pass: p.name().to_string(),
+                    patches,
+                    knobs: fw_knobs,
+                });
+            }
         }
     }
     Ok(moves)
+}
+
+/// The knob sets `p` is tried with this round, each as (the knobs it runs with, the knobs its
+/// decision records): one ([`move_knobs`], [`decision_knobs`]); for `shard` on a recorded
+/// FSDP2 step, one per [`recorded_fsdp_variants`] (the search takes at most one: the pass is
+/// then used).
+type KnobSet = (Vec<(String, String)>, Vec<(String, String)>);
+fn knob_sets(p: &dyn Pass, opts: &SearchOptions, job: &Job) -> Vec<KnobSet> {
+    let variants = if p.name() == "shard" {
+        recorded_fsdp_variants(job)
+    } else {
+        Vec::new()
+    };
+    if variants.is_empty() {
+        return vec![(move_knobs(p, opts, job), decision_knobs(p, opts, job))];
+    }
+    variants
+        .into_iter()
+        .map(|v| {
+            let mut run = speedup_knobs(p, &opts.speedups);
+            run.extend(v.iter().cloned());
+            (run, v)
+        })
+        .collect()
 }
 
 /// The `shard` moves on a recorded FSDP2 step, each a set of knobs: keep the units resharded
@@ -1338,35 +1354,6 @@ fn recorded_fsdp_variants(job: &Job) -> Vec<Vec<(String, String)>> {
         }
     }
     v
-}
-
-/// One `shard` move per variant of a recorded FSDP2 step that changes it (the search takes at
-/// most one: the pass is then used).
-fn recorded_fsdp_moves(
-    p: &dyn Pass,
-    cur: &Evaluated,
-    opts: &SearchOptions,
-    variants: Vec<Vec<(String, String)>>,
-) -> Result<Vec<Move>, SearchError> {
-    let mut moves = Vec::new();
-    for v in variants {
-        let mut k = speedup_knobs(p, &opts.speedups);
-        k.extend(v.iter().cloned());
-        let knobs = passes::resolve_knobs(p, &k)?;
-        let patches = match passes::propose(p, cur, &knobs) {
-            Ok(x) => x,
-            Err(PassError::NotApplicable { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if !patches.is_empty() {
-            moves.push(Move {
-                pass: p.name().to_string(),
-                patches,
-                knobs: v,
-            });
-        }
-    }
-    Ok(moves)
 }
 
 /// The first of [`recorded_fsdp_variants`]: what a pass tried once (the advice on passes the
