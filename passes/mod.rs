@@ -461,18 +461,36 @@ pub fn find<'a>(passes: &'a [Box<dyn Pass>], name: &str) -> Result<&'a dyn Pass,
         })
 }
 
-/// Parse `NAME[:k=v,...]` into the pass name and its knob assignments (unvalidated).
-pub fn parse_pass_arg(arg: &str) -> (String, Vec<(String, String)>) {
+/// Parse `NAME[:k=v,...]` into the pass name and its knob assignments (their names and values
+/// unvalidated). Refused: a knob without `=` (`shard:stage`) and a knob given twice
+/// (`grad-accumulation:k=2,k=4`), which would otherwise leave one of the two silently unused.
+/// Empty entries (`amp:`, a trailing comma) are ignored.
+pub fn parse_pass_arg(arg: &str) -> Result<(String, Vec<(String, String)>), PassError> {
     let (name, rest) = arg.split_once(':').unwrap_or((arg, ""));
-    let kv = rest
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| {
-            let (k, v) = s.split_once('=').unwrap_or((s, ""));
-            (k.trim().to_string(), v.trim().to_string())
-        })
-        .collect();
-    (name.trim().to_string(), kv)
+    let name = name.trim().to_string();
+    let mut kv: Vec<(String, String)> = Vec::new();
+    for s in rest.split(',').filter(|s| !s.trim().is_empty()) {
+        let bad = |knob: &str, value: &str, why: String| PassError::BadKnob {
+            pass: name.clone(),
+            knob: knob.to_string(),
+            value: value.to_string(),
+            why,
+        };
+        let Some((k, v)) = s.split_once('=') else {
+            let k = s.trim();
+            return Err(bad(k, "", format!("no value; write {k}=VALUE")));
+        };
+        let (k, v) = (k.trim().to_string(), v.trim().to_string());
+        if let Some((_, first)) = kv.iter().find(|(q, _)| *q == k) {
+            return Err(bad(
+                &k,
+                &v,
+                format!("given twice (first {k}={first}); give each knob once"),
+            ));
+        }
+        kv.push((k, v));
+    }
+    Ok((name, kv))
 }
 
 /// Check knob assignments against a pass's declared knobs and fill in defaults.
@@ -819,13 +837,36 @@ mod tests {
 
     #[test]
     fn pass_args_parse() {
-        assert_eq!(parse_pass_arg("amp"), ("amp".to_string(), vec![]));
+        assert_eq!(parse_pass_arg("amp").unwrap(), ("amp".to_string(), vec![]));
         assert_eq!(
-            parse_pass_arg("grad-accumulation:k=4, x = y"),
+            parse_pass_arg("amp:,").unwrap(),
+            ("amp".to_string(), vec![])
+        );
+        assert_eq!(
+            parse_pass_arg("grad-accumulation:k=4, x = y").unwrap(),
             (
                 "grad-accumulation".to_string(),
                 vec![("k".into(), "4".into()), ("x".into(), "y".into())]
             )
+        );
+    }
+
+    #[test]
+    fn pass_args_refuse_a_knob_twice_or_without_a_value() {
+        let twice = parse_pass_arg("grad-accumulation:k=2,k=4").unwrap_err();
+        assert!(
+            matches!(&twice, PassError::BadKnob { knob, value, .. } if knob == "k" && value == "4"),
+            "{twice:?}"
+        );
+        assert!(
+            twice.to_string().contains("given twice (first k=2)"),
+            "{twice}"
+        );
+        let bare = parse_pass_arg("shard:stage=3,prefetch").unwrap_err();
+        assert!(
+            bare.to_string()
+                .contains("knob prefetch = : no value; write prefetch=VALUE"),
+            "{bare}"
         );
     }
 }

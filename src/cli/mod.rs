@@ -362,8 +362,8 @@ pub struct ReplayArgs {
 pub struct WhatifArgs {
     #[command(flatten)]
     pub input: InputArgs,
-    /// A pass to apply, with knobs: NAME[:knob=value,...] (see `trainplan passes`). Repeat to
-    /// apply several, in order.
+    /// A pass to apply, with knobs: NAME[:knob=value,...] (see `trainplan passes`), each knob
+    /// once. Repeat to apply several, in order.
     #[arg(long = "pass", value_name = "NAME[:k=v,...]")]
     pub pass: Vec<String>,
     /// Register a declarative pass from a YAML file (see passes/*.yaml). Repeatable.

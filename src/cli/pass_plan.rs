@@ -40,7 +40,7 @@ pub type PassPlan<'a> = Vec<(&'a dyn Pass, passes::Knobs)>;
 pub fn resolve<'a>(all: &'a [Box<dyn Pass>], args: &[String]) -> Result<PassPlan<'a>, CliError> {
     let mut plan = Vec::new();
     for arg in args {
-        let (name, given) = passes::parse_pass_arg(arg);
+        let (name, given) = passes::parse_pass_arg(arg).map_err(pass_error)?;
         let p = passes::find(all, &name).map_err(pass_error)?;
         let knobs = passes::resolve_knobs(p, &given).map_err(pass_error)?;
         plan.push((p, knobs));

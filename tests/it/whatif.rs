@@ -108,6 +108,14 @@ fn bad_pass_arguments_are_bad_input() {
         "not an integer",
     );
     check_bad_input(
+        &with(&["--pass", "grad-accumulation:k=2,k=4"]),
+        "knob k = 4: given twice (first k=2)",
+    );
+    check_bad_input(
+        &with(&["--pass", "grad-accumulation:k"]),
+        "knob k = : no value; write k=VALUE",
+    );
+    check_bad_input(
         &with(&["--pass-file", "/nonexistent/p.yaml", "--pass", "amp"]),
         "/nonexistent/p.yaml",
     );
