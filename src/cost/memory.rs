@@ -106,7 +106,15 @@ pub struct MemorySpec {
 pub enum PoolLimit {
     /// The memory free after the context, less `max(min_bytes, fraction × free)` kept for the
     /// system (TensorFlow's `MinSystemMemory` when `per_process_gpu_memory_fraction` is 0).
-    FreeLessReserve { fraction: f64, min_bytes: u64 },
+    /// `context_bytes`: the context as it is when the framework reads the free memory, where
+    /// that is measured apart from the context the job ends with (TensorFlow sizes its pool
+    /// at start-up, before cuDNN and cuBLAS load); absent, the job's context.
+    FreeLessReserve {
+        fraction: f64,
+        min_bytes: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context_bytes: Option<u64>,
+    },
     /// `fraction` of the GPU's total memory (XLA's `XLA_PYTHON_CLIENT_MEM_FRACTION`, with or
     /// without preallocation).
     FractionOfTotal { fraction: f64 },
@@ -191,8 +199,10 @@ impl MemorySpec {
             PoolLimit::FreeLessReserve {
                 fraction,
                 min_bytes,
+                context_bytes,
             } => {
-                let free = capacity.saturating_sub(self.context_bytes());
+                let at_start = context_bytes.unwrap_or_else(|| self.context_bytes());
+                let free = capacity.saturating_sub(at_start);
                 let keep = ((free as f64 * fraction) as u64).max(min_bytes);
                 Some(free.saturating_sub(keep))
             }
@@ -283,10 +293,14 @@ pub fn parse_memory(text: &str, file: &str) -> Result<MemorySpec, ConfigError> {
         Some(PoolLimit::FreeLessReserve {
             fraction,
             min_bytes,
-        }) if !(fraction.is_finite() && (0.0..0.5).contains(&fraction)) || min_bytes > TIB => {
+            context_bytes,
+        }) if !(fraction.is_finite() && (0.0..0.5).contains(&fraction))
+            || min_bytes > TIB
+            || context_bytes.is_some_and(|c| c > TIB) =>
+        {
             return Err(bad(
                 "pool",
-                "free_less_reserve needs a fraction in [0, 0.5) and min_bytes of at most 1 TiB",
+                "free_less_reserve needs a fraction in [0, 0.5), and min_bytes and context_bytes of at most 1 TiB",
             ));
         }
         Some(PoolLimit::FractionOfTotal { fraction })
@@ -1005,15 +1019,25 @@ mod tests {
         // PyTorch: no cap of its own.
         assert_eq!(caching().pool_bytes(16 * GIB), None);
         assert_eq!(caching().kept_out_bytes(16 * GIB, 1), 0);
-        // TensorFlow: the memory free after the context, less max(300 MiB, 5 % of it).
+        // TensorFlow: the memory free after the context it starts with (420 MiB, from its
+        // start-up logs), less max(300 MiB, 5 % of it).
         let tf = MemorySpec::builtin(Framework::Tf);
-        let free = 16 * GIB - tf.context_bytes();
+        let free = 16 * GIB - 420 * MIB;
         let pool = free - free / 20;
         let got = tf.pool_bytes(16 * GIB).unwrap();
         assert!(got.abs_diff(pool) <= 1, "{got} vs {pool}");
         // A small GPU keeps the 300 MiB floor.
-        let small = 4 * GIB - tf.context_bytes();
+        let small = 4 * GIB - 420 * MIB;
         assert_eq!(tf.pool_bytes(4 * GIB), Some(small - 300 * MIB));
+        // Without a start-up context the pool follows the job's own.
+        let mut own = tf.clone();
+        own.pool = Some(PoolLimit::FreeLessReserve {
+            fraction: 0.05,
+            min_bytes: 300 * MIB,
+            context_bytes: None,
+        });
+        let free = 16 * GIB - own.context_bytes();
+        assert!(own.pool_bytes(16 * GIB).unwrap().abs_diff(free - free / 20) <= 1);
         // What the job needs: the pool's bytes plus everything outside the pool.
         let (reserved, used) = (10 * GIB, 10 * GIB + tf.context_bytes());
         assert_eq!(
