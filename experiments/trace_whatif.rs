@@ -60,7 +60,7 @@ fn apply(
     job: &Job,
     arg: &str,
 ) -> Result<(Evaluated, Evaluated, String), String> {
-    let (name, given) = passes::parse_pass_arg(arg);
+    let (name, given) = passes::parse_pass_arg(arg).map_err(|e| e.to_string())?;
     let p = passes::find(reg, &name).map_err(|e| e.to_string())?;
     let k = passes::resolve_knobs(p, &given).map_err(|e| e.to_string())?;
     let base = passes::evaluate(job.clone()).map_err(|e| e.to_string())?;
