@@ -311,6 +311,15 @@ pub fn apply_to_ranks(
         after.push(with_job(r, c.job.clone()).map_err(CliError::bad_input)?);
         evals.push((b, c));
     }
+    // Each rank's sites are chosen on its own graph: ranks whose recorded steps read
+    // differently (a hook's span on one rank only) can lose different collectives, and the
+    // global graph needs them matched.
+    crate::trace::multi::check_matching(&after).map_err(|e| {
+        CliError::bad_input(format!(
+            "the passes changed the ranks' collectives differently, so they no longer match \
+             across ranks: {e}"
+        ))
+    })?;
     Ok((after, evals, applied))
 }
 

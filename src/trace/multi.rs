@@ -219,8 +219,9 @@ fn gpu_models(ranks: &[RankStep]) -> Option<String> {
     ))
 }
 
-/// Every rank has the same collectives, group by group, position by position.
-fn check_matching(ranks: &[RankStep]) -> Result<(), MultiRankError> {
+/// Every rank has the same collectives, group by group, position by position: what
+/// [`global_graph`] needs (checked at load, and again after passes edit each rank).
+pub fn check_matching(ranks: &[RankStep]) -> Result<(), MultiRankError> {
     let Some(first) = ranks.first() else {
         return Ok(());
     };
@@ -299,6 +300,7 @@ pub struct GlobalTrace {
 
 /// Build the global graph of the ranks' steps.
 pub fn global_graph(ranks: &[RankStep]) -> Result<GlobalTrace, MultiRankError> {
+    check_matching(ranks)?;
     let mut b = DfgBuilder::new();
     let virt = b.add_device(DeviceKind::Virtual);
     let mut layer_ids: BTreeMap<String, u32> = BTreeMap::new();

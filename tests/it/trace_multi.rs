@@ -143,6 +143,32 @@ fn mismatched_ranks_are_refused() {
     assert!(msg.contains("mm_none.json"), "{msg}");
 }
 
+/// The global graph refuses ranks whose collectives no longer match (a pass that removed a
+/// collective on one rank only, as `whatif` on ranks whose recorded steps read differently can):
+/// an error naming both ranks, not an index out of bounds.
+#[test]
+fn the_global_graph_refuses_ranks_that_no_longer_match() {
+    let (a, b) = pair("diverged", 0);
+    let traces: Vec<(String, KinetoTrace)> = [a, b]
+        .iter()
+        .map(|p| {
+            (
+                p.display().to_string(),
+                trainplan::trace::read_kineto(p).unwrap(),
+            )
+        })
+        .collect();
+    let refs: Vec<(String, &KinetoTrace)> = traces.iter().map(|(n, t)| (n.clone(), t)).collect();
+    let (mut ranks, _) = rank_steps(&refs, None).unwrap();
+    assert!(global_graph(&ranks).is_ok());
+    ranks[1].groups[0].clear();
+    let e = global_graph(&ranks).unwrap_err().to_string();
+    assert!(
+        e.contains("has 1 collectives in group 0") && e.contains("has 0"),
+        "{e}"
+    );
+}
+
 fn dlrm() -> Option<PathBuf> {
     shared_traces("multi-rank-dlrm")
 }
