@@ -296,6 +296,41 @@ fn a_recorded_fsdp2_step_replays_within_one_percent_on_every_rank() {
     }
 }
 
+/// Rank 0's host ops moved by up to ±50 µs (a deterministic pattern) change how its FSDP2 hooks
+/// nest, so `shard:reshard=0` removes other backward all-gathers on rank 0 than on rank 1: the
+/// ranks' collectives no longer match, which is refused (exit 3, naming the ranks), not a panic.
+#[test]
+fn a_pass_that_leaves_the_ranks_unmatched_is_refused() {
+    use std::io::Read;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(fsdp2_fixture("rank0.json.gz")).unwrap())
+        .read_to_string(&mut text)
+        .unwrap();
+    let mut t: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut i: i64 = 0;
+    for e in t["traceEvents"].as_array_mut().unwrap() {
+        if e["cat"] == "cpu_op"
+            && let Some(ts) = e["ts"].as_f64()
+        {
+            e["ts"] = serde_json::json!(ts + ((i * 7919) % 101 - 50) as f64);
+            i += 1;
+        }
+    }
+    let r0 = crate::support::write_tmp("jittered_fsdp2_r0.json", t.to_string());
+    let msg = check_bad_input(
+        &[
+            "whatif",
+            "--trace",
+            r0.to_str().unwrap(),
+            &fsdp2_fixture("rank1.json.gz"),
+            "--pass",
+            "shard:reshard=0",
+        ],
+        "the passes changed the ranks' collectives differently",
+    );
+    assert!(msg.contains("rank 0") && msg.contains("rank 1"), "{msg}");
+}
+
 #[test]
 fn a_recorded_fsdp2_step_says_its_units_resharding_and_collectives() {
     let v = run_json(&["replay", "--trace", &fsdp2_fixture("rank0.json.gz")]);
