@@ -55,6 +55,22 @@ pub(super) struct Prefetched {
     pub moved: Vec<Key>,
 }
 
+/// A span in words for a refusal: "unit transformer.h.0's backward all-gather".
+fn span_name(job: &Job, k: Key, what: &str) -> String {
+    let unit = job
+        .meta
+        .trace
+        .as_ref()
+        .and_then(|t| t.sharding.as_ref())
+        .map_or_else(|| k.0.to_string(), |s| s.unit_label(k.0 as usize));
+    let pass = match k.1 {
+        0 => "forward".to_string(),
+        1 => "backward".to_string(),
+        n => format!("gather #{}", n + 1),
+    };
+    format!("unit {unit}'s {pass} {what}")
+}
+
 fn refuse(why: String) -> PassError {
     PassError::NotApplicable {
         pass: "shard".into(),
@@ -151,6 +167,7 @@ struct Moved {
 
 /// Moves the all-gathers of one pass (`list`, recorded order) in `t.order`.
 fn move_pass(
+    job: &Job,
     t: &mut Thread,
     list: &[Key],
     forward: bool,
@@ -162,8 +179,8 @@ fn move_pass(
     let last = |s: Option<&Span>, what: &str, k: Key| {
         s.and_then(|s| s.host.last().copied()).ok_or_else(|| {
             refuse(format!(
-                "prefetch: unit {} has no recorded {what} in pass {} of the step",
-                k.0, k.1
+                "prefetch: {} was not recorded (no FSDP:: hook span of it in the step)",
+                span_name(job, k, what)
             ))
         })
     };
@@ -214,13 +231,17 @@ pub(super) fn prefetch(job: &Job, n: u32) -> Result<Prefetched, PassError> {
             .any(|o| job.local.fused.contains_key(o))
     }) {
         return Err(refuse(format!(
-            "an earlier pass fused unit {}'s all-gather with other ops: apply shard before op-fusion",
-            k.0
+            "an earlier pass fused {} with other ops: apply shard before op-fusion",
+            span_name(job, *k, "all-gather")
         )));
     }
     let mut t = Thread::new(job, dev)?;
     let pos = t.positions();
-    for (k, s) in ag.iter_mut().chain(co.iter_mut()) {
+    let spans = ag
+        .iter_mut()
+        .map(|(k, s)| (k, s, "all-gather"))
+        .chain(co.iter_mut().map(|(k, s)| (k, s, "copy-out")));
+    for (k, s, what) in spans {
         s.host
             .sort_by_key(|o| pos.get(o).copied().unwrap_or(usize::MAX));
         // A span with no host op (its launch removed by an earlier pass) is refused here too:
@@ -231,8 +252,8 @@ pub(super) fn prefetch(job: &Job, n: u32) -> Result<Prefetched, PassError> {
         );
         if !matches!((a, b), (Some(&a), Some(&b)) if b - a + 1 == s.host.len()) {
             return Err(refuse(format!(
-                "prefetch: unit {}'s hook span in pass {} is not one run of host ops on its thread",
-                k.0, k.1
+                "prefetch: {}'s hook span is not one run of host ops on its thread",
+                span_name(job, *k, what)
             )));
         }
     }
@@ -246,8 +267,8 @@ pub(super) fn prefetch(job: &Job, n: u32) -> Result<Prefetched, PassError> {
     let copy_outs = by_pos(&co, &|_| true);
     let mut moved = Vec::new();
     let n = n as usize;
-    move_pass(&mut t, &forward, true, n, &ag, &co, &mut moved)?;
-    move_pass(&mut t, &backward, false, n, &ag, &co, &mut moved)?;
+    move_pass(job, &mut t, &forward, true, n, &ag, &co, &mut moved)?;
+    move_pass(job, &mut t, &backward, false, n, &ag, &co, &mut moved)?;
     let mut out = Prefetched {
         drop: Vec::new(),
         add: Vec::new(),

@@ -304,7 +304,12 @@ pub fn apply_to_ranks(
     let mut evals = Vec::with_capacity(ranks.len());
     let mut applied = Vec::new();
     for (i, r) in ranks.iter().enumerate() {
-        let (b, c, ap) = super::pass_plan::run_passes(r.built.job.clone(), plan, i == 0)?;
+        // A pass that cannot apply to this rank's recorded step says which rank and file.
+        let (b, c, ap) =
+            super::pass_plan::run_passes(r.built.job.clone(), plan, i == 0).map_err(|mut e| {
+                e.message = format!("{} (rank {}): {}", r.file, r.rank, e.message);
+                e
+            })?;
         if i == 0 {
             applied = ap;
         }
