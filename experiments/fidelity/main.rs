@@ -4,7 +4,7 @@
 //! `rows.rs` for what is skipped and why) plus dPRO's Tables 2 and 4 is predicted through the
 //! same path as `trainplan replay/whatif --model` and compared with its measurement: iteration
 //! time, memory, and the effects derived from pairs of rows (the AMP speed-up, 1→N GPU scaling
-//! efficiency). Rows are split in two halves by a hash of their id: `fit` (what
+//! efficiency, the speed ratio of two GPU generations running one source's code). Rows are split in two halves by a hash of their id: `fit` (what
 //! `--fit` may calibrate the architecture constants on) and `held-out` (what the summary
 //! reports). dPRO's tables are never fitted on.
 //!
@@ -360,7 +360,66 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
             });
         }
     }
+    results.extend(arch_ratios(&timed));
     results
+}
+
+/// GPU generations in order, for [`arch_ratios`]: `None` for a GPU outside them.
+fn generation(gpu: &str) -> Option<u8> {
+    match gpu {
+        g if g.starts_with("v100") => Some(0),
+        g if g.starts_with("a100") => Some(1),
+        g if g.starts_with("h100") || g.starts_with("h200") => Some(2),
+        _ => None,
+    }
+}
+
+/// The speed ratio between two GPU generations running one source's code on one GPU each: the
+/// older GPU's per-sample time over the newer's, for the same model, sequence, head, framework
+/// and precision class (AMP or not: each GPU's own default FP32 math, TF32 on Ampere), batches
+/// as the source ran them. A generation the model prices wrongly moves all its rows the same
+/// way, which the per-row errors of a source that also ran the other GPU hide (issue 22).
+fn arch_ratios(timed: &[(Case, f64)]) -> Vec<Result_> {
+    use trainplan::cost::framework::Precision;
+    let groups = pairs(timed, |c| {
+        (!c.check_only() && c.gpus == 1 && generation(c.gpu).is_some()).then(|| {
+            format!(
+                "{}|{}|{:?}|{:?}|{:?}|{}|{}",
+                c.source,
+                c.model,
+                c.opts.seq,
+                c.opts.head,
+                c.framework,
+                c.precision == Some(Precision::Fp16),
+                c.accum > 1
+            )
+        })
+    });
+    let per_sample = |c: &Case, ms: f64| ms / c.samples;
+    let mut out = Vec::new();
+    for (k, v) in &groups {
+        for (old, old_p) in v {
+            for (new, new_p) in v {
+                if generation(old.gpu) >= generation(new.gpu) {
+                    continue;
+                }
+                let (Some(om), Some(nm)) = (old.measured_ms, new.measured_ms) else {
+                    continue;
+                };
+                out.push(Result_ {
+                    kind: "arch_ratio",
+                    id: format!("{}+{}", old.id, new.id),
+                    family: old.family,
+                    setting: format!("{} → {}", old.setting(), new.gpu),
+                    source: old.source.clone(),
+                    measured: per_sample(old, om) / per_sample(new, nm),
+                    predicted: per_sample(old, *old_p) / per_sample(new, *new_p),
+                    split: split_of(k),
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Predicts every `every`th case and compares its iteration time and memory with the committed
@@ -888,6 +947,11 @@ fn summary_table(results: &[Result_]) -> String {
         ("iteration", "iteration time", "%"),
         ("amp_speedup", "AMP speed-up", "%"),
         ("scaling_1_to_8", "1→8 GPU scaling efficiency", " points"),
+        (
+            "arch_ratio",
+            "speed ratio of two GPU generations (one source's code, 1 GPU each)",
+            "%",
+        ),
     ] {
         let pick = |sp: Split| -> Vec<&Result_> {
             results
