@@ -1095,3 +1095,49 @@ fn summary_table(results: &[Result_]) -> String {
     let _ = mean_abs;
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{arch_ratios, rows};
+    use std::path::Path;
+
+    /// Generation pairs form across GPU generations only (V100 16 GB and 32 GB are one
+    /// generation), within one precision class, and compare per-sample times: with every
+    /// prediction equal to its measurement, every ratio is exact.
+    #[test]
+    fn generation_ratios_pair_gpus_of_different_generations() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let (cases, _) = rows::load(&root.join("experiments/fidelity/data/published.csv"));
+        let timed: Vec<_> = cases
+            .into_iter()
+            .filter(|c| c.id.starts_with("dle-pt-rn50-2103-") && c.id.ends_with("-1g"))
+            .map(|c| {
+                let m = c.measured_ms.unwrap();
+                (c, m)
+            })
+            .collect();
+        // DGX-1 16 GB, DGX-1 32 GB and DGX A100, each with AMP and FP32/TF32.
+        assert_eq!(
+            timed.len(),
+            6,
+            "{:?}",
+            timed.iter().map(|t| &t.0.id).collect::<Vec<_>>()
+        );
+        let r = arch_ratios(&timed);
+        let mut ids: Vec<&str> = r.iter().map(|x| x.id.as_str()).collect();
+        ids.sort_unstable();
+        assert_eq!(
+            ids,
+            [
+                "dle-pt-rn50-2103-dgx1-16g-amp-1g+dle-pt-rn50-2103-dgxa100-amp-1g",
+                "dle-pt-rn50-2103-dgx1-16g-fp32-1g+dle-pt-rn50-2103-dgxa100-tf32-1g",
+                "dle-pt-rn50-2103-dgx1-32g-amp-1g+dle-pt-rn50-2103-dgxa100-amp-1g",
+                "dle-pt-rn50-2103-dgx1-32g-fp32-1g+dle-pt-rn50-2103-dgxa100-tf32-1g",
+            ]
+        );
+        for x in &r {
+            assert!(x.measured > 1.0, "{}: an A100 is faster", x.id);
+            assert!((x.predicted / x.measured - 1.0).abs() < 1e-12, "{}", x.id);
+        }
+    }
+}
