@@ -72,15 +72,20 @@ impl RankStep {
 pub fn common_step(traces: &[(String, &KinetoTrace)]) -> Result<u64, MultiRankError> {
     let mut common: Option<std::collections::BTreeSet<u64>> = None;
     for (name, t) in traces {
-        let s: std::collections::BTreeSet<u64> = steps(t)
-            .into_iter()
+        let all = steps(t);
+        let s: std::collections::BTreeSet<u64> = all
+            .iter()
             .filter(|w| w.complete)
             .map(|w| w.number)
             .collect();
         if s.is_empty() {
             return Err(TraceGraphError::NoStep {
                 name: name.clone(),
-                what: "(no complete ProfilerStep or Optimizer.step iteration)".into(),
+                what: if all.is_empty() {
+                    "(no ProfilerStep or Optimizer.step iteration)".into()
+                } else {
+                    format!("(it has {})", crate::trace::graph::step_list(&all))
+                },
             }
             .into());
         }

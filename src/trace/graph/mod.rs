@@ -100,7 +100,11 @@ pub enum TraceGraphError {
          once per iteration)"
     )]
     NoIterations { name: String },
-    #[error("{name} has no complete iteration {what}")]
+    #[error(
+        "{name} has no complete iteration {what}: an iteration is complete when every kernel, \
+         memcpy and memset it launches is in the file (a trace stopped before the GPU finished, \
+         or with GPU events left out, is not)"
+    )]
     NoStep { name: String, what: String },
     #[error("{name}: {message}")]
     Invalid { name: String, message: String },
@@ -205,6 +209,30 @@ pub(crate) fn launches_gpu(c: RuntimeCall) -> bool {
     )
 }
 
+/// A trace's iterations for a message: "ProfilerStep#3 (incomplete), 4, 5".
+pub(crate) fn step_list(all: &[StepWindow]) -> String {
+    let kind = if all
+        .first()
+        .is_none_or(|s| s.label.starts_with("ProfilerStep"))
+    {
+        "ProfilerStep#"
+    } else {
+        "Optimizer.step iterations "
+    };
+    let l = all
+        .iter()
+        .map(|s| {
+            format!(
+                "{}{}",
+                s.number,
+                if s.complete { "" } else { " (incomplete)" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{kind}{l}")
+}
+
 /// Pick the window: step `n` (ProfilerStep number or Optimizer.step iteration), or the last
 /// complete one.
 pub fn pick_step(
@@ -216,25 +244,7 @@ pub fn pick_step(
     if all.is_empty() {
         return Err(TraceGraphError::NoIterations { name: name.into() });
     }
-    let list = || {
-        let kind = if all[0].label.starts_with("ProfilerStep") {
-            "ProfilerStep#"
-        } else {
-            "Optimizer.step iterations "
-        };
-        let l = all
-            .iter()
-            .map(|s| {
-                format!(
-                    "{}{}",
-                    s.number,
-                    if s.complete { "" } else { " (incomplete)" }
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        format!("{kind}{l}")
-    };
+    let list = || step_list(&all);
     match step {
         Some(n) => all
             .iter()
