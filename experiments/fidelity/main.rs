@@ -364,14 +364,15 @@ fn results_of(predicted: &[(Case, predict::Prediction)]) -> Vec<Result_> {
     results
 }
 
-/// GPU generations in order, for [`arch_ratios`]: `None` for a GPU outside them.
-fn generation(gpu: &str) -> Option<u8> {
-    match gpu {
-        g if g.starts_with("v100") => Some(0),
-        g if g.starts_with("a100") => Some(1),
-        g if g.starts_with("h100") || g.starts_with("h200") => Some(2),
-        _ => None,
-    }
+/// NVIDIA's GPU architectures in order of release (the `arch` of `configs/gpus/*.yaml`), for
+/// [`arch_ratios`].
+const GENERATIONS: [&str; 3] = ["volta", "ampere", "hopper"];
+
+/// The generation of a built-in GPU, from its config's architecture: `None` outside
+/// [`GENERATIONS`] or for a GPU without a config.
+fn generation(gpu: &str) -> Option<usize> {
+    let arch = trainplan::cost::config::load_gpu(gpu).ok()?.arch;
+    GENERATIONS.iter().position(|a| *a == arch)
 }
 
 /// The speed ratio between two GPU generations running one source's code on one GPU each: the
@@ -381,6 +382,11 @@ fn generation(gpu: &str) -> Option<u8> {
 /// way, which the per-row errors of a source that also ran the other GPU hide (issue 22).
 fn arch_ratios(timed: &[(Case, f64)]) -> Vec<Result_> {
     use trainplan::cost::framework::Precision;
+    let mut gens: BTreeMap<&str, Option<usize>> = BTreeMap::new();
+    for (c, _) in timed {
+        gens.entry(c.gpu).or_insert_with(|| generation(c.gpu));
+    }
+    let generation = |gpu: &str| gens.get(gpu).copied().flatten();
     let groups = pairs(timed, |c| {
         (!c.check_only() && c.gpus == 1 && generation(c.gpu).is_some()).then(|| {
             format!(
