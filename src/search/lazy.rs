@@ -207,7 +207,7 @@ mod tests {
         let m = crate::zoo::model(
             "bert-base",
             &crate::zoo::ModelOptions {
-                batch: Some(4),
+                batch: Some(8),
                 layers: Some(4),
                 ..Default::default()
             },

@@ -2187,7 +2187,8 @@ pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32, sharded: u32) -> Strin
                 _ => "tensor- x context-parallel",
             };
             return format!(
-                "{fit} samples per {kind} group of {group} per micro-step would fit ({:.2} GB fixed + {:.3} GB a sample): a global batch of {} on these {} GPUs",
+                "{fit} sample{} per {kind} group of {group} per micro-step would fit ({:.2} GB fixed + {:.3} GB a sample): a global batch of {} on these {} GPUs",
+                if fit == 1 { "" } else { "s" },
                 gb(fixed),
                 gb(per_sample),
                 fit * u64::from(s.job.workers.max(1)) / group,
@@ -2198,7 +2199,8 @@ pub fn what_would_fit(s: &Evaluated, budget: u64, k: u32, sharded: u32) -> Strin
             let w = u64::from(s.job.workers.max(1));
             let global = batch * w;
             return format!(
-                "{fit} samples per GPU per micro-step would fit ({:.2} GB fixed + {:.3} GB a sample): a per-GPU batch of {fit} (global {}), or the global batch of {global} on {} GPUs",
+                "{fit} sample{} per GPU per micro-step would fit ({:.2} GB fixed + {:.3} GB a sample): a per-GPU batch of {fit} (global {}), or the global batch of {global} on {} GPUs",
+                if fit == 1 { "" } else { "s" },
                 gb(fixed),
                 gb(per_sample),
                 fit * w,
