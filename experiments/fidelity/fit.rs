@@ -58,7 +58,7 @@ pub fn params() -> Vec<Param> {
         hi,
     };
     // Volta's GEMM efficiencies are not fitted here: they are the rate of the large products
-    // DeepBench timed on a V100 (`cargo run --release --example gemm_kernels`).
+    // DeepBench timed on a V100 (`cargo run --release --example kernel_rates`).
     let mut v = vec![p("volta", "conv_efficiency.cuda_core", 0.3, 1.0)];
     // Tensor-core GEMMs cannot beat the best shape of a brute-force search (ml-engineering's
     // "Maximum Achievable Matmul FLOPS", BF16 v2: A100-SXM 86.9 %, H100-SXM 80.3 % of the spec;

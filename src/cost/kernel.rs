@@ -542,7 +542,7 @@ mod tests {
 
     #[test]
     fn a_large_v100_gemm_takes_the_time_deepbench_measured() {
-        // DeepBench on a DGX-1 V100, CUDA 10.1 (experiments/gemm_kernels): M 5124, N 9124,
+        // DeepBench on a DGX-1 V100, CUDA 10.1 (experiments/kernel_rates): M 5124, N 9124,
         // K 2048, no transposes: 1.993 ms with FP16 inputs on the tensor cores, 14.924 ms in
         // FP32 on the CUDA cores. Volta's GEMM efficiencies are these products' rates.
         let v100 = load_gpu("v100-16gb").unwrap();
