@@ -10,6 +10,12 @@
 //! would make the model's mean log error zero on the large products — what the kernels say that
 //! constant is, against what the whole-step fit made it.
 //!
+//! Convolutions: every forward convolution DeepBench timed on the same V100
+//! (`experiments/kernel_rates/conv_kernels.csv`), priced as the model prices a layer's: the
+//! implicit GEMM (M = N·P·Q, N = K, K = C·R·S) at the GEMM rate times `conv_efficiency`, in
+//! DeepBench's layouts (`code/nvidia/conv_bench.cu`: NCHW in FP32, NHWC for FP16 on the tensor
+//! cores, so no layout transposes). Reported, not used: `conv_efficiency` is fitted on steps.
+//!
 //! Streaming kernels: the element-wise kernels of a real V100 trace (ResNet-50, PyTorch 1.8's
 //! profiler; `../shared/traces/pytorch-kineto/resnet50_v100_2021fmt_shapes_memory.json.gz`, which
 //! records each operator's input shapes): every `aten::add`, `aten::add_` and
@@ -30,6 +36,7 @@ use trainplan::cost::framework::Math;
 use trainplan::cost::kernel::{BatchDim, Gemm, KernelModel, OpClass, OpWork};
 
 const DATA: &str = "experiments/kernel_rates/gemm_kernels.csv";
+const CONV_DATA: &str = "experiments/kernel_rates/conv_kernels.csv";
 /// Products of at least this many FLOPs are "large": many waves of full tiles, where one
 /// efficiency per unit should hold.
 const LARGE_FLOPS: f64 = 2e10;
@@ -65,6 +72,111 @@ impl Done {
     }
     fn err(&self) -> f64 {
         self.predicted_ms / self.row.ms - 1.0
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ConvRow {
+    dtype: String,
+    app: String,
+    w: f64,
+    h: f64,
+    c: f64,
+    n: f64,
+    k: f64,
+    s: f64,
+    r: f64,
+    pad_w: f64,
+    pad_h: f64,
+    stride_w: f64,
+    stride_h: f64,
+    forward_ms: f64,
+}
+
+/// DeepBench's layout: NHWC for FP16 on the tensor cores, NCHW otherwise.
+fn conv_math(c: &ConvRow) -> Math {
+    Math {
+        channels_last: c.dtype == "fp16",
+        ..Math::FP32
+    }
+}
+
+fn conv_err(km: &KernelModel, c: &ConvRow) -> f64 {
+    km.time_ns(&conv_work(c), dtype(&c.dtype), conv_math(c)) / 1e6 / c.forward_ms - 1.0
+}
+
+/// A forward convolution as the kernel model sees it: its implicit GEMM, input and output as
+/// activations, the filters as the weight.
+fn conv_work(c: &ConvRow) -> OpWork {
+    let p = ((c.h + 2.0 * c.pad_h - c.r) / c.stride_h).floor() + 1.0;
+    let q = ((c.w + 2.0 * c.pad_w - c.s) / c.stride_w).floor() + 1.0;
+    let g = Gemm::new(c.n * p * q, c.k, c.c * c.r * c.s, 1.0, BatchDim::M);
+    let act = c.n * c.c * c.h * c.w + c.n * c.k * p * q;
+    let mut w = OpWork::new(OpClass::Conv, g.flops(), act, c.k * c.c * c.r * c.s, 1);
+    w.gemms[0] = g;
+    w
+}
+
+fn conv_section(md: &mut String, root: &Path) {
+    let mut reader = csv::Reader::from_path(root.join(CONV_DATA)).expect(CONV_DATA);
+    let rows: Vec<ConvRow> = reader
+        .deserialize()
+        .collect::<Result<_, _>>()
+        .expect(CONV_DATA);
+    let v100 = load_gpu("v100-16gb").expect("GPU config");
+    let km = KernelModel::new(&v100);
+    let _ = writeln!(
+        md,
+        "\n## Forward convolutions: DeepBench on the same V100 (FP32 in NCHW, FP16 in NHWC)\n\n\
+         | convolutions | rows | mean abs error | mean signed | max abs |\n|---|---|---|---|---|"
+    );
+    for dt in ["fp32", "fp16"] {
+        for (label, keep) in [
+            ("all", (|_: &ConvRow| true) as fn(&ConvRow) -> bool),
+            ("at least 8 input channels", |c: &ConvRow| c.c >= 8.0),
+        ] {
+            let errs: Vec<f64> = rows
+                .iter()
+                .filter(|c| c.dtype == dt && keep(c))
+                .map(|c| conv_err(&km, c))
+                .collect();
+            let (mae, n) = mean(errs.iter().map(|e| e.abs()));
+            let max = errs.iter().map(|e| e.abs()).fold(0.0, f64::max);
+            let _ = writeln!(
+                md,
+                "| {dt}, {label} | {n} | {:.1} % | {:+.1} % | {:.1} % |",
+                mae * 100.0,
+                mean(errs.iter().copied()).0 * 100.0,
+                max * 100.0
+            );
+        }
+    }
+    let by_app = |dt: &str, app: &str| {
+        mean(
+            rows.iter()
+                .filter(|c| c.dtype == dt && c.app == app)
+                .map(|c| conv_err(&km, c)),
+        )
+    };
+    let _ = writeln!(
+        md,
+        "\n| application | fp32 mean signed | fp16 mean signed |\n|---|---|---|"
+    );
+    let mut apps: Vec<&str> = Vec::new();
+    for c in &rows {
+        if !apps.contains(&c.app.as_str()) {
+            apps.push(&c.app);
+        }
+    }
+    for app in apps {
+        let (f32e, n) = by_app("fp32", app);
+        let (f16e, _) = by_app("fp16", app);
+        let _ = writeln!(
+            md,
+            "| {app} ({n} shapes) | {:+.1} % | {:+.1} % |",
+            f32e * 100.0,
+            f16e * 100.0
+        );
     }
 }
 
@@ -293,6 +405,7 @@ fn main() {
             implied_efficiency(&v100, &large, tc)
         );
     }
+    conv_section(&mut md, root);
     streaming_section(&mut md, root, &v100);
     print!("{md}");
     let _ = writeln!(

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Builds gemm_kernels.csv: measured GEMM kernel times by shape, one row per published measurement.
+"""Builds gemm_kernels.csv and conv_kernels.csv: measured GEMM and convolution kernel times by shape,
+one row per published measurement.
 
 Source: baidu-research/DeepBench at da81ba7820739e2e506dc27f382d15be5479f98f,
 results/train/DeepBench_NV_V100.xlsx (last changed 2019-10-07 in 30c51150): sheets
@@ -76,14 +77,48 @@ def gemm_rows(path):
             }
 
 
-def main():
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_kernels.csv")
-    rows = list(gemm_rows(sys.argv[1]))
+def conv_rows(path):
+    """The forward convolutions: rows of the "Convolution" block whose forward time is a number."""
+    for name, rows in sheets(path):
+        if name not in SHEETS:
+            continue
+        section = None
+        for r, cells in rows:
+            if cells and cells[0] in ("Convolution", "Dense Matrix Multiplication") and not any(cells[1:]):
+                section = cells[0]
+                continue
+            if section != "Convolution" or len(cells) < 13 or not cells[1].isdigit():
+                continue
+            try:
+                w, h, c, n, k, s, rr, pw, ph, sw, sh = (int(x) for x in cells[1:12])
+                ms = float(cells[12])
+            except ValueError:
+                continue
+            yield {
+                "id": f"deepbench-v100-conv-{SHEETS[name]}-r{r}",
+                "source": SOURCE,
+                "locator": f"{FILE} sheet '{name}' row {r}",
+                "gpu": "v100-16gb",
+                "dtype": SHEETS[name],
+                "app": cells[0],
+                "w": w, "h": h, "c": c, "n": n, "k": k, "s": s, "r": rr,
+                "pad_w": pw, "pad_h": ph, "stride_w": sw, "stride_h": sh,
+                "forward_ms": cells[12],
+            }
+
+
+def write(name, rows):
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     print(f"{len(rows)} rows -> {out}")
+
+
+def main():
+    write("gemm_kernels.csv", list(gemm_rows(sys.argv[1])))
+    write("conv_kernels.csv", list(conv_rows(sys.argv[1])))
 
 
 if __name__ == "__main__":
