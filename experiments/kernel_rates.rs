@@ -252,9 +252,14 @@ fn implied_efficiency(gpu: &GpuSpec, rows: &[&Done], tensor_core: bool) -> f64 {
 /// Achieved bandwidths (GB/s) of the two-input, same-shape FP32 element-wise kernels of the
 /// trace at `path`: (operator, GB/s) per kernel.
 fn streaming_rates(path: &Path) -> Result<Vec<(String, f64)>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let trace: serde_json::Value = serde_json::from_reader(flate2::read::GzDecoder::new(file))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // Through the project's guarded opener: a regular file within the trace size caps, the
+    // decompressed stream capped too.
+    let kind = trainplan::limits::InputKind::KinetoTrace;
+    let file =
+        trainplan::input::open(path, kind).map_err(|e| format!("{}: {e}", path.display()))?;
+    let gz = trainplan::input::decompressed(flate2::read::GzDecoder::new(file), kind);
+    let trace: serde_json::Value =
+        serde_json::from_reader(gz).map_err(|e| format!("{}: {e}", path.display()))?;
     let events = trace["traceEvents"].as_array().ok_or("no traceEvents")?;
     let mut ops = std::collections::HashMap::new();
     for e in events.iter().filter(|e| e["cat"] == "Operator") {
