@@ -369,6 +369,9 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
     let nvidia_recipe = matches!(family, "dle" | "dlperf" | "lambda");
     let model = match model_name.as_str() {
         "resnet50" => "resnet50",
+        // DeepLearningExamples' own definitions (its ConvNets READMEs' rows).
+        "resnext101-32x4d" => "resnext101-32x4d",
+        "se-resnext101-32x4d" => "se-resnext101-32x4d",
         "bert-base" | "bert-large" => {
             opts.seq = seq;
             opts.head = Some(if text.contains("squad") || seq == Some(384) {

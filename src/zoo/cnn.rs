@@ -469,13 +469,15 @@ impl Builder {
     }
 }
 
-/// A conv's shape: output channels, kernel (h, w), stride, padding (h, w).
+/// A conv's shape: output channels, kernel (h, w), stride, padding (h, w), groups.
 #[derive(Clone, Copy)]
 struct Cv {
     cout: u64,
     k: (u64, u64),
     stride: u64,
     pad: (u64, u64),
+    /// `groups` of `nn.Conv2d`: each output channel reads `cin / groups` input channels.
+    groups: u64,
 }
 
 /// A square `k`×`k` conv.
@@ -485,7 +487,13 @@ const fn sq(cout: u64, k: u64, stride: u64, pad: u64) -> Cv {
         k: (k, k),
         stride,
         pad: (pad, pad),
+        groups: 1,
     }
+}
+
+/// `c` split into `groups` groups (ResNeXt's grouped 3×3 convs).
+const fn grouped(c: Cv, groups: u64) -> Cv {
+    Cv { groups, ..c }
 }
 
 /// A stride-1, same-padded `kh`×`kw` conv (Inception's 1×7, 7×1, 1×3, 3×1).
@@ -495,6 +503,7 @@ const fn rect(cout: u64, kh: u64, kw: u64) -> Cv {
         k: (kh, kw),
         stride: 1,
         pad: (kh / 2, kw / 2),
+        groups: 1,
     }
 }
 
@@ -533,7 +542,10 @@ impl Net {
         let [cin, h, w] = x.map_or(self.image, |i| self.shape[i]);
         let ho = (h + 2 * c.pad.0 - c.k.0) / c.stride + 1;
         let wo = (w + 2 * c.pad.1 - c.k.1) / c.stride + 1;
-        let (inp, wt) = (self.n * cin * h * w, cin * c.k.0 * c.k.1 * c.cout);
+        // A grouped conv's window reads `cin / groups` channels: its weight and FLOPs shrink
+        // by the group count.
+        let per_group = cin / c.groups.max(1);
+        let (inp, wt) = (self.n * cin * h * w, per_group * c.k.0 * c.k.1 * c.cout);
         let out = self.n * c.cout * ho * wo;
         let (i, wf, o) = (inp as f64, wt as f64, out as f64);
         let (nb, bc, bo) = if bias {
@@ -574,11 +586,14 @@ impl Net {
             params,
         );
         // Implicit GEMM: one row per output pixel, one column per output channel, a reduction
-        // over the input channels times the window.
+        // over the input channels times the window. A grouped conv is one launch whose tiles
+        // span the output channels of every group (cuDNN's grouped implicit-GEMM kernels), each
+        // column reducing over its own group's channels only: the short reduction is what it
+        // costs (the kernel model's `reduction_half`), not a tile per group.
         self.b.layer_mut(j).gemm = Some(Gemm::new(
             (self.n * ho * wo) as f64,
             c.cout as f64,
-            (cin * c.k.0 * c.k.1) as f64,
+            (per_group * c.k.0 * c.k.1) as f64,
             1.0,
             BatchDim::M,
         ));
@@ -700,6 +715,84 @@ impl Net {
         self.relu(&format!("{p}.relu3"), y)
     }
 
+    /// DeepLearningExamples' ResNeXt bottleneck (`image_classification/models/resnet.py`,
+    /// `Bottleneck`): 1×1 to `width`, a 3×3 in `groups` groups (stride here), 1×1 to
+    /// `2 × width`; with `se`, its squeeze-and-excitation folded into the residual add.
+    fn resnext_block(&mut self, p: &str, x: usize, width: u64, stride: u64, se: bool) -> usize {
+        const GROUPS: u64 = 32;
+        let out = 2 * width;
+        let c = self.conv(&format!("{p}.conv1"), Some(x), sq(width, 1, 1, 0), false);
+        let y = self.bn(&format!("{p}.bn1"), c);
+        let y = self.relu(&format!("{p}.relu1"), y);
+        let c3 = grouped(sq(width, 3, stride, 1), GROUPS);
+        let c = self.conv(&format!("{p}.conv2"), Some(y), c3, false);
+        let y = self.bn(&format!("{p}.bn2"), c);
+        let y = self.relu(&format!("{p}.relu2"), y);
+        let c = self.conv(&format!("{p}.conv3"), Some(y), sq(out, 1, 1, 0), false);
+        let y = self.bn(&format!("{p}.bn3"), c);
+        let id = if stride != 1 || self.shape[x][0] != out {
+            let d = self.conv(
+                &format!("{p}.downsample.0"),
+                Some(x),
+                sq(out, 1, stride, 0),
+                false,
+            );
+            self.bn(&format!("{p}.downsample.1"), d)
+        } else {
+            x
+        };
+        let y = if se {
+            let s = self.squeeze_excitation(&format!("{p}.squeeze"), y);
+            self.addcmul(&format!("{p}.addcmul"), id, y, s)
+        } else {
+            let a = self.b.add(&format!("{p}.add"), y, id);
+            self.same(a, id)
+        };
+        self.relu(&format!("{p}.relu3"), y)
+    }
+
+    /// DeepLearningExamples' `SqueezeAndExcitation` (`models/common.py`): the spatial mean,
+    /// `Linear(C, 16)`, ReLU, `Linear(16, C)`, sigmoid — the 16 is the squeeze width itself
+    /// (`se_squeeze=16` is passed as `nn.Linear`'s output size), not a reduction ratio.
+    fn squeeze_excitation(&mut self, p: &str, x: usize) -> usize {
+        const SQUEEZE: u64 = 16;
+        let c = self.shape[x][0];
+        let m = self.adaptive_avgpool(&format!("{p}.mean"), x, 1);
+        let s = self.linear(&format!("{p}.squeeze"), m, SQUEEZE);
+        let s = self.relu(&format!("{p}.relu"), s);
+        let e = self.linear(&format!("{p}.expand"), s, c);
+        // The sigmoid's backward reads its output.
+        let g = self.b.unary(&format!("{p}.sigmoid"), e, 4.0, 2.0, true);
+        self.same(g, e)
+    }
+
+    /// `torch.addcmul(residual, out, gate)` with the per-channel `gate` broadcast over the
+    /// pixels: one kernel forward; backward, the residual's gradient passes through and the two
+    /// products (`out`'s full size, `gate`'s summed over the pixels) take two kernels.
+    fn addcmul(&mut self, name: &str, residual: usize, out: usize, gate: usize) -> usize {
+        let n = self.b.out(out);
+        let (nf, gf) = (n as f64, self.b.out(gate) as f64);
+        let w = Work {
+            fw_flops: 2.0 * nf,
+            fw_elems: 3.0 * nf + gf,
+            bw_flops: 3.0 * nf,
+            bw_elems: 4.0 * nf + 2.0 * gf,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = self.b.keep(out).saturating_add(self.b.keep(gate));
+        let i = self.b.push(
+            name,
+            LayerKind::Elementwise,
+            vec![residual, out, gate],
+            w,
+            saved,
+            n,
+            vec![],
+        );
+        self.same(i, out)
+    }
+
     /// Inception `BasicConv2d` named `p`: bias-free conv, BN, ReLU.
     fn basic(&mut self, p: &str, x: Option<usize>, c: Cv) -> usize {
         let y = self.conv(&format!("{p}.conv"), x, c, false);
@@ -819,6 +912,29 @@ pub fn resnet50(batch: u32) -> Vec<Layer> {
         for blk in 0..blocks {
             let s = if blk == 0 { stride } else { 1 };
             x = net.bottleneck(&format!("layer{}.{blk}", stage + 1), x, planes, s, blk == 0);
+        }
+    }
+    let x = net.adaptive_avgpool("avgpool", x, 1);
+    let x = net.linear("fc", x, 1000);
+    net.finish(x)
+}
+
+/// DeepLearningExamples' `resnext101-32x4d` (`se` false) and `se-resnext101-32x4d` (`se`
+/// true) on 224×224 images (`image_classification/models/resnet.py` at
+/// NVIDIA/DeepLearningExamples@291f0d02: stem 64, blocks [3, 4, 23, 3], widths
+/// [128, 256, 512, 1024], expansion 2, cardinality 32): 44,177,704 and 45,251,128 parameters,
+/// ≈ 8.0 G multiply-adds per image.
+pub fn resnext101_32x4d(batch: u32, se: bool) -> Vec<Layer> {
+    let mut net = Net::new(batch, [3, 224, 224]);
+    let x = net.conv("conv1", None, sq(64, 7, 2, 3), false);
+    let x = net.bn("bn1", x);
+    let x = net.relu("relu", x);
+    let mut x = net.pool("maxpool", x, 3, 2, 1, true);
+    let stages = [(128, 3, 1), (256, 4, 2), (512, 23, 2), (1024, 3, 2)];
+    for (stage, (width, blocks, stride)) in stages.into_iter().enumerate() {
+        for blk in 0..blocks {
+            let s = if blk == 0 { stride } else { 1 };
+            x = net.resnext_block(&format!("layer{}.{blk}", stage + 1), x, width, s, se);
         }
     }
     let x = net.adaptive_avgpool("avgpool", x, 1);
@@ -1000,6 +1116,38 @@ pub(super) mod tests {
         assert!(near(total(&r), 8.2, 0.03), "{}", total(&r));
         assert!(near(total(&v), 31.0, 0.03), "{}", total(&v));
         assert!(near(total(&i), 11.4, 0.03), "{}", total(&i));
+    }
+
+    /// DeepLearningExamples' ResNeXt101-32x4d, counted from its architecture (stem 64, blocks
+    /// [3, 4, 23, 3], widths [128, 256, 512, 1024], expansion 2, 32 groups): 44,177,704
+    /// parameters; its SE variant adds `Linear(C, 16)` and `Linear(16, C)` per block (1,073,424);
+    /// 7.970 G multiply-adds per image in the convs and the classifier (the grouped 3×3 convs
+    /// at a 32nd of a dense conv's). The gate multiplies into the residual add in one kernel.
+    #[test]
+    fn resnext_counts_follow_the_architecture() {
+        let (x, se) = (resnext101_32x4d(1, false), resnext101_32x4d(1, true));
+        assert_eq!(params(&x), 44_177_704);
+        assert_eq!(params(&se), 45_251_128);
+        assert!(
+            near(matrix_gflops(&x), 15.94, 0.005),
+            "{}",
+            matrix_gflops(&x)
+        );
+        let grouped = x.iter().find(|l| l.name == "layer1.0.conv2").unwrap();
+        let g = grouped.gemm.unwrap();
+        // 4 input channels per group × a 3×3 window: the reduction of each output column.
+        assert_eq!((g.n, g.k), (128.0, 36.0));
+        assert_eq!(grouped.params[0].elems, 128 * 4 * 9);
+        let gate = se.iter().find(|l| l.name == "layer4.2.addcmul").unwrap();
+        assert_eq!(gate.inputs.len(), 3);
+        assert_eq!((gate.fw_kernels, gate.bw_kernels), (1, 2));
+        assert!(!x.iter().any(|l| l.name.contains("squeeze")));
+        check_well_formed(&|b| resnext101_32x4d(b, false));
+        check_well_formed(&|b| resnext101_32x4d(b, true));
+        for ls in [resnext101_32x4d(2, false), resnext101_32x4d(2, true)] {
+            let ratio = sum(&ls, |l| l.bw_flops) / sum(&ls, |l| l.fw_flops);
+            assert!((1.9..2.1).contains(&ratio), "{ratio}");
+        }
     }
 
     #[test]

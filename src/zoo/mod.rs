@@ -97,6 +97,20 @@ pub const MODELS: &[ZooEntry] = &[
         transformer: false,
     },
     ZooEntry {
+        name: "resnext101-32x4d",
+        doc: "ResNeXt101-32x4d (44.2 M params, 32 groups; NVIDIA DeepLearningExamples' definition) on 224x224 images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "se-resnext101-32x4d",
+        doc: "SE-ResNeXt101-32x4d (45.3 M params: ResNeXt101-32x4d with squeeze-and-excitation, DeepLearningExamples' definition) on 224x224 images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
         name: "vgg16",
         doc: "VGG-16 (138 M params) on 224x224 ImageNet images",
         default_batch: 32,
@@ -207,6 +221,8 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
     let layers = match name {
         "resnet50" => cnn::resnet50(batch),
         "vgg16" => cnn::vgg16(batch),
+        "resnext101-32x4d" => cnn::resnext101_32x4d(batch, false),
+        "se-resnext101-32x4d" => cnn::resnext101_32x4d(batch, true),
         "inception-v3" => cnn::inception_v3(batch),
         _ => {
             let mut cfg = match name {
@@ -302,7 +318,7 @@ mod tests {
         let e = model("resnet51", &ModelOptions::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown model `resnet51`; the zoo has: bert-base, bert-large, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, resnet50, vgg16"
+            "unknown model `resnet51`; the zoo has: bert-base, bert-large, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, resnet50, resnext101-32x4d, se-resnext101-32x4d, vgg16"
         );
     }
 

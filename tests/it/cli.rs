@@ -173,6 +173,8 @@ fn models_lists_the_zoo() {
             "llama3-70b",
             "llama3-8b",
             "resnet50",
+            "resnext101-32x4d",
+            "se-resnext101-32x4d",
             "vgg16",
         ],
     );
