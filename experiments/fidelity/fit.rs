@@ -265,3 +265,88 @@ pub fn fit_collective(cases: &[Case], iters: u32) -> (f64, f64, f64, f64) {
     let best = (a + b) / 2.0;
     (now, best, before, at(best))
 }
+
+/// Whether `c`'s model has a depthwise convolution (`OpClass::DepthwiseConv`).
+pub fn has_depthwise(c: &Case) -> bool {
+    trainplan::zoo::model(&c.model, &c.opts).is_ok_and(|m| {
+        m.layers
+            .iter()
+            .any(|l| l.kind == trainplan::zoo::LayerKind::DepthwiseConv)
+    })
+}
+
+/// One fitted `depthwise_efficiency`: the architecture, its rows, the configs' value (1 when
+/// absent), the fitted value, and the mean |log error| before and after.
+pub struct DepthwiseFit {
+    pub arch: String,
+    pub rows: usize,
+    pub now: f64,
+    pub best: f64,
+    pub before: f64,
+    pub after: f64,
+}
+
+/// Each architecture's `depthwise_efficiency` (`configs/arch/*.yaml`) that minimises the mean
+/// |log error| of `cases`' rows with depthwise convolutions on that architecture, by
+/// golden-section search on ln(e) ∈ [ln 0.02, 0] with every other constant at its configs'
+/// value. Only the architectures `cases` has such rows for are fitted.
+pub fn fit_depthwise(cases: &[Case], iters: u32) -> Vec<DepthwiseFit> {
+    let mut by_arch: BTreeMap<String, Vec<Case>> = BTreeMap::new();
+    for c in cases.iter().filter(|c| has_depthwise(c)) {
+        if let Ok(cl) = super::predict::cluster(c) {
+            by_arch
+                .entry(cl.gpu.arch.clone())
+                .or_default()
+                .push(c.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for (arch, rows) in by_arch {
+        let base = load_gpu_arch(&arch).expect("built-in architecture");
+        let at = |ln_e: f64| {
+            let mut spec = base.clone();
+            spec.depthwise_efficiency = Some(ln_e.exp());
+            let mut o = Overrides::default();
+            o.arch.insert(arch.clone(), spec);
+            log_loss(&rows, &o)
+        };
+        let now = base.depthwise_efficiency.unwrap_or(1.0);
+        let before = at(now.ln());
+        let r = (5f64.sqrt() - 1.0) / 2.0;
+        let (mut a, mut b) = (0.02f64.ln(), 0.0_f64);
+        let (mut c, mut d) = (b - r * (b - a), a + r * (b - a));
+        let (mut fc, mut fd) = (at(c), at(d));
+        for _ in 0..iters {
+            if fc < fd {
+                b = d;
+                d = c;
+                fd = fc;
+                c = b - r * (b - a);
+                fc = at(c);
+            } else {
+                a = c;
+                c = d;
+                fc = fd;
+                d = a + r * (b - a);
+                fd = at(d);
+            }
+        }
+        let best = ((a + b) / 2.0).exp();
+        let after = at(best.ln());
+        eprintln!(
+            "depthwise {arch}: {} rows, e in [{:.4}, {:.4}]",
+            rows.len(),
+            a.exp(),
+            b.exp()
+        );
+        out.push(DepthwiseFit {
+            arch: arch.clone(),
+            rows: rows.len(),
+            now,
+            best,
+            before,
+            after,
+        });
+    }
+    out
+}

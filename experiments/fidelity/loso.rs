@@ -130,10 +130,12 @@ pub fn predict_folds(root: &Path, cases: &[Case]) -> Option<Vec<Fold>> {
         .map(|(source, (values, fit_rows, iterations, loss_after))| {
             let o = fit::overrides_named(&values);
             // The source's rows the headline reports (never the check-only ones: dPRO, the
-            // sharded and tensor-parallel runs).
+            // sharded and tensor-parallel runs). Nor the rows with depthwise convolutions:
+            // `depthwise_efficiency` is fitted on DeepLearningExamples' EfficientNet rows alone
+            // (no other source times a depthwise conv), so no fold predicts them out of source.
             let mine: Vec<&Case> = cases
                 .iter()
-                .filter(|c| source_of(c) == source && !c.check_only())
+                .filter(|c| source_of(c) == source && !c.check_only() && !fit::has_depthwise(c))
                 .collect();
             let predict_all = |o: &predict::Overrides| -> Vec<(Case, predict::Prediction)> {
                 mine.par_iter()

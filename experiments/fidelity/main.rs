@@ -192,6 +192,20 @@ fn main() {
         );
         return;
     }
+    if std::env::args().any(|a| a == "--fit-depthwise") {
+        let half: Vec<Case> = cases
+            .iter()
+            .filter(|c| !c.check_only() && split_of(&c.id) == Split::Fit)
+            .cloned()
+            .collect();
+        for f in fit::fit_depthwise(&half, 25) {
+            println!(
+                "{}.depthwise_efficiency {:10.4} → {:10.4} over {} fit rows (mean |log error| {:.4} → {:.4})",
+                f.arch, f.now, f.best, f.rows, f.before, f.after
+            );
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--loso") {
         let iters = std::env::args()
             .skip_while(|a| a != "--iters")

@@ -118,6 +118,12 @@ pub struct ArchSpec {
     /// `align1` kernels. Absent where it was not measured: such products are priced as aligned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub misaligned_gemm_efficiency: Option<f64>,
+    /// Fraction of the streaming rate (`memory_efficiency`) depthwise convolutions reach,
+    /// forward and backward (cuDNN's depthwise kernels, their weight gradient a reduction over
+    /// the batch and pixels per channel). Absent where no row measures them: priced as
+    /// streaming kernels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depthwise_efficiency: Option<f64>,
     #[serde(default)]
     pub source: String,
 }
@@ -698,6 +704,9 @@ pub fn parse_arch(text: &str, file: &str) -> Result<ArchSpec, ConfigError> {
         ("vector_efficiency", a.vector_efficiency),
     ] {
         check_range(text, file, field, v, MIN_RATE, 1.0)?;
+    }
+    if let Some(v) = a.depthwise_efficiency {
+        check_range(text, file, "depthwise_efficiency", v, MIN_RATE, 1.0)?;
     }
     if let Some(v) = a.misaligned_gemm_efficiency {
         check_range(text, file, "misaligned_gemm_efficiency", v, MIN_RATE, 1.0)?;

@@ -100,8 +100,15 @@ impl HostSpec {
         } else {
             &self.forward_us
         };
+        // A depthwise conv is dispatched as every convolution is (cuDNN's setup), unless the
+        // host config prices it apart.
         let dispatch = table
             .get(&class)
+            .or_else(|| {
+                (class == OpClass::DepthwiseConv)
+                    .then(|| table.get(&OpClass::Conv))
+                    .flatten()
+            })
             .or_else(|| table.get(&OpClass::Elementwise))
             .copied()
             .unwrap_or(0.0);
@@ -198,6 +205,11 @@ mod tests {
         assert!((three - one - 2.0 * e.speed * e.launch_us * 1e3).abs() < 1e-6);
         // A compiled graph issues kernels for less than eager dispatch.
         assert!(g.op_ns(OpClass::Conv, false, 1) < e.op_ns(OpClass::Conv, false, 1));
+        // A depthwise conv is a cuDNN call like any convolution.
+        assert_eq!(
+            e.op_ns(OpClass::DepthwiseConv, true, 1),
+            e.op_ns(OpClass::Conv, true, 1)
+        );
     }
 
     #[test]

@@ -32,8 +32,13 @@ pub enum MathClass {
 )]
 #[serde(rename_all = "snake_case")]
 pub enum OpClass {
-    /// Convolution (implicit GEMM: M = N·Ho·Wo, N = Cout/g, K = Cin/g·Kh·Kw).
+    /// Convolution (implicit GEMM: M = N·Ho·Wo, N = Cout, K = Cin/g·Kh·Kw: a grouped conv's
+    /// columns reduce over their own group's channels).
     Conv,
+    /// Depthwise convolution (one group per channel, MobileNet / EfficientNet): a stencil, not
+    /// a product — each output reads its own channel's window — priced as a memory-bound kernel
+    /// at the architecture's `depthwise_efficiency` of the achieved bandwidth.
+    DepthwiseConv,
     /// Dense GEMM (linear layers, `mm`, `addmm`) and batched matmul.
     Gemm,
     /// Attention as one fused kernel (flash / memory-efficient attention).
@@ -370,7 +375,10 @@ impl<'a> KernelModel<'a> {
             return self.time_ns(work, Dtype::Fp32, math) + cast;
         }
         let bytes = (work.act_elems + work.weight_elems).max(0.0) * storage.bytes() as f64;
-        let memory = bytes / self.mem_rate();
+        let mut memory = bytes / self.mem_rate();
+        if work.class == OpClass::DepthwiseConv {
+            memory /= self.gpu.kernels.depthwise_efficiency.unwrap_or(1.0);
+        }
         let launches = f64::from(work.kernels) * self.launch_ns();
         if work.math == MathClass::Vector {
             let compute = work.flops.max(0.0) / self.vector_rate(storage);
@@ -625,6 +633,32 @@ mod tests {
                 "{elems}: {t}"
             );
         }
+    }
+
+    /// A depthwise conv moves its bytes at `depthwise_efficiency` of the streaming rate; where
+    /// an architecture has none, at the streaming rate.
+    #[test]
+    fn depthwise_convs_stream_at_their_fraction_of_the_bandwidth() {
+        let mut gpu = load_gpu("a100-80gb").unwrap();
+        let elems = 1e9;
+        let math = Math::FP32;
+        let plain = OpWork::new(OpClass::Elementwise, 0.0, elems, 0.0, 1);
+        let dw = OpWork::new(OpClass::DepthwiseConv, 0.0, elems, 0.0, 1);
+        gpu.kernels.depthwise_efficiency = Some(0.25);
+        let m = KernelModel::new(&gpu);
+        let launch = m.launch_floor_ns();
+        let (t_plain, t_dw) = (
+            m.time_ns(&plain, Dtype::Fp16, math) - launch,
+            m.time_ns(&dw, Dtype::Fp16, math) - launch,
+        );
+        assert!((t_dw / t_plain - 4.0).abs() < 1e-9, "{t_dw} vs {t_plain}");
+        gpu.kernels.depthwise_efficiency = None;
+        let m = KernelModel::new(&gpu);
+        assert_eq!(
+            m.time_ns(&dw, Dtype::Fp16, math),
+            m.time_ns(&plain, Dtype::Fp16, math)
+        );
+        assert_eq!(OpClass::DepthwiseConv.math(), MathClass::Vector);
     }
 
     #[test]

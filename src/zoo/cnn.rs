@@ -576,15 +576,19 @@ impl Net {
         if bias {
             params.push(param(name, "bias", c.cout));
         }
-        let j = self.b.push(
-            name,
-            LayerKind::Conv,
-            x.into_iter().collect(),
-            w,
-            saved,
-            out,
-            params,
-        );
+        let depthwise = c.groups > 1 && per_group == 1 && c.cout == cin;
+        let kind = if depthwise {
+            LayerKind::DepthwiseConv
+        } else {
+            LayerKind::Conv
+        };
+        let j = self
+            .b
+            .push(name, kind, x.into_iter().collect(), w, saved, out, params);
+        if depthwise {
+            // A stencil over each channel's own window: no product to tile (`OpClass::DepthwiseConv`).
+            return self.put(j, [c.cout, ho, wo]);
+        }
         // Implicit GEMM: one row per output pixel, one column per output channel, a reduction
         // over the input channels times the window. A grouped conv is one launch whose tiles
         // span the output channels of every group (cuDNN's grouped implicit-GEMM kernels), each
@@ -793,6 +797,80 @@ impl Net {
         self.same(i, out)
     }
 
+    /// SiLU (`nn.SiLU`: one kernel each way, keeps its input).
+    fn silu(&mut self, name: &str, x: usize) -> usize {
+        let i = self.b.silu(name, x);
+        self.same(i, x)
+    }
+
+    /// `x * gate` with a per-channel `gate` broadcast over the pixels (EfficientNet's
+    /// squeeze-and-excitation): one kernel forward; backward, `x`'s gradient (full size) and the
+    /// gate's (the product summed over the pixels) are two kernels.
+    fn gate(&mut self, name: &str, x: usize, gate: usize) -> usize {
+        let n = self.b.out(x);
+        let (nf, gf) = (n as f64, self.b.out(gate) as f64);
+        let w = Work {
+            fw_flops: nf,
+            fw_elems: 2.0 * nf + gf,
+            bw_flops: 2.0 * nf,
+            bw_elems: 3.0 * nf + 2.0 * gf,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = self.b.keep(x).saturating_add(self.b.keep(gate));
+        let i = self.b.push(
+            name,
+            LayerKind::Elementwise,
+            vec![x, gate],
+            w,
+            saved,
+            n,
+            vec![],
+        );
+        self.same(i, x)
+    }
+
+    /// DeepLearningExamples' `MBConvBlock` (`image_classification/models/efficientnet.py`,
+    /// `original_mbconv`): a 1×1 expansion to `e × cin` (none when `e` is 1), a depthwise
+    /// `k`×`k` conv (one group per channel; the stride here), each with BN and SiLU; the
+    /// squeeze-and-excitation (`torch.mean` over the pixels, `Linear(hidden, cin/4)`, SiLU,
+    /// `Linear(cin/4, hidden)`, sigmoid, times the features); a 1×1 projection with BN; and the
+    /// residual add where the shape allows (stochastic depth scales it, one kernel either way).
+    fn mbconv(&mut self, p: &str, x: usize, k: u64, stride: u64, e: u64, cout: u64) -> usize {
+        let cin = self.shape[x][0];
+        let hidden = cin * e;
+        let mut y = x;
+        if e != 1 {
+            let c = self.conv(
+                &format!("{p}.expand.conv"),
+                Some(x),
+                sq(hidden, 1, 1, 0),
+                false,
+            );
+            let c = self.bn(&format!("{p}.expand.bn"), c);
+            y = self.silu(&format!("{p}.expand.act"), c);
+        }
+        let dw = grouped(sq(hidden, k, stride, k / 2), hidden);
+        let c = self.conv(&format!("{p}.depsep.conv"), Some(y), dw, false);
+        let c = self.bn(&format!("{p}.depsep.bn"), c);
+        let y = self.silu(&format!("{p}.depsep.act"), c);
+        let m = self.adaptive_avgpool(&format!("{p}.se.mean"), y, 1);
+        let s = self.linear(&format!("{p}.se.squeeze"), m, (cin / 4).max(1));
+        let s = self.silu(&format!("{p}.se.act"), s);
+        let s = self.linear(&format!("{p}.se.expand"), s, hidden);
+        let g = self.b.unary(&format!("{p}.se.sigmoid"), s, 4.0, 2.0, true);
+        let g = self.same(g, s);
+        let y = self.gate(&format!("{p}.se.mul"), y, g);
+        let c = self.conv(&format!("{p}.proj.conv"), Some(y), sq(cout, 1, 1, 0), false);
+        let y = self.bn(&format!("{p}.proj.bn"), c);
+        if stride == 1 && cin == cout {
+            let a = self.b.add(&format!("{p}.add"), x, y);
+            self.same(a, y)
+        } else {
+            y
+        }
+    }
+
     /// Inception `BasicConv2d` named `p`: bias-free conv, BN, ReLU.
     fn basic(&mut self, p: &str, x: Option<usize>, c: Cv) -> usize {
         let y = self.conv(&format!("{p}.conv"), x, c, false);
@@ -939,6 +1017,57 @@ pub fn resnext101_32x4d(batch: u32, se: bool) -> Vec<Layer> {
     }
     let x = net.adaptive_avgpool("avgpool", x, 1);
     let x = net.linear("fc", x, 1000);
+    net.finish(x)
+}
+
+/// EfficientNet's width rounding (`EffNetArch._scale_width` in DeepLearningExamples, the
+/// reference implementation's `round_filters`): `c × w` to the nearest multiple of 8, up by 8
+/// where that loses more than 10 %.
+fn scale_width(c: u64, w: f64) -> u64 {
+    let x = c as f64 * w;
+    let r = (((x + 4.0) as u64) / 8 * 8).max(8);
+    if (r as f64) < 0.9 * x { r + 8 } else { r }
+}
+
+/// DeepLearningExamples' `efficientnet-b0` (`width` 1, `depth` 1, 224×224) and
+/// `efficientnet-b4` (1.4, 1.8, 380×380): B0's seven stages (kernels, strides, repeats,
+/// expansions, channels) scaled by `EffNetArch.scale` (`image_classification/models/
+/// efficientnet.py` at NVIDIA/DeepLearningExamples@c4813240); 5,288,548 and 19,341,616
+/// parameters, as torchvision's `efficientnet_b0` and `efficientnet_b4`.
+pub fn efficientnet(batch: u32, width: f64, depth: f64, image: u64) -> Vec<Layer> {
+    const KERNEL: [u64; 7] = [3, 3, 5, 3, 5, 5, 3];
+    const STRIDE: [u64; 7] = [1, 2, 2, 2, 1, 2, 1];
+    const REPEAT: [u64; 7] = [1, 2, 2, 3, 3, 4, 1];
+    const EXPAND: [u64; 7] = [1, 6, 6, 6, 6, 6, 6];
+    const CHANNELS: [u64; 7] = [16, 24, 40, 80, 112, 192, 320];
+    let mut net = Net::new(batch, [3, image, image]);
+    let x = net.conv(
+        "stem.conv",
+        None,
+        sq(scale_width(32, width), 3, 2, 1),
+        false,
+    );
+    let x = net.bn("stem.bn", x);
+    let mut x = net.silu("stem.activation", x);
+    for i in 0..7 {
+        let repeat = (REPEAT[i] as f64 * depth).ceil() as u64;
+        let cout = scale_width(CHANNELS[i], width);
+        for blk in 0..repeat {
+            let s = if blk == 0 { STRIDE[i] } else { 1 };
+            let p = format!("layer{}.block{blk}", i + 1);
+            x = net.mbconv(&p, x, KERNEL[i], s, EXPAND[i], cout);
+        }
+    }
+    let c = net.conv(
+        "features.conv",
+        Some(x),
+        sq(scale_width(1280, width), 1, 1, 0),
+        false,
+    );
+    let c = net.bn("features.bn", c);
+    let x = net.silu("features.activation", c);
+    let x = net.adaptive_avgpool("classifier.pooling", x, 1);
+    let x = net.dropout_linear("classifier.dropout", "classifier.fc", x, 1000);
     net.finish(x)
 }
 
@@ -1148,6 +1277,50 @@ pub(super) mod tests {
             let ratio = sum(&ls, |l| l.bw_flops) / sum(&ls, |l| l.fw_flops);
             assert!((1.9..2.1).contains(&ratio), "{ratio}");
         }
+    }
+
+    /// DeepLearningExamples' EfficientNet-B0 and -B4 have torchvision's parameter counts
+    /// (`efficientnet_b0`: 5,288,548; `efficientnet_b4`: 19,341,616); B0's 0.39 G
+    /// multiply-adds per image are the EfficientNet paper's (Tan & Le 2019, Table 2), B4's 4.4 G
+    /// are counted here (the paper gives 4.2 G). A depthwise conv is a stencil, not a product.
+    #[test]
+    fn efficientnet_counts_match_torchvision() {
+        let (b0, b4) = (
+            efficientnet(1, 1.0, 1.0, 224),
+            efficientnet(1, 1.4, 1.8, 380),
+        );
+        assert_eq!(params(&b0), 5_288_548);
+        assert_eq!(params(&b4), 19_341_616);
+        // Multiply-adds of the convs (depthwise included) and the classifier, ×2.
+        let conv_gflops = |ls: &[Layer]| {
+            ls.iter()
+                .filter(|l| {
+                    matches!(
+                        l.kind,
+                        LayerKind::Conv | LayerKind::DepthwiseConv | LayerKind::Gemm
+                    )
+                })
+                .map(|l| l.fw_flops)
+                .sum::<f64>()
+                / 1e9
+        };
+        assert!(near(conv_gflops(&b0), 0.78, 0.03), "{}", conv_gflops(&b0));
+        assert!(near(conv_gflops(&b4), 8.8, 0.03), "{}", conv_gflops(&b4));
+        let dw = b0
+            .iter()
+            .find(|l| l.name == "layer3.block0.depsep.conv")
+            .unwrap();
+        assert_eq!(dw.kind, LayerKind::DepthwiseConv);
+        assert_eq!(dw.math, MathClass::Vector);
+        assert!(dw.gemm.is_none());
+        assert_eq!(dw.params[0].elems, 144 * 25);
+        // 2 FLOPs per tap of the 5×5 window per output element (stride 2: 56×56 to 28×28).
+        assert_eq!(dw.fw_flops, 2.0 * 25.0 * (144 * 28 * 28) as f64);
+        // ResNeXt's grouped convs stay products.
+        let rx = resnext101_32x4d(1, false);
+        assert!(rx.iter().all(|l| l.kind != LayerKind::DepthwiseConv));
+        check_well_formed(&|b| efficientnet(b, 1.0, 1.0, 224));
+        check_well_formed(&|b| efficientnet(b, 1.4, 1.8, 380));
     }
 
     #[test]

@@ -12,6 +12,8 @@ use crate::cost::kernel::{Gemm, OpClass};
 #[serde(rename_all = "snake_case")]
 pub enum LayerKind {
     Conv,
+    /// A conv with one group per channel (`groups == in_channels == out_channels`).
+    DepthwiseConv,
     Gemm,
     /// Batched matmul inside attention (QKᵀ, AV): no parameters.
     BatchedMatmul,
@@ -88,6 +90,7 @@ impl LayerKind {
     pub fn class(self) -> OpClass {
         match self {
             LayerKind::Conv => OpClass::Conv,
+            LayerKind::DepthwiseConv => OpClass::DepthwiseConv,
             LayerKind::Gemm | LayerKind::BatchedMatmul => OpClass::Gemm,
             LayerKind::Attention => OpClass::Attention,
             LayerKind::BatchNorm => OpClass::Norm,

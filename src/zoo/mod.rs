@@ -41,6 +41,24 @@ pub const MODELS: &[ZooEntry] = &[
         transformer: true,
     },
     ZooEntry {
+        name: "efficientnet-b0",
+        doc: "EfficientNet-B0 (5.3 M params, depthwise convs, SiLU, squeeze-and-excitation; DeepLearningExamples' definition) on 224x224 images",
+        default_batch: 32,
+        // DeepLearningExamples trains it with RMSprop and momentum: two state tensors per
+        // parameter, as Adam keeps.
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "efficientnet-b4",
+        doc: "EfficientNet-B4 (19.3 M params; B0 scaled 1.4x wide, 1.8x deep) on 380x380 images",
+        default_batch: 32,
+        // DeepLearningExamples trains it with RMSprop and momentum: two state tensors per
+        // parameter, as Adam keeps.
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
         name: "gpt",
         doc: "GPT-style decoder, GPT-2 small by default (124 M, 12 layers, hidden 768, seq 1024)",
         default_batch: 8,
@@ -221,6 +239,8 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
     let layers = match name {
         "resnet50" => cnn::resnet50(batch),
         "vgg16" => cnn::vgg16(batch),
+        "efficientnet-b0" => cnn::efficientnet(batch, 1.0, 1.0, 224),
+        "efficientnet-b4" => cnn::efficientnet(batch, 1.4, 1.8, 380),
         "resnext101-32x4d" => cnn::resnext101_32x4d(batch, false),
         "se-resnext101-32x4d" => cnn::resnext101_32x4d(batch, true),
         "inception-v3" => cnn::inception_v3(batch),
@@ -309,7 +329,8 @@ mod tests {
         for m in MODELS {
             let model = model(m.name, &ModelOptions::default()).unwrap();
             assert_eq!(model.batch, m.default_batch);
-            assert!(model.param_elems() > 20_000_000, "{}", m.name);
+            // The smallest is EfficientNet-B0's 5.3 M.
+            assert!(model.param_elems() > 5_000_000, "{}", m.name);
         }
     }
 
@@ -318,7 +339,7 @@ mod tests {
         let e = model("resnet51", &ModelOptions::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown model `resnet51`; the zoo has: bert-base, bert-large, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, resnet50, resnext101-32x4d, se-resnext101-32x4d, vgg16"
+            "unknown model `resnet51`; the zoo has: bert-base, bert-large, efficientnet-b0, efficientnet-b4, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, resnet50, resnext101-32x4d, se-resnext101-32x4d, vgg16"
         );
     }
 

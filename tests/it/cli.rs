@@ -165,6 +165,8 @@ fn models_lists_the_zoo() {
         &[
             "bert-base",
             "bert-large",
+            "efficientnet-b0",
+            "efficientnet-b4",
             "gpt",
             "gpt3-175b",
             "inception-v3",

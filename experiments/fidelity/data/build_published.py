@@ -62,11 +62,13 @@ def add(**r):
 # Source sections (one module per source family) append through add().
 # ------------------------------------------------------------------------------------------
 from sections import (  # noqa: E402
-    dle_pytorch_rn50, dle_pytorch_resnext, dle_tf_rn50, dle_pytorch_bert, dle_tf_bert, dlperf,
-    megatron, korthikanti, hf_single_gpu, others, tf_benchmarks, vtrain, memory_limits, sharded,
+    dle_pytorch_rn50, dle_pytorch_resnext, dle_pytorch_efficientnet, dle_tf_rn50, dle_pytorch_bert,
+    dle_tf_bert, dlperf, megatron, korthikanti, hf_single_gpu, others, tf_benchmarks, vtrain,
+    memory_limits, sharded,
 )
 
-for mod in (dle_pytorch_rn50, dle_pytorch_resnext, dle_tf_rn50, dle_pytorch_bert, dle_tf_bert, dlperf, megatron,
+for mod in (dle_pytorch_rn50, dle_pytorch_resnext, dle_pytorch_efficientnet, dle_tf_rn50,
+            dle_pytorch_bert, dle_tf_bert, dlperf, megatron,
             korthikanti, hf_single_gpu, others, tf_benchmarks, vtrain, memory_limits, sharded):
     mod.rows(add, BERT_BASE=BERT_BASE, BERT_LARGE=BERT_LARGE)
 

@@ -1,0 +1,56 @@
+"""NVIDIA DeepLearningExamples, PyTorch EfficientNet README (NGC 21.03): B0 and B4.
+
+README `PyTorch/Classification/ConvNets/efficientnet/README.md` at c4813240 (2021-07-01), § Training
+performance results: DGX A100 80GB (TF32 vs AMP) and DGX-1 V100 16GB (FP32 vs AMP), img/s, 1 and 8
+GPUs. The README's own benchmark command is launch.py --mode benchmark_training --epochs 1 --prof 100.
+Per-GPU batches and image sizes from configs.yml at 555b84b3 (the version beside that README):
+efficientnet_b0_params_4k / efficientnet_b4_params_4k (optimizer_batch_size 4096, image 224 / 380;
+RMSprop with momentum). Not used: the rows on 16-64 GPUs (nodes and network not stated), the
+widese variants (another squeeze width, not modelled), and the DGX-1 32GB table, whose B4 and
+widese-B0 rows contradict themselves (36 img/s on 1 GPU and 641 on 8: strong scaling 17.6x on 8 GPUs).
+Model as DLE defines it (image_classification/models/efficientnet.py): src/zoo/cnn.rs `efficientnet`.
+"""
+
+S = "NVIDIA/DeepLearningExamples@c481324031ecf0f70f8939516c02e16cac60446d"
+L = "PyTorch/Classification/ConvNets/efficientnet/README.md"
+CFG_AT = "PyTorch/Classification/ConvNets/configs.yml@555b84b3"
+BATCH = {
+    "efficientnet-b0": {"DGX1V-16G": {"AMP": 128, "FP32": 64}, "DGXA100": {"AMP": 256, "TF32": 256}},
+    "efficientnet-b4": {"DGX1V-16G": {"AMP": 32, "FP32": 16}, "DGXA100": {"AMP": 128, "TF32": 64}},
+}
+TABLES = [
+    ("dgxa100", "A100-SXM4-80GB", "DGXA100", "TF32",
+     "Training performance: NVIDIA A100 (8x A100 80GB)",
+     {"efficientnet-b0": [(1, 1078, 2489), (8, 8193, 16652)],
+      "efficientnet-b4": [(1, 157, 331), (8, 1223, 2570)]}),
+    ("dgx1-16g", "V100-SXM2-16GB", "DGX1V-16G", "FP32",
+     "Training performance: NVIDIA DGX-1 (8x V100 16GB)",
+     {"efficientnet-b0": [(1, 655, 1301), (8, 4672, 7789)],
+      "efficientnet-b4": [(1, 83, 204), (8, 616, 1366)]}),
+]
+
+
+def rows(add, **_):
+    common = dict(seq="", framework="PyTorch (NGC 21.03) + AMP", optimizer="RMSprop (momentum 0.9)",
+                  metric="throughput", unit="images/s", checkpointing="no")
+    for tag, gpu, platform, base, head, by_model in TABLES:
+        for model, data in by_model.items():
+            short = "effb0" if model.endswith("b0") else "effb4"
+            for g, vb, va in data:
+                for prec, v, extra in ((base, vb, "NCHW"),
+                                       ("AMP fp16", va, "channels_last (nhwc)")):
+                    key = "AMP" if prec.startswith("AMP") else base
+                    mb = BATCH[model][platform][key]
+                    acc = max(1, int(4096 / (mb * g)))
+                    p = "amp" if key == "AMP" else base.lower()
+                    add(id=f"dle-pt-{short}-2103-{tag}-{p}-{g}g", source=S,
+                        locator=f"{L} § {head}", model=model, gpu=gpu, gpus=g, nodes=1,
+                        network="NVLink (single node)", precision=prec, value=v,
+                        micro_batch=mb, accum_steps=acc, global_batch=mb * acc * g,
+                        extra=f"{extra}; benchmark_training --epochs 1 --prof 100",
+                        notes=(f"per-GPU batch from {CFG_AT} (launch.py profile {model}/"
+                               f"{platform}/{key}; README does not print it); accum_steps "
+                               "derived: optimizer_batch_size=4096 -> main.py "
+                               "batch_size_multiplier=int(4096/(batch*gpus)); not stated in "
+                               "README; data: the default PyTorch loader with AutoAugment"),
+                        **common)
