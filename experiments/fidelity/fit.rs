@@ -242,28 +242,42 @@ pub fn fit_collective(cases: &[Case], iters: u32) -> (f64, f64, f64, f64) {
     };
     let now = trainplan::cost::host::HostSpec::default().collective_call_us;
     let before = at(now);
+    let best = golden_section(0.0, 100.0, iters, &at, |a, b, step| {
+        eprintln!("collective call: [{a:.2}, {b:.2}] µs after {step} steps");
+    });
+    (now, best, before, at(best))
+}
+
+/// The minimum of `f` on [`lo`, `hi`] by `iters` golden-section steps (`f` unimodal there);
+/// `progress` sees the bracket after each step.
+fn golden_section(
+    lo: f64,
+    hi: f64,
+    iters: u32,
+    f: &dyn Fn(f64) -> f64,
+    progress: impl Fn(f64, f64, u32),
+) -> f64 {
     let r = (5f64.sqrt() - 1.0) / 2.0;
-    let (mut a, mut b) = (0.0_f64, 100.0_f64);
+    let (mut a, mut b) = (lo, hi);
     let (mut c, mut d) = (b - r * (b - a), a + r * (b - a));
-    let (mut fc, mut fd) = (at(c), at(d));
+    let (mut fc, mut fd) = (f(c), f(d));
     for i in 0..iters {
         if fc < fd {
             b = d;
             d = c;
             fd = fc;
             c = b - r * (b - a);
-            fc = at(c);
+            fc = f(c);
         } else {
             a = c;
             c = d;
             fc = fd;
             d = a + r * (b - a);
-            fd = at(d);
+            fd = f(d);
         }
-        eprintln!("collective call: [{a:.2}, {b:.2}] µs after {} steps", i + 1);
+        progress(a, b, i + 1);
     }
-    let best = (a + b) / 2.0;
-    (now, best, before, at(best))
+    (a + b) / 2.0
 }
 
 /// Whether `c`'s model has a depthwise convolution (`OpClass::DepthwiseConv`).
@@ -312,33 +326,9 @@ pub fn fit_depthwise(cases: &[Case], iters: u32) -> Vec<DepthwiseFit> {
         };
         let now = base.depthwise_efficiency.unwrap_or(1.0);
         let before = at(now.ln());
-        let r = (5f64.sqrt() - 1.0) / 2.0;
-        let (mut a, mut b) = (0.02f64.ln(), 0.0_f64);
-        let (mut c, mut d) = (b - r * (b - a), a + r * (b - a));
-        let (mut fc, mut fd) = (at(c), at(d));
-        for _ in 0..iters {
-            if fc < fd {
-                b = d;
-                d = c;
-                fd = fc;
-                c = b - r * (b - a);
-                fc = at(c);
-            } else {
-                a = c;
-                c = d;
-                fc = fd;
-                d = a + r * (b - a);
-                fd = at(d);
-            }
-        }
-        let best = ((a + b) / 2.0).exp();
+        let best = golden_section(0.02f64.ln(), 0.0, iters, &at, |_, _, _| {}).exp();
         let after = at(best.ln());
-        eprintln!(
-            "depthwise {arch}: {} rows, e in [{:.4}, {:.4}]",
-            rows.len(),
-            a.exp(),
-            b.exp()
-        );
+        eprintln!("depthwise {arch}: {} rows, e {best:.4}", rows.len());
         out.push(DepthwiseFit {
             arch: arch.clone(),
             rows: rows.len(),

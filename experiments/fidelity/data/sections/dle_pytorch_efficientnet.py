@@ -11,6 +11,8 @@ widese-B0 rows contradict themselves (36 img/s on 1 GPU and 641 on 8: strong sca
 Model as DLE defines it (image_classification/models/efficientnet.py): src/zoo/cnn.rs `efficientnet`.
 """
 
+from .common import dle_convnets_rows
+
 S = "NVIDIA/DeepLearningExamples@c481324031ecf0f70f8939516c02e16cac60446d"
 L = "PyTorch/Classification/ConvNets/efficientnet/README.md"
 CFG_AT = "PyTorch/Classification/ConvNets/configs.yml@555b84b3"
@@ -35,22 +37,10 @@ def rows(add, **_):
                   metric="throughput", unit="images/s", checkpointing="no")
     for tag, gpu, platform, base, head, by_model in TABLES:
         for model, data in by_model.items():
-            short = "effb0" if model.endswith("b0") else "effb4"
-            for g, vb, va in data:
-                for prec, v, extra in ((base, vb, "NCHW"),
-                                       ("AMP fp16", va, "channels_last (nhwc)")):
-                    key = "AMP" if prec.startswith("AMP") else base
-                    mb = BATCH[model][platform][key]
-                    acc = max(1, int(4096 / (mb * g)))
-                    p = "amp" if key == "AMP" else base.lower()
-                    add(id=f"dle-pt-{short}-2103-{tag}-{p}-{g}g", source=S,
-                        locator=f"{L} § {head}", model=model, gpu=gpu, gpus=g, nodes=1,
-                        network="NVLink (single node)", precision=prec, value=v,
-                        micro_batch=mb, accum_steps=acc, global_batch=mb * acc * g,
-                        extra=f"{extra}; benchmark_training --epochs 1 --prof 100",
-                        notes=(f"per-GPU batch from {CFG_AT} (launch.py profile {model}/"
-                               f"{platform}/{key}; README does not print it); accum_steps "
-                               "derived: optimizer_batch_size=4096 -> main.py "
-                               "batch_size_multiplier=int(4096/(batch*gpus)); not stated in "
-                               "README; data: the default PyTorch loader with AutoAugment"),
-                        **common)
+            batch = BATCH[model][platform]
+            dle_convnets_rows(
+                add, source=S, readme=L, model=model,
+                short="effb0" if model.endswith("b0") else "effb4", tag=tag, gpu=gpu,
+                platform=platform, base=base, head=head, data=data, batch=batch,
+                opt_batch={k: 4096 for k in batch}, cfg_at=CFG_AT, amp_label="AMP fp16",
+                common=common, note="; data: the default PyTorch loader with AutoAugment")

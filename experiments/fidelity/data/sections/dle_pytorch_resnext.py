@@ -7,6 +7,8 @@ print them). Models as DLE defines them (image_classification/models/resnet.py a
 commit): src/zoo/cnn.rs `resnext101_32x4d`.
 """
 
+from .common import dle_convnets_rows
+
 S = "NVIDIA/DeepLearningExamples@291f0d02e815b148fa5c2b81bf07aa3552142895"
 CFG_AT = "PyTorch/Classification/ConvNets/configs.yml@097c7ff917b7"
 
@@ -47,24 +49,10 @@ def rows(add, **_):
                   optimizer="SGD momentum", metric="throughput", unit="images/s",
                   checkpointing="no")
     for model, folder, batches, opt_batches in MODELS:
-        readme = f"PyTorch/Classification/ConvNets/{folder}/README.md"
         short = "rx101" if model.startswith("resnext") else "serx101"
         for tag, gpu, platform, base, head, data in TABLES[model]:
-            for g, vb, va in data:
-                for prec, v, extra in ((base, vb, "NCHW"),
-                                       ("AMP fp16 (APEX)", va, "channels_last (nhwc)")):
-                    key = "AMP" if prec.startswith("AMP") else base
-                    mb, ob = batches[platform][key], opt_batches[platform][key]
-                    acc = max(1, int(ob / (mb * g)))
-                    p = "amp" if key == "AMP" else base.lower()
-                    add(id=f"dle-pt-{short}-2103-{tag}-{p}-{g}g", source=S,
-                        locator=f"{readme} § {head}", model=model, gpu=gpu, gpus=g, nodes=1,
-                        network="NVLink (single node)", precision=prec, value=v,
-                        micro_batch=mb, accum_steps=acc, global_batch=mb * acc * g,
-                        extra=f"{extra}; benchmark_training --epochs 1 --prof 100",
-                        notes=(f"per-GPU batch from {CFG_AT} (launch.py profile "
-                               f"{model}/{platform}/{key}; README does not print it); "
-                               f"accum_steps derived: optimizer_batch_size={ob} -> main.py "
-                               f"batch_size_multiplier=int({ob}/(batch*gpus)); not stated in "
-                               "README"),
-                        **common)
+            dle_convnets_rows(
+                add, source=S, readme=f"PyTorch/Classification/ConvNets/{folder}/README.md",
+                model=model, short=short, tag=tag, gpu=gpu, platform=platform, base=base,
+                head=head, data=data, batch=batches[platform], opt_batch=opt_batches[platform],
+                cfg_at=CFG_AT, amp_label="AMP fp16 (APEX)", common=common)
