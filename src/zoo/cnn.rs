@@ -871,6 +871,31 @@ impl Net {
         }
     }
 
+    /// torchvision `BasicBlock`: two 3×3 convs (the stride on the first), each with BN, ReLU
+    /// after the first and after the residual add; a 1×1 downsample where the shape changes.
+    fn basic_block(&mut self, p: &str, x: usize, planes: u64, stride: u64) -> usize {
+        let c = self.conv(
+            &format!("{p}.conv1"),
+            Some(x),
+            sq(planes, 3, stride, 1),
+            false,
+        );
+        let y = self.bn(&format!("{p}.bn1"), c);
+        let y = self.relu(&format!("{p}.relu1"), y);
+        let c = self.conv(&format!("{p}.conv2"), Some(y), sq(planes, 3, 1, 1), false);
+        let y = self.bn(&format!("{p}.bn2"), c);
+        let id = if stride != 1 || self.shape[x][0] != planes {
+            let d = sq(planes, 1, stride, 0);
+            let d = self.conv(&format!("{p}.downsample.0"), Some(x), d, false);
+            self.bn(&format!("{p}.downsample.1"), d)
+        } else {
+            x
+        };
+        let y = self.b.add(&format!("{p}.add"), y, id);
+        let y = self.same(y, id);
+        self.relu(&format!("{p}.relu2"), y)
+    }
+
     /// Inception `BasicConv2d` named `p`: bias-free conv, BN, ReLU.
     fn basic(&mut self, p: &str, x: Option<usize>, c: Cv) -> usize {
         let y = self.conv(&format!("{p}.conv"), x, c, false);
@@ -980,16 +1005,28 @@ impl Net {
 
 /// torchvision `resnet50` on 224×224 images: 25,557,032 parameters, ≈ 8.2 GFLOPs per image.
 pub fn resnet50(batch: u32) -> Vec<Layer> {
+    resnet(batch, [3, 4, 6, 3], true)
+}
+
+/// torchvision's ResNets on 224×224 images: `blocks` per stage of bottleneck blocks
+/// (`resnet50`, `resnet101`, `resnet152`: [3, 4, 6, 3], [3, 4, 23, 3], [3, 8, 36, 3]) or of
+/// basic blocks (`resnet18`, `resnet34`: [2, 2, 2, 2], [3, 4, 6, 3]).
+pub fn resnet(batch: u32, blocks: [u32; 4], bottleneck: bool) -> Vec<Layer> {
     let mut net = Net::new(batch, [3, 224, 224]);
     let x = net.conv("conv1", None, sq(64, 7, 2, 3), false);
     let x = net.bn("bn1", x);
     let x = net.relu("relu", x);
     let mut x = net.pool("maxpool", x, 3, 2, 1, true);
-    let stages = [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)];
-    for (stage, (planes, blocks, stride)) in stages.into_iter().enumerate() {
-        for blk in 0..blocks {
+    let stages = [(64, 1), (128, 2), (256, 2), (512, 2)];
+    for (stage, ((planes, stride), n)) in stages.into_iter().zip(blocks).enumerate() {
+        for blk in 0..n {
             let s = if blk == 0 { stride } else { 1 };
-            x = net.bottleneck(&format!("layer{}.{blk}", stage + 1), x, planes, s, blk == 0);
+            let p = format!("layer{}.{blk}", stage + 1);
+            x = if bottleneck {
+                net.bottleneck(&p, x, planes, s, blk == 0)
+            } else {
+                net.basic_block(&p, x, planes, s)
+            };
         }
     }
     let x = net.adaptive_avgpool("avgpool", x, 1);
@@ -1001,16 +1038,18 @@ pub fn resnet50(batch: u32) -> Vec<Layer> {
 /// true) on 224×224 images (`image_classification/models/resnet.py` at
 /// NVIDIA/DeepLearningExamples@291f0d02: stem 64, blocks [3, 4, 23, 3], widths
 /// [128, 256, 512, 1024], expansion 2, cardinality 32): 44,177,704 and 45,251,128 parameters,
-/// ≈ 8.0 G multiply-adds per image.
-pub fn resnext101_32x4d(batch: u32, se: bool) -> Vec<Layer> {
+/// ≈ 8.0 G multiply-adds per image. With `blocks` [3, 4, 6, 3], torchvision's
+/// `resnext50_32x4d` (25,028,904 parameters: the same block, written there as width
+/// `planes × 4/64 × 32` and expansion 4 of `planes`).
+pub fn resnext_32x4d(batch: u32, blocks: [u32; 4], se: bool) -> Vec<Layer> {
     let mut net = Net::new(batch, [3, 224, 224]);
     let x = net.conv("conv1", None, sq(64, 7, 2, 3), false);
     let x = net.bn("bn1", x);
     let x = net.relu("relu", x);
     let mut x = net.pool("maxpool", x, 3, 2, 1, true);
-    let stages = [(128, 3, 1), (256, 4, 2), (512, 23, 2), (1024, 3, 2)];
-    for (stage, (width, blocks, stride)) in stages.into_iter().enumerate() {
-        for blk in 0..blocks {
+    let stages = [(128, 1), (256, 2), (512, 2), (1024, 2)];
+    for (stage, ((width, stride), n)) in stages.into_iter().zip(blocks).enumerate() {
+        for blk in 0..n {
             let s = if blk == 0 { stride } else { 1 };
             x = net.resnext_block(&format!("layer{}.{blk}", stage + 1), x, width, s, se);
         }
@@ -1018,6 +1057,11 @@ pub fn resnext101_32x4d(batch: u32, se: bool) -> Vec<Layer> {
     let x = net.adaptive_avgpool("avgpool", x, 1);
     let x = net.linear("fc", x, 1000);
     net.finish(x)
+}
+
+/// [`resnext_32x4d`] with ResNet-101's blocks.
+pub fn resnext101_32x4d(batch: u32, se: bool) -> Vec<Layer> {
+    resnext_32x4d(batch, [3, 4, 23, 3], se)
 }
 
 /// EfficientNet's width rounding (`EffNetArch._scale_width` in DeepLearningExamples, the
@@ -1277,6 +1321,32 @@ pub(super) mod tests {
             let ratio = sum(&ls, |l| l.bw_flops) / sum(&ls, |l| l.fw_flops);
             assert!((1.9..2.1).contains(&ratio), "{ratio}");
         }
+    }
+
+    /// torchvision's parameter counts of the other ResNets, ResNeXt50-32x4d and EfficientNet-B1
+    /// to -B7 (`torchvision.models.*`, the counts its model builders document).
+    #[test]
+    fn family_parameter_counts_match_torchvision() {
+        assert_eq!(params(&resnet(1, [2, 2, 2, 2], false)), 11_689_512);
+        assert_eq!(params(&resnet(1, [3, 4, 6, 3], false)), 21_797_672);
+        assert_eq!(params(&resnet(1, [3, 4, 23, 3], true)), 44_549_160);
+        assert_eq!(params(&resnet(1, [3, 8, 36, 3], true)), 60_192_808);
+        assert_eq!(params(&resnext_32x4d(1, [3, 4, 6, 3], false)), 25_028_904);
+        for (w, d, img, want) in [
+            (1.0, 1.1, 240, 7_794_184),
+            (1.1, 1.2, 260, 9_109_994),
+            (1.2, 1.4, 300, 12_233_232),
+            (1.6, 2.2, 456, 30_389_784),
+            (1.8, 2.6, 528, 43_040_704),
+            (2.0, 3.1, 600, 66_347_960),
+        ] {
+            assert_eq!(params(&efficientnet(1, w, d, img)), want, "{w} {d}");
+        }
+        check_well_formed(&|b| resnet(b, [2, 2, 2, 2], false));
+        // ResNet-18's first stage keeps its shape: no downsample there.
+        let r18 = resnet(1, [2, 2, 2, 2], false);
+        assert!(!r18.iter().any(|l| l.name == "layer1.0.downsample.0"));
+        assert!(r18.iter().any(|l| l.name == "layer2.0.downsample.0"));
     }
 
     /// DeepLearningExamples' EfficientNet-B0 and -B4 have torchvision's parameter counts

@@ -50,11 +50,53 @@ pub const MODELS: &[ZooEntry] = &[
         transformer: false,
     },
     ZooEntry {
+        name: "efficientnet-b1",
+        doc: "EfficientNet-B1 (7.8 M params; B0 compound-scaled) on 240x240 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "efficientnet-b2",
+        doc: "EfficientNet-B2 (9.1 M params; B0 compound-scaled) on 260x260 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "efficientnet-b3",
+        doc: "EfficientNet-B3 (12.2 M params; B0 compound-scaled) on 300x300 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
         name: "efficientnet-b4",
         doc: "EfficientNet-B4 (19.3 M params; B0 scaled 1.4x wide, 1.8x deep) on 380x380 images",
         default_batch: 32,
         // DeepLearningExamples trains it with RMSprop and momentum: two state tensors per
         // parameter, as Adam keeps.
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "efficientnet-b5",
+        doc: "EfficientNet-B5 (30.4 M params; B0 compound-scaled) on 456x456 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "efficientnet-b6",
+        doc: "EfficientNet-B6 (43.0 M params; B0 compound-scaled) on 528x528 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "efficientnet-b7",
+        doc: "EfficientNet-B7 (66.3 M params; B0 compound-scaled) on 600x600 images",
+        default_batch: 32,
         optimizer: Optimizer::Adam,
         transformer: false,
     },
@@ -108,6 +150,34 @@ pub const MODELS: &[ZooEntry] = &[
         transformer: true,
     },
     ZooEntry {
+        name: "resnet101",
+        doc: "ResNet-101 (44.5 M params) on 224x224 ImageNet images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "resnet152",
+        doc: "ResNet-152 (60.2 M params) on 224x224 ImageNet images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "resnet18",
+        doc: "ResNet-18 (11.7 M params, basic blocks) on 224x224 ImageNet images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "resnet34",
+        doc: "ResNet-34 (21.8 M params, basic blocks) on 224x224 ImageNet images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
         name: "resnet50",
         doc: "ResNet-50 (25.6 M params) on 224x224 ImageNet images",
         default_batch: 32,
@@ -117,6 +187,13 @@ pub const MODELS: &[ZooEntry] = &[
     ZooEntry {
         name: "resnext101-32x4d",
         doc: "ResNeXt101-32x4d (44.2 M params, 32 groups; NVIDIA DeepLearningExamples' definition) on 224x224 images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "resnext50-32x4d",
+        doc: "ResNeXt50-32x4d (25.0 M params, 32 groups; torchvision's) on 224x224 images",
         default_batch: 32,
         optimizer: Optimizer::SgdMomentum,
         transformer: false,
@@ -240,7 +317,18 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
         "resnet50" => cnn::resnet50(batch),
         "vgg16" => cnn::vgg16(batch),
         "efficientnet-b0" => cnn::efficientnet(batch, 1.0, 1.0, 224),
+        "efficientnet-b1" => cnn::efficientnet(batch, 1.0, 1.1, 240),
+        "efficientnet-b2" => cnn::efficientnet(batch, 1.1, 1.2, 260),
+        "efficientnet-b3" => cnn::efficientnet(batch, 1.2, 1.4, 300),
         "efficientnet-b4" => cnn::efficientnet(batch, 1.4, 1.8, 380),
+        "efficientnet-b5" => cnn::efficientnet(batch, 1.6, 2.2, 456),
+        "efficientnet-b6" => cnn::efficientnet(batch, 1.8, 2.6, 528),
+        "efficientnet-b7" => cnn::efficientnet(batch, 2.0, 3.1, 600),
+        "resnet18" => cnn::resnet(batch, [2, 2, 2, 2], false),
+        "resnet34" => cnn::resnet(batch, [3, 4, 6, 3], false),
+        "resnet101" => cnn::resnet(batch, [3, 4, 23, 3], true),
+        "resnet152" => cnn::resnet(batch, [3, 8, 36, 3], true),
+        "resnext50-32x4d" => cnn::resnext_32x4d(batch, [3, 4, 6, 3], false),
         "resnext101-32x4d" => cnn::resnext101_32x4d(batch, false),
         "se-resnext101-32x4d" => cnn::resnext101_32x4d(batch, true),
         "inception-v3" => cnn::inception_v3(batch),
@@ -339,7 +427,7 @@ mod tests {
         let e = model("resnet51", &ModelOptions::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown model `resnet51`; the zoo has: bert-base, bert-large, efficientnet-b0, efficientnet-b4, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, resnet50, resnext101-32x4d, se-resnext101-32x4d, vgg16"
+            "unknown model `resnet51`; the zoo has: bert-base, bert-large, efficientnet-b0, efficientnet-b1, efficientnet-b2, efficientnet-b3, efficientnet-b4, efficientnet-b5, efficientnet-b6, efficientnet-b7, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, resnet101, resnet152, resnet18, resnet34, resnet50, resnext101-32x4d, resnext50-32x4d, se-resnext101-32x4d, vgg16"
         );
     }
 
