@@ -896,6 +896,121 @@ impl Net {
         self.relu(&format!("{p}.relu2"), y)
     }
 
+    /// `nn.LayerNorm(C)` over each pixel's channels (ConvNeXt's channels-last norm, and its
+    /// `LayerNorm2d`): `C` weights and biases, the row statistics kept for the backward.
+    fn layer_norm(&mut self, name: &str, x: usize) -> usize {
+        let [c, h, w] = self.shape[x];
+        let (n, rows) = (self.b.out(x), self.n * h * w);
+        let (nf, cf) = (n as f64, c as f64);
+        let wk = Work {
+            fw_flops: 7.0 * nf,
+            fw_elems: 2.0 * nf + 2.0 * cf,
+            bw_flops: 14.0 * nf,
+            bw_elems: 3.0 * nf + 2.0 * rows as f64 + 3.0 * cf,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = self.b.keep(x).saturating_add(2 * rows);
+        let params = vec![param(name, "weight", c), param(name, "bias", c)];
+        let i = self
+            .b
+            .push(name, LayerKind::LayerNorm, vec![x], wk, saved, n, params);
+        self.same(i, x)
+    }
+
+    /// `nn.Linear(C, cout)` applied to every pixel of `x` (ConvNeXt's pointwise layers on
+    /// channels-last activations): a GEMM of N·H·W rows.
+    fn pointwise_linear(&mut self, name: &str, x: usize, cout: u64) -> usize {
+        let [c, h, w] = self.shape[x];
+        let i = self.b.linear(name, x, self.n * h * w, c, cout);
+        self.put(i, [cout, h, w])
+    }
+
+    /// ConvNeXt's layer scale: the block's output times a learned per-channel `gamma`
+    /// (`layer_scale`, C parameters), one kernel each way.
+    fn layer_scale(&mut self, name: &str, x: usize) -> usize {
+        let c = self.shape[x][0];
+        let n = self.b.out(x) as f64;
+        let w = Work {
+            fw_flops: n,
+            fw_elems: 2.0 * n + c as f64,
+            bw_flops: 2.0 * n,
+            bw_elems: 3.0 * n + 2.0 * c as f64,
+            fw_kernels: 1,
+            bw_kernels: 2,
+        };
+        let saved = self.b.keep(x);
+        let params = vec![Param {
+            name: format!("{name}.layer_scale"),
+            elems: c,
+        }];
+        let i = self.b.push(
+            name,
+            LayerKind::Elementwise,
+            vec![x],
+            w,
+            saved,
+            self.b.out(x),
+            params,
+        );
+        self.same(i, x)
+    }
+
+    /// torchvision's ConvNeXt `CNBlock`: a 7×7 depthwise conv (with bias), LayerNorm over the
+    /// channels, `Linear(C, 4C)`, GELU, `Linear(4C, C)`, layer scale, and the residual add
+    /// (stochastic depth scales it in the same kernel).
+    fn convnext_block(&mut self, p: &str, x: usize) -> usize {
+        let c = self.shape[x][0];
+        let dw = grouped(sq(c, 7, 1, 3), c);
+        let y = self.conv(&format!("{p}.block.0"), Some(x), dw, true);
+        let y = self.layer_norm(&format!("{p}.block.2"), y);
+        let y = self.pointwise_linear(&format!("{p}.block.3"), y, 4 * c);
+        let g = self.b.gelu(&format!("{p}.block.4"), y);
+        let y = self.same(g, y);
+        let y = self.pointwise_linear(&format!("{p}.block.5"), y, c);
+        let y = self.layer_scale(p, y);
+        let a = self.b.add(&format!("{p}.add"), x, y);
+        self.same(a, y)
+    }
+
+    /// torchvision's MobileNetV2 `InvertedResidual`: a 1×1 expansion to `t × cin` (none when
+    /// `t` is 1), a 3×3 depthwise conv (the stride here), each with BN and ReLU6, a linear 1×1
+    /// projection with BN, and the residual add where the shape allows.
+    fn inverted_residual(&mut self, p: &str, x: usize, t: u64, cout: u64, stride: u64) -> usize {
+        let cin = self.shape[x][0];
+        let hidden = cin * t;
+        let mut y = x;
+        let mut k = 0;
+        if t != 1 {
+            let c = self.conv(
+                &format!("{p}.conv.0.0"),
+                Some(x),
+                sq(hidden, 1, 1, 0),
+                false,
+            );
+            let c = self.bn(&format!("{p}.conv.0.1"), c);
+            y = self.relu(&format!("{p}.conv.0.2"), c);
+            k = 1;
+        }
+        let dw = grouped(sq(hidden, 3, stride, 1), hidden);
+        let c = self.conv(&format!("{p}.conv.{k}.0"), Some(y), dw, false);
+        let c = self.bn(&format!("{p}.conv.{k}.1"), c);
+        let y = self.relu(&format!("{p}.conv.{k}.2"), c);
+        let c = self.conv(
+            &format!("{p}.conv.{}", k + 1),
+            Some(y),
+            sq(cout, 1, 1, 0),
+            false,
+        );
+        let y = self.bn(&format!("{p}.conv.{}", k + 2), c);
+        if stride == 1 && cin == cout {
+            let a = self.b.add(&format!("{p}.add"), x, y);
+            self.same(a, y)
+        } else {
+            y
+        }
+    }
+
     /// Inception `BasicConv2d` named `p`: bias-free conv, BN, ReLU.
     fn basic(&mut self, p: &str, x: Option<usize>, c: Cv) -> usize {
         let y = self.conv(&format!("{p}.conv"), x, c, false);
@@ -1112,6 +1227,74 @@ pub fn efficientnet(batch: u32, width: f64, depth: f64, image: u64) -> Vec<Layer
     let x = net.silu("features.activation", c);
     let x = net.adaptive_avgpool("classifier.pooling", x, 1);
     let x = net.dropout_linear("classifier.dropout", "classifier.fc", x, 1000);
+    net.finish(x)
+}
+
+/// torchvision's `convnext_tiny` (`depths` [3, 3, 9, 3], `dims` [96, 192, 384, 768]: 28,589,128
+/// parameters), `convnext_small` ([3, 3, 27, 3], same dims: 50,223,688) and `convnext_base`
+/// ([3, 3, 27, 3], [128, 256, 512, 1024]: 88,591,464) on 224×224 images: a 4×4 stride-4 stem
+/// with LayerNorm, the stages of [`Net::convnext_block`] joined by LayerNorm and a 2×2 stride-2
+/// conv, then the pooled features' LayerNorm and the classifier.
+pub fn convnext(batch: u32, depths: [u32; 4], dims: [u64; 4]) -> Vec<Layer> {
+    let mut net = Net::new(batch, [3, 224, 224]);
+    let x = net.conv("features.0.0", None, sq(dims[0], 4, 4, 0), true);
+    let mut x = net.layer_norm("features.0.1", x);
+    for (stage, (&depth, &dim)) in depths.iter().zip(&dims).enumerate() {
+        let f = 2 * stage + 1;
+        if stage > 0 {
+            let y = net.layer_norm(&format!("features.{}.0", f - 1), x);
+            x = net.conv(
+                &format!("features.{}.1", f - 1),
+                Some(y),
+                sq(dim, 2, 2, 0),
+                true,
+            );
+        }
+        for blk in 0..depth {
+            x = net.convnext_block(&format!("features.{f}.{blk}"), x);
+        }
+    }
+    let x = net.adaptive_avgpool("avgpool", x, 1);
+    let x = net.layer_norm("classifier.0", x);
+    let x = net.linear("classifier.2", x, 1000);
+    net.finish(x)
+}
+
+/// torchvision's `mobilenet_v2` on 224×224 images: 3,504,872 parameters (a 3×3 stride-2 stem,
+/// 17 inverted residual blocks, a 1×1 conv to 1280 features, dropout and the classifier).
+pub fn mobilenet_v2(batch: u32) -> Vec<Layer> {
+    // (expansion t, channels c, repeats n, stride s) of the first block of each group.
+    const SETTINGS: [(u64, u64, u32, u64); 7] = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ];
+    let mut net = Net::new(batch, [3, 224, 224]);
+    let x = net.conv("features.0.0", None, sq(32, 3, 2, 1), false);
+    let x = net.bn("features.0.1", x);
+    let mut x = net.relu("features.0.2", x);
+    let mut f = 1;
+    for (t, c, n, s) in SETTINGS {
+        for i in 0..n {
+            let stride = if i == 0 { s } else { 1 };
+            x = net.inverted_residual(&format!("features.{f}"), x, t, c, stride);
+            f += 1;
+        }
+    }
+    let c = net.conv(
+        &format!("features.{f}.0"),
+        Some(x),
+        sq(1280, 1, 1, 0),
+        false,
+    );
+    let c = net.bn(&format!("features.{f}.1"), c);
+    let x = net.relu(&format!("features.{f}.2"), c);
+    let x = net.adaptive_avgpool("avgpool", x, 1);
+    let x = net.dropout_linear("classifier.0", "classifier.1", x, 1000);
     net.finish(x)
 }
 
@@ -1342,7 +1525,30 @@ pub(super) mod tests {
         ] {
             assert_eq!(params(&efficientnet(1, w, d, img)), want, "{w} {d}");
         }
+        assert_eq!(
+            params(&convnext(1, [3, 3, 9, 3], [96, 192, 384, 768])),
+            28_589_128
+        );
+        assert_eq!(
+            params(&convnext(1, [3, 3, 27, 3], [96, 192, 384, 768])),
+            50_223_688
+        );
+        assert_eq!(
+            params(&convnext(1, [3, 3, 27, 3], [128, 256, 512, 1024])),
+            88_591_464
+        );
+        assert_eq!(params(&mobilenet_v2(1)), 3_504_872);
         check_well_formed(&|b| resnet(b, [2, 2, 2, 2], false));
+        check_well_formed(&|b| convnext(b, [3, 3, 9, 3], [96, 192, 384, 768]));
+        check_well_formed(&mobilenet_v2);
+        // ConvNeXt's 7×7 and MobileNetV2's 3×3 per-channel convs are depthwise.
+        let cn = convnext(1, [3, 3, 9, 3], [96, 192, 384, 768]);
+        let dw = cn
+            .iter()
+            .find(|l| l.name == "features.1.0.block.0")
+            .unwrap();
+        assert_eq!(dw.kind, LayerKind::DepthwiseConv);
+        assert_eq!(dw.param_elems(), 96 * 49 + 96);
         // ResNet-18's first stage keeps its shape: no downsample there.
         let r18 = resnet(1, [2, 2, 2, 2], false);
         assert!(!r18.iter().any(|l| l.name == "layer1.0.downsample.0"));

@@ -41,6 +41,27 @@ pub const MODELS: &[ZooEntry] = &[
         transformer: true,
     },
     ZooEntry {
+        name: "convnext-base",
+        doc: "ConvNeXt-Base (88.6 M params, 7x7 depthwise convs, LayerNorm, GELU; torchvision's) on 224x224 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "convnext-small",
+        doc: "ConvNeXt-Small (50.2 M params) on 224x224 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "convnext-tiny",
+        doc: "ConvNeXt-Tiny (28.6 M params) on 224x224 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
         name: "efficientnet-b0",
         doc: "EfficientNet-B0 (5.3 M params, depthwise convs, SiLU, squeeze-and-excitation; DeepLearningExamples' definition) on 224x224 images",
         default_batch: 32,
@@ -148,6 +169,13 @@ pub const MODELS: &[ZooEntry] = &[
         default_batch: 1,
         optimizer: Optimizer::Adam,
         transformer: true,
+    },
+    ZooEntry {
+        name: "mobilenet-v2",
+        doc: "MobileNetV2 (3.5 M params, inverted residuals with depthwise convs; torchvision's) on 224x224 images",
+        default_batch: 32,
+        optimizer: Optimizer::SgdMomentum,
+        transformer: false,
     },
     ZooEntry {
         name: "resnet101",
@@ -316,6 +344,10 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
     let layers = match name {
         "resnet50" => cnn::resnet50(batch),
         "vgg16" => cnn::vgg16(batch),
+        "convnext-tiny" => cnn::convnext(batch, [3, 3, 9, 3], [96, 192, 384, 768]),
+        "convnext-small" => cnn::convnext(batch, [3, 3, 27, 3], [96, 192, 384, 768]),
+        "convnext-base" => cnn::convnext(batch, [3, 3, 27, 3], [128, 256, 512, 1024]),
+        "mobilenet-v2" => cnn::mobilenet_v2(batch),
         "efficientnet-b0" => cnn::efficientnet(batch, 1.0, 1.0, 224),
         "efficientnet-b1" => cnn::efficientnet(batch, 1.0, 1.1, 240),
         "efficientnet-b2" => cnn::efficientnet(batch, 1.1, 1.2, 260),
@@ -417,8 +449,8 @@ mod tests {
         for m in MODELS {
             let model = model(m.name, &ModelOptions::default()).unwrap();
             assert_eq!(model.batch, m.default_batch);
-            // The smallest is EfficientNet-B0's 5.3 M.
-            assert!(model.param_elems() > 5_000_000, "{}", m.name);
+            // The smallest is MobileNetV2's 3.5 M.
+            assert!(model.param_elems() > 3_000_000, "{}", m.name);
         }
     }
 
@@ -427,7 +459,7 @@ mod tests {
         let e = model("resnet51", &ModelOptions::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown model `resnet51`; the zoo has: bert-base, bert-large, efficientnet-b0, efficientnet-b1, efficientnet-b2, efficientnet-b3, efficientnet-b4, efficientnet-b5, efficientnet-b6, efficientnet-b7, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, resnet101, resnet152, resnet18, resnet34, resnet50, resnext101-32x4d, resnext50-32x4d, se-resnext101-32x4d, vgg16"
+            "unknown model `resnet51`; the zoo has: bert-base, bert-large, convnext-base, convnext-small, convnext-tiny, efficientnet-b0, efficientnet-b1, efficientnet-b2, efficientnet-b3, efficientnet-b4, efficientnet-b5, efficientnet-b6, efficientnet-b7, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, mobilenet-v2, resnet101, resnet152, resnet18, resnet34, resnet50, resnext101-32x4d, resnext50-32x4d, se-resnext101-32x4d, vgg16"
         );
     }
 

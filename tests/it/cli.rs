@@ -165,6 +165,9 @@ fn models_lists_the_zoo() {
         &[
             "bert-base",
             "bert-large",
+            "convnext-base",
+            "convnext-small",
+            "convnext-tiny",
             "efficientnet-b0",
             "efficientnet-b1",
             "efficientnet-b2",
@@ -180,6 +183,7 @@ fn models_lists_the_zoo() {
             "llama3-405b",
             "llama3-70b",
             "llama3-8b",
+            "mobilenet-v2",
             "resnet101",
             "resnet152",
             "resnet18",
