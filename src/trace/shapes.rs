@@ -531,6 +531,9 @@ struct Conv {
     in_spatial: f64,
     out_spatial: f64,
     approximate: bool,
+    /// One input channel per group and as many outputs as inputs (`groups == Ci == Co`): a
+    /// depthwise conv, priced as a stencil (`OpClass::DepthwiseConv`), not as products.
+    depthwise: bool,
 }
 
 impl Conv {
@@ -555,6 +558,7 @@ impl Conv {
             },
         };
         Some(Conv {
+            depthwise: w[1] == 1 && ci == co && ci > 1.0,
             n,
             ci,
             co,
@@ -574,6 +578,13 @@ impl Conv {
             BatchDim::M,
         )
     }
+    fn class(&self) -> OpClass {
+        if self.depthwise {
+            OpClass::DepthwiseConv
+        } else {
+            OpClass::Conv
+        }
+    }
     fn x(&self) -> f64 {
         self.n * self.ci * self.in_spatial
     }
@@ -584,8 +595,10 @@ impl Conv {
         self.co * self.red
     }
     fn work(&self, g: Gemm, act: f64, weight: f64) -> Option<ShapedWork> {
-        let mut w = OpWork::new(OpClass::Conv, g.flops(), act, weight, 1);
-        w.gemms[0] = g;
+        let mut w = OpWork::new(self.class(), g.flops(), act, weight, 1);
+        if !self.depthwise {
+            w.gemms[0] = g;
+        }
         Some(ShapedWork {
             work: w,
             approximate: self.approximate,
@@ -670,13 +683,15 @@ fn conv_bw_both(i: &[Input], _cx: &OpContext) -> Option<ShapedWork> {
     let f = c.gemm();
     let [dgrad, wgrad] = f.backward();
     let mut w_ = OpWork::new(
-        OpClass::Conv,
+        c.class(),
         dgrad.flops() + wgrad.flops(),
         2.0 * (c.x() + c.y()),
         2.0 * c.w(),
         1,
     );
-    w_.gemms = [dgrad, wgrad];
+    if !c.depthwise {
+        w_.gemms = [dgrad, wgrad];
+    }
     Some(ShapedWork {
         work: w_,
         approximate: false,
@@ -1170,6 +1185,26 @@ mod tests {
         .unwrap();
         assert_eq!(wg.work.flops, w.work.flops);
         assert_eq!(wg.work.gemms[0].batch_dim, BatchDim::K);
+    }
+
+    /// A recorded depthwise conv (`w[C, 1, k, k]`, `C` in and out) is a stencil, as the zoo
+    /// prices it; a grouped conv with several channels per group stays one implicit GEMM whose
+    /// columns reduce over their own group.
+    #[test]
+    fn depthwise_and_grouped_convs_from_their_weights() {
+        let mut cx = fw();
+        cx.output = Some(vec![32, 144, 28, 28]);
+        let d = dims("[[32, 144, 56, 56], [144, 1, 5, 5], [], [], [], [], [], [], []]");
+        let w = op_work("aten::cudnn_convolution", &d, &cx).unwrap().work;
+        assert_eq!(w.class, OpClass::DepthwiseConv);
+        assert_eq!(w.math, crate::cost::kernel::MathClass::Vector);
+        assert!(w.gemms.iter().all(Gemm::is_none));
+        assert_eq!(w.flops, 2.0 * 32.0 * 144.0 * 28.0 * 28.0 * 25.0);
+        cx.output = Some(vec![32, 128, 56, 56]);
+        let d = dims("[[32, 128, 56, 56], [128, 4, 3, 3], [], [], [], [], [], [], []]");
+        let g = op_work("aten::cudnn_convolution", &d, &cx).unwrap().work;
+        assert_eq!(g.class, OpClass::Conv);
+        assert_eq!((g.gemms[0].n, g.gemms[0].k), (128.0, 36.0));
     }
 
     #[test]
