@@ -10,8 +10,10 @@
 
 use std::io::{self, Write};
 
-/// Longest error message printed, characters (the rest is cut, with a count).
-pub const MAX_MESSAGE: usize = 400;
+/// Longest error message printed, characters (the rest is cut, with a count): room for the
+/// zoo's whole list of model names after an unknown one, and far below what a corrupt input
+/// could otherwise echo.
+pub const MAX_MESSAGE: usize = 1000;
 
 /// A writer that escapes control characters (see the module docs); with `line_cap`, lines
 /// longer than that many bytes are cut (for logs).
@@ -200,7 +202,7 @@ mod tests {
         let long = "x".repeat(150_000);
         let m = message(&long);
         assert!(m.starts_with(&"x".repeat(MAX_MESSAGE)), "{m}");
-        assert!(m.ends_with(" … (149,600 more characters)"), "{m}");
+        assert!(m.ends_with(" … (149,000 more characters)"), "{m}");
         assert_eq!(message("short"), "short");
     }
 

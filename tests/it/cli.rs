@@ -241,6 +241,7 @@ fn unknown_names_list_the_known_ones() {
         &["replay", "--model", "resnet51", "--cluster", "8xh200"],
         "resnet51",
     );
+    // Every zoo name, the last included: the message is not cut.
     for z in [
         "bert-base",
         "bert-large",
@@ -251,6 +252,7 @@ fn unknown_names_list_the_known_ones() {
     ] {
         assert!(m.contains(z), "{m}");
     }
+    assert!(!m.contains("more characters"), "{m}");
     let m = check_bad_input(
         &["replay", "--model", "resnet50", "--cluster", "9xh200"],
         "9xh200",
