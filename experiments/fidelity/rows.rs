@@ -374,6 +374,8 @@ pub fn case(r: &BTreeMap<String, String>) -> Result<Case, String> {
         "se-resnext101-32x4d" => "se-resnext101-32x4d",
         "efficientnet-b0" => "efficientnet-b0",
         "efficientnet-b4" => "efficientnet-b4",
+        "efficientnet-widese-b0" => "efficientnet-widese-b0",
+        "efficientnet-widese-b4" => "efficientnet-widese-b4",
         "bert-base" | "bert-large" => {
             opts.seq = seq;
             opts.head = Some(if text.contains("squad") || seq == Some(384) {

@@ -836,7 +836,8 @@ impl Net {
     /// squeeze-and-excitation (`torch.mean` over the pixels, `Linear(hidden, cin/4)`, SiLU,
     /// `Linear(cin/4, hidden)`, sigmoid, times the features); a 1×1 projection with BN; and the
     /// residual add where the shape allows (stochastic depth scales it, one kernel either way).
-    fn mbconv(&mut self, p: &str, x: usize, k: u64, stride: u64, e: u64, cout: u64) -> usize {
+    fn mbconv(&mut self, p: &str, x: usize, k: u64, s: (u64, u64), cout: u64, wide: bool) -> usize {
+        let (stride, e) = s;
         let cin = self.shape[x][0];
         let hidden = cin * e;
         let mut y = x;
@@ -855,7 +856,9 @@ impl Net {
         let c = self.bn(&format!("{p}.depsep.bn"), c);
         let y = self.silu(&format!("{p}.depsep.act"), c);
         let m = self.adaptive_avgpool(&format!("{p}.se.mean"), y, 1);
-        let s = self.linear(&format!("{p}.se.squeeze"), m, (cin / 4).max(1));
+        // WideSE (`widese_mbconv`, `squeeze_hidden=True`): a quarter of the expanded width.
+        let squeeze = if wide { hidden / 4 } else { cin / 4 };
+        let s = self.linear(&format!("{p}.se.squeeze"), m, squeeze.max(1));
         let s = self.silu(&format!("{p}.se.act"), s);
         let s = self.linear(&format!("{p}.se.expand"), s, hidden);
         let g = self.b.unary(&format!("{p}.se.sigmoid"), s, 4.0, 2.0, true);
@@ -1194,6 +1197,19 @@ fn scale_width(c: u64, w: f64) -> u64 {
 /// efficientnet.py` at NVIDIA/DeepLearningExamples@c4813240); 5,288,548 and 19,341,616
 /// parameters, as torchvision's `efficientnet_b0` and `efficientnet_b4`.
 pub fn efficientnet(batch: u32, width: f64, depth: f64, image: u64) -> Vec<Layer> {
+    efficientnet_se(batch, width, depth, image, false)
+}
+
+/// [`efficientnet`], or with `wide_se` DeepLearningExamples' `efficientnet-widese-*`, whose
+/// squeeze-and-excitation squeezes from the expanded channels (`widese_mbconv`): WideSE-B0
+/// 8,423,848 and WideSE-B4 34,927,246 parameters.
+pub fn efficientnet_se(
+    batch: u32,
+    width: f64,
+    depth: f64,
+    image: u64,
+    wide_se: bool,
+) -> Vec<Layer> {
     const KERNEL: [u64; 7] = [3, 3, 5, 3, 5, 5, 3];
     const STRIDE: [u64; 7] = [1, 2, 2, 2, 1, 2, 1];
     const REPEAT: [u64; 7] = [1, 2, 2, 3, 3, 4, 1];
@@ -1214,7 +1230,7 @@ pub fn efficientnet(batch: u32, width: f64, depth: f64, image: u64) -> Vec<Layer
         for blk in 0..repeat {
             let s = if blk == 0 { STRIDE[i] } else { 1 };
             let p = format!("layer{}.block{blk}", i + 1);
-            x = net.mbconv(&p, x, KERNEL[i], s, EXPAND[i], cout);
+            x = net.mbconv(&p, x, KERNEL[i], (s, EXPAND[i]), cout, wide_se);
         }
     }
     let c = net.conv(
@@ -1567,6 +1583,9 @@ pub(super) mod tests {
         );
         assert_eq!(params(&b0), 5_288_548);
         assert_eq!(params(&b4), 19_341_616);
+        // WideSE, counted from DeepLearningExamples' `widese_mbconv`.
+        assert_eq!(params(&efficientnet_se(1, 1.0, 1.0, 224, true)), 8_423_848);
+        assert_eq!(params(&efficientnet_se(1, 1.4, 1.8, 380, true)), 34_927_246);
         // Multiply-adds of the convs (depthwise included) and the classifier, ×2.
         let conv_gflops = |ls: &[Layer]| {
             ls.iter()

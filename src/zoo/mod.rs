@@ -122,6 +122,20 @@ pub const MODELS: &[ZooEntry] = &[
         transformer: false,
     },
     ZooEntry {
+        name: "efficientnet-widese-b0",
+        doc: "EfficientNet-WideSE-B0 (8.4 M params: squeeze-and-excitation from the expanded channels; DeepLearningExamples') on 224x224 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
+        name: "efficientnet-widese-b4",
+        doc: "EfficientNet-WideSE-B4 (34.9 M params) on 380x380 images",
+        default_batch: 32,
+        optimizer: Optimizer::Adam,
+        transformer: false,
+    },
+    ZooEntry {
         name: "gpt",
         doc: "GPT-style decoder, GPT-2 small by default (124 M, 12 layers, hidden 768, seq 1024)",
         default_batch: 8,
@@ -356,6 +370,8 @@ pub fn model(name: &str, opts: &ModelOptions) -> Result<Model, ZooError> {
         "efficientnet-b5" => cnn::efficientnet(batch, 1.6, 2.2, 456),
         "efficientnet-b6" => cnn::efficientnet(batch, 1.8, 2.6, 528),
         "efficientnet-b7" => cnn::efficientnet(batch, 2.0, 3.1, 600),
+        "efficientnet-widese-b0" => cnn::efficientnet_se(batch, 1.0, 1.0, 224, true),
+        "efficientnet-widese-b4" => cnn::efficientnet_se(batch, 1.4, 1.8, 380, true),
         "resnet18" => cnn::resnet(batch, [2, 2, 2, 2], false),
         "resnet34" => cnn::resnet(batch, [3, 4, 6, 3], false),
         "resnet101" => cnn::resnet(batch, [3, 4, 23, 3], true),
@@ -459,7 +475,7 @@ mod tests {
         let e = model("resnet51", &ModelOptions::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown model `resnet51`; the zoo has: bert-base, bert-large, convnext-base, convnext-small, convnext-tiny, efficientnet-b0, efficientnet-b1, efficientnet-b2, efficientnet-b3, efficientnet-b4, efficientnet-b5, efficientnet-b6, efficientnet-b7, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, mobilenet-v2, resnet101, resnet152, resnet18, resnet34, resnet50, resnext101-32x4d, resnext50-32x4d, se-resnext101-32x4d, vgg16"
+            "unknown model `resnet51`; the zoo has: bert-base, bert-large, convnext-base, convnext-small, convnext-tiny, efficientnet-b0, efficientnet-b1, efficientnet-b2, efficientnet-b3, efficientnet-b4, efficientnet-b5, efficientnet-b6, efficientnet-b7, efficientnet-widese-b0, efficientnet-widese-b4, gpt, gpt3-175b, inception-v3, llama, llama3-405b, llama3-70b, llama3-8b, mobilenet-v2, resnet101, resnet152, resnet18, resnet34, resnet50, resnext101-32x4d, resnext50-32x4d, se-resnext101-32x4d, vgg16"
         );
     }
 

@@ -176,6 +176,8 @@ fn models_lists_the_zoo() {
             "efficientnet-b5",
             "efficientnet-b6",
             "efficientnet-b7",
+            "efficientnet-widese-b0",
+            "efficientnet-widese-b4",
             "gpt",
             "gpt3-175b",
             "inception-v3",
