@@ -747,7 +747,7 @@ impl Net {
         };
         let y = if se {
             let s = self.squeeze_excitation(&format!("{p}.squeeze"), y);
-            self.addcmul(&format!("{p}.addcmul"), id, y, s)
+            self.gate(&format!("{p}.addcmul"), y, s, Some(id))
         } else {
             let a = self.b.add(&format!("{p}.add"), y, id);
             self.same(a, id)
@@ -770,63 +770,34 @@ impl Net {
         self.same(g, e)
     }
 
-    /// `torch.addcmul(residual, out, gate)` with the per-channel `gate` broadcast over the
-    /// pixels: one kernel forward; backward, the residual's gradient passes through and the two
-    /// products (`out`'s full size, `gate`'s summed over the pixels) take two kernels.
-    fn addcmul(&mut self, name: &str, residual: usize, out: usize, gate: usize) -> usize {
-        let n = self.b.out(out);
-        let (nf, gf) = (n as f64, self.b.out(gate) as f64);
-        let w = Work {
-            fw_flops: 2.0 * nf,
-            fw_elems: 3.0 * nf + gf,
-            bw_flops: 3.0 * nf,
-            bw_elems: 4.0 * nf + 2.0 * gf,
-            fw_kernels: 1,
-            bw_kernels: 2,
-        };
-        let saved = self.b.keep(out).saturating_add(self.b.keep(gate));
-        let i = self.b.push(
-            name,
-            LayerKind::Elementwise,
-            vec![residual, out, gate],
-            w,
-            saved,
-            n,
-            vec![],
-        );
-        self.same(i, out)
-    }
-
     /// SiLU (`nn.SiLU`: one kernel each way, keeps its input).
     fn silu(&mut self, name: &str, x: usize) -> usize {
         let i = self.b.silu(name, x);
         self.same(i, x)
     }
 
-    /// `x * gate` with a per-channel `gate` broadcast over the pixels (EfficientNet's
-    /// squeeze-and-excitation): one kernel forward; backward, `x`'s gradient (full size) and the
-    /// gate's (the product summed over the pixels) are two kernels.
-    fn gate(&mut self, name: &str, x: usize, gate: usize) -> usize {
+    /// `x * gate` with a per-channel `gate` broadcast over the pixels (squeeze-and-excitation),
+    /// one kernel forward; backward, `x`'s gradient (full size) and the gate's (the product summed
+    /// over the pixels) are two kernels. With `residual`, the add folded into the same kernel:
+    /// `torch.addcmul(residual, x, gate)` (DeepLearningExamples' `fused_se`), whose residual
+    /// gradient passes through.
+    fn gate(&mut self, name: &str, x: usize, gate: usize, residual: Option<usize>) -> usize {
         let n = self.b.out(x);
         let (nf, gf) = (n as f64, self.b.out(gate) as f64);
+        let add = if residual.is_some() { nf } else { 0.0 };
         let w = Work {
-            fw_flops: nf,
-            fw_elems: 2.0 * nf + gf,
-            bw_flops: 2.0 * nf,
-            bw_elems: 3.0 * nf + 2.0 * gf,
+            fw_flops: nf + add,
+            fw_elems: 2.0 * nf + gf + add,
+            bw_flops: 2.0 * nf + add,
+            bw_elems: 3.0 * nf + 2.0 * gf + add,
             fw_kernels: 1,
             bw_kernels: 2,
         };
         let saved = self.b.keep(x).saturating_add(self.b.keep(gate));
-        let i = self.b.push(
-            name,
-            LayerKind::Elementwise,
-            vec![x, gate],
-            w,
-            saved,
-            n,
-            vec![],
-        );
+        let inputs = residual.into_iter().chain([x, gate]).collect();
+        let i = self
+            .b
+            .push(name, LayerKind::Elementwise, inputs, w, saved, n, vec![]);
         self.same(i, x)
     }
 
@@ -863,7 +834,7 @@ impl Net {
         let s = self.linear(&format!("{p}.se.expand"), s, hidden);
         let g = self.b.unary(&format!("{p}.se.sigmoid"), s, 4.0, 2.0, true);
         let g = self.same(g, s);
-        let y = self.gate(&format!("{p}.se.mul"), y, g);
+        let y = self.gate(&format!("{p}.se.mul"), y, g, None);
         let c = self.conv(&format!("{p}.proj.conv"), Some(y), sq(cout, 1, 1, 0), false);
         let y = self.bn(&format!("{p}.proj.bn"), c);
         if stride == 1 && cin == cout {
