@@ -50,6 +50,10 @@ MODELS = {
     "gpt2-large": ["--model", "gpt", "--hidden", "1280", "--layers", "36", "--heads", "20", "--seq", "1024",
                    "--vocab", "50257", "--attention", "flash", "--gelu", "composite", "--loss", "held"],
 }
+# The CNNs of zoo_sweep.sh (record.py's CNNS): the zoo model of the same name.
+for _name in ("resnet18", "resnet101", "resnet152", "resnext50-32x4d", "vgg16", "inception-v3",
+              "mobilenet-v2", "efficientnet-b0", "efficientnet-b4", "convnext-tiny"):
+    MODELS[_name] = ["--model", _name]
 # measured variant -> (extra replay arguments, whatif passes); None: not expressible here
 VARIANTS = {
     "baseline": ([], []),
@@ -69,7 +73,8 @@ TRACE_PASSES = {
     "accum4": "grad-accumulation:k=4",
     "fused-adam": "fused-adam",
 }
-FILES = ["measured.json", "memory.json", "memory2.json", "rn50_b256.json", "bert_b128.json"]
+FILES = ["measured.json", "memory.json", "memory2.json", "rn50_b256.json", "bert_b128.json",
+         "cnn_zoo.json", "cnn_zoo2.json", "cnn_layouts.json", "cnn_layouts2.json"]
 
 
 def tp_json(tp, args):
@@ -85,7 +90,7 @@ def runs():
     for f in FILES:
         for r in json.load(open(os.path.join(ROOT, H, f))):
             if "median_ms" in r:
-                seen[(r["model"], r["variant"], r["global_batch"])] = r
+                seen[(r["model"], r["variant"], r["global_batch"])] = dict(r, cnn_sweep=f.startswith("cnn_"))
     return list(seen.values())
 
 
@@ -110,7 +115,7 @@ def zoo_rows(tp):
             predicted_reserved_gb=d["reserved_peak_bytes"] / 1e9,
             measured_device_gb=r["device_used_bytes"] / 1e9,
             predicted_device_gb=d["device_used_bytes"] / 1e9,
-            host_bound=d.get("host_bound"), command="trainplan " + " ".join(cmd)))
+            host_bound=d.get("host_bound"), cnn_sweep=r["cnn_sweep"], command="trainplan " + " ".join(cmd)))
     return out
 
 
@@ -174,6 +179,8 @@ def main():
     mean = lambda v: statistics.fmean(abs(x) for x in v)
     e = lambda k: [pct(r[f"predicted_{k}"], r[f"measured_{k}"]) for r in zoo]
     dev = [r for r in zoo if not r["host_bound"]]
+    cnn = [r for r in zoo if r["cnn_sweep"]]
+    ce = lambda k: mean([pct(r[f"predicted_{k}"], r[f"measured_{k}"]) for r in cnn])
     md = ["# trainplan against the H200 lease\n",
           "Measured on one NVIDIA H200 (PyTorch 2.11, CUDA 13.0; `experiments/gpu_truth/h200/README.md`); "
           "predicted by `python3 experiments/gpu_truth/compare.py` (the CLI, each command in `gpu_truth_h200.csv`). "
@@ -186,6 +193,9 @@ def main():
           f"| allocated peak | {len(zoo)} | {mean(e('alloc_gb')):.1f} % |\n"
           f"| reserved peak | {len(zoo)} | {mean(e('reserved_gb')):.1f} % |\n"
           f"| device used | {len(zoo)} | {mean(e('device_gb')):.1f} % |\n"
+          f"| the CNN sweep of 2026-11-29 (`zoo_sweep.sh`): iteration time | {len(cnn)} | {ce('ms'):.1f} % |\n"
+          f"| the CNN sweep: allocated / reserved / device used | {len(cnn)} | "
+          f"{ce('alloc_gb'):.1f} / {ce('reserved_gb'):.1f} / {ce('device_gb'):.1f} % |\n"
           f"| speed-up of a pass, from the recorded trace | {len(tr)} | "
           f"{mean([pct(r['predicted_speedup'], r['measured_speedup']) for r in tr]):.1f} % |\n",
           "## Per run (zoo model, no trace)\n",

@@ -89,7 +89,55 @@ def build(model_name, variant):
         return model, batch, loss, 32
     if model_name in TRANSFORMERS:
         return build_transformer(model_name, variant, dev)
+    if model_name in CNNS:
+        return build_cnn(model_name, dev)
     raise SystemExit(f"unknown model {model_name}")
+
+
+# The zoo's other CNNs, as torchvision builds them (zoo name -> torchvision constructor, its
+# keyword arguments, image side, a batch that keeps an H200 device-bound, the zoo's optimizer).
+# Parameter counts equal the zoo's (src/zoo/cnn.rs unit tests); inception_v3 without its
+# auxiliary head, as the zoo has it.
+CNNS = {
+    "resnet18": ("resnet18", {}, 224, 256, "sgd"),
+    "resnet101": ("resnet101", {}, 224, 128, "sgd"),
+    "resnet152": ("resnet152", {}, 224, 128, "sgd"),
+    "resnext50-32x4d": ("resnext50_32x4d", {}, 224, 128, "sgd"),
+    "vgg16": ("vgg16", {}, 224, 128, "sgd"),
+    "inception-v3": ("inception_v3", dict(aux_logits=False, init_weights=False), 299, 128, "sgd"),
+    "mobilenet-v2": ("mobilenet_v2", {}, 224, 256, "sgd"),
+    "efficientnet-b0": ("efficientnet_b0", {}, 224, 256, "adam"),
+    "efficientnet-b4": ("efficientnet_b4", {}, 380, 64, "adam"),
+    "convnext-tiny": ("convnext_tiny", {}, 224, 128, "adam"),
+}
+
+
+def build_cnn(name, dev):
+    import torchvision
+
+    ctor, kw, side, gbatch, _ = CNNS[name]
+    model = getattr(torchvision.models, ctor)(weights=None, **kw).to(dev)
+
+    def batch(n):
+        x = torch.randn(n, 3, side, side, device=dev)
+        return (x,), torch.randint(0, 1000, (n,), device=dev)
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    return model, batch, lambda out, y: loss_fn(out, y), gbatch
+
+
+def optimizer(model_name, model, variant, zoo_optimizer):
+    """Adam with `foreach=False` (issue 8's runs), or with --zoo-optimizer the zoo model's
+    optimizer with PyTorch's defaults (multi-tensor `foreach` kernels): SGD with momentum 0.9
+    and weight decay 1e-4 for the ResNet family, VGG, Inception and MobileNet; AdamW for
+    EfficientNet and ConvNeXt."""
+    params = model.parameters()
+    if zoo_optimizer and model_name in CNNS:
+        if CNNS[model_name][4] == "sgd":
+            return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
+        return torch.optim.AdamW(params, lr=1e-3)
+    fused = variant == "fused-adam"
+    return torch.optim.Adam(params, lr=1e-4, fused=fused, foreach=False if not fused else None)
 
 
 # Memory rows (issue 21): Hugging Face models built from their configs, (family, config kwargs,
@@ -149,7 +197,7 @@ class Checkpointed(torch.nn.Module):
         return self.checkpoint(self.block, x, use_reentrant=False)
 
 
-def run(model_name, variant, steps, warmup, trace_path=None, batch_override=None):
+def run(model_name, variant, steps, warmup, trace_path=None, batch_override=None, zoo_optimizer=False):
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = variant == "tf32"
     model, batch, loss_fn, global_batch = build(model_name, variant)
@@ -158,8 +206,7 @@ def run(model_name, variant, steps, warmup, trace_path=None, batch_override=None
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.train()
-    fused = variant == "fused-adam"
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=fused, foreach=False if not fused else None)
+    opt = optimizer(model_name, model, variant, zoo_optimizer)
     k = {"accum2": 2, "accum4": 4}.get(variant, 1)
     micro = global_batch // k
     amp_dtype = {"amp-bf16": torch.bfloat16, "amp-bf16-cl": torch.bfloat16,
@@ -218,7 +265,8 @@ def run(model_name, variant, steps, warmup, trace_path=None, batch_override=None
             out["f"] = f
 
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=ready) as p:
+        with torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=ready,
+                                    record_shapes=True) as p:
             for _ in range(1 + 2 + 4 + 1):
                 step()
                 p.step()
@@ -240,6 +288,8 @@ def run(model_name, variant, steps, warmup, trace_path=None, batch_override=None
         "device_used_bytes": total - free,
         "reserved_now_bytes": reserved_now,
         "device_total_bytes": total,
+        "optimizer": type(opt).__name__ + ("" if not zoo_optimizer else " (foreach)"),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
 
 
@@ -253,10 +303,20 @@ def main():
     ap.add_argument("--batch", type=int, help="global batch instead of the model's default")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new run after this many seconds (what ran is kept)")
-    ap.add_argument("--traces", help="folder for the baseline Kineto traces (<model>_baseline.json.gz)")
+    ap.add_argument("--traces", help="folder for the Kineto traces (<model>_<variant>.json.gz)")
+    ap.add_argument("--trace-variants", default="baseline",
+                    help="variants traced when --traces is given (comma-separated)")
+    ap.add_argument("--trace-models", help="models traced (default: all)")
+    ap.add_argument("--zoo-optimizer", action="store_true",
+                    help="the zoo's optimizer with PyTorch's defaults for the CNNs (see optimizer())")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="torch.backends.cudnn.benchmark = True (what CNN training recipes set)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible to PyTorch")
+    torch.backends.cudnn.benchmark = a.cudnn_benchmark
+    traced = set(a.trace_variants.split(","))
+    trace_models = set(a.trace_models.split(",")) if a.trace_models else None
     results = [context_sizes()]
     start = time.time()
     for m in a.models.split(","):
@@ -267,13 +327,13 @@ def main():
                 print(f"budget spent: skipping {m} {v}", flush=True)
                 continue
             trace = None
-            if v == "baseline" and a.traces:
+            if v in traced and a.traces and (trace_models is None or m in trace_models):
                 os.makedirs(a.traces, exist_ok=True)
-                trace = os.path.join(a.traces, f"{m}_baseline.json.gz")
+                trace = os.path.join(a.traces, f"{m}_{v}.json.gz")
             t = time.time()
             warm = a.warmup * (3 if v == "compile" else 1)
             try:
-                r = run(m, v, a.steps, warm, trace, a.batch)
+                r = run(m, v, a.steps, warm, trace, a.batch, a.zoo_optimizer)
             except torch.OutOfMemoryError as e:
                 r = {"model": m, "variant": v, "oom": str(e).splitlines()[0]}
             r["wall_s"] = round(time.time() - t, 1)
