@@ -124,6 +124,13 @@ pub struct ArchSpec {
     /// streaming kernels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depthwise_efficiency: Option<f64>,
+    /// Fraction of the streaming rate batch normalisation reaches at the model's minimum
+    /// traffic (forward: read x, write y; backward: read x and dy, write dx), read off a
+    /// trace's BN kernels (`experiments/gpu_truth/norm_rate.py`): their statistics pass and
+    /// per-channel reductions keep them far from the bandwidth on some architectures. Absent
+    /// where no trace with shapes measured it: priced as streaming kernels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_efficiency: Option<f64>,
     #[serde(default)]
     pub source: String,
 }
@@ -705,8 +712,13 @@ pub fn parse_arch(text: &str, file: &str) -> Result<ArchSpec, ConfigError> {
     ] {
         check_range(text, file, field, v, MIN_RATE, 1.0)?;
     }
-    if let Some(v) = a.depthwise_efficiency {
-        check_range(text, file, "depthwise_efficiency", v, MIN_RATE, 1.0)?;
+    for (field, v) in [
+        ("depthwise_efficiency", a.depthwise_efficiency),
+        ("norm_efficiency", a.norm_efficiency),
+    ] {
+        if let Some(v) = v {
+            check_range(text, file, field, v, MIN_RATE, 1.0)?;
+        }
     }
     if let Some(v) = a.misaligned_gemm_efficiency {
         check_range(text, file, "misaligned_gemm_efficiency", v, MIN_RATE, 1.0)?;

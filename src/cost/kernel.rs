@@ -359,6 +359,19 @@ impl<'a> KernelModel<'a> {
         self.gpu.memory_bytes_per_ns() * self.gpu.kernels.memory_efficiency
     }
 
+    /// The fraction of the streaming rate a memory-bound class reaches: the architecture's
+    /// measured `depthwise_efficiency` and `norm_efficiency`, 1 for every other class and
+    /// where they were not measured.
+    fn stream_fraction(&self, class: OpClass) -> f64 {
+        let k = &self.gpu.kernels;
+        match class {
+            OpClass::DepthwiseConv => k.depthwise_efficiency,
+            OpClass::Norm => k.norm_efficiency,
+            _ => None,
+        }
+        .unwrap_or(1.0)
+    }
+
     /// Achieved vector FLOP/ns in `d`.
     fn vector_rate(&self, d: Dtype) -> f64 {
         self.gpu.vector_flops_per_ns(d) * self.gpu.kernels.vector_efficiency
@@ -375,10 +388,7 @@ impl<'a> KernelModel<'a> {
             return self.time_ns(work, Dtype::Fp32, math) + cast;
         }
         let bytes = (work.act_elems + work.weight_elems).max(0.0) * storage.bytes() as f64;
-        let mut memory = bytes / self.mem_rate();
-        if work.class == OpClass::DepthwiseConv {
-            memory /= self.gpu.kernels.depthwise_efficiency.unwrap_or(1.0);
-        }
+        let memory = bytes / (self.mem_rate() * self.stream_fraction(work.class));
         let launches = f64::from(work.kernels) * self.launch_ns();
         if work.math == MathClass::Vector {
             let compute = work.flops.max(0.0) / self.vector_rate(storage);
@@ -635,29 +645,34 @@ mod tests {
         }
     }
 
-    /// A depthwise conv moves its bytes at `depthwise_efficiency` of the streaming rate; where
-    /// an architecture has none, at the streaming rate.
+    /// A depthwise conv moves its bytes at `depthwise_efficiency` of the streaming rate and a
+    /// batch norm at `norm_efficiency`, each class only its own; where an architecture has
+    /// none, at the streaming rate.
     #[test]
-    fn depthwise_convs_stream_at_their_fraction_of_the_bandwidth() {
+    fn depthwise_convs_and_batch_norm_stream_at_their_fraction_of_the_bandwidth() {
         let mut gpu = load_gpu("a100-80gb").unwrap();
         let elems = 1e9;
         let math = Math::FP32;
         let plain = OpWork::new(OpClass::Elementwise, 0.0, elems, 0.0, 1);
         let dw = OpWork::new(OpClass::DepthwiseConv, 0.0, elems, 0.0, 1);
+        let bn = OpWork::new(OpClass::Norm, 0.0, elems, 0.0, 1);
         gpu.kernels.depthwise_efficiency = Some(0.25);
+        gpu.kernels.norm_efficiency = Some(0.5);
         let m = KernelModel::new(&gpu);
         let launch = m.launch_floor_ns();
-        let (t_plain, t_dw) = (
-            m.time_ns(&plain, Dtype::Fp16, math) - launch,
-            m.time_ns(&dw, Dtype::Fp16, math) - launch,
-        );
+        let t = |w: &OpWork| m.time_ns(w, Dtype::Fp16, math) - launch;
+        let (t_plain, t_dw, t_bn) = (t(&plain), t(&dw), t(&bn));
         assert!((t_dw / t_plain - 4.0).abs() < 1e-9, "{t_dw} vs {t_plain}");
+        assert!((t_bn / t_plain - 2.0).abs() < 1e-9, "{t_bn} vs {t_plain}");
         gpu.kernels.depthwise_efficiency = None;
+        gpu.kernels.norm_efficiency = None;
         let m = KernelModel::new(&gpu);
-        assert_eq!(
-            m.time_ns(&dw, Dtype::Fp16, math),
-            m.time_ns(&plain, Dtype::Fp16, math)
-        );
+        for w in [&dw, &bn] {
+            assert_eq!(
+                m.time_ns(w, Dtype::Fp16, math),
+                m.time_ns(&plain, Dtype::Fp16, math)
+            );
+        }
         assert_eq!(OpClass::DepthwiseConv.math(), MathClass::Vector);
     }
 
