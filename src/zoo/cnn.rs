@@ -163,6 +163,23 @@ impl Builder {
         self.unary(name, x, 1.0, 1.0, true)
     }
 
+    /// ReLU6 in place (torchvision's `nn.ReLU6(inplace=True)`, MobileNetV2): `hardtanh_`'s
+    /// backward reads its input, not its output, so autograd saves a copy of the input before
+    /// the op overwrites it (a clone kernel in the forward). A conv-BN-ReLU6 keeps three
+    /// activation-sized tensors (the conv's output for BN, the copy, the ReLU6 output for the
+    /// next conv) where conv-BN-ReLU keeps two. Read off PyTorch's autograd graph
+    /// (`HardtanhBackward0` saves `self`; one `CloneBackward0` tensor per ReLU6) and the H200
+    /// sweep: MobileNetV2 b256 FP32 allocates 20.30 GB (`experiments/gpu_truth/h200/cnn_zoo.json`).
+    pub(super) fn relu6(&mut self, name: &str, x: usize) -> usize {
+        let i = self.unary(name, x, 1.0, 1.0, true);
+        let n = self.out(x);
+        let l = &mut self.layers[i];
+        l.saved_elems = l.saved_elems.saturating_add(n);
+        l.fw_elems += 2.0 * n as f64;
+        l.fw_kernels += 1;
+        i
+    }
+
     pub(super) fn tanh(&mut self, name: &str, x: usize) -> usize {
         self.unary(name, x, 4.0, 2.0, true)
     }
@@ -628,6 +645,11 @@ impl Net {
         self.same(i, x)
     }
 
+    fn relu6(&mut self, name: &str, x: usize) -> usize {
+        let i = self.b.relu6(name, x);
+        self.same(i, x)
+    }
+
     /// Max or average pooling with a square `k`×`k` window.
     fn pool(&mut self, name: &str, x: usize, k: u64, stride: u64, pad: u64, max: bool) -> usize {
         let [c, h, w] = self.shape[x];
@@ -963,13 +985,13 @@ impl Net {
                 false,
             );
             let c = self.bn(&format!("{p}.conv.0.1"), c);
-            y = self.relu(&format!("{p}.conv.0.2"), c);
+            y = self.relu6(&format!("{p}.conv.0.2"), c);
             k = 1;
         }
         let dw = grouped(sq(hidden, 3, stride, 1), hidden);
         let c = self.conv(&format!("{p}.conv.{k}.0"), Some(y), dw, false);
         let c = self.bn(&format!("{p}.conv.{k}.1"), c);
-        let y = self.relu(&format!("{p}.conv.{k}.2"), c);
+        let y = self.relu6(&format!("{p}.conv.{k}.2"), c);
         let c = self.conv(
             &format!("{p}.conv.{}", k + 1),
             Some(y),
@@ -1263,7 +1285,7 @@ pub fn mobilenet_v2(batch: u32) -> Vec<Layer> {
     let mut net = Net::new(batch, [3, 224, 224]);
     let x = net.conv("features.0.0", None, sq(32, 3, 2, 1), false);
     let x = net.bn("features.0.1", x);
-    let mut x = net.relu("features.0.2", x);
+    let mut x = net.relu6("features.0.2", x);
     let mut f = 1;
     for (t, c, n, s) in SETTINGS {
         for i in 0..n {
@@ -1279,7 +1301,7 @@ pub fn mobilenet_v2(batch: u32) -> Vec<Layer> {
         false,
     );
     let c = net.bn(&format!("features.{f}.1"), c);
-    let x = net.relu(&format!("features.{f}.2"), c);
+    let x = net.relu6(&format!("features.{f}.2"), c);
     let x = net.adaptive_avgpool("avgpool", x, 1);
     let x = net.dropout_linear("classifier.0", "classifier.1", x, 1000);
     net.finish(x)
@@ -1675,5 +1697,19 @@ pub(super) mod tests {
         assert_eq!(saved, 21_330_792);
         let s8: u64 = resnet50(8).iter().map(|l| l.saved_elems).sum();
         assert!(s8 > 7 * saved && s8 < 8 * saved);
+    }
+
+    /// MobileNetV2's in-place ReLU6 keeps a copy of its input: what autograd saves for one
+    /// 224×224 image of torchvision's `mobilenet_v2` (every storage a `saved_tensors_hooks`
+    /// pack sees, the parameters left out) is 78,482,432 bytes in FP32 (PyTorch 2.9, torchvision 0.24, CPU), 19.62 M elements.
+    #[test]
+    fn mobilenet_v2_saved_activations_match_autograd() {
+        let saved: u64 = mobilenet_v2(1).iter().map(|l| l.saved_elems).sum();
+        let autograd = 78_482_432.0 / 4.0;
+        let err = saved as f64 / autograd - 1.0;
+        assert!(
+            err.abs() < 0.01,
+            "{saved} saved elements, {err:+.3} off autograd's"
+        );
     }
 }
