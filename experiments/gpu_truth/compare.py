@@ -184,8 +184,13 @@ def main():
     md = ["# trainplan against the H200 lease\n",
           "Measured on one NVIDIA H200 (PyTorch 2.11, CUDA 13.0; `experiments/gpu_truth/h200/README.md`); "
           "predicted by `python3 experiments/gpu_truth/compare.py` (the CLI, each command in `gpu_truth_h200.csv`). "
-          "No constant is fitted on these rows; two are read off them (the Hopper context in `configs/memory/pytorch.yaml`, "
-          "`misaligned_gemm_efficiency` in `configs/arch/hopper.yaml` from `plain_gpt2m.json.gz`).\n",
+          "One constant is fitted on half of these rows: Hopper's `conv_efficiency.tensor_core` (`fit_conv.py`, on half the "
+          "CNN sweep's models; the other half never fitted). Four are read off them: the Hopper context in "
+          "`configs/memory/pytorch.yaml`, `misaligned_gemm_efficiency` (from `plain_gpt2m.json.gz`) and `norm_efficiency` "
+          "(`norm_rate.py`, the CNN traces) in `configs/arch/hopper.yaml`, and the lease host's `host_speed` in "
+          "`h200/1xh200.yaml` (`host_speed.py`, `resnet50_baseline.json.gz`). The runs of the first leases used Adam with "
+          "`foreach=False` (one launch per tensor and op), which the zoo does not express: their host time is "
+          "under-predicted; the CNN sweep used the zoo's optimizers.\n",
           "| prediction | rows | mean abs error |\n|---|---|---|\n"
           f"| iteration time, every run | {len(zoo)} | {mean(e('ms')):.1f} % |\n"
           f"| iteration time, runs not predicted host-bound | {len(dev)} | "

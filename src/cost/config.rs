@@ -234,6 +234,11 @@ pub struct ClusterFile {
     /// Parameter servers (only with `sync: ps`); 0 means one per node.
     #[serde(default)]
     pub ps_servers: u32,
+    /// The hosts' factor on the per-operator CPU times of `configs/hosts/*.yaml` (their
+    /// `speed`), where it was measured on this cluster's machines; absent: the built-in value,
+    /// fitted on the published rows' hosts.
+    #[serde(default)]
+    pub host_speed: Option<f64>,
 }
 
 fn one() -> u32 {
@@ -253,6 +258,9 @@ pub struct Cluster {
     pub nics_per_node: u32,
     pub sync: SyncScheme,
     pub ps_servers: u32,
+    /// See [`ClusterFile::host_speed`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_speed: Option<f64>,
 }
 
 impl Cluster {
@@ -880,6 +888,17 @@ pub fn parse_cluster(text: &str, file: &str, base: Option<&Path>) -> Result<Clus
             format!("at most {MAX_WORKERS}"),
         ));
     }
+    if let Some(h) = c.host_speed {
+        // The same bounds as a host file's `speed` (src/cost/host.rs).
+        if !(h.is_finite() && h > 0.0 && h <= 100.0) {
+            return Err(invalid(
+                text,
+                file,
+                "host_speed",
+                format!("must be > 0 and ≤ 100, got {h}"),
+            ));
+        }
+    }
     let ps_servers = if c.sync == SyncScheme::Ps && c.ps_servers == 0 {
         c.nodes
     } else {
@@ -896,6 +915,7 @@ pub fn parse_cluster(text: &str, file: &str, base: Option<&Path>) -> Result<Clus
         nics_per_node: c.nics_per_node,
         sync: c.sync,
         ps_servers,
+        host_speed: c.host_speed,
     })
 }
 
@@ -1204,6 +1224,28 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("reduction_halve"), "{e}");
+    }
+
+    #[test]
+    fn a_clusters_host_speed_is_checked() {
+        let text =
+            "name: c\ngpu: h200\nnodes: 1\ngpus_per_node: 1\nintra: nvlink-h100\nhost_speed: 1.5\n";
+        assert_eq!(
+            parse_cluster(text, "c.yaml", None).unwrap().host_speed,
+            Some(1.5)
+        );
+        let e = parse_cluster(&text.replace("1.5", "0"), "c.yaml", None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "c.yaml:6:1: field host_speed: must be > 0 and ≤ 100, got 0"
+        );
+        let plain = text.replace("host_speed: 1.5\n", "");
+        assert_eq!(
+            parse_cluster(&plain, "c.yaml", None).unwrap().host_speed,
+            None
+        );
     }
 
     #[test]

@@ -119,10 +119,13 @@ pub const FOREACH_TENSORS_PER_LAUNCH: usize = 48;
 /// The editable job of `model` on `cluster`: the stages of the module docs, in order.
 pub fn job(model: &Model, cluster: &Cluster, opts: &BuildOptions) -> Result<Job, BuildError> {
     check_symmetric(cluster, opts)?;
-    let host_spec = opts
+    let mut host_spec = opts
         .host
         .clone()
         .unwrap_or_else(|| HostSpec::builtin(opts.framework.exec()));
+    if let Some(speed) = cluster.host_speed {
+        host_spec.speed = speed;
+    }
     let dag = layers(model, opts.dtype);
     let compute = worker_compute(model, &dag, &cluster.gpu, opts);
     let issue = host(&host_spec, &compute, model.optimizer);
@@ -780,6 +783,24 @@ mod tests {
         assert_eq!(g.tensors().len(), tensors);
         // The first tensor to synchronise is the classifier's (last layer, ready first).
         assert_eq!(g.tensors()[0].name, "fc.weight");
+    }
+
+    /// A cluster's measured `host_speed` replaces the host file's factor: the file's own value
+    /// changes nothing, a host twice as slow stretches a host-bound step (ResNet-50 at batch 1
+    /// on H200s).
+    #[test]
+    fn a_clusters_host_speed_replaces_the_host_files() {
+        let m = resnet(1);
+        let mut c = load_cluster("8xh200").unwrap();
+        let step =
+            |c: &Cluster| replay(&build(&m, c, &BuildOptions::default()).unwrap()).iteration_ns;
+        let default = step(&c);
+        let file = HostSpec::builtin(Framework::Pytorch.exec()).speed;
+        c.host_speed = Some(file);
+        assert_eq!(step(&c), default);
+        c.host_speed = Some(2.0 * file);
+        let slow = step(&c);
+        assert!(slow as f64 > 1.8 * default as f64, "{slow} vs {default}");
     }
 
     #[test]
